@@ -1,0 +1,32 @@
+//! `GET /healthz`, `GET /readyz`, `GET /metrics` (contract §2, "Operations").
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::IntoResponse;
+
+use crate::server::AppState;
+
+/// 200 while the process runs.
+pub async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+/// 200 while the collector accepts traffic; 503 while draining or unable to accept durably
+/// (spool full).
+pub async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
+    match state.not_ready_reason() {
+        None => (StatusCode::OK, "ready\n"),
+        Some(reason) => (StatusCode::SERVICE_UNAVAILABLE, reason),
+    }
+}
+
+/// Prometheus text exposition.
+pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        state.metrics.encode(),
+    )
+}

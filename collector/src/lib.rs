@@ -1,0 +1,262 @@
+//! The measurement collector: web-performance beacons in, ClickHouse rows out.
+//!
+//! # Layout
+//!
+//! One beacon travels one way; each station is one module:
+//!
+//! ```text
+//! server (accept loop, limits, drain) ─► endpoints::intake
+//!     ─► beacon (decode, validate, normalise) ─► settings (cache over PostgreSQL)
+//!     ─► dedup (window by id) ─► spool (durable, group commit)        ← 202 here
+//!                                   │
+//!              writer (batch, insert, confirm, failover) ─► ClickHouse replicas
+//! ```
+//!
+//! - [`config`]: command line and `COLLECTOR_*` settings, every bad value reported at once.
+//! - [`beacon`]: pure decoding and validation of request bodies; [`measurement`]: the row.
+//! - [`settings`]: the `sites` store and the cache intake reads through.
+//! - [`dedup`]: the in-memory dedup window.
+//! - [`spool`]: the durable log where the request path ends and the write path begins.
+//! - [`writer`]: batches from the spool into the preferred healthy replica.
+//! - [`server`], [`endpoints`], [`error`]: HTTP. [`script`]: the tracking script.
+//! - [`metrics`], [`logging`]: operations. [`migrate`]: schema for `collector migrate`.
+//!
+//! Intake never imports the writer and the writer never imports HTTP types: they meet only
+//! in the spool. [`run`] wires them together.
+
+pub mod beacon;
+pub mod config;
+pub mod dedup;
+pub mod endpoints;
+pub mod error;
+pub mod logging;
+pub mod measurement;
+pub mod metrics;
+pub mod migrate;
+pub mod script;
+pub mod server;
+pub mod settings;
+pub mod spool;
+pub mod writer;
+
+use std::sync::Arc;
+
+use tokio::sync::watch;
+
+use config::{Cli, Command, Settings, SitesCommand};
+
+/// Exit code for bad configuration or usage (contract §1).
+pub const EXIT_CONFIG: i32 = 2;
+/// Exit code for a runtime failure (a server unreachable, the spool locked, ...).
+pub const EXIT_FAILURE: i32 = 1;
+
+/// Runs a parsed command line; returns the process exit code.
+pub async fn run(cli: Cli) -> i32 {
+    let settings = match Settings::from_args(&cli.args) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("collector: {e}");
+            return EXIT_CONFIG;
+        }
+    };
+    logging::init(settings.log_format);
+    let result = match cli.command.unwrap_or(Command::Serve) {
+        Command::Serve => serve(settings).await,
+        Command::Migrate => migrate::run(&settings).await,
+        Command::Sites { command } => sites(&settings, command).await,
+    };
+    match result {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("collector: {e}");
+            e.exit_code()
+        }
+    }
+}
+
+/// A failure that ends a command.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// Bad usage (exit 2).
+    #[error("{0}")]
+    Usage(String),
+    /// Anything else (exit 1).
+    #[error("{0}")]
+    Failed(String),
+}
+
+impl RunError {
+    fn exit_code(&self) -> i32 {
+        match self {
+            RunError::Usage(_) => EXIT_CONFIG,
+            RunError::Failed(_) => EXIT_FAILURE,
+        }
+    }
+}
+
+fn failed(e: impl std::fmt::Display) -> RunError {
+    RunError::Failed(e.to_string())
+}
+
+async fn serve(settings: Settings) -> Result<(), RunError> {
+    let metrics = Arc::new(metrics::Metrics::new());
+    let (spool, reader) = spool::open(
+        &settings.spool_dir,
+        settings.spool_max_bytes,
+        metrics.clone(),
+    )
+    .map_err(failed)?;
+    let store = settings::SettingsStore::new(&settings.database_url).map_err(failed)?;
+    let site_settings = settings::SiteSettings::new(store, settings.settings_ttl, metrics.clone());
+    match site_settings.warm().await {
+        Ok(n) => tracing::info!(sites = n, "settings: loaded every site"),
+        Err(e) => {
+            tracing::warn!(error = %e, "settings: could not load sites at start; will load on demand")
+        }
+    }
+    let dedup = dedup::Dedup::new(settings.dedup_capacity, settings.dedup_window);
+    let state = server::AppState::new(
+        site_settings,
+        dedup,
+        spool,
+        script::Script::default(),
+        metrics.clone(),
+    );
+
+    let (stop_writer, writer_shutdown) = watch::channel(false);
+    let replicas = writer::Replicas::new(
+        &settings.clickhouse_urls,
+        &settings.clickhouse_database,
+        metrics.clone(),
+    );
+    let limits = writer::BatchLimits {
+        max_rows: settings.batch_max_rows,
+        max_bytes: settings.batch_max_bytes,
+        max_age: settings.batch_max_age,
+    };
+    let writer = tokio::spawn(writer::run(
+        reader,
+        replicas,
+        limits,
+        metrics.clone(),
+        writer_shutdown,
+    ));
+
+    let listener = tokio::net::TcpListener::bind(settings.listen)
+        .await
+        .map_err(|e| {
+            failed(format!(
+                "cannot listen on {} (COLLECTOR_LISTEN): {e}",
+                settings.listen
+            ))
+        })?;
+    tracing::info!(listen = %settings.listen, replicas = settings.clickhouse_urls.len(), "collector: serving");
+
+    let drain_state = state.clone();
+    let grace = settings.drain_grace;
+    let close = async move {
+        let with_grace = shutdown_signal().await;
+        drain_state.start_draining();
+        if with_grace {
+            tracing::info!(grace = ?grace, "SIGTERM: /readyz now 503; closing the listener after the drain grace");
+            tokio::time::sleep(grace).await;
+        } else {
+            tracing::info!("SIGINT: draining now");
+        }
+    };
+    server::serve(listener, server::router(state.clone()), close).await;
+    drop(state);
+    tracing::info!("listener closed; flushing batches");
+    let _ = stop_writer.send(true);
+    let _ = writer.await;
+    tracing::info!("collector: stopped");
+    Ok(())
+}
+
+/// Waits for SIGTERM (returns `true`: drain with grace) or SIGINT (`false`: no grace).
+async fn shutdown_signal() -> bool {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => true,
+        _ = int.recv() => false,
+    }
+}
+
+async fn sites(settings: &Settings, command: SitesCommand) -> Result<(), RunError> {
+    let store = settings::SettingsStore::new(&settings.database_url).map_err(failed)?;
+    match command {
+        SitesCommand::Add {
+            key,
+            origins,
+            sample_rate,
+            disabled,
+        } => {
+            if !beacon::is_site_key(&key) {
+                return Err(RunError::Usage(format!(
+                    "--key {key:?}: must be 1 to 64 characters from A-Za-z0-9._-"
+                )));
+            }
+            if !(0.0..=1.0).contains(&sample_rate) {
+                return Err(RunError::Usage(format!(
+                    "--sample-rate {sample_rate}: must be between 0 and 1"
+                )));
+            }
+            let mut allowed = Vec::new();
+            for o in &origins {
+                allowed.push(settings::normalise_origin(o).ok_or_else(|| {
+                    RunError::Usage(format!("--origin {o:?}: not an http(s) origin"))
+                })?);
+            }
+            let site = settings::Site {
+                key,
+                allowed_origins: allowed,
+                sample_rate,
+                enabled: !disabled,
+            };
+            store.upsert(&site).await.map_err(failed)?;
+            println!("site {} saved", site.key);
+        }
+        SitesCommand::List => {
+            for s in store.fetch_all().await.map_err(failed)? {
+                let origins = if s.allowed_origins.is_empty() {
+                    "*".to_owned()
+                } else {
+                    s.allowed_origins.join(",")
+                };
+                println!(
+                    "{}\t{}\tsample_rate={}\torigins={}",
+                    s.key,
+                    if s.enabled { "enabled" } else { "disabled" },
+                    s.sample_rate,
+                    origins
+                );
+            }
+        }
+        SitesCommand::Disable { key } | SitesCommand::Enable { key }
+            if !beacon::is_site_key(&key) =>
+        {
+            return Err(RunError::Usage(format!("{key:?}: not a site key")));
+        }
+        SitesCommand::Disable { key } => set_enabled(&store, &key, false).await?,
+        SitesCommand::Enable { key } => set_enabled(&store, &key, true).await?,
+    }
+    Ok(())
+}
+
+async fn set_enabled(
+    store: &settings::SettingsStore,
+    key: &str,
+    enabled: bool,
+) -> Result<(), RunError> {
+    if store.set_enabled(key, enabled).await.map_err(failed)? {
+        println!(
+            "site {key} {}",
+            if enabled { "enabled" } else { "disabled" }
+        );
+        Ok(())
+    } else {
+        Err(RunError::Failed(format!("no site {key:?}")))
+    }
+}

@@ -1,0 +1,34 @@
+//! The `collector` binary: parse the command line, run, exit with the code `run` returns.
+
+use clap::Parser;
+
+fn main() {
+    let cli = match collector::config::Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => match e.kind() {
+            clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => {
+                e.exit()
+            }
+            _ => {
+                // One clear line, exit code 2 (contract §1).
+                let text = e.to_string();
+                eprintln!(
+                    "collector: {}",
+                    text.lines()
+                        .next()
+                        .unwrap_or("invalid usage")
+                        .trim_start_matches("error: ")
+                );
+                std::process::exit(collector::EXIT_CONFIG);
+            }
+        },
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let code = runtime.block_on(collector::run(cli));
+    // Do not wait for blocking threads (e.g. a stuck disk) beyond what run already drained.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    std::process::exit(code);
+}

@@ -1,0 +1,237 @@
+//! The HTTP server: shared state, routes, the accept loop with its limits, and drain.
+//!
+//! Only this module wires the stations together; each endpoint gets what it needs through
+//! [`AppState`].
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::extract::MatchedPath;
+use axum::http::{Request, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tower::Service;
+
+use crate::dedup::Dedup;
+use crate::endpoints;
+use crate::metrics::{Metrics, RouteLabel, RouteOnly};
+use crate::script::Script;
+use crate::settings::SiteSettings;
+use crate::spool::Spool;
+
+/// Largest request header section accepted, in bytes (contract §2: up to 16 KiB must pass,
+/// more is answered 431).
+pub const MAX_HEADER_BYTES: usize = 16 * 1024;
+/// hyper's read buffer: the header limit plus room for the request line.
+const READ_BUFFER_BYTES: usize = MAX_HEADER_BYTES + 8 * 1024;
+/// Most request headers accepted (hyper answers 431 beyond).
+pub const MAX_HEADERS: usize = 128;
+/// A client must send its complete request headers within this time.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// Most open connections; further ones are closed at accept.
+pub const MAX_CONNECTIONS: usize = 20_000;
+/// On shutdown, how long in-flight requests may take to finish.
+pub const CONNECTION_DRAIN: Duration = Duration::from_secs(10);
+/// Spool room below which `/readyz` answers 503: one full request, re-encoded.
+pub const READY_SPOOL_HEADROOM: u64 = 256 * 1024;
+
+/// State shared by every endpoint. Cheap to clone.
+#[derive(Clone)]
+pub struct AppState {
+    inner: Arc<Inner>,
+}
+
+/// What [`AppState`] holds.
+pub struct Inner {
+    /// Site settings (cache over the store).
+    pub settings: SiteSettings,
+    /// Dedup window.
+    pub dedup: Dedup,
+    /// Spool appender.
+    pub spool: Spool,
+    /// Tracking script.
+    pub script: Script,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    draining: AtomicBool,
+}
+
+impl std::ops::Deref for AppState {
+    type Target = Inner;
+    fn deref(&self) -> &Inner {
+        &self.inner
+    }
+}
+
+impl AppState {
+    /// Assembles the shared state.
+    pub fn new(
+        settings: SiteSettings,
+        dedup: Dedup,
+        spool: Spool,
+        script: Script,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        AppState {
+            inner: Arc::new(Inner {
+                settings,
+                dedup,
+                spool,
+                script,
+                metrics,
+                draining: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    /// Whether drain has begun.
+    pub fn draining(&self) -> bool {
+        self.draining.load(Ordering::Acquire)
+    }
+
+    /// Begins drain: `/readyz` answers 503 from now on.
+    pub fn start_draining(&self) {
+        self.draining.store(true, Ordering::Release);
+    }
+
+    /// Why `/readyz` should answer 503, if it should.
+    pub fn not_ready_reason(&self) -> Option<&'static str> {
+        if self.draining() {
+            Some("draining\n")
+        } else if !self.spool.has_room(READY_SPOOL_HEADROOM) {
+            Some("spool full\n")
+        } else {
+            None
+        }
+    }
+}
+
+/// The routes.
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/script.js", get(endpoints::script::get))
+        .route(
+            "/api/v1/measurements",
+            axum::routing::post(endpoints::intake::post).options(endpoints::intake::preflight),
+        )
+        .route("/healthz", get(endpoints::ops::healthz))
+        .route("/readyz", get(endpoints::ops::readyz))
+        .route("/metrics", get(endpoints::ops::metrics))
+        .layer(middleware::from_fn_with_state(state.clone(), observe))
+        .with_state(state)
+}
+
+/// Counts every request by route and status and times it.
+async fn observe(
+    axum::extract::State(state): axum::extract::State<AppState>,
+    req: Request<Body>,
+    next: Next,
+) -> Response {
+    let route: &'static str = match req
+        .extensions()
+        .get::<MatchedPath>()
+        .map(MatchedPath::as_str)
+    {
+        Some("/script.js") => "/script.js",
+        Some("/api/v1/measurements") => "/api/v1/measurements",
+        Some("/healthz") => "/healthz",
+        Some("/readyz") => "/readyz",
+        Some("/metrics") => "/metrics",
+        _ => "other",
+    };
+    let start = Instant::now();
+    let response = next.run(req).await;
+    state
+        .metrics
+        .http_requests
+        .get_or_create(&RouteLabel {
+            route,
+            status: response.status().as_u16(),
+        })
+        .inc();
+    state
+        .metrics
+        .http_duration
+        .get_or_create(&RouteOnly { route })
+        .observe(start.elapsed().as_secs_f64());
+    response
+}
+
+/// Serves `router` on `listener` until `close` resolves; then stops accepting, lets in-flight
+/// requests finish (at most [`CONNECTION_DRAIN`]) and returns.
+pub async fn serve(listener: TcpListener, router: Router, close: impl Future<Output = ()>) {
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .max_buf_size(READ_BUFFER_BYTES)
+        .max_headers(MAX_HEADERS)
+        .keep_alive(true);
+    let connections = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    tokio::pin!(close);
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    // EMFILE and friends: back off briefly instead of spinning.
+                    crate::logging::warn_limited("accept", || tracing::warn!(error = %e, "accept failed"));
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = &mut close => break,
+        };
+        let Ok(permit) = connections.clone().try_acquire_owned() else {
+            crate::logging::warn_limited("connection_limit", || {
+                tracing::warn!("connection limit reached; closing new connections")
+            });
+            drop(stream);
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let router = router.clone();
+        let service = hyper::service::service_fn(move |mut req: Request<hyper::body::Incoming>| {
+            req.extensions_mut()
+                .insert(axum::extract::ConnectInfo(peer));
+            let mut router = router.clone();
+            async move {
+                if header_bytes(&req) > MAX_HEADER_BYTES {
+                    return Ok(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE.into_response());
+                }
+                router.call(req.map(Body::new)).await
+            }
+        });
+        let conn = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
+        tokio::spawn(async move {
+            let _ = conn.await;
+            drop(permit);
+        });
+    }
+    drop(listener);
+    if tokio::time::timeout(CONNECTION_DRAIN, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!("in-flight requests did not finish within the drain limit");
+    }
+}
+
+fn header_bytes<B>(req: &Request<B>) -> usize {
+    req.headers()
+        .iter()
+        .map(|(k, v)| k.as_str().len() + v.len() + 4)
+        .sum()
+}
+
+/// The peer address a connection came from.
+pub type Peer = axum::extract::ConnectInfo<SocketAddr>;

@@ -1,0 +1,918 @@
+//! The durable spool: where the request path ends and the write path begins.
+//!
+//! Intake appends the measurements of a request and answers 202 only once they are on disk
+//! (fdatasync). The writer reads them back, inserts them into ClickHouse in batches and
+//! confirms; confirmed segments are deleted. Neither side calls the other: they share only
+//! this log.
+//!
+//! # On-disk format (version 1)
+//!
+//! ```text
+//! SPOOL_DIR/
+//!   LOCK                      advisory exclusive lock (fs4): one collector per folder
+//!   CURSOR                    "<segment> <offset>\n": everything before it is confirmed
+//!   segments/<20 digits>.seg  the log, in order of the number
+//!   kept-aside/*.json         batches ClickHouse refused as bad data, for an operator
+//! ```
+//!
+//! A segment is the 8-byte magic `CSPOOL01` followed by records:
+//!
+//! ```text
+//! u32 LE  payload length in bytes (1 ..= MAX_RECORD_BYTES)
+//! u32 LE  CRC-32C (Castagnoli) of the payload
+//! [u8]    payload: a JSON array of `Measurement` (one request's accepted measurements)
+//! ```
+//!
+//! JSON keeps the spool and kept-aside batches readable with ordinary tools; CRC-32C (the
+//! `crc32c` crate, hardware-accelerated) detects torn and corrupted records. At start every
+//! segment is scanned; a record that is cut short or fails its checksum ends the segment
+//! there (the file is truncated to the last whole record), so a torn tail after a crash is
+//! never replayed as garbage. A write or sync error truncates the segment back to its last
+//! durable length and continues in a new segment (after a failed fsync the page cache cannot
+//! be trusted, so the data is never re-synced: the affected requests got 503).
+//!
+//! # Group commit
+//!
+//! One appender thread takes every request queued while the previous sync was in flight,
+//! writes them with one `write` and makes them durable with one `fdatasync`, so durability
+//! costs one sync per group, not per request.
+//!
+//! # Bounds
+//!
+//! The segments on disk never exceed `max_bytes` ([`crate::config::DEFAULT_SPOOL_MAX_BYTES`]):
+//! an append that would cross it is refused ([`AppendError::Full`], a 503), and nothing
+//! already acknowledged is ever dropped. The append queue holds [`APPEND_QUEUE`] requests;
+//! beyond that intake is shed ([`AppendError::Overloaded`]).
+
+use std::collections::BTreeMap;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use fs4::fs_std::FileExt as _;
+use tokio::sync::{oneshot, watch};
+
+use crate::measurement::Measurement;
+use crate::metrics::Metrics;
+
+/// Segment header: identifies the format version.
+pub const MAGIC: &[u8; 8] = b"CSPOOL01";
+const HEADER_LEN: u64 = MAGIC.len() as u64;
+const FRAME_LEN: u64 = 8;
+/// Largest record payload accepted when reading, in bytes (a request is at most 64 KiB of
+/// JSON in, so its re-encoded measurements are far below this).
+pub const MAX_RECORD_BYTES: u32 = 4 * 1024 * 1024;
+/// A segment is sealed and a new one started once it reaches this size.
+pub const SEGMENT_TARGET_BYTES: u64 = 16 * 1024 * 1024;
+/// Requests waiting for the appender at most; beyond this intake is shed with 503.
+pub const APPEND_QUEUE: usize = 4096;
+/// Most bytes written by one group commit.
+const GROUP_MAX_BYTES: usize = 8 * 1024 * 1024;
+
+/// A place in the spool: a segment number and a byte offset in it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
+pub struct Position {
+    /// Segment number (file name).
+    pub segment: u64,
+    /// Byte offset in that segment.
+    pub offset: u64,
+}
+
+/// Why an append was refused. No part of a refused append is acknowledged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum AppendError {
+    /// The spool is at its bound.
+    #[error("spool full")]
+    Full,
+    /// The append queue is full.
+    #[error("spool overloaded")]
+    Overloaded,
+    /// The disk refused the write or sync, or the appender has stopped.
+    #[error("spool write failed")]
+    Io,
+}
+
+/// Errors opening the spool.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// Another process holds the lock.
+    #[error("spool folder {0} is in use by another collector (lock held on its LOCK file)")]
+    Locked(PathBuf),
+    /// A filesystem error.
+    #[error("spool folder {0}: {1}")]
+    Io(PathBuf, io::Error),
+}
+
+struct AppendRequest {
+    payload: Vec<u8>,
+    records: u64,
+    ack: oneshot::Sender<Result<(), AppendError>>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// Segment number to its durable length in bytes.
+    segments: BTreeMap<u64, u64>,
+    /// The segment being appended to.
+    active: u64,
+    /// Sum of the segments' lengths: what the bound is checked against.
+    disk_bytes: u64,
+    /// Frame bytes appended and not yet confirmed.
+    unconfirmed_bytes: u64,
+    /// Measurements appended and not yet confirmed.
+    unconfirmed_records: u64,
+}
+
+struct Shared {
+    dir: PathBuf,
+    max_bytes: u64,
+    state: Mutex<State>,
+    committed: watch::Sender<Position>,
+    metrics: Arc<Metrics>,
+    _lock: File,
+}
+
+impl Shared {
+    fn segment_path(&self, n: u64) -> PathBuf {
+        segment_path(&self.dir, n)
+    }
+
+    fn publish(&self, st: &State) {
+        self.metrics.spool_bytes.set(st.unconfirmed_bytes as i64);
+        self.metrics
+            .spool_records
+            .set(st.unconfirmed_records as i64);
+    }
+}
+
+/// The appending side, held by intake. Cheap to clone.
+#[derive(Clone)]
+pub struct Spool {
+    shared: Arc<Shared>,
+    tx: SyncSender<AppendRequest>,
+}
+
+/// The reading side, held by the writer.
+pub struct SpoolReader {
+    shared: Arc<Shared>,
+    pos: Position,
+    committed: watch::Receiver<Position>,
+    open: Option<(u64, File)>,
+}
+
+/// Records read from the spool, in order.
+#[derive(Debug)]
+pub struct Record {
+    /// Position just after this record.
+    pub end: Position,
+    /// The measurements it holds.
+    pub measurements: Vec<Measurement>,
+    /// Its size on disk, frame included.
+    pub bytes: u64,
+}
+
+fn segment_path(dir: &Path, n: u64) -> PathBuf {
+    dir.join("segments").join(format!("{n:020}.seg"))
+}
+
+/// Opens (creating if needed) the spool in `dir`, recovers it, and starts the appender thread.
+///
+/// Recovery cuts torn tails, deletes confirmed segments, and leaves every unconfirmed record
+/// for the reader, which starts at the cursor.
+pub fn open(
+    dir: &Path,
+    max_bytes: u64,
+    metrics: Arc<Metrics>,
+) -> Result<(Spool, SpoolReader), OpenError> {
+    let err = |e| OpenError::Io(dir.to_owned(), e);
+    fs::create_dir_all(dir.join("segments")).map_err(err)?;
+    fs::create_dir_all(dir.join("kept-aside")).map_err(err)?;
+    let lock = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join("LOCK"))
+        .map_err(err)?;
+    match lock.try_lock_exclusive() {
+        Ok(true) => {}
+        Ok(false) => return Err(OpenError::Locked(dir.to_owned())),
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+            return Err(OpenError::Locked(dir.to_owned()))
+        }
+        Err(e) => return Err(err(e)),
+    }
+
+    let cursor = read_cursor(dir);
+    let mut state = State::default();
+    let mut numbers: Vec<u64> = fs::read_dir(dir.join("segments"))
+        .map_err(err)?
+        .filter_map(|e| {
+            e.ok()?
+                .file_name()
+                .to_str()?
+                .strip_suffix(".seg")?
+                .parse()
+                .ok()
+        })
+        .collect();
+    numbers.sort_unstable();
+    for n in numbers {
+        let path = segment_path(dir, n);
+        let scan = scan_segment(&path, cursor).map_err(err)?;
+        if n < cursor.segment || scan.valid_len < HEADER_LEN {
+            fs::remove_file(&path).map_err(err)?;
+            continue;
+        }
+        if scan.valid_len < scan.file_len {
+            tracing::warn!(segment = %path.display(), cut_bytes = scan.file_len - scan.valid_len, "spool: cut a torn or corrupt tail");
+            let f = OpenOptions::new().write(true).open(&path).map_err(err)?;
+            f.set_len(scan.valid_len).map_err(err)?;
+            f.sync_all().map_err(err)?;
+        }
+        state.segments.insert(n, scan.valid_len);
+        state.disk_bytes += scan.valid_len;
+        state.unconfirmed_bytes += scan.bytes_after;
+        state.unconfirmed_records += scan.records_after;
+    }
+    if !state.segments.is_empty() {
+        tracing::info!(
+            segments = state.segments.len(),
+            records = state.unconfirmed_records,
+            bytes = state.unconfirmed_bytes,
+            "spool: replaying what ClickHouse has not confirmed"
+        );
+    }
+
+    let active = state.segments.keys().next_back().map_or(1, |n| n + 1);
+    let file = create_segment(dir, active).map_err(err)?;
+    state.segments.insert(active, HEADER_LEN);
+    state.disk_bytes += HEADER_LEN;
+    state.active = active;
+
+    let start = match state.segments.range(cursor.segment..).next() {
+        Some((&n, _)) if n == cursor.segment => Position {
+            segment: n,
+            offset: cursor.offset.max(HEADER_LEN),
+        },
+        Some((&n, _)) => Position {
+            segment: n,
+            offset: HEADER_LEN,
+        },
+        None => Position {
+            segment: active,
+            offset: HEADER_LEN,
+        },
+    };
+    let (committed, committed_rx) = watch::channel(Position {
+        segment: active,
+        offset: HEADER_LEN,
+    });
+    let shared = Arc::new(Shared {
+        dir: dir.to_owned(),
+        max_bytes,
+        state: Mutex::new(state),
+        committed,
+        metrics,
+        _lock: lock,
+    });
+    shared.publish(&shared.state.lock().unwrap());
+
+    let (tx, rx) = mpsc::sync_channel(APPEND_QUEUE);
+    let appender = Appender {
+        shared: shared.clone(),
+        file,
+        size: HEADER_LEN,
+    };
+    std::thread::Builder::new()
+        .name("spool-appender".into())
+        .spawn(move || appender.run(rx))
+        .map_err(err)?;
+
+    let reader = SpoolReader {
+        shared: shared.clone(),
+        pos: start,
+        committed: committed_rx,
+        open: None,
+    };
+    Ok((Spool { shared, tx }, reader))
+}
+
+fn read_cursor(dir: &Path) -> Position {
+    let Ok(text) = fs::read_to_string(dir.join("CURSOR")) else {
+        return Position::default();
+    };
+    let mut parts = text.split_whitespace().map(str::parse::<u64>);
+    match (parts.next(), parts.next()) {
+        (Some(Ok(segment)), Some(Ok(offset))) => Position { segment, offset },
+        _ => Position::default(),
+    }
+}
+
+fn create_segment(dir: &Path, n: u64) -> io::Result<File> {
+    let mut f = OpenOptions::new()
+        .create_new(true)
+        .append(true)
+        .open(segment_path(dir, n))?;
+    f.write_all(MAGIC)?;
+    f.sync_all()?;
+    File::open(dir.join("segments"))?.sync_all()?;
+    Ok(f)
+}
+
+struct Scan {
+    file_len: u64,
+    valid_len: u64,
+    records_after: u64,
+    bytes_after: u64,
+}
+
+/// Reads a segment frame by frame; `valid_len` ends after the last whole, checksummed record.
+fn scan_segment(path: &Path, cursor: Position) -> io::Result<Scan> {
+    let mut data = Vec::new();
+    File::open(path)?.read_to_end(&mut data)?;
+    let n: u64 = path
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let file_len = data.len() as u64;
+    let mut scan = Scan {
+        file_len,
+        valid_len: 0,
+        records_after: 0,
+        bytes_after: 0,
+    };
+    if data.len() < MAGIC.len() || &data[..MAGIC.len()] != MAGIC {
+        return Ok(scan);
+    }
+    let mut off = HEADER_LEN as usize;
+    while let Some((payload, next)) = frame_at(&data, off) {
+        if (Position {
+            segment: n,
+            offset: off as u64,
+        }) >= cursor
+        {
+            scan.records_after += count_measurements(payload);
+            scan.bytes_after += (next - off) as u64;
+        }
+        off = next;
+    }
+    scan.valid_len = off as u64;
+    Ok(scan)
+}
+
+/// The payload of the whole, checksummed record at `off`, and the offset after it.
+fn frame_at(data: &[u8], off: usize) -> Option<(&[u8], usize)> {
+    let header = data.get(off..off + FRAME_LEN as usize)?;
+    let len = u32::from_le_bytes(header[..4].try_into().ok()?);
+    let crc = u32::from_le_bytes(header[4..].try_into().ok()?);
+    if len == 0 || len > MAX_RECORD_BYTES {
+        return None;
+    }
+    let start = off + FRAME_LEN as usize;
+    let payload = data.get(start..start + len as usize)?;
+    (crc32c::crc32c(payload) == crc).then_some((payload, start + len as usize))
+}
+
+fn count_measurements(payload: &[u8]) -> u64 {
+    serde_json::from_slice::<Vec<serde::de::IgnoredAny>>(payload).map_or(0, |v| v.len() as u64)
+}
+
+fn frame(out: &mut Vec<u8>, payload: &[u8]) {
+    out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    out.extend_from_slice(&crc32c::crc32c(payload).to_le_bytes());
+    out.extend_from_slice(payload);
+}
+
+struct Appender {
+    shared: Arc<Shared>,
+    file: File,
+    size: u64,
+}
+
+impl Appender {
+    fn run(mut self, rx: Receiver<AppendRequest>) {
+        let mut buf = Vec::with_capacity(1 << 20);
+        let mut group = Vec::with_capacity(256);
+        while let Ok(first) = rx.recv() {
+            group.push(first);
+            let mut bytes = group[0].payload.len();
+            while bytes < GROUP_MAX_BYTES {
+                match rx.try_recv() {
+                    Ok(req) => {
+                        bytes += req.payload.len();
+                        group.push(req);
+                    }
+                    Err(_) => break,
+                }
+            }
+            self.commit_group(&mut group, &mut buf);
+            group.clear();
+            buf.clear();
+        }
+        tracing::debug!("spool: appender stopped");
+    }
+
+    fn commit_group(&mut self, group: &mut Vec<AppendRequest>, buf: &mut Vec<u8>) {
+        if self.size >= SEGMENT_TARGET_BYTES {
+            if let Err(e) = self.rotate() {
+                tracing::error!(error = %e, "spool: cannot start a new segment");
+                for req in group.drain(..) {
+                    let _ = req.ack.send(Err(AppendError::Io));
+                }
+                return;
+            }
+        }
+        let disk_bytes = self.shared.state.lock().unwrap().disk_bytes;
+        let mut accepted = Vec::with_capacity(group.len());
+        let mut records = 0;
+        for req in group.drain(..) {
+            let framed = FRAME_LEN + req.payload.len() as u64;
+            if disk_bytes + buf.len() as u64 + framed > self.shared.max_bytes {
+                let _ = req.ack.send(Err(AppendError::Full));
+                continue;
+            }
+            frame(buf, &req.payload);
+            records += req.records;
+            accepted.push(req.ack);
+        }
+        if accepted.is_empty() {
+            return;
+        }
+        let result = self
+            .file
+            .write_all(buf)
+            .and_then(|()| self.file.sync_data());
+        match result {
+            Ok(()) => {
+                self.size += buf.len() as u64;
+                {
+                    let mut st = self.shared.state.lock().unwrap();
+                    let active = st.active;
+                    st.segments.insert(active, self.size);
+                    st.disk_bytes += buf.len() as u64;
+                    st.unconfirmed_bytes += buf.len() as u64;
+                    st.unconfirmed_records += records;
+                    self.shared.publish(&st);
+                }
+                let active = self.shared.state.lock().unwrap().active;
+                self.shared.committed.send_replace(Position {
+                    segment: active,
+                    offset: self.size,
+                });
+                for ack in accepted {
+                    let _ = ack.send(Ok(()));
+                }
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "spool: write or sync failed; answering 503 and starting a new segment");
+                for ack in accepted {
+                    let _ = ack.send(Err(AppendError::Io));
+                }
+                let _ = self.file.set_len(self.size);
+                if let Err(e) = self.rotate() {
+                    tracing::error!(error = %e, "spool: cannot start a new segment");
+                }
+            }
+        }
+    }
+
+    fn rotate(&mut self) -> io::Result<()> {
+        let next = self.shared.state.lock().unwrap().active + 1;
+        let file = create_segment(&self.shared.dir, next)?;
+        {
+            let mut st = self.shared.state.lock().unwrap();
+            st.segments.insert(next, HEADER_LEN);
+            st.disk_bytes += HEADER_LEN;
+            st.active = next;
+        }
+        self.file = file;
+        self.size = HEADER_LEN;
+        self.shared.committed.send_replace(Position {
+            segment: next,
+            offset: HEADER_LEN,
+        });
+        Ok(())
+    }
+}
+
+impl Spool {
+    /// Appends one request's measurements and waits until they are durable, at most `limit`.
+    ///
+    /// Errors: [`AppendError::Full`] at the bound, [`AppendError::Overloaded`] when the queue
+    /// is full or the sync takes longer than `limit`, [`AppendError::Io`] on a disk error.
+    /// After `Overloaded` from a timeout the data may still become durable; a client retry is
+    /// then folded as a duplicate.
+    pub async fn append(
+        &self,
+        measurements: &[Measurement],
+        limit: Duration,
+    ) -> Result<(), AppendError> {
+        let payload = serde_json::to_vec(measurements).map_err(|_| AppendError::Io)?;
+        let (ack, done) = oneshot::channel();
+        let req = AppendRequest {
+            payload,
+            records: measurements.len() as u64,
+            ack,
+        };
+        match self.tx.try_send(req) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_)) => return Err(AppendError::Overloaded),
+            Err(TrySendError::Disconnected(_)) => return Err(AppendError::Io),
+        }
+        match tokio::time::timeout(limit, done).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(_)) => Err(AppendError::Io),
+            Err(_) => Err(AppendError::Overloaded),
+        }
+    }
+
+    /// Whether the spool has room for at least `headroom` more bytes.
+    pub fn has_room(&self, headroom: u64) -> bool {
+        self.shared.state.lock().unwrap().disk_bytes + headroom <= self.shared.max_bytes
+    }
+
+    /// The spool folder.
+    pub fn dir(&self) -> &Path {
+        &self.shared.dir
+    }
+}
+
+impl SpoolReader {
+    /// Position of the next record to read.
+    pub fn position(&self) -> Position {
+        self.pos
+    }
+
+    /// Waits until something past the read position is durable, or `limit` passes.
+    pub async fn wait(&mut self, limit: Duration) {
+        let pos = self.pos;
+        let _ = tokio::time::timeout(limit, self.committed.wait_for(|c| *c > pos)).await;
+    }
+
+    /// Reads durable records in order until about `max_bytes` are read or none is left.
+    /// Blocking file I/O from the page cache; call it from a blocking context.
+    pub fn read_available(&mut self, max_bytes: u64, out: &mut Vec<Record>) {
+        let mut read = 0;
+        while read < max_bytes {
+            let committed = *self.committed.borrow();
+            if self.pos >= committed {
+                return;
+            }
+            let end = if self.pos.segment == committed.segment {
+                committed.offset
+            } else {
+                let st = self.shared.state.lock().unwrap();
+                match st.segments.get(&self.pos.segment) {
+                    Some(&len) => len,
+                    None => {
+                        // The segment is gone or never existed: go on with the next one.
+                        let next = st
+                            .segments
+                            .range(self.pos.segment + 1..)
+                            .next()
+                            .map(|(&n, _)| n);
+                        drop(st);
+                        match next {
+                            Some(n) => {
+                                self.pos = Position {
+                                    segment: n,
+                                    offset: HEADER_LEN,
+                                }
+                            }
+                            None => return,
+                        }
+                        continue;
+                    }
+                }
+            };
+            if self.pos.offset >= end {
+                let next = self
+                    .shared
+                    .state
+                    .lock()
+                    .unwrap()
+                    .segments
+                    .range(self.pos.segment + 1..)
+                    .next()
+                    .map(|(&n, _)| n);
+                match next {
+                    Some(n) => {
+                        self.pos = Position {
+                            segment: n,
+                            offset: HEADER_LEN,
+                        };
+                        self.open = None;
+                        continue;
+                    }
+                    None => return,
+                }
+            }
+            match self.read_record(end) {
+                Ok(record) => {
+                    read += record.bytes;
+                    self.pos = record.end;
+                    out.push(record);
+                }
+                Err(e) => {
+                    // Checked at start and written by us since; only a disk fault gets here.
+                    tracing::error!(segment = self.pos.segment, offset = self.pos.offset, error = %e, "spool: unreadable record; skipping the rest of the segment");
+                    self.pos.offset = end;
+                }
+            }
+        }
+    }
+
+    fn read_record(&mut self, end: u64) -> io::Result<Record> {
+        if self.open.as_ref().map(|(n, _)| *n) != Some(self.pos.segment) {
+            self.open = Some((
+                self.pos.segment,
+                File::open(self.shared.segment_path(self.pos.segment))?,
+            ));
+        }
+        let file = &self.open.as_ref().expect("just opened").1;
+        let mut header = [0u8; FRAME_LEN as usize];
+        file.read_exact_at(&mut header, self.pos.offset)?;
+        let len = u32::from_le_bytes(header[..4].try_into().unwrap());
+        let crc = u32::from_le_bytes(header[4..].try_into().unwrap());
+        let next = self.pos.offset + FRAME_LEN + len as u64;
+        if len == 0 || len > MAX_RECORD_BYTES || next > end {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "bad record length",
+            ));
+        }
+        let mut payload = vec![0u8; len as usize];
+        file.read_exact_at(&mut payload, self.pos.offset + FRAME_LEN)?;
+        if crc32c::crc32c(&payload) != crc {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "checksum mismatch",
+            ));
+        }
+        let measurements = serde_json::from_slice(&payload)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        Ok(Record {
+            end: Position {
+                segment: self.pos.segment,
+                offset: next,
+            },
+            measurements,
+            bytes: next - self.pos.offset,
+        })
+    }
+
+    /// Marks everything before `upto` as confirmed by ClickHouse (`records` measurements and
+    /// `bytes` spool bytes since the last confirmation): persists the cursor and deletes every
+    /// segment that holds nothing unconfirmed.
+    pub fn confirm(&mut self, upto: Position, records: u64, bytes: u64) -> io::Result<()> {
+        let dir = &self.shared.dir;
+        let tmp = dir.join("CURSOR.tmp");
+        fs::write(&tmp, format!("{} {}\n", upto.segment, upto.offset))?;
+        fs::rename(&tmp, dir.join("CURSOR"))?;
+        let mut st = self.shared.state.lock().unwrap();
+        st.unconfirmed_records = st.unconfirmed_records.saturating_sub(records);
+        st.unconfirmed_bytes = st.unconfirmed_bytes.saturating_sub(bytes);
+        let active = st.active;
+        let done: Vec<(u64, u64)> = st
+            .segments
+            .iter()
+            .filter(|(&n, &len)| {
+                n < upto.segment || (n == upto.segment && n != active && upto.offset >= len)
+            })
+            .map(|(&n, &len)| (n, len))
+            .collect();
+        for (n, len) in done {
+            if self.open.as_ref().is_some_and(|(o, _)| *o == n) {
+                self.open = None;
+            }
+            match fs::remove_file(self.shared.segment_path(n)) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+            st.segments.remove(&n);
+            st.disk_bytes -= len;
+        }
+        self.shared.publish(&st);
+        Ok(())
+    }
+
+    /// Writes a batch ClickHouse refused as bad data to `kept-aside/` for inspection.
+    /// Returns the file written.
+    pub fn keep_aside(
+        &self,
+        start: Position,
+        measurements: &[Measurement],
+        reason: &str,
+    ) -> io::Result<PathBuf> {
+        let path = self
+            .shared
+            .dir
+            .join("kept-aside")
+            .join(format!("{:020}-{:012}.json", start.segment, start.offset));
+        let body = serde_json::json!({ "reason": reason, "measurements": measurements });
+        let mut f = File::create(&path)?;
+        f.write_all(
+            serde_json::to_string_pretty(&body)
+                .unwrap_or_default()
+                .as_bytes(),
+        )?;
+        f.sync_all()?;
+        Ok(path)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use uuid::Uuid;
+
+    fn m(n: u128) -> Measurement {
+        Measurement {
+            id: Uuid::from_u128(n),
+            site: "s".into(),
+            received_at: 1,
+            url: "https://a.b/".into(),
+            ts: None,
+            referrer: None,
+            navigation_type: None,
+            ttfb_ms: Some(n as f64),
+            fcp_ms: None,
+            lcp_ms: None,
+            inp_ms: None,
+            dom_content_loaded_ms: None,
+            load_ms: None,
+            cls: None,
+            viewport_width: None,
+            effective_connection_type: None,
+            user_agent: String::new(),
+        }
+    }
+
+    fn ids(records: &[Record]) -> Vec<u128> {
+        records
+            .iter()
+            .flat_map(|r| r.measurements.iter().map(|m| m.id.as_u128()))
+            .collect()
+    }
+
+    fn read_all(r: &mut SpoolReader) -> Vec<Record> {
+        let mut out = Vec::new();
+        r.read_available(u64::MAX, &mut out);
+        out
+    }
+
+    #[tokio::test]
+    async fn append_read_confirm_and_replay() {
+        let dir = tempfile::tempdir().unwrap();
+        let metrics = Arc::new(Metrics::new());
+        {
+            let (spool, mut reader) = open(dir.path(), 1 << 20, metrics.clone()).unwrap();
+            spool
+                .append(&[m(1), m(2)], Duration::from_secs(5))
+                .await
+                .unwrap();
+            spool.append(&[m(3)], Duration::from_secs(5)).await.unwrap();
+            let recs = read_all(&mut reader);
+            assert_eq!(ids(&recs), [1, 2, 3]);
+            assert_eq!(metrics.spool_records.get(), 3);
+            reader.confirm(recs[0].end, 2, recs[0].bytes).unwrap();
+            assert_eq!(metrics.spool_records.get(), 1);
+        }
+        // Reopen: only the unconfirmed record comes back.
+        let (_spool, mut reader) = open(dir.path(), 1 << 20, metrics.clone()).unwrap();
+        assert_eq!(ids(&read_all(&mut reader)), [3]);
+        assert_eq!(metrics.spool_records.get(), 1);
+    }
+
+    #[tokio::test]
+    async fn torn_tail_is_cut_to_the_last_whole_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let metrics = Arc::new(Metrics::new());
+        {
+            let (spool, _reader) = open(dir.path(), 1 << 20, metrics.clone()).unwrap();
+            for n in 1..=3 {
+                spool.append(&[m(n)], Duration::from_secs(5)).await.unwrap();
+            }
+        }
+        let seg = segment_path(dir.path(), 1);
+        let len = fs::metadata(&seg).unwrap().len();
+        OpenOptions::new()
+            .write(true)
+            .open(&seg)
+            .unwrap()
+            .set_len(len - 5)
+            .unwrap();
+        let (_spool, mut reader) = open(dir.path(), 1 << 20, metrics).unwrap();
+        assert_eq!(ids(&read_all(&mut reader)), [1, 2]);
+        assert!(
+            fs::metadata(&seg).unwrap().len() < len - 5,
+            "the torn record was cut off"
+        );
+    }
+
+    #[tokio::test]
+    async fn corrupt_record_ends_the_segment() {
+        let dir = tempfile::tempdir().unwrap();
+        let metrics = Arc::new(Metrics::new());
+        {
+            let (spool, _reader) = open(dir.path(), 1 << 20, metrics.clone()).unwrap();
+            for n in 1..=3 {
+                spool.append(&[m(n)], Duration::from_secs(5)).await.unwrap();
+            }
+        }
+        let seg = segment_path(dir.path(), 1);
+        let mut data = fs::read(&seg).unwrap();
+        let last = data.len() - 3;
+        data[last] ^= 0xff;
+        fs::write(&seg, data).unwrap();
+        let (_spool, mut reader) = open(dir.path(), 1 << 20, metrics).unwrap();
+        assert_eq!(ids(&read_all(&mut reader)), [1, 2]);
+    }
+
+    #[tokio::test]
+    async fn full_spool_refuses_and_keeps_what_it_has() {
+        let dir = tempfile::tempdir().unwrap();
+        let metrics = Arc::new(Metrics::new());
+        let (spool, mut reader) = open(dir.path(), 2048, metrics).unwrap();
+        let mut ok = 0;
+        let mut full = false;
+        for n in 0..100 {
+            match spool.append(&[m(n)], Duration::from_secs(5)).await {
+                Ok(()) => ok += 1,
+                Err(AppendError::Full) => {
+                    full = true;
+                    break;
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        assert!(full && ok > 0);
+        assert!(!spool.has_room(400));
+        let recs = read_all(&mut reader);
+        assert_eq!(recs.len(), ok);
+        let (end, bytes) = (recs.last().unwrap().end, recs.iter().map(|r| r.bytes).sum());
+        reader.confirm(end, ok as u64, bytes).unwrap();
+        // Confirmed bytes stay in the active segment until it is sealed, so rotate by filling.
+        assert!(
+            spool
+                .append(&[m(1000)], Duration::from_secs(5))
+                .await
+                .is_err()
+                || spool.has_room(0)
+        );
+    }
+
+    #[tokio::test]
+    async fn segments_rotate_and_confirmed_ones_are_deleted() {
+        let dir = tempfile::tempdir().unwrap();
+        let metrics = Arc::new(Metrics::new());
+        let (spool, mut reader) = open(dir.path(), 1 << 30, metrics.clone()).unwrap();
+        let big: Vec<Measurement> = (0..50)
+            .map(|n| Measurement {
+                user_agent: "x".repeat(8000),
+                ..m(n)
+            })
+            .collect();
+        let mut appended = 0;
+        while spool.shared.state.lock().unwrap().active == 1 {
+            spool.append(&big, Duration::from_secs(5)).await.unwrap();
+            appended += 1;
+        }
+        spool.append(&big, Duration::from_secs(5)).await.unwrap();
+        let recs = read_all(&mut reader);
+        assert_eq!(recs.len(), appended + 1);
+        let bytes = recs.iter().map(|r| r.bytes).sum();
+        reader
+            .confirm(recs.last().unwrap().end, 50 * recs.len() as u64, bytes)
+            .unwrap();
+        assert!(
+            !segment_path(dir.path(), 1).exists(),
+            "sealed, confirmed segment deleted"
+        );
+        assert!(segment_path(dir.path(), 2).exists(), "active segment kept");
+        assert_eq!(metrics.spool_records.get(), 0);
+        assert_eq!(metrics.spool_bytes.get(), 0);
+    }
+
+    #[test]
+    fn second_open_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let _guard = rt.enter();
+        let metrics = Arc::new(Metrics::new());
+        let _first = open(dir.path(), 1 << 20, metrics.clone()).unwrap();
+        assert!(matches!(
+            open(dir.path(), 1 << 20, metrics),
+            Err(OpenError::Locked(_))
+        ));
+    }
+}

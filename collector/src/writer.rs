@@ -1,0 +1,426 @@
+//! The write path: spool → batch → ClickHouse replica.
+//!
+//! One writer task reads durable records from the spool in order, gathers them into a batch
+//! (flushed at [`BatchLimits`]: rows, bytes, or age of its oldest record), inserts the batch
+//! into the active replica and only then confirms it in the spool. A batch is an owned,
+//! immutable value: a failed insert retries the very same rows, on the same or the next replica,
+//! with jittered exponential backoff, until it lands or ClickHouse refuses it as bad data
+//! (then it is kept aside in the spool folder and the pipeline goes on). The writer never
+//! imports HTTP types; it sees only the spool and the replicas.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rand::Rng;
+use tokio::sync::watch;
+
+use crate::measurement::Measurement;
+use crate::metrics::{Metrics, ReplicaLabel};
+use crate::spool::{Position, Record, SpoolReader};
+
+/// Flush thresholds of a batch.
+#[derive(Debug, Clone, Copy)]
+pub struct BatchLimits {
+    /// Flush at this many measurements.
+    pub max_rows: usize,
+    /// Flush at this many spooled bytes.
+    pub max_bytes: usize,
+    /// Flush when the oldest record of the batch has waited this long.
+    pub max_age: Duration,
+}
+
+/// First backoff after a failed insert.
+pub const BACKOFF_MIN: Duration = Duration::from_millis(100);
+/// Longest backoff between insert attempts while every replica fails.
+pub const BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// Failures within [`FAILURE_WINDOW`] that mark a replica down.
+pub const FAILURES_TO_DOWN: u32 = 3;
+/// Window in which [`FAILURES_TO_DOWN`] failures mark a replica down.
+pub const FAILURE_WINDOW: Duration = Duration::from_secs(10);
+/// Bound on sending one batch to ClickHouse.
+pub const SEND_TIMEOUT: Duration = Duration::from_secs(10);
+/// Bound on waiting for ClickHouse to finish one INSERT.
+pub const END_TIMEOUT: Duration = Duration::from_secs(30);
+/// On shutdown, how long the writer may keep trying to flush before leaving the rest in the spool.
+pub const DRAIN_DEADLINE: Duration = Duration::from_secs(10);
+
+/// A batch: consecutive spool records, from `start` up to `end`.
+#[derive(Debug)]
+pub struct Batch {
+    /// Spool position of its first record.
+    pub start: Position,
+    /// Spool position just after its last record.
+    pub end: Position,
+    /// The rows, in spool order.
+    pub rows: Vec<Measurement>,
+    /// Spooled bytes it covers.
+    pub bytes: u64,
+}
+
+impl Batch {
+    fn push(&mut self, record: Record) {
+        self.end = record.end;
+        self.bytes += record.bytes;
+        self.rows.extend(record.measurements);
+    }
+
+    /// A deterministic token for this batch: equal for every retry of the same batch.
+    pub fn dedup_token(&self) -> String {
+        format!(
+            "collector-{}-{}-{}-{}",
+            self.start.segment, self.start.offset, self.end.segment, self.end.offset
+        )
+    }
+}
+
+/// How an insert failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InsertError {
+    /// Worth retrying: network, timeout, 5xx, read-only replica, too many parts, ...
+    Transient(String),
+    /// ClickHouse refuses this data (e.g. code 117 INCORRECT_DATA, 53 TYPE_MISMATCH):
+    /// retrying the same batch cannot succeed.
+    Permanent(String),
+}
+
+/// ClickHouse error codes that mean "this data is bad", from ClickHouse's
+/// `src/Common/ErrorCodes.cpp`: 6 CANNOT_PARSE_TEXT, 26 CANNOT_PARSE_QUOTED_STRING,
+/// 27 CANNOT_PARSE_INPUT_ASSERTION_FAILED, 33 CANNOT_READ_ALL_DATA, 38 CANNOT_PARSE_DATE,
+/// 41 CANNOT_PARSE_DATETIME, 53 TYPE_MISMATCH, 69 ARGUMENT_OUT_OF_BOUND, 70 CANNOT_CONVERT_TYPE,
+/// 72 CANNOT_PARSE_NUMBER, 117 INCORRECT_DATA, 130 CANNOT_READ_ARRAY_FROM_TEXT.
+pub const BAD_DATA_CODES: [u32; 12] = [6, 26, 27, 33, 38, 41, 53, 69, 70, 72, 117, 130];
+
+/// Classifies a ClickHouse client error.
+pub fn classify(error: &clickhouse::error::Error) -> InsertError {
+    let text = error.to_string();
+    if let clickhouse::error::Error::BadResponse(body) = error {
+        if let Some(code) = exception_code(body) {
+            if BAD_DATA_CODES.contains(&code) {
+                return InsertError::Permanent(text);
+            }
+        }
+    }
+    InsertError::Transient(text)
+}
+
+/// The `Code: N` of a ClickHouse exception text.
+pub fn exception_code(text: &str) -> Option<u32> {
+    let rest = &text[text.find("Code: ")? + 6..];
+    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok()
+}
+
+/// One ClickHouse replica as the writer sees it.
+pub struct Replica {
+    /// URL as configured (the metrics label).
+    pub url: String,
+    client: clickhouse::Client,
+    failures: Vec<Instant>,
+    down: bool,
+}
+
+/// The replicas in preference order, and which one is written to.
+pub struct Replicas {
+    list: Vec<Replica>,
+    active: usize,
+    metrics: Arc<Metrics>,
+}
+
+impl Replicas {
+    /// Clients for `urls` (preference order) writing to `database`.
+    pub fn new(urls: &[url::Url], database: &str, metrics: Arc<Metrics>) -> Self {
+        let list: Vec<Replica> = urls
+            .iter()
+            .map(|u| {
+                let url = u.as_str().trim_end_matches('/').to_owned();
+                let client = clickhouse::Client::default()
+                    .with_url(url.clone())
+                    .with_database(database)
+                    .with_validation(false)
+                    .with_compression(clickhouse::Compression::Lz4);
+                Replica {
+                    url,
+                    client,
+                    failures: Vec::new(),
+                    down: false,
+                }
+            })
+            .collect();
+        let replicas = Replicas {
+            list,
+            active: 0,
+            metrics,
+        };
+        replicas.publish();
+        replicas
+    }
+
+    fn label(&self, i: usize) -> ReplicaLabel {
+        ReplicaLabel {
+            replica: self.list[i].url.clone(),
+        }
+    }
+
+    fn publish(&self) {
+        for (i, r) in self.list.iter().enumerate() {
+            self.metrics
+                .active_replica
+                .get_or_create(&self.label(i))
+                .set((i == self.active) as i64);
+            self.metrics
+                .replica_state
+                .get_or_create(&self.label(i))
+                .set(if r.down { 0 } else { 2 });
+        }
+    }
+
+    /// The URL of the replica being written to.
+    pub fn active_url(&self) -> &str {
+        &self.list[self.active].url
+    }
+
+    /// Inserts `batch` into the active replica once.
+    pub async fn insert(&mut self, batch: &Batch) -> Result<(), InsertError> {
+        let i = self.active;
+        let result = insert_rows(&self.list[i].client, &batch.rows).await;
+        match &result {
+            Ok(()) => {
+                self.metrics.inserts.get_or_create(&self.label(i)).inc();
+                self.list[i].failures.clear();
+            }
+            Err(InsertError::Permanent(_)) => {}
+            Err(InsertError::Transient(_)) => {
+                self.metrics
+                    .insert_errors
+                    .get_or_create(&self.label(i))
+                    .inc();
+                self.record_failure(i);
+            }
+        }
+        result
+    }
+
+    /// Counts a failure of replica `i`; several in quick succession mark it down and move
+    /// the writer to the next replica that is not down (a single slow request does not).
+    fn record_failure(&mut self, i: usize) {
+        let now = Instant::now();
+        let r = &mut self.list[i];
+        r.failures
+            .retain(|t| now.duration_since(*t) < FAILURE_WINDOW);
+        r.failures.push(now);
+        if r.failures.len() as u32 >= FAILURES_TO_DOWN && self.list.len() > 1 {
+            self.list[i].down = true;
+            self.list[i].failures.clear();
+            let next = (1..self.list.len())
+                .map(|k| (i + k) % self.list.len())
+                .find(|&k| !self.list[k].down);
+            match next {
+                Some(k) => {
+                    tracing::warn!(from = %self.list[i].url, to = %self.list[k].url, "clickhouse: failing over");
+                    self.active = k;
+                    self.metrics.failovers.inc();
+                }
+                None => {
+                    // Every replica failed recently: forget and start again from the preferred.
+                    for r in &mut self.list {
+                        r.down = false;
+                    }
+                    self.active = 0;
+                }
+            }
+            self.publish();
+        }
+    }
+}
+
+async fn insert_rows(client: &clickhouse::Client, rows: &[Measurement]) -> Result<(), InsertError> {
+    let mut insert = client
+        .insert::<Measurement>("measurements")
+        .await
+        .map_err(|e| classify(&e))?
+        .with_timeouts(Some(SEND_TIMEOUT), Some(END_TIMEOUT));
+    for row in rows {
+        insert.write(row).await.map_err(|e| classify(&e))?;
+    }
+    insert.end().await.map_err(|e| classify(&e))
+}
+
+/// Jittered exponential backoff: a random duration in `[d/2, d]` where `d` doubles per attempt
+/// from [`BACKOFF_MIN`] up to [`BACKOFF_MAX`] ("equal jitter", AWS Architecture Blog,
+/// "Exponential Backoff And Jitter", 2015).
+pub fn backoff(attempt: u32) -> Duration {
+    let d = BACKOFF_MIN
+        .saturating_mul(1 << attempt.min(16))
+        .min(BACKOFF_MAX);
+    let half = d / 2;
+    half + rand::thread_rng().gen_range(Duration::ZERO..=half)
+}
+
+/// Runs the writer until `shutdown` turns true; then flushes what it can within
+/// [`DRAIN_DEADLINE`] and leaves the rest in the spool.
+pub async fn run(
+    mut reader: SpoolReader,
+    mut replicas: Replicas,
+    limits: BatchLimits,
+    metrics: Arc<Metrics>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut records = Vec::new();
+    loop {
+        let Some(batch) = next_batch(&mut reader, &mut records, limits, &mut shutdown).await else {
+            return;
+        };
+        let draining_since = (*shutdown.borrow()).then(Instant::now);
+        let mut attempt = 0u32;
+        loop {
+            if attempt > 0 {
+                metrics.batches_retried.inc();
+            }
+            match replicas.insert(&batch).await {
+                Ok(()) => {
+                    confirm(&mut reader, &batch);
+                    break;
+                }
+                Err(InsertError::Permanent(reason)) => {
+                    match reader.keep_aside(batch.start, &batch.rows, &reason) {
+                        Ok(path) => {
+                            tracing::error!(rows = batch.rows.len(), file = %path.display(), %reason, "clickhouse refused a batch as bad data; kept aside")
+                        }
+                        Err(e) => {
+                            tracing::error!(error = %e, "cannot keep a refused batch aside; retrying later");
+                            tokio::time::sleep(backoff(attempt)).await;
+                            attempt += 1;
+                            continue;
+                        }
+                    }
+                    metrics.kept_aside.inc();
+                    confirm(&mut reader, &batch);
+                    break;
+                }
+                Err(InsertError::Transient(reason)) => {
+                    crate::logging::warn_limited(
+                        "clickhouse_insert",
+                        || tracing::warn!(replica = %replicas.active_url(), %reason, "clickhouse insert failed; will retry"),
+                    );
+                    let deadline =
+                        draining_since.or_else(|| (*shutdown.borrow()).then(Instant::now));
+                    if deadline.is_some_and(|t| t.elapsed() >= DRAIN_DEADLINE) {
+                        tracing::warn!(
+                            rows = batch.rows.len(),
+                            "drain deadline passed; the batch stays in the spool"
+                        );
+                        return;
+                    }
+                    tokio::time::sleep(backoff(attempt)).await;
+                    attempt = attempt.saturating_add(1);
+                }
+            }
+        }
+    }
+}
+
+fn confirm(reader: &mut SpoolReader, batch: &Batch) {
+    if let Err(e) = reader.confirm(batch.end, batch.rows.len() as u64, batch.bytes) {
+        // The batch is in ClickHouse; failing to record that only means a replay (folded).
+        tracing::error!(error = %e, "spool: cannot record a confirmed batch");
+    }
+}
+
+/// Gathers the next batch; `None` once shutdown is requested and nothing is left to read.
+async fn next_batch(
+    reader: &mut SpoolReader,
+    records: &mut Vec<Record>,
+    limits: BatchLimits,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Option<Batch> {
+    let start = reader.position();
+    let mut batch = Batch {
+        start,
+        end: start,
+        rows: Vec::new(),
+        bytes: 0,
+    };
+    let mut deadline: Option<Instant> = None;
+    loop {
+        let room = (limits.max_bytes as u64).saturating_sub(batch.bytes).max(1);
+        tokio::task::block_in_place(|| reader.read_available(room, records));
+        let got = !records.is_empty();
+        for record in records.drain(..) {
+            batch.push(record);
+        }
+        if !batch.rows.is_empty() && deadline.is_none() {
+            deadline = Some(Instant::now() + limits.max_age);
+        }
+        let full = batch.rows.len() >= limits.max_rows || batch.bytes >= limits.max_bytes as u64;
+        let draining = *shutdown.borrow();
+        match deadline {
+            Some(_) if full || draining => return Some(batch),
+            Some(d) if Instant::now() >= d => return Some(batch),
+            Some(_) if got => continue,
+            Some(d) => {
+                tokio::select! {
+                    _ = reader.wait(d.saturating_duration_since(Instant::now())) => {}
+                    _ = shutdown.changed() => {}
+                }
+            }
+            None if draining => return None,
+            None => {
+                tokio::select! {
+                    _ = reader.wait(Duration::from_secs(1)) => {}
+                    _ = shutdown.changed() => {}
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exception_codes() {
+        assert_eq!(
+            exception_code("Code: 117, e.displayText() = DB::Exception: bad"),
+            Some(117)
+        );
+        assert_eq!(
+            exception_code("Code: 53. DB::Exception: Type mismatch"),
+            Some(53)
+        );
+        assert_eq!(exception_code("connection refused"), None);
+    }
+
+    #[test]
+    fn classification() {
+        let bad = clickhouse::error::Error::BadResponse(
+            "Code: 117. DB::Exception: Incorrect data".into(),
+        );
+        assert!(matches!(classify(&bad), InsertError::Permanent(_)));
+        let ro = clickhouse::error::Error::BadResponse(
+            "Code: 242. DB::Exception: Table is in readonly mode".into(),
+        );
+        assert!(matches!(classify(&ro), InsertError::Transient(_)));
+        let parts = clickhouse::error::Error::BadResponse(
+            "Code: 252. DB::Exception: Too many parts".into(),
+        );
+        assert!(matches!(classify(&parts), InsertError::Transient(_)));
+        assert!(matches!(
+            classify(&clickhouse::error::Error::TimedOut),
+            InsertError::Transient(_)
+        ));
+    }
+
+    #[test]
+    fn backoff_grows_is_jittered_and_capped() {
+        for attempt in 0..40 {
+            let d = backoff(attempt);
+            let cap = BACKOFF_MIN
+                .saturating_mul(1 << attempt.min(16))
+                .min(BACKOFF_MAX);
+            assert!(d >= cap / 2 && d <= cap, "{attempt}: {d:?}");
+        }
+        let samples: std::collections::HashSet<_> = (0..20).map(|_| backoff(5)).collect();
+        assert!(samples.len() > 1, "jitter");
+    }
+}

@@ -1,0 +1,1035 @@
+#!/usr/bin/env bash
+# scripts/stack.sh - start/stop a throw-away server stack on loopback for the
+# beacon collector: PostgreSQL 15, a standalone ZooKeeper and N ClickHouse
+# servers that are replicas of one shard. Used by the developer main-job
+# script and by the Rust integration tests; it is the only place that knows
+# how to run these servers.
+#
+# Every server listens on 127.0.0.1 only, on ports picked at random from a
+# range below the kernel's ephemeral range (so outgoing connections never
+# steal them between a stop and a start), and keeps its config, data and logs
+# under the state folder DIR (absolute path; created if missing).
+#
+# Subcommands
+#   stack.sh install
+#       apt-get installs clickhouse-server, clickhouse-client, zookeeper,
+#       postgresql-15, curl and procps if any is missing (apt-get update only
+#       then), without letting their maintainer scripts start services.
+#       Quiet when everything is present. Needs root (or sudo).
+#   stack.sh up DIR [--replicas N]
+#       Starts whatever part of the stack is not running (N ClickHouse
+#       replicas, default 2 or the number DIR was last started with), waits
+#       until every server answers, writes DIR/stack.env and prints a
+#       summary. Idempotent: on a running stack it only re-prints. Restarts
+#       from existing data in DIR, keeping the previous ports when free.
+#   stack.sh down DIR [--purge]
+#       Stops everything (SIGCONT first so frozen servers can exit).
+#       Idempotent. --purge also deletes DIR.
+#   stack.sh replica DIR I stop|kill|freeze|thaw|start
+#       stop = SIGTERM and wait (SIGKILL after 30 s), kill = SIGKILL,
+#       freeze = SIGSTOP, thaw = SIGCONT, start = start replica I again with
+#       the same config/ports/data and wait until HTTP `SELECT 1` answers.
+#   stack.sh pg DIR stop|start|kill|freeze|thaw
+#       Same for PostgreSQL (stop = pg_ctl stop -m fast; freeze/thaw signal
+#       the postmaster's whole process group, i.e. all backends too).
+#   stack.sh zk DIR stop|start|kill|freeze|thaw
+#       Same for ZooKeeper.
+#   stack.sh status DIR
+#       One line per server; exit status 0 only if every server is running
+#       (not frozen) and answers its health probe.
+#
+# DIR/stack.env (written by `up`): KEY=VALUE lines, no quotes, no spaces, so
+# it can be sourced by a shell or split on the first '=' by a program.
+#   STACK_DIR              DIR
+#   PG_PORT                PostgreSQL TCP port on 127.0.0.1
+#   PG_DATA                PostgreSQL data directory
+#   PG_SOCKET_DIR          directory of PostgreSQL's unix socket
+#   PG_USER                postgres (superuser, trust auth, no password)
+#   PG_DATABASE            collector
+#   DATABASE_URL           postgres://postgres@127.0.0.1:PG_PORT/collector
+#   ZK_PORT                ZooKeeper client port on 127.0.0.1
+#   ZK_HOSTS               127.0.0.1:ZK_PORT
+#   CH_REPLICAS            N
+#   CH_CLUSTER             collector (remote_servers cluster: 1 shard, N replicas)
+#   CH_SHARD               1 (value of the {shard} macro on every replica)
+#   CHi_HTTP_PORT          for i in 1..N: HTTP port of replica i
+#   CHi_TCP_PORT           native protocol port of replica i
+#   CHi_INTERSERVER_PORT   interserver (replication fetch) port of replica i
+#   CHi_REPLICA            ri (value of the {replica} macro on replica i)
+#   CHi_URL                http://127.0.0.1:CHi_HTTP_PORT
+#   CLICKHOUSE_URL         CH1_URL
+#   CLICKHOUSE_URLS        CH1_URL,CH2_URL,...,CHN_URL
+#
+# Layout of DIR: stack.env, <name>.pid for name in pg, zk, ch1..chN, and one
+# folder per server (pg/, zk/, ch1/ ...) with its config, data and logs.
+set -euo pipefail
+
+PG_BIN=/usr/lib/postgresql/15/bin
+CH_SERVER=$(command -v clickhouse-server || echo /usr/sbin/clickhouse-server)
+ZK_JARS=/usr/share/java
+READY_TIMEOUT=${STACK_READY_TIMEOUT:-60}   # seconds to wait for a server to answer
+STOP_TIMEOUT=${STACK_STOP_TIMEOUT:-30}     # seconds between SIGTERM and SIGKILL
+PORT_MIN=20000                              # ports are picked in [PORT_MIN, ephemeral low)
+LOCK_FD=9                                   # fd of DIR/.lock; closed in every server we spawn
+
+log() { printf 'stack: %s\n' "$*" >&2; }
+die() { printf 'stack: error: %s\n' "$*" >&2; exit 1; }
+now_ms() { local t; t=$(date +%s%N); echo $((t / 1000000)); }
+
+usage() {
+    sed -n '/^# Subcommands/,/^# DIR\/stack.env/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2
+    exit 2
+}
+
+# ---------------------------------------------------------------- install ---
+
+pkg_installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'; }
+
+cmd_install() {
+    local need=() p
+    for p in clickhouse-server clickhouse-client zookeeper curl; do
+        pkg_installed "$p" || need+=("$p")
+    done
+    [[ -x $PG_BIN/postgres && -x $PG_BIN/initdb && -x $PG_BIN/psql ]] || need+=(postgresql-15)
+    command -v java >/dev/null || need+=(default-jre-headless)
+    command -v ps >/dev/null || need+=(procps)   # minimal images lack ps
+    [[ ${#need[@]} -eq 0 ]] && return 0
+
+    local sudo=()
+    if [[ $EUID -ne 0 ]]; then
+        command -v sudo >/dev/null || die "need root (or sudo) to install: ${need[*]}"
+        sudo=(sudo)
+    fi
+    log "installing: ${need[*]}"
+    # Debian's maintainer scripts start clickhouse-server and a PostgreSQL
+    # "main" cluster as system services; a policy-rc.d that answers 101 stops
+    # that (we run our own servers under DIR). Only add one if none exists.
+    local policy=/usr/sbin/policy-rc.d added_policy=0
+    if [[ ! -e $policy ]]; then
+        printf '#!/bin/sh\nexit 101\n' | "${sudo[@]}" tee "$policy" >/dev/null
+        "${sudo[@]}" chmod 755 "$policy"
+        added_policy=1
+    fi
+    local rc=0
+    {
+        "${sudo[@]}" apt-get update -qq &&
+        "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive \
+            apt-get install -y -qq --no-install-recommends "${need[@]}"
+    } >&2 || rc=$?
+    [[ $added_policy -eq 1 ]] && "${sudo[@]}" rm -f "$policy"
+    [[ $rc -eq 0 ]] || die "apt-get install failed (exit $rc)"
+}
+
+check_binaries() {
+    local b
+    for b in "$CH_SERVER" "$PG_BIN/postgres" "$PG_BIN/initdb" "$PG_BIN/pg_ctl" "$PG_BIN/psql" \
+             "$ZK_JARS/zookeeper.jar" "$ZK_JARS/slf4j-simple.jar"; do
+        [[ -e $b ]] || die "$b is missing; run: scripts/stack.sh install"
+    done
+    command -v java >/dev/null || die "java is missing; run: scripts/stack.sh install"
+    command -v curl >/dev/null || die "curl is missing; run: scripts/stack.sh install"
+    command -v ps >/dev/null || die "ps is missing; run: scripts/stack.sh install"
+}
+
+# ------------------------------------------------------- state / processes ---
+
+# set_dir PATH [create]: validate the state folder (creating it only for
+# `up`), take its lock. Returns 1 if it does not exist and was not created.
+set_dir() {
+    DIR=${1:-}
+    [[ -n $DIR ]] || usage
+    [[ $DIR == /* ]] || die "DIR must be an absolute path: $DIR"
+    # stack.env values carry no quotes and the XML configs embed DIR as is,
+    # so only allow characters that need no escaping anywhere.
+    [[ $DIR =~ ^/[A-Za-z0-9._/+-]+$ ]] || die "DIR may only contain [A-Za-z0-9._/+-]: $DIR"
+    [[ $DIR != / ]] || die "DIR must not be /"
+    DIR=${DIR%/}
+    ENV_FILE=$DIR/stack.env
+    if [[ ${2:-} == create ]]; then
+        mkdir -p "$DIR" || die "cannot create $DIR"
+    elif [[ ! -d $DIR ]]; then
+        return 1
+    fi
+    # Serialise subcommands on the same DIR (parallel tests may share one).
+    eval "exec $LOCK_FD>\"\$DIR/.lock\""
+    flock -w 300 "$LOCK_FD" || die "timed out waiting for the lock on $DIR/.lock"
+}
+
+# proc_state PID: one-letter state from /proc (R, S, D, T, Z, ...) or empty.
+proc_state() {
+    local stat
+    stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 0
+    stat=${stat##*) }
+    echo "${stat%% *}"
+}
+
+# pid_of NAME: pid from DIR/NAME.pid if that process is alive (zombies count
+# as dead: PID 1 here may never reap them) and its command line mentions DIR
+# (guards against a recycled pid). Prints nothing otherwise.
+pid_of() {
+    local name=$1 pid st
+    if [[ $name == pg && -f $DIR/pg/data/postmaster.pid ]]; then
+        # The postmaster writes its own pid file; it is the authority.
+        pid=$(head -n1 "$DIR/pg/data/postmaster.pid" 2>/dev/null || true)
+    else
+        pid=$(cat "$DIR/$name.pid" 2>/dev/null || true)
+    fi
+    [[ $pid =~ ^[0-9]+$ ]] || return 0
+    st=$(proc_state "$pid")
+    [[ -n $st && $st != Z && $st != X ]] || return 0
+    tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "$DIR/" || return 0
+    echo "$pid"
+}
+
+is_frozen() { [[ $(proc_state "$1") == T ]]; }
+
+# frozen_note NAME: true (and says so) if that server is stopped by SIGSTOP;
+# waiting for a frozen server to answer would only run into the timeout.
+frozen_note() {
+    local pid
+    pid=$(pid_of "$1")
+    [[ -n $pid ]] && is_frozen "$pid" || return 1
+    log "note: $1 (pid $pid) is frozen (SIGSTOP); not waiting for it"
+}
+
+# wait_exit PID SECONDS: poll until PID is gone (or a zombie); 1 on timeout.
+wait_exit() {
+    local pid=$1 deadline=$(( $(now_ms) + $2 * 1000 )) st
+    while :; do
+        st=$(proc_state "$pid")
+        [[ -z $st || $st == Z || $st == X ]] && return 0
+        (( $(now_ms) < deadline )) || return 1
+        sleep 0.1
+    done
+}
+
+# stop_pid NAME PID: SIGCONT, SIGTERM, bounded wait, then SIGKILL.
+stop_pid() {
+    local name=$1 pid=$2
+    kill -CONT "$pid" 2>/dev/null || true
+    kill -TERM "$pid" 2>/dev/null || true
+    if ! wait_exit "$pid" "$STOP_TIMEOUT"; then
+        log "$name (pid $pid) ignored SIGTERM for ${STOP_TIMEOUT}s; sending SIGKILL"
+        kill -KILL "$pid" 2>/dev/null || true
+        wait_exit "$pid" 10 || die "$name (pid $pid) survived SIGKILL"
+    fi
+}
+
+# spawn PIDFILE LOGFILE CMD...: run CMD detached in its own session (so a
+# terminal's Ctrl-C or a test harness killing its process group does not hit
+# it), with no inherited stdio/lock fd (so a caller reading our stdout does
+# not hang). The child writes its own pid before exec'ing CMD.
+spawn() {
+    local pidfile=$1 logfile=$2; shift 2
+    rm -f "$pidfile"
+    setsid bash -c 'echo $$ >"$0"; exec "$@"' "$pidfile" "$@" \
+        </dev/null >>"$logfile" 2>&1 9>&- &
+    local deadline=$(( $(now_ms) + 5000 ))
+    until [[ -s $pidfile ]]; do
+        (( $(now_ms) < deadline )) || die "could not start: $*"
+        sleep 0.02
+    done
+}
+
+fail_with_log() { # fail_with_log MESSAGE LOGFILE...
+    local msg=$1 f; shift
+    printf 'stack: error: %s\n' "$msg" >&2
+    for f in "$@"; do
+        [[ -s $f ]] || continue
+        printf -- '----- last lines of %s -----\n' "$f" >&2
+        tail -n 25 "$f" >&2
+    done
+    exit 1
+}
+
+# ------------------------------------------------------------------ ports ---
+
+# port_in_use PORT: true if any TCP socket (v4 or v6, any state) uses it as
+# its local port. Used when picking new ports: stay clear of everything.
+port_in_use() {
+    local hex
+    hex=$(printf ':%04X ' "$1")
+    grep -qF -- "$hex" /proc/net/tcp /proc/net/tcp6 2>/dev/null
+}
+
+# port_listening PORT: true if some socket listens on PORT. Used before
+# restarting a server on its old port: leftover TIME_WAIT connections of the
+# previous run do not count, since all three servers bind with SO_REUSEADDR.
+port_listening() {
+    awk -v p="$(printf ':%04X' "$1")" '$4 == "0A" && substr($2, length($2) - 4) == p { f = 1 } END { exit !f }' \
+        /proc/net/tcp /proc/net/tcp6 2>/dev/null
+}
+
+# alloc_ports N: print N distinct free ports. A machine-wide reservation file
+# (under flock) keeps parallel `up`s in other DIRs from picking the same port
+# before their servers have bound it; reservations expire after 10 minutes.
+alloc_ports() {
+    local n=$1 hi reserve now
+    hi=$(awk '{print $1 - 1}' /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32767)
+    (( hi > PORT_MIN + 1000 )) || hi=$(( PORT_MIN + 10000 ))
+    reserve=${TMPDIR:-/tmp}/collector-stack-ports.reserved
+    now=$(date +%s)
+    (
+        flock -w 30 8 || die "cannot lock $reserve"
+        declare -A taken=()
+        local p ts out=() tries=0
+        if [[ -f $reserve ]]; then
+            while read -r p ts; do
+                [[ $p =~ ^[0-9]+$ && $ts =~ ^[0-9]+$ ]] || continue
+                (( now - ts < 600 )) && taken[$p]=$ts
+            done <"$reserve"
+        fi
+        while (( ${#out[@]} < n )); do
+            (( ++tries < 10000 )) || die "no free port found in $PORT_MIN..$hi"
+            p=$(( PORT_MIN + (RANDOM * 32768 + RANDOM) % (hi - PORT_MIN + 1) ))
+            [[ -z ${taken[$p]:-} ]] || continue
+            port_in_use "$p" && continue
+            taken[$p]=$now
+            out+=("$p")
+        done
+        for p in "${!taken[@]}"; do echo "$p ${taken[$p]}"; done >"$reserve.tmp"
+        mv -f "$reserve.tmp" "$reserve"
+        echo "${out[*]}"
+    ) 8>>"$reserve.lock"
+}
+
+# ------------------------------------------------------------- stack.env ---
+
+# load_env: read DIR/stack.env (if any) into the current shell.
+load_env() {
+    [[ -f $ENV_FILE ]] || return 0
+    local k v
+    while IFS='=' read -r k v; do
+        [[ $k =~ ^[A-Z][A-Z0-9_]*$ ]] && printf -v "$k" '%s' "$v"
+    done <"$ENV_FILE"
+}
+
+write_env() {
+    local i urls=() tmp=$ENV_FILE.tmp
+    {
+        echo "STACK_DIR=$DIR"
+        echo "PG_PORT=$PG_PORT"
+        echo "PG_DATA=$DIR/pg/data"
+        echo "PG_SOCKET_DIR=$(pg_socket_dir)"
+        echo "PG_USER=postgres"
+        echo "PG_DATABASE=collector"
+        echo "DATABASE_URL=postgres://postgres@127.0.0.1:$PG_PORT/collector"
+        echo "ZK_PORT=$ZK_PORT"
+        echo "ZK_HOSTS=127.0.0.1:$ZK_PORT"
+        echo "CH_REPLICAS=$CH_REPLICAS"
+        echo "CH_CLUSTER=collector"
+        echo "CH_SHARD=1"
+        for (( i = 1; i <= CH_REPLICAS; i++ )); do
+            local h="CH${i}_HTTP_PORT" t="CH${i}_TCP_PORT" s="CH${i}_INTERSERVER_PORT"
+            echo "$h=${!h}"
+            echo "$t=${!t}"
+            echo "$s=${!s}"
+            echo "CH${i}_REPLICA=r$i"
+            echo "CH${i}_URL=http://127.0.0.1:${!h}"
+            urls+=("http://127.0.0.1:${!h}")
+        done
+        echo "CLICKHOUSE_URL=${urls[0]}"
+        echo "CLICKHOUSE_URLS=$(IFS=,; echo "${urls[*]}")"
+    } >"$tmp"
+    mv -f "$tmp" "$ENV_FILE"
+}
+
+# ------------------------------------------------------------- PostgreSQL ---
+
+pg_socket_dir() {
+    # A unix socket path must fit in 107 bytes; fall back to a short folder
+    # in /tmp (named after DIR) when DIR is deep.
+    local d=$DIR/pg/run
+    if (( ${#d} + 20 > 100 )); then
+        d=/tmp/stack-pg-$(printf '%s' "$DIR" | md5sum | cut -c1-12)
+    fi
+    echo "$d"
+}
+
+# as_pg CMD...: PostgreSQL refuses to run as root; use the postgres user.
+as_pg() {
+    if [[ $EUID -eq 0 ]]; then
+        runuser -u postgres -- "$@"
+    else
+        "$@"
+    fi
+}
+
+# The postgres user must be able to reach DIR/pg. Test harness temp folders
+# are often mode 0700 (owned by root), so add the search bit where needed.
+pg_make_reachable() {
+    [[ $EUID -eq 0 ]] || return 0
+    id postgres >/dev/null 2>&1 ||
+        useradd --system --home-dir /var/lib/postgresql --shell /bin/bash postgres
+    local d=$DIR
+    while [[ -n $d && $d != / ]]; do
+        if ! runuser -u postgres -- test -x "$d" 2>/dev/null; then
+            log "note: chmod o+x $d so that the postgres user can reach $DIR/pg"
+            chmod o+x "$d"
+        fi
+        d=$(dirname "$d")
+    done
+}
+
+pg_write_conf() {
+    local sock
+    sock=$(pg_socket_dir)
+    mkdir -p "$sock"
+    chown postgres: "$sock" 2>/dev/null || true
+    # Rewritten on every start (the port may change); included from
+    # postgresql.conf, which initdb wrote once.
+    cat >"$DIR/pg/data/stack.conf" <<EOF
+# generated by scripts/stack.sh - rewritten on every start
+listen_addresses = '127.0.0.1'
+port = $PG_PORT
+unix_socket_directories = '$sock'
+max_connections = 100
+shared_buffers = 64MB
+wal_level = replica
+max_wal_senders = 5
+log_connections = on
+log_disconnections = on
+logging_collector = off
+log_line_prefix = '%m [%p] %q%u@%d '
+fsync = on
+EOF
+    chown postgres: "$DIR/pg/data/stack.conf" 2>/dev/null || true
+}
+
+pg_init() {
+    [[ -f $DIR/pg/data/PG_VERSION ]] && return 0
+    pg_make_reachable
+    mkdir -p "$DIR/pg"
+    rm -rf "$DIR/pg/data"
+    chown postgres: "$DIR/pg" 2>/dev/null || true
+    # trust for local + host (127.0.0.1/::1, incl. replication) connections;
+    # --no-sync: a test cluster need not survive a power loss while being made.
+    as_pg "$PG_BIN/initdb" -D "$DIR/pg/data" -U postgres --auth-local=trust --auth-host=trust \
+        --encoding=UTF8 --locale=C --no-sync --no-instructions >"$DIR/pg/initdb.log" 2>&1 ||
+        fail_with_log "initdb failed" "$DIR/pg/initdb.log"
+    echo "include = 'stack.conf'" >>"$DIR/pg/data/postgresql.conf"
+}
+
+pg_launch() {
+    pg_make_reachable
+    pg_write_conf
+    rm -f "$DIR/pg.pid"
+    # After a SIGKILL the postmaster stays a zombie here (PID 1 of this
+    # machine does not reap orphans), and PostgreSQL takes a zombie's pid in
+    # postmaster.pid for a live server and refuses to start. pid_of treats
+    # zombies as dead, so lock files without a live postmaster are stale
+    # (the data folder's and the unix socket's).
+    # Removing them bypasses PostgreSQL's own check for orphaned backends, so
+    # first make sure the old postmaster's process group is gone.
+    if [[ -z $(pid_of pg) ]]; then
+        local old
+        old=$(head -n1 "$DIR/pg/data/postmaster.pid" 2>/dev/null || true)
+        [[ $old =~ ^[0-9]+$ ]] && pg_reap_group "$old"
+        rm -f "$DIR/pg/data/postmaster.pid" "$(pg_socket_dir)"/.s.PGSQL.*
+    fi
+    # pg_ctl puts the postmaster in its own session with output to the log,
+    # and waits (bounded) until it accepts connections.
+    as_pg "$PG_BIN/pg_ctl" -D "$DIR/pg/data" -l "$DIR/pg/postgres.log" -w -t "$READY_TIMEOUT" start \
+        </dev/null >>"$DIR/pg/pg_ctl.log" 2>&1 9>&- ||
+        fail_with_log "pg_ctl start failed" "$DIR/pg/pg_ctl.log" "$DIR/pg/postgres.log"
+}
+
+pg_wait() {
+    local deadline=$(( $(now_ms) + READY_TIMEOUT * 1000 )) pid=""
+    while :; do
+        pid=$(pid_of pg)
+        if [[ -n $pid ]] && "$PG_BIN/pg_isready" -q -h 127.0.0.1 -p "$PG_PORT" -U postgres -d postgres -t 1 >/dev/null 2>&1; then
+            break
+        fi
+        (( $(now_ms) < deadline )) ||
+            fail_with_log "PostgreSQL did not accept connections on 127.0.0.1:$PG_PORT within ${READY_TIMEOUT}s" \
+                "$DIR/pg/postgres.log"
+        sleep 0.1
+    done
+    echo "$pid" >"$DIR/pg.pid"
+    local psql=("$PG_BIN/psql" -X -q -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$PG_PORT" -U postgres -d postgres -tA)
+    if [[ $("${psql[@]}" -c "SELECT 1 FROM pg_database WHERE datname = 'collector'") != 1 ]]; then
+        "${psql[@]}" -c 'CREATE DATABASE collector' >/dev/null
+    fi
+}
+
+pg_stop() {
+    local pid
+    pid=$(pid_of pg)
+    [[ -n $pid ]] || { rm -f "$DIR/pg.pid"; return 0; }
+    pg_signal_group CONT "$pid"
+    if ! as_pg "$PG_BIN/pg_ctl" -D "$DIR/pg/data" stop -m fast -w -t "$STOP_TIMEOUT" \
+            </dev/null >>"$DIR/pg/pg_ctl.log" 2>&1 9>&-; then
+        log "pg_ctl stop failed; sending SIGKILL to postmaster $pid"
+        kill -KILL "$pid" 2>/dev/null || true
+    fi
+    wait_exit "$pid" 10 || die "postmaster $pid did not exit"
+    rm -f "$DIR/pg.pid"
+}
+
+# group_alive PGID: true if a live (non-zombie) process is in that group.
+group_alive() {
+    ps -e -o pgid=,stat= 2>/dev/null | awk -v g="$1" '$1 == g && $2 !~ /^Z/ { f = 1 } END { exit !f }'
+}
+
+# pg_reap_group PGID: after the postmaster died, its backends notice and
+# exit by themselves; wait for that (bounded), then SIGKILL what is left.
+pg_reap_group() {
+    local g=$1 deadline=$(( $(now_ms) + 10000 ))
+    while group_alive "$g"; do
+        if (( $(now_ms) >= deadline )); then
+            log "killing leftover PostgreSQL processes of group $g"
+            kill -KILL -- "-$g" 2>/dev/null || true
+            sleep 0.1
+            return 0
+        fi
+        sleep 0.05
+    done
+}
+
+# pg_signal_group SIG PID: signal the postmaster and all its backends (they
+# share the postmaster's process group since pg_ctl started it with setsid).
+pg_signal_group() {
+    local pgid
+    pgid=$(ps -o pgid= -p "$2" 2>/dev/null | tr -d ' ') || true
+    if [[ -n $pgid && $pgid == "$2" ]]; then
+        kill "-$1" -- "-$pgid" 2>/dev/null || true
+    else
+        kill "-$1" "$2" 2>/dev/null || true
+    fi
+}
+
+# -------------------------------------------------------------- ZooKeeper ---
+
+zk_write_conf() {
+    mkdir -p "$DIR/zk/data"
+    cat >"$DIR/zk/zoo.cfg" <<EOF
+# generated by scripts/stack.sh - rewritten on every start
+tickTime=2000
+initLimit=10
+syncLimit=5
+dataDir=$DIR/zk/data
+clientPort=$ZK_PORT
+clientPortAddress=127.0.0.1
+maxClientCnxns=0
+admin.enableServer=false
+4lw.commands.whitelist=ruok,stat,srvr,mntr
+autopurge.snapRetainCount=3
+autopurge.purgeInterval=1
+EOF
+}
+
+zk_launch() {
+    zk_write_conf
+    # The same main class and jar as Debian's zkServer.sh; slf4j-simple (a
+    # dependency of libzookeeper-java) logs to stderr, which goes to the log.
+    spawn "$DIR/zk.pid" "$DIR/zk/zookeeper.log" \
+        java -Xms16m -Xmx256m -XX:-UsePerfData -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -XX:+ExitOnOutOfMemoryError \
+        -Djava.net.preferIPv4Stack=true \
+        -Dzookeeper.admin.enableServer=false \
+        -Dorg.slf4j.simpleLogger.defaultLogLevel=info \
+        -Dorg.slf4j.simpleLogger.showDateTime=true \
+        -Dorg.slf4j.simpleLogger.dateTimeFormat=yyyy-MM-dd\'T\'HH:mm:ss.SSS \
+        -cp "$DIR/zk:$ZK_JARS/zookeeper.jar:$ZK_JARS/slf4j-simple.jar" \
+        org.apache.zookeeper.server.quorum.QuorumPeerMain "$DIR/zk/zoo.cfg"
+}
+
+zk_ruok() { [[ $(zk_cmd ruok) == imok ]]; }
+
+# zk_cmd WORD: send a four-letter word, print the answer.
+zk_cmd() {
+    timeout 2 bash -c 'exec 3<>"/dev/tcp/127.0.0.1/$0" && printf %s "$1" >&3 && cat <&3' \
+        "$ZK_PORT" "$1" 2>/dev/null || true
+}
+
+zk_wait() {
+    local deadline=$(( $(now_ms) + READY_TIMEOUT * 1000 ))
+    # `srvr` only reports a Mode once the server really serves requests.
+    until zk_cmd srvr | grep -q '^Mode: standalone'; do
+        [[ -n $(pid_of zk) ]] || fail_with_log "ZooKeeper exited during startup" "$DIR/zk/zookeeper.log"
+        (( $(now_ms) < deadline )) ||
+            fail_with_log "ZooKeeper did not answer on 127.0.0.1:$ZK_PORT within ${READY_TIMEOUT}s" \
+                "$DIR/zk/zookeeper.log"
+        sleep 0.1
+    done
+}
+
+# ------------------------------------------------------------- ClickHouse ---
+
+ch_write_conf() {
+    local i=$1 d=$DIR/ch$1 j h t s remote=""
+    h="CH${i}_HTTP_PORT" t="CH${i}_TCP_PORT" s="CH${i}_INTERSERVER_PORT"
+    mkdir -p "$d/data" "$d/log"
+    for (( j = 1; j <= CH_REPLICAS; j++ )); do
+        local tj="CH${j}_TCP_PORT"
+        remote+="
+                <replica><host>127.0.0.1</host><port>${!tj}</port></replica>"
+    done
+    # ClickHouse 18.16 only reads the old <yandex> root element (newer
+    # versions accept it too). Unknown elements are ignored by old versions,
+    # so max_server_memory_usage is there for newer ClickHouse only.
+    cat >"$d/config.xml" <<EOF
+<?xml version="1.0"?>
+<!-- generated by scripts/stack.sh - rewritten on every start -->
+<yandex>
+    <logger>
+        <level>information</level>
+        <log>$d/log/clickhouse-server.log</log>
+        <errorlog>$d/log/clickhouse-server.err.log</errorlog>
+        <size>100M</size>
+        <count>2</count>
+    </logger>
+
+    <listen_host>127.0.0.1</listen_host>
+    <http_port>${!h}</http_port>
+    <tcp_port>${!t}</tcp_port>
+    <!-- Replicas fetch parts from each other through this port; the host is
+         what this replica advertises in ZooKeeper, so keep it on loopback. -->
+    <interserver_http_port>${!s}</interserver_http_port>
+    <interserver_http_host>127.0.0.1</interserver_http_host>
+
+    <max_connections>1024</max_connections>
+    <!-- 18.16's default is 3 s: idle pooled HTTP connections are closed
+         by the server after this long. -->
+    <keep_alive_timeout>10</keep_alive_timeout>
+    <max_concurrent_queries>100</max_concurrent_queries>
+    <timezone>UTC</timezone>
+    <umask>022</umask>
+    <mlock_executable>false</mlock_executable>
+
+    <!-- Small caches: three servers, ZooKeeper and PostgreSQL share 2 cores. -->
+    <max_server_memory_usage>2147483648</max_server_memory_usage>
+    <mark_cache_size>67108864</mark_cache_size>
+    <uncompressed_cache_size>0</uncompressed_cache_size>
+
+    <path>$d/data/</path>
+    <tmp_path>$d/data/tmp/</tmp_path>
+    <user_files_path>$d/data/user_files/</user_files_path>
+    <format_schema_path>$d/data/format_schemas/</format_schema_path>
+    <users_config>$d/users.xml</users_config>
+    <default_profile>default</default_profile>
+    <default_database>default</default_database>
+
+    <zookeeper>
+        <node><host>127.0.0.1</host><port>$ZK_PORT</port></node>
+        <session_timeout_ms>10000</session_timeout_ms>
+    </zookeeper>
+    <macros>
+        <shard>1</shard>
+        <replica>r$i</replica>
+    </macros>
+    <remote_servers>
+        <collector>
+            <shard>
+                <internal_replication>true</internal_replication>$remote
+            </shard>
+        </collector>
+    </remote_servers>
+    <distributed_ddl>
+        <path>/clickhouse/task_queue/ddl</path>
+    </distributed_ddl>
+
+    <query_log>
+        <database>system</database>
+        <table>query_log</table>
+        <partition_by>toYYYYMM(event_date)</partition_by>
+        <flush_interval_milliseconds>7500</flush_interval_milliseconds>
+    </query_log>
+
+    <!-- Tests drop tables and partitions freely. -->
+    <max_table_size_to_drop>0</max_table_size_to_drop>
+    <max_partition_size_to_drop>0</max_partition_size_to_drop>
+</yandex>
+EOF
+    cat >"$d/users.xml" <<EOF
+<?xml version="1.0"?>
+<!-- generated by scripts/stack.sh -->
+<yandex>
+    <profiles>
+        <default>
+            <max_memory_usage>1073741824</max_memory_usage>
+            <use_uncompressed_cache>0</use_uncompressed_cache>
+            <load_balancing>random</load_balancing>
+        </default>
+    </profiles>
+    <users>
+        <default>
+            <password></password>
+            <networks>
+                <ip>::1</ip>
+                <ip>127.0.0.1</ip>
+            </networks>
+            <profile>default</profile>
+            <quota>default</quota>
+        </default>
+    </users>
+    <quotas>
+        <default>
+            <interval>
+                <duration>3600</duration>
+                <queries>0</queries>
+                <errors>0</errors>
+                <result_rows>0</result_rows>
+                <read_rows>0</read_rows>
+                <execution_time>0</execution_time>
+            </interval>
+        </default>
+    </quotas>
+</yandex>
+EOF
+}
+
+ch_launch() {
+    local i=$1
+    ch_write_conf "$i"
+    spawn "$DIR/ch$i.pid" "$DIR/ch$i/log/stdout.log" "$CH_SERVER" --config-file="$DIR/ch$i/config.xml"
+}
+
+ch_select1() { # ch_select1 HTTP_PORT
+    [[ $(curl -sS -m 2 "http://127.0.0.1:$1/?query=SELECT%201" 2>/dev/null) == 1 ]]
+}
+
+ch_wait() {
+    local i=$1 h="CH${1}_HTTP_PORT" deadline=$(( $(now_ms) + READY_TIMEOUT * 1000 ))
+    local logs=("$DIR/ch$i/log/clickhouse-server.err.log" "$DIR/ch$i/log/stdout.log")
+    until ch_select1 "${!h}"; do
+        if [[ -z $(pid_of "ch$i") ]]; then
+            local why="ClickHouse replica $i exited during startup"
+            # 18.16 aborts startup when it cannot reach ZooKeeper while
+            # attaching existing replicated tables.
+            zk_ruok || why+=" (ZooKeeper on 127.0.0.1:$ZK_PORT is not answering: ClickHouse 18.16 cannot attach replicated tables without it)"
+            fail_with_log "$why" "${logs[@]}"
+        fi
+        (( $(now_ms) < deadline )) ||
+            fail_with_log "ClickHouse replica $i did not answer SELECT 1 on 127.0.0.1:${!h} within ${READY_TIMEOUT}s" \
+                "${logs[@]}"
+        sleep 0.1
+    done
+    # Replicated tables that already exist attach read-only and become
+    # writable once their ZooKeeper session is up; callers expect inserts to
+    # work right after `up`/`replica start`, so wait for that too (unless
+    # ZooKeeper is down on purpose, e.g. stopped by a test).
+    local ro
+    if ! zk_ruok; then
+        log "note: ZooKeeper is not answering; replica $i serves SELECTs but its replicated tables are read-only"
+        return 0
+    fi
+    while :; do
+        ro=$(curl -sS -m 2 "http://127.0.0.1:${!h}/" \
+            --data-binary 'SELECT count() FROM system.replicas WHERE is_readonly OR is_session_expired' 2>/dev/null || true)
+        [[ $ro == 0 ]] && break
+        (( $(now_ms) < deadline )) ||
+            fail_with_log "ClickHouse replica $i: replicated tables still read-only after ${READY_TIMEOUT}s (ZooKeeper on 127.0.0.1:$ZK_PORT?)" \
+                "${logs[@]}"
+        sleep 0.1
+    done
+}
+
+# -------------------------------------------------------------- commands ---
+
+# ensure_ports: make sure every port variable is set, re-picking the ports of
+# a server that is not running when its old port has been taken meanwhile.
+ensure_ports() {
+    local i p
+    if [[ -z ${PG_PORT:-} ]] || { [[ -z $(pid_of pg) ]] && port_listening "$PG_PORT"; }; then
+        PG_PORT=$(alloc_ports 1) || exit 1
+    fi
+    if [[ -z ${ZK_PORT:-} ]] || { [[ -z $(pid_of zk) ]] && port_listening "$ZK_PORT"; }; then
+        ZK_PORT=$(alloc_ports 1) || exit 1
+    fi
+    for (( i = 1; i <= CH_REPLICAS; i++ )); do
+        local h="CH${i}_HTTP_PORT" t="CH${i}_TCP_PORT" s="CH${i}_INTERSERVER_PORT" repick=0
+        if [[ -z ${!h:-} || -z ${!t:-} || -z ${!s:-} ]]; then
+            repick=1
+        elif [[ -z $(pid_of "ch$i") ]]; then
+            for p in "${!h}" "${!t}" "${!s}"; do port_listening "$p" && repick=1; done
+        fi
+        if (( repick )); then
+            local got
+            got=$(alloc_ports 3) || exit 1
+            read -r "$h" "$t" "$s" <<<"$got"
+        fi
+    done
+}
+
+print_summary() {
+    local i h t s
+    printf 'stack %s\n' "$DIR"
+    printf '  postgres    pid %-7s 127.0.0.1:%s  %s\n' "$(pid_of pg)" "$PG_PORT" \
+        "postgres://postgres@127.0.0.1:$PG_PORT/collector"
+    printf '  zookeeper   pid %-7s 127.0.0.1:%s\n' "$(pid_of zk)" "$ZK_PORT"
+    for (( i = 1; i <= CH_REPLICAS; i++ )); do
+        h="CH${i}_HTTP_PORT" t="CH${i}_TCP_PORT" s="CH${i}_INTERSERVER_PORT"
+        printf '  clickhouse%-2s pid %-7s http://127.0.0.1:%s  tcp %s  interserver %s\n' \
+            "$i" "$(pid_of "ch$i")" "${!h}" "${!t}" "${!s}"
+    done
+    printf '  env: %s\n' "$ENV_FILE"
+}
+
+cmd_up() {
+    set_dir "${1:-}" create; shift || true
+    local replicas=""
+    while [[ $# -gt 0 ]]; do
+        case $1 in
+            --replicas) replicas=${2:-}; shift 2 || usage ;;
+            --replicas=*) replicas=${1#*=}; shift ;;
+            *) usage ;;
+        esac
+    done
+    check_binaries
+    load_env
+    CH_REPLICAS=${replicas:-${CH_REPLICAS:-2}}
+    [[ $CH_REPLICAS =~ ^[1-9]$ ]] || die "--replicas must be 1..9"
+
+    local t0 i started=0
+    t0=$(now_ms)
+    ensure_ports
+    write_env   # early, so `down` finds the ports even if a start fails
+
+    # ZooKeeper's JVM and initdb are the slow parts: run them concurrently.
+    [[ -n $(pid_of zk) ]] || { zk_launch; started=1; }
+    if [[ -z $(pid_of pg) ]]; then
+        pg_init
+        pg_launch
+        started=1
+    fi
+    frozen_note zk || zk_wait
+    # ClickHouse replicas need ZooKeeper to attach replicated tables.
+    for (( i = 1; i <= CH_REPLICAS; i++ )); do
+        if [[ -z $(pid_of "ch$i") ]]; then
+            ch_launch "$i"
+            started=1
+        fi
+    done
+    frozen_note pg || pg_wait
+    # Wait for every replica, not only the ones just started: after a
+    # ZooKeeper restart the running ones may still be read-only.
+    for (( i = 1; i <= CH_REPLICAS; i++ )); do
+        frozen_note "ch$i" || ch_wait "$i"
+    done
+    # Replicas beyond N (from an earlier `up --replicas` with a larger N)
+    # are not in the cluster definition any more: stop them.
+    local f n
+    for f in "$DIR"/ch*.pid; do
+        [[ -f $f ]] || continue
+        n=$(basename "$f" .pid); n=${n#ch}
+        if [[ $n =~ ^[0-9]+$ ]] && (( n > CH_REPLICAS )) && [[ -n $(pid_of "ch$n") ]]; then
+            log "stopping replica $n (--replicas $CH_REPLICAS)"
+            signal_named "ch$n" stop
+        fi
+    done
+    write_env
+    if (( started )); then
+        log "up in $(( ($(now_ms) - t0) / 1000 )).$(( ($(now_ms) - t0) % 1000 / 100 ))s"
+    else
+        log "already running"
+    fi
+    print_summary
+}
+
+cmd_down() {
+    local purge=0
+    [[ ${2:-} == --purge ]] && purge=1
+    set_dir "${1:-}" || { log "no stack in ${1:-}"; return 0; }
+    load_env
+    local d n pid pids=()
+    # Thaw everything first: a stopped process cannot act on SIGTERM.
+    for n in "$DIR"/ch*.pid "$DIR/zk.pid"; do
+        [[ -f $n ]] || continue
+        n=$(basename "$n" .pid)
+        pid=$(pid_of "$n") && [[ -n $pid ]] && kill -CONT "$pid" 2>/dev/null || true
+    done
+    pid=$(pid_of pg); [[ -n $pid ]] && pg_signal_group CONT "$pid"
+    # ClickHouse first (it talks to ZooKeeper), in parallel: SIGTERM all,
+    # then wait for each.
+    for d in "$DIR"/ch*.pid; do
+        [[ -f $d ]] || continue
+        n=$(basename "$d" .pid)
+        pid=$(pid_of "$n")
+        if [[ -n $pid ]]; then
+            kill -TERM "$pid" 2>/dev/null || true
+            pids+=("$n:$pid")
+        else
+            rm -f "$d"
+        fi
+    done
+    for n in "${pids[@]}"; do
+        stop_pid "${n%%:*}" "${n##*:}"
+        rm -f "$DIR/${n%%:*}.pid"
+    done
+    pid=$(pid_of zk)
+    if [[ -n $pid ]]; then stop_pid zk "$pid"; fi
+    rm -f "$DIR/zk.pid"
+    pg_stop
+    sweep_strays
+    if (( purge )); then
+        local sock; sock=$(pg_socket_dir)
+        [[ $sock == /tmp/stack-pg-* ]] && rm -rf "$sock"
+        rm -rf "$DIR"
+        log "stopped and purged $DIR"
+    else
+        log "stopped"
+    fi
+}
+
+# sweep_strays: safety net for `down` - stop any ClickHouse, ZooKeeper or
+# PostgreSQL server process of this DIR that has lost its pid file (e.g. a
+# start that failed half-way).
+sweep_strays() {
+    local pid comm args
+    while read -r pid comm args; do
+        [[ $comm == clickhouse-serv || $comm == java || $comm == postgres ]] || continue
+        [[ $args == *"$DIR/"* ]] || continue
+        [[ $(proc_state "$pid") == Z ]] && continue
+        log "stopping stray $comm (pid $pid)"
+        stop_pid "$comm" "$pid"
+    done < <(ps -e -o pid=,comm=,args= 2>/dev/null)
+}
+
+# signal_named NAME ACTION: stop|kill|freeze|thaw for one server.
+signal_named() {
+    local name=$1 action=$2 pid
+    pid=$(pid_of "$name")
+    if [[ -z $pid ]]; then
+        [[ $action == thaw ]] && return 0
+        log "$name is not running"
+        [[ $action == freeze ]] && return 1
+        return 0
+    fi
+    case $action in
+        stop)   stop_pid "$name" "$pid"; rm -f "$DIR/$name.pid" ;;
+        kill)   kill -KILL "$pid"; wait_exit "$pid" 10 || die "$name (pid $pid) survived SIGKILL" ;;
+        freeze) kill -STOP "$pid" ;;
+        thaw)   kill -CONT "$pid" ;;
+    esac
+}
+
+cmd_replica() {
+    set_dir "${1:-}" || die "no stack in ${1:-}"
+    local i=${2:-} action=${3:-}
+    [[ $i =~ ^[1-9]$ && -n $action ]] || usage
+    load_env
+    [[ -f $DIR/ch$i/config.xml ]] || die "replica $i does not exist in $DIR"
+    case $action in
+        stop|kill|freeze|thaw) signal_named "ch$i" "$action" ;;
+        start)
+            local pid; pid=$(pid_of "ch$i")
+            if [[ -n $pid ]]; then
+                is_frozen "$pid" && die "replica $i (pid $pid) is frozen; use: replica $DIR $i thaw"
+                log "replica $i is already running"
+            else
+                local h="CH${i}_HTTP_PORT" t="CH${i}_TCP_PORT" s="CH${i}_INTERSERVER_PORT" p
+                for p in "${!h}" "${!t}" "${!s}"; do
+                    port_listening "$p" && die "port $p of replica $i is taken by another process"
+                done
+                # Start from the existing config: its remote_servers list and
+                # ZooKeeper port are what the rest of the stack uses.
+                spawn "$DIR/ch$i.pid" "$DIR/ch$i/log/stdout.log" "$CH_SERVER" --config-file="$DIR/ch$i/config.xml"
+            fi
+            ch_wait "$i"
+            ;;
+        *) usage ;;
+    esac
+}
+
+cmd_pg() {
+    set_dir "${1:-}" || die "no stack in ${1:-}"
+    local action=${2:-} pid
+    load_env
+    [[ -f $DIR/pg/data/PG_VERSION ]] || die "no PostgreSQL cluster in $DIR (run up first)"
+    case $action in
+        stop) pg_stop ;;
+        kill)
+            pid=$(pid_of pg)
+            if [[ -n $pid ]]; then
+                # Only the postmaster, like a crash; its backends notice and
+                # exit (pg_reap_group waits for that).
+                pg_signal_group CONT "$pid"
+                kill -KILL "$pid"; wait_exit "$pid" 10 || die "postmaster survived SIGKILL"
+                pg_reap_group "$pid"
+            fi
+            ;;
+        freeze|thaw)
+            pid=$(pid_of pg)
+            [[ -n $pid ]] || { log "pg is not running"; [[ $action == thaw ]]; return; }
+            pg_signal_group "$([[ $action == freeze ]] && echo STOP || echo CONT)" "$pid"
+            ;;
+        start)
+            if [[ -z $(pid_of pg) ]]; then
+                port_listening "$PG_PORT" && die "PostgreSQL port $PG_PORT is taken by another process"
+                pg_launch
+            fi
+            pg_wait
+            ;;
+        *) usage ;;
+    esac
+}
+
+cmd_zk() {
+    set_dir "${1:-}" || die "no stack in ${1:-}"
+    local action=${2:-}
+    load_env
+    [[ -f $DIR/zk/zoo.cfg ]] || die "no ZooKeeper in $DIR (run up first)"
+    case $action in
+        stop|kill|freeze|thaw) signal_named zk "$action" ;;
+        start)
+            if [[ -z $(pid_of zk) ]]; then
+                port_listening "$ZK_PORT" && die "ZooKeeper port $ZK_PORT is taken by another process"
+                zk_launch
+            fi
+            zk_wait
+            ;;
+        *) usage ;;
+    esac
+}
+
+# status_line NAME PROBE...: print the state of one server; 1 if not healthy.
+status_line() {
+    local name=$1 label=$2 endpoint=$3; shift 3
+    local pid state
+    pid=$(pid_of "$name")
+    if [[ -z $pid ]]; then
+        state=stopped
+    elif is_frozen "$pid"; then
+        state=frozen
+    elif "$@"; then
+        state=running
+    else
+        state=unhealthy
+    fi
+    printf '  %-12s %-9s pid %-7s %s\n' "$label" "$state" "${pid:--}" "$endpoint"
+    [[ $state == running ]]
+}
+
+cmd_status() {
+    set_dir "${1:-}" || { echo "no stack in ${1:-}"; return 1; }
+    load_env
+    [[ -f $ENV_FILE ]] || { echo "no stack in $DIR"; return 1; }
+    local ok=0 i h
+    printf 'stack %s\n' "$DIR"
+    status_line pg postgres "127.0.0.1:$PG_PORT" \
+        "$PG_BIN/pg_isready" -q -h 127.0.0.1 -p "$PG_PORT" -U postgres -d postgres -t 2 || ok=1
+    status_line zk zookeeper "127.0.0.1:$ZK_PORT" zk_ruok || ok=1
+    for (( i = 1; i <= CH_REPLICAS; i++ )); do
+        h="CH${i}_HTTP_PORT"
+        status_line "ch$i" "clickhouse$i" "http://127.0.0.1:${!h}" ch_select1 "${!h}" || ok=1
+    done
+    return $ok
+}
+
+main() {
+    local cmd=${1:-}
+    shift || true
+    case $cmd in
+        install) cmd_install ;;
+        up)      cmd_up "$@" ;;
+        down)    cmd_down "$@" ;;
+        replica) cmd_replica "$@" ;;
+        pg)      cmd_pg "$@" ;;
+        zk)      cmd_zk "$@" ;;
+        status)  cmd_status "$@" ;;
+        *)       usage ;;
+    esac
+}
+
+main "$@"
