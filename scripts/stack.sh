@@ -685,6 +685,37 @@ ch_launch() {
     spawn "$DIR/ch$i.pid" "$DIR/ch$i/log/stdout.log" "$CH_SERVER" --config-file="$DIR/ch$i/config.xml"
 }
 
+# ch_clear_stale_active I...: a replica that was killed (not stopped) leaves
+# its ZooKeeper session - and with it the ephemeral node
+# <zookeeper_path>/replicas/<replica>/is_active - behind until the session
+# times out (~10 s). ClickHouse 18.16 started meanwhile refuses to activate
+# replication ("appears to be already active") and retries only every 10 s,
+# so it would rejoin up to ~20 s late. The replica's process is known dead
+# here, so its is_active nodes are stale: delete them before starting it.
+# A clean stop removes the pid file (and closes the session); only a kill or
+# a crash leaves the pid file behind, so that is the trigger.
+ch_clear_stale_active() {
+    local i f line path rep cmds="" sq="'"
+    for i in "$@"; do
+        [[ -f $DIR/ch$i.pid ]] || continue
+        for f in "$DIR"/ch"$i"/data/metadata/*/*.sql; do
+            [[ -f $f ]] || continue
+            # ENGINE = Replicated...MergeTree('<zookeeper_path>', '<replica>'...)
+            line=$(grep -o "Replicated[A-Za-z]*MergeTree('[^']*', *'[^']*'" "$f" | head -n1) || continue
+            path=${line#*"$sq"}; path=${path%%"$sq"*}
+            rep=${line%"$sq"}; rep=${rep##*"$sq"}
+            path=${path//\{shard\}/1}; path=${path//\{replica\}/r$i}
+            rep=${rep//\{shard\}/1}; rep=${rep//\{replica\}/r$i}
+            cmds+="delete $path/replicas/$rep/is_active"$'\n'
+        done
+    done
+    [[ -n $cmds ]] && zk_ruok || return 0
+    log "removing stale is_active nodes of killed replica(s) $*"
+    printf '%s' "$cmds" | timeout 30 java -Xmx64m -XX:-UsePerfData -XX:TieredStopAtLevel=1 \
+        -cp "$ZK_JARS/zookeeper.jar:$ZK_JARS/slf4j-simple.jar" -Dorg.slf4j.simpleLogger.defaultLogLevel=warn \
+        org.apache.zookeeper.ZooKeeperMain -server "127.0.0.1:$ZK_PORT" >>"$DIR/zk/zkcli.log" 2>&1 9>&- || true
+}
+
 ch_select1() { # ch_select1 HTTP_PORT
     [[ $(curl -sS -m 2 "http://127.0.0.1:$1/?query=SELECT%201" 2>/dev/null) == 1 ]]
 }
@@ -795,12 +826,15 @@ cmd_up() {
     fi
     frozen_note zk || zk_wait
     # ClickHouse replicas need ZooKeeper to attach replicated tables.
+    local down=()
     for (( i = 1; i <= CH_REPLICAS; i++ )); do
-        if [[ -z $(pid_of "ch$i") ]]; then
-            ch_launch "$i"
-            started=1
-        fi
+        [[ -n $(pid_of "ch$i") ]] || down+=("$i")
     done
+    if (( ${#down[@]} )); then
+        ch_clear_stale_active "${down[@]}"
+        for i in "${down[@]}"; do ch_launch "$i"; done
+        started=1
+    fi
     frozen_note pg || pg_wait
     # Wait for every replica, not only the ones just started: after a
     # ZooKeeper restart the running ones may still be read-only.
@@ -922,6 +956,7 @@ cmd_replica() {
                 for p in "${!h}" "${!t}" "${!s}"; do
                     port_listening "$p" && die "port $p of replica $i is taken by another process"
                 done
+                ch_clear_stale_active "$i"
                 # Start from the existing config: its remote_servers list and
                 # ZooKeeper port are what the rest of the stack uses.
                 spawn "$DIR/ch$i.pid" "$DIR/ch$i/log/stdout.log" "$CH_SERVER" --config-file="$DIR/ch$i/config.xml"

@@ -1,0 +1,556 @@
+//! Helpers shared by the integration tests: real servers, one database pair per test.
+//!
+//! - [`Stack`]: PostgreSQL, ZooKeeper and ClickHouse replicas started by `scripts/stack.sh`
+//!   (the same code the main-job script uses). [`Stack::shared`] is one stack reused by
+//!   every test that does not break servers (found through `STACK_ENV`, or started under
+//!   `target/test-stack`); [`Stack::own`] starts a private stack a test may kill parts of.
+//! - [`TestEnv`]: a fresh PostgreSQL database and ClickHouse database for one test, migrated
+//!   with `collector migrate`, with a site registered.
+//! - [`Collector`]: the real `collector` binary as a child process on a free port.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// The workspace root.
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_owned()
+}
+
+fn stack_script() -> PathBuf {
+    root().join("scripts/stack.sh")
+}
+
+/// Runs `scripts/stack.sh` with `args`, panicking with its output on failure.
+pub fn stack_sh(args: &[&str]) -> String {
+    let out = Command::new("bash")
+        .arg(stack_script())
+        .args(args)
+        .output()
+        .expect("run stack.sh");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "stack.sh {args:?} failed:\n{text}");
+    text
+}
+
+/// A running stack of real servers.
+pub struct Stack {
+    /// State folder.
+    pub dir: PathBuf,
+    /// `stack.env` keys.
+    pub env: HashMap<String, String>,
+    owned: bool,
+}
+
+impl Stack {
+    /// The stack shared by every test of this run.
+    pub fn shared() -> &'static Stack {
+        static SHARED: OnceLock<Stack> = OnceLock::new();
+        SHARED.get_or_init(|| {
+            if let Ok(path) = std::env::var("STACK_ENV") {
+                let env = read_env(Path::new(&path));
+                let dir = PathBuf::from(&env["STACK_DIR"]);
+                return Stack {
+                    dir,
+                    env,
+                    owned: false,
+                };
+            }
+            let dir = root().join("target/test-stack/shared");
+            Stack::up(dir, 2, false)
+        })
+    }
+
+    /// A private stack with `replicas` ClickHouse replicas, stopped and deleted on drop.
+    pub fn own(replicas: usize) -> Stack {
+        let dir = root()
+            .join("target/test-stack")
+            .join(format!("own-{}", uuid::Uuid::new_v4().simple()));
+        Stack::up(dir, replicas, true)
+    }
+
+    fn up(dir: PathBuf, replicas: usize, owned: bool) -> Stack {
+        std::fs::create_dir_all(&dir).unwrap();
+        stack_sh(&[
+            "up",
+            dir.to_str().unwrap(),
+            "--replicas",
+            &replicas.to_string(),
+        ]);
+        let env = read_env(&dir.join("stack.env"));
+        Stack { dir, env, owned }
+    }
+
+    /// `postgres://...` URL of database `db`.
+    pub fn database_url(&self, db: &str) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/{db}", self.env["PG_PORT"])
+    }
+
+    /// HTTP URLs of the ClickHouse replicas, in order.
+    pub fn clickhouse_urls(&self) -> Vec<String> {
+        let n: usize = self.env["CH_REPLICAS"].parse().unwrap();
+        (1..=n)
+            .map(|i| self.env[&format!("CH{i}_URL")].clone())
+            .collect()
+    }
+
+    /// `stack.sh replica DIR i action` (i from 1).
+    pub fn replica(&self, i: usize, action: &str) {
+        stack_sh(&[
+            "replica",
+            self.dir.to_str().unwrap(),
+            &i.to_string(),
+            action,
+        ]);
+    }
+
+    /// `stack.sh pg DIR action`.
+    pub fn pg(&self, action: &str) {
+        stack_sh(&["pg", self.dir.to_str().unwrap(), action]);
+    }
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        if self.owned {
+            let _ = Command::new("bash")
+                .arg(stack_script())
+                .args(["down", self.dir.to_str().unwrap(), "--purge"])
+                .output();
+        }
+    }
+}
+
+fn read_env(path: &Path) -> HashMap<String, String> {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    text.lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
+        .collect()
+}
+
+/// A free TCP port on 127.0.0.1.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The `collector` binary, built if needed.
+pub fn collector_bin() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        if let Ok(p) = std::env::var("COLLECTOR_BIN") {
+            return PathBuf::from(p);
+        }
+        let status = Command::new(env!("CARGO"))
+            .args(["build", "-q", "-p", "collector", "--bin", "collector"])
+            .current_dir(root())
+            .status()
+            .expect("cargo build");
+        assert!(status.success(), "building the collector failed");
+        root().join("target/debug/collector")
+    })
+    .clone()
+}
+
+/// One test's databases on a stack.
+pub struct TestEnv<'a> {
+    /// The stack.
+    pub stack: &'a Stack,
+    /// Name of both the PostgreSQL and the ClickHouse database.
+    pub db: String,
+    /// Site registered for the test.
+    pub site: String,
+}
+
+impl<'a> TestEnv<'a> {
+    /// Fresh databases on `stack`, migrated, with site `site-1` (any origin) registered.
+    pub async fn new(stack: &'a Stack) -> TestEnv<'a> {
+        let db = format!("t_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+        let (client, conn) =
+            tokio_postgres::connect(&stack.database_url("postgres"), tokio_postgres::NoTls)
+                .await
+                .expect("connect to postgres");
+        tokio::spawn(conn);
+        client
+            .batch_execute(&format!("CREATE DATABASE {db}"))
+            .await
+            .unwrap();
+        let env = TestEnv {
+            stack,
+            db,
+            site: "site-1".into(),
+        };
+        env.cli(&["migrate"]).success();
+        env.cli(&["sites", "add", "--key", "site-1"]).success();
+        env
+    }
+
+    /// Environment for a collector process using this test's databases.
+    pub fn collector_env(&self) -> Vec<(String, String)> {
+        vec![
+            (
+                "COLLECTOR_DATABASE_URL".into(),
+                self.stack.database_url(&self.db),
+            ),
+            (
+                "COLLECTOR_CLICKHOUSE_URLS".into(),
+                self.stack.clickhouse_urls().join(","),
+            ),
+            ("COLLECTOR_CLICKHOUSE_DATABASE".into(), self.db.clone()),
+        ]
+    }
+
+    /// Runs `collector ARGS` against this test's databases.
+    pub fn cli(&self, args: &[&str]) -> CliOutput {
+        let out = Command::new(collector_bin())
+            .args(args)
+            .envs(self.collector_env())
+            .output()
+            .expect("run collector");
+        CliOutput {
+            code: out.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+
+    /// Starts a collector on this test's databases with extra `COLLECTOR_*` settings.
+    pub async fn collector(&self, extra: &[(&str, &str)]) -> Collector {
+        let spool = tempfile::tempdir().unwrap();
+        let mut env = self.collector_env();
+        env.push((
+            "COLLECTOR_SPOOL_DIR".into(),
+            spool.path().to_str().unwrap().into(),
+        ));
+        for (k, v) in extra {
+            env.push(((*k).into(), (*v).into()));
+        }
+        Collector::start(env, spool).await
+    }
+
+    /// Runs a query on replica `i` (from 0) of this stack and returns its JSON rows.
+    pub async fn query(&self, replica: usize, sql: &str) -> Vec<Value> {
+        clickhouse_query(&self.stack.clickhouse_urls()[replica], sql)
+            .await
+            .expect("clickhouse query")
+    }
+
+    /// Rows of this test's `measurements` with the given ids, under FINAL, from replica 0.
+    pub async fn rows(&self, ids: &[String]) -> Vec<Value> {
+        let list = ids
+            .iter()
+            .map(|i| format!("'{i}'"))
+            .collect::<Vec<_>>()
+            .join(",");
+        self.query(
+            0,
+            &format!(
+                "SELECT {ROW_COLUMNS} FROM {}.measurements FINAL WHERE id IN ({list}) ORDER BY id",
+                self.db
+            ),
+        )
+        .await
+    }
+
+    /// Waits (up to `limit`) until `ids` are all visible under FINAL on replica 0, then
+    /// returns their rows.
+    pub async fn wait_rows(&self, ids: &[String], limit: Duration) -> Vec<Value> {
+        let start = Instant::now();
+        loop {
+            let rows = self.rows(ids).await;
+            let mut found: Vec<&str> = rows.iter().filter_map(|r| r["id"].as_str()).collect();
+            found.dedup();
+            if found.len() >= ids.len() || start.elapsed() > limit {
+                return rows;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// Columns selected by [`TestEnv::rows`]: ids as text, `received_at` as Unix seconds.
+pub const ROW_COLUMNS: &str = "toString(id) AS id, site, url, toUInt32(received_at) AS received_at, ts, referrer, \
+    navigation_type, ttfb_ms, fcp_ms, lcp_ms, inp_ms, dom_content_loaded_ms, load_ms, cls, viewport_width, \
+    effective_connection_type, user_agent";
+
+/// A JSON number or a quoted number (ClickHouse quotes 64-bit integers) as i64.
+pub fn as_i64(v: &Value) -> Option<i64> {
+    v.as_i64()
+        .or_else(|| v.as_str().and_then(|s| s.parse().ok()))
+}
+
+/// Output of a CLI run.
+pub struct CliOutput {
+    /// Exit code.
+    pub code: i32,
+    /// Standard output.
+    pub stdout: String,
+    /// Standard error.
+    pub stderr: String,
+}
+
+impl CliOutput {
+    /// Asserts exit code 0.
+    pub fn success(&self) -> &Self {
+        assert_eq!(
+            self.code, 0,
+            "stdout: {}\nstderr: {}",
+            self.stdout, self.stderr
+        );
+        self
+    }
+}
+
+/// Runs `sql` on a ClickHouse HTTP endpoint with `FORMAT JSON`; the `data` rows.
+pub async fn clickhouse_query(url: &str, sql: &str) -> Result<Vec<Value>, String> {
+    let body = format!("{sql} FORMAT JSON");
+    let resp = http()
+        .post(url)
+        .body(body)
+        .send()
+        .await
+        .map_err(|e| e.to_string())?;
+    let status = resp.status();
+    let text = resp.text().await.map_err(|e| e.to_string())?;
+    if !status.is_success() {
+        return Err(format!("{status}: {text}"));
+    }
+    let v: Value = serde_json::from_str(&text).map_err(|e| format!("{e}: {text}"))?;
+    Ok(v["data"].as_array().cloned().unwrap_or_default())
+}
+
+/// Runs a statement on a ClickHouse HTTP endpoint.
+pub async fn clickhouse_exec(url: &str, sql: &str) -> Result<(), String> {
+    let resp = http()
+        .post(url)
+        .body(sql.to_owned())
+        .send()
+        .await
+        .map_err(|e| e.to_string())?;
+    if resp.status().is_success() {
+        Ok(())
+    } else {
+        Err(resp.text().await.unwrap_or_default())
+    }
+}
+
+/// A shared HTTP client for tests (no pooling surprises: short idle timeout).
+pub fn http() -> reqwest::Client {
+    static CLIENT: OnceLock<reqwest::Client> = OnceLock::new();
+    CLIENT
+        .get_or_init(|| {
+            reqwest::Client::builder()
+                .timeout(Duration::from_secs(30))
+                .pool_idle_timeout(Duration::from_secs(1))
+                .no_gzip()
+                .build()
+                .unwrap()
+        })
+        .clone()
+}
+
+/// A running `collector serve` child process.
+pub struct Collector {
+    child: Option<Child>,
+    /// Base URL, e.g. `http://127.0.0.1:PORT`.
+    pub url: String,
+    /// Port it listens on.
+    pub port: u16,
+    env: Vec<(String, String)>,
+    /// Spool folder (kept for restarts).
+    pub spool: tempfile::TempDir,
+    /// Log file.
+    pub log: PathBuf,
+}
+
+impl Collector {
+    async fn start(mut env: Vec<(String, String)>, spool: tempfile::TempDir) -> Collector {
+        let port = free_port();
+        env.push(("COLLECTOR_LISTEN".into(), format!("127.0.0.1:{port}")));
+        let log = spool.path().with_extension("log");
+        let mut c = Collector {
+            child: None,
+            url: format!("http://127.0.0.1:{port}"),
+            port,
+            env,
+            spool,
+            log,
+        };
+        c.spawn().await;
+        c
+    }
+
+    async fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap();
+        let child = Command::new(collector_bin())
+            .arg("serve")
+            .envs(self.env.iter().cloned())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start collector");
+        self.child = Some(child);
+        let start = Instant::now();
+        loop {
+            if let Ok(r) = http().get(format!("{}/healthz", self.url)).send().await {
+                if r.status().is_success() {
+                    return;
+                }
+            }
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!("collector exited with {status}:\n{}", self.logs());
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "collector did not start:\n{}",
+                self.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The collector's log so far.
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Process id.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().unwrap().id()
+    }
+
+    /// Sends `signal` (e.g. "TERM", "KILL") to the process.
+    pub fn signal(&self, signal: &str) {
+        let _ = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(self.pid().to_string())
+            .status();
+    }
+
+    /// Waits for the process to exit (at most `limit`); its exit code.
+    pub async fn wait_exit(&mut self, limit: Duration) -> Option<i32> {
+        let start = Instant::now();
+        while start.elapsed() < limit {
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                return status.code();
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        None
+    }
+
+    /// SIGKILL and wait.
+    pub async fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts the process again with the same settings, spool and port.
+    pub async fn restart(&mut self) {
+        self.kill().await;
+        self.spawn().await;
+    }
+
+    /// POSTs `body` to the intake with `headers`.
+    pub async fn post(
+        &self,
+        body: impl Into<reqwest::Body>,
+        headers: &[(&str, &str)],
+    ) -> (u16, Value, reqwest::header::HeaderMap) {
+        let mut req = http()
+            .post(format!("{}/api/v1/measurements", self.url))
+            .body(body);
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let resp = req.send().await.expect("post");
+        let status = resp.status().as_u16();
+        let headers = resp.headers().clone();
+        let text = resp.text().await.unwrap_or_default();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+            headers,
+        )
+    }
+
+    /// POSTs JSON with `Content-Type: application/json`.
+    pub async fn post_json(&self, body: &Value) -> (u16, Value) {
+        let (s, v, _) = self
+            .post(body.to_string(), &[("content-type", "application/json")])
+            .await;
+        (s, v)
+    }
+
+    /// The value of a metric line (exact name with labels), or 0.
+    pub async fn metric(&self, name: &str) -> f64 {
+        let text = http()
+            .get(format!("{}/metrics", self.url))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        text.lines()
+            .find_map(|l| {
+                l.strip_prefix(name)
+                    .and_then(|rest| rest.strip_prefix(' '))
+                    .and_then(|v| v.trim().parse().ok())
+            })
+            .unwrap_or(0.0)
+    }
+}
+
+impl Drop for Collector {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// A measurement with a fresh id for `site`, and its id.
+pub fn measurement(site: &str) -> (String, Value) {
+    let id = uuid::Uuid::new_v4().to_string();
+    let v = serde_json::json!({
+        "id": id, "site": site, "url": "https://shop.example/product/1?color=red",
+        "ttfb_ms": 120.5, "fcp_ms": 800, "lcp_ms": 1500.25, "cls": 0.05, "inp_ms": 64,
+        "dom_content_loaded_ms": 900, "load_ms": 1800, "viewport_width": 1280,
+        "navigation_type": "navigate", "effective_connection_type": "4g",
+        "referrer": "https://search.example/?q=shoes",
+    });
+    (id, v)
+}
+
+/// Milliseconds since the Unix epoch now.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
