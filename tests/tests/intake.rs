@@ -10,6 +10,9 @@ use serde_json::{json, Value};
 
 const VISIBLE: Duration = Duration::from_secs(20);
 
+/// A request case: name, body, headers, and the expected status or count.
+type Case<'a> = (&'a str, Vec<u8>, Vec<(&'a str, &'a str)>, u16);
+
 fn gzip(data: &[u8]) -> Vec<u8> {
     let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
     enc.write_all(data).unwrap();
@@ -28,7 +31,7 @@ async fn every_body_form_lands_with_the_values_sent() {
     let c = env.collector(&[]).await;
     let sent_at = now_ms() / 1000;
     let mut ids = Vec::new();
-    let mut bodies: Vec<(&str, Vec<u8>, Vec<(&str, &str)>, usize)> = Vec::new();
+    let mut bodies: Vec<Case> = Vec::new();
 
     let next = |ids: &mut Vec<String>| {
         let (id, m) = measurement(&env.site);
@@ -245,7 +248,7 @@ async fn bad_requests_get_their_status_and_store_nothing() {
     let unknown = fresh("no-such-site").to_string();
     let disabled = fresh("off").to_string();
     let strict = fresh("strict").to_string();
-    let cases: Vec<(&str, Vec<u8>, Vec<(&str, &str)>, u16)> = vec![
+    let cases: Vec<Case> = vec![
         ("malformed JSON", b"{\"id\": ".to_vec(), vec![], 400),
         ("empty body", Vec::new(), vec![], 400),
         (
@@ -331,7 +334,7 @@ async fn bad_requests_get_their_status_and_store_nothing() {
         .to_owned();
     let (marker, m) = measurement(&env.site);
     assert_eq!(c.post_json(&m).await.0, 202);
-    env.wait_rows(&[marker.clone()], VISIBLE).await;
+    env.wait_rows(std::slice::from_ref(&marker), VISIBLE).await;
     let stored: Vec<String> = env
         .rows(&bad_ids)
         .await

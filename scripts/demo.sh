@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# The main job: the whole stack on loopback with a demo site and a demo shop page.
+#
+# Installs what is missing, starts PostgreSQL, ZooKeeper and two ClickHouse replicas in
+# .stack/demo, applies the schema, registers the site "demo", serves the demo shop page and
+# runs the collector in the foreground. Ctrl-C stops the collector (it drains) and the stack.
+#
+# Settings: COLLECTOR_LISTEN (default 127.0.0.1:8080), DEMO_PAGE_PORT (default 8000).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+
+scripts/stack.sh install
+echo "building the collector (release)..."
+cargo build -q --release -p collector --bin collector
+bin="$root/target/release/collector"
+
+stack_dir="$root/.stack/demo"
+scripts/stack.sh up "$stack_dir" --replicas 2 >/dev/null
+# shellcheck disable=SC1091
+source "$stack_dir/stack.env"
+
+export COLLECTOR_LISTEN="${COLLECTOR_LISTEN:-127.0.0.1:8080}"
+export COLLECTOR_DATABASE_URL="$DATABASE_URL"
+export COLLECTOR_CLICKHOUSE_URLS="$(for i in $(seq 1 "$CH_REPLICAS"); do v="CH${i}_URL"; printf '%s,' "${!v}"; done | sed 's/,$//')"
+export COLLECTOR_CLICKHOUSE_DATABASE=collector
+export COLLECTOR_SPOOL_DIR="$stack_dir/spool"
+page_port="${DEMO_PAGE_PORT:-8000}"
+collector_url="http://$COLLECTOR_LISTEN"
+
+"$bin" migrate
+"$bin" sites add --key demo --origin "http://127.0.0.1:$page_port" --origin "http://localhost:$page_port" >/dev/null
+
+# The demo shop page, with the script tag pointing at this collector.
+page_dir="$stack_dir/page"
+mkdir -p "$page_dir"
+sed "s#__COLLECTOR__#$collector_url#g" demo/index.html > "$page_dir/index.html"
+cp demo/*.svg "$page_dir/" 2>/dev/null || true
+python3 -m http.server "$page_port" --bind 127.0.0.1 --directory "$page_dir" >"$stack_dir/page.log" 2>&1 &
+page_pid=$!
+
+cleanup() {
+  kill "$page_pid" 2>/dev/null || true
+  echo "stopping the stack..."
+  scripts/stack.sh down "$stack_dir" >/dev/null 2>&1 || true
+}
+trap cleanup EXIT
+
+cat <<MSG
+
+  collector      $collector_url   (script: $collector_url/script.js, metrics: $collector_url/metrics)
+  demo shop page http://127.0.0.1:$page_port/   (open it, then switch tab or close it: one beacon is sent)
+  ClickHouse     $CH1_URL  (replicas: $COLLECTOR_CLICKHOUSE_URLS)
+  PostgreSQL     $DATABASE_URL
+
+  Send a measurement by hand:
+    curl -si $collector_url/api/v1/measurements -H 'content-type: application/json' \\
+      -d '{"id":"'\$(cat /proc/sys/kernel/random/uuid)'","site":"demo","url":"https://shop.example/","lcp_ms":1234}'
+
+  See the rows (within about a second):
+    clickhouse-client --port $CH1_TCP_PORT --query "SELECT id, site, url, lcp_ms, received_at FROM collector.measurements FINAL ORDER BY received_at DESC LIMIT 10"
+    curl -s '$CH1_URL/' --data-binary "SELECT id, site, url, lcp_ms, received_at FROM collector.measurements FINAL ORDER BY received_at DESC LIMIT 10 FORMAT PrettyCompact"
+
+  Ctrl-C stops the collector (it drains) and the stack.
+
+MSG
+"$bin" serve

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Runs every test of the project on this machine: formatting and lint, unit tests, and the
+# integration tests against real PostgreSQL, ZooKeeper and replicated ClickHouse servers that
+# this script installs (if missing) and starts on loopback ports in a temporary folder.
+#
+#   scripts/test.sh            everything
+#   scripts/test.sh intake     only integration tests whose name contains "intake"
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step() { printf '\n== %s\n' "$*"; }
+
+step "installing what is missing"
+scripts/stack.sh install
+
+step "format and lint"
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets -q -- -D warnings
+
+step "build"
+cargo build -q -p collector --bin collector
+cargo test -q --workspace --no-run
+
+stack_dir=$(mktemp -d /tmp/collector-test-stack.XXXXXX)
+cleanup() { scripts/stack.sh down "$stack_dir" --purge >/dev/null 2>&1 || true; }
+trap cleanup EXIT
+
+step "starting the shared test stack in $stack_dir"
+scripts/stack.sh up "$stack_dir" --replicas 2
+export STACK_ENV="$stack_dir/stack.env"
+export COLLECTOR_BIN="$PWD/target/debug/collector"
+
+step "tests"
+# Two test threads: the machine has two cores and every test runs real servers.
+cargo test --workspace -- --test-threads=2 "$@"
