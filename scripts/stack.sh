@@ -61,7 +61,13 @@
 #   CLICKHOUSE_URLS        CH1_URL,CH2_URL,...,CHN_URL
 #
 # Layout of DIR: stack.env, <name>.pid for name in pg, zk, ch1..chN, and one
-# folder per server (pg/, zk/, ch1/ ...) with its config, data and logs.
+# folder per server (pg/, zk/, ch1/ ...) with its config, data and logs
+# (ch<i>/log/clickhouse-server{,.err}.log, zk/zookeeper.log, pg/postgres.log).
+#
+# Environment: STACK_READY_TIMEOUT (default 60 s) bounds every wait for a
+# server to answer; STACK_STOP_TIMEOUT (default 30 s) is the grace period
+# between SIGTERM and SIGKILL. Subcommands on the same DIR are serialised
+# with flock on DIR/.lock.
 set -euo pipefail
 
 PG_BIN=/usr/lib/postgresql/15/bin
@@ -203,16 +209,18 @@ wait_exit() {
     done
 }
 
-# stop_pid NAME PID: SIGCONT, SIGTERM, bounded wait, then SIGKILL.
+# stop_pid NAME PID: SIGCONT, SIGTERM, bounded wait, then SIGKILL. Returns
+# 1 if SIGKILL was needed (the caller then keeps a replica's pid file as a
+# marker of an unclean exit, see ch_clear_stale_active).
 stop_pid() {
     local name=$1 pid=$2
     kill -CONT "$pid" 2>/dev/null || true
     kill -TERM "$pid" 2>/dev/null || true
-    if ! wait_exit "$pid" "$STOP_TIMEOUT"; then
-        log "$name (pid $pid) ignored SIGTERM for ${STOP_TIMEOUT}s; sending SIGKILL"
-        kill -KILL "$pid" 2>/dev/null || true
-        wait_exit "$pid" 10 || die "$name (pid $pid) survived SIGKILL"
-    fi
+    wait_exit "$pid" "$STOP_TIMEOUT" && return 0
+    log "$name (pid $pid) ignored SIGTERM for ${STOP_TIMEOUT}s; sending SIGKILL"
+    kill -KILL "$pid" 2>/dev/null || true
+    wait_exit "$pid" 10 || die "$name (pid $pid) survived SIGKILL"
+    return 1
 }
 
 # spawn PIDFILE LOGFILE CMD...: run CMD detached in its own session (so a
@@ -702,9 +710,10 @@ ch_launch() {
 # A clean stop removes the pid file (and closes the session); only a kill or
 # a crash leaves the pid file behind, so that is the trigger.
 ch_clear_stale_active() {
-    local i f line path rep cmds="" sq="'"
+    local i f line path rep cmds="" sq="'" killed=()
     for i in "$@"; do
         [[ -f $DIR/ch$i.pid ]] || continue
+        killed+=("$i")
         for f in "$DIR"/ch"$i"/data/metadata/*/*.sql; do
             [[ -f $f ]] || continue
             # ENGINE = Replicated...MergeTree('<zookeeper_path>', '<replica>'...)
@@ -717,7 +726,7 @@ ch_clear_stale_active() {
         done
     done
     [[ -n $cmds ]] && zk_ruok || return 0
-    log "removing stale is_active nodes of killed replica(s) $*"
+    log "removing stale ZooKeeper is_active nodes of killed replica(s) ${killed[*]}"
     printf '%s' "$cmds" | timeout 30 java -Xmx64m -XX:-UsePerfData -XX:TieredStopAtLevel=1 \
         -cp "$ZK_JARS/zookeeper.jar:$ZK_JARS/slf4j-simple.jar" -Dorg.slf4j.simpleLogger.defaultLogLevel=warn \
         org.apache.zookeeper.ZooKeeperMain -server "127.0.0.1:$ZK_PORT" >>"$DIR/zk/zkcli.log" 2>&1 9>&- || true
@@ -785,6 +794,7 @@ ensure_ports() {
         if (( repick )); then
             local got
             got=$(alloc_ports 3) || exit 1
+            # shellcheck disable=SC2229 # reads into the variables named by h, t, s
             read -r "$h" "$t" "$s" <<<"$got"
         fi
     done
@@ -893,16 +903,15 @@ cmd_down() {
         if [[ -n $pid ]]; then
             kill -TERM "$pid" 2>/dev/null || true
             pids+=("$n:$pid")
-        else
-            rm -f "$d"
         fi
+        # The pid file of an already dead replica stays: it marks an unclean
+        # exit whose ZooKeeper node the next start must clear.
     done
     for n in "${pids[@]}"; do
-        stop_pid "${n%%:*}" "${n##*:}"
-        rm -f "$DIR/${n%%:*}.pid"
+        if stop_pid "${n%%:*}" "${n##*:}"; then rm -f "$DIR/${n%%:*}.pid"; fi
     done
     pid=$(pid_of zk)
-    if [[ -n $pid ]]; then stop_pid zk "$pid"; fi
+    if [[ -n $pid ]]; then stop_pid zk "$pid" || true; fi
     rm -f "$DIR/zk.pid"
     pg_stop
     sweep_strays
@@ -926,7 +935,7 @@ sweep_strays() {
         [[ $args == *"$DIR/"* ]] || continue
         [[ $(proc_state "$pid") == Z ]] && continue
         log "stopping stray $comm (pid $pid)"
-        stop_pid "$comm" "$pid"
+        stop_pid "$comm" "$pid" || true
     done < <(ps -e -o pid=,comm=,args= 2>/dev/null)
 }
 
@@ -941,7 +950,7 @@ signal_named() {
         return 0
     fi
     case $action in
-        stop)   stop_pid "$name" "$pid"; rm -f "$DIR/$name.pid" ;;
+        stop)   if stop_pid "$name" "$pid"; then rm -f "$DIR/$name.pid"; fi ;;
         kill)   kill -KILL "$pid"; wait_exit "$pid" 10 || die "$name (pid $pid) survived SIGKILL" ;;
         freeze) kill -STOP "$pid" ;;
         thaw)   kill -CONT "$pid" ;;

@@ -129,6 +129,19 @@ async fn serve(settings: Settings) -> Result<(), RunError> {
         &settings.clickhouse_database,
         metrics.clone(),
     );
+    // One probe round before writing, so that a replica found down or lagging at start is not
+    // written to first.
+    let (db, delay) = (
+        settings.clickhouse_database.clone(),
+        settings.catchup_max_delay,
+    );
+    writer::probe::round(&replicas, &db, delay, true).await;
+    let prober = tokio::spawn(writer::probe::run(
+        replicas.clone(),
+        db,
+        delay,
+        writer_shutdown.clone(),
+    ));
     let limits = writer::BatchLimits {
         max_rows: settings.batch_max_rows,
         max_bytes: settings.batch_max_bytes,
@@ -169,6 +182,7 @@ async fn serve(settings: Settings) -> Result<(), RunError> {
     tracing::info!("listener closed; flushing batches");
     let _ = stop_writer.send(true);
     let _ = writer.await;
+    let _ = prober.await;
     tracing::info!("collector: stopped");
     Ok(())
 }

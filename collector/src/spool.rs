@@ -153,7 +153,23 @@ impl Shared {
 #[derive(Clone)]
 pub struct Spool {
     shared: Arc<Shared>,
-    tx: SyncSender<AppendRequest>,
+    appender: Arc<AppenderHandle>,
+}
+
+/// Owns the appender thread: when the last [`Spool`] goes, the queue closes, the thread
+/// commits what is queued and is joined, so the spool's lock is released deterministically.
+struct AppenderHandle {
+    tx: Option<SyncSender<AppendRequest>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for AppenderHandle {
+    fn drop(&mut self) {
+        drop(self.tx.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
 }
 
 /// The reading side, held by the writer.
@@ -287,10 +303,14 @@ pub fn open(
         file,
         size: HEADER_LEN,
     };
-    std::thread::Builder::new()
+    let thread = std::thread::Builder::new()
         .name("spool-appender".into())
         .spawn(move || appender.run(rx))
         .map_err(err)?;
+    let appender = Arc::new(AppenderHandle {
+        tx: Some(tx),
+        thread: Some(thread),
+    });
 
     let reader = SpoolReader {
         shared: shared.clone(),
@@ -298,7 +318,7 @@ pub fn open(
         committed: committed_rx,
         open: None,
     };
-    Ok((Spool { shared, tx }, reader))
+    Ok((Spool { shared, appender }, reader))
 }
 
 fn read_cursor(dir: &Path) -> Position {
@@ -519,7 +539,13 @@ impl Spool {
             records: measurements.len() as u64,
             ack,
         };
-        match self.tx.try_send(req) {
+        match self
+            .appender
+            .tx
+            .as_ref()
+            .expect("open until dropped")
+            .try_send(req)
+        {
             Ok(()) => {}
             Err(TrySendError::Full(_)) => return Err(AppendError::Overloaded),
             Err(TrySendError::Disconnected(_)) => return Err(AppendError::Io),

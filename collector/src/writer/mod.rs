@@ -15,8 +15,13 @@ use rand::Rng;
 use tokio::sync::watch;
 
 use crate::measurement::Measurement;
-use crate::metrics::{Metrics, ReplicaLabel};
+
+pub mod probe;
+pub mod replicas;
+
+use crate::metrics::Metrics;
 use crate::spool::{Position, Record, SpoolReader};
+pub use replicas::Replicas;
 
 /// Flush thresholds of a batch.
 #[derive(Debug, Clone, Copy)]
@@ -33,14 +38,6 @@ pub struct BatchLimits {
 pub const BACKOFF_MIN: Duration = Duration::from_millis(100);
 /// Longest backoff between insert attempts while every replica fails.
 pub const BACKOFF_MAX: Duration = Duration::from_secs(5);
-/// Failures within [`FAILURE_WINDOW`] that mark a replica down.
-pub const FAILURES_TO_DOWN: u32 = 3;
-/// Window in which [`FAILURES_TO_DOWN`] failures mark a replica down.
-pub const FAILURE_WINDOW: Duration = Duration::from_secs(10);
-/// Bound on sending one batch to ClickHouse.
-pub const SEND_TIMEOUT: Duration = Duration::from_secs(10);
-/// Bound on waiting for ClickHouse to finish one INSERT.
-pub const END_TIMEOUT: Duration = Duration::from_secs(30);
 /// On shutdown, how long the writer may keep trying to flush before leaving the rest in the spool.
 pub const DRAIN_DEADLINE: Duration = Duration::from_secs(10);
 
@@ -110,141 +107,6 @@ pub fn exception_code(text: &str) -> Option<u32> {
     digits.parse().ok()
 }
 
-/// One ClickHouse replica as the writer sees it.
-pub struct Replica {
-    /// URL as configured (the metrics label).
-    pub url: String,
-    client: clickhouse::Client,
-    failures: Vec<Instant>,
-    down: bool,
-}
-
-/// The replicas in preference order, and which one is written to.
-pub struct Replicas {
-    list: Vec<Replica>,
-    active: usize,
-    metrics: Arc<Metrics>,
-}
-
-impl Replicas {
-    /// Clients for `urls` (preference order) writing to `database`.
-    pub fn new(urls: &[url::Url], database: &str, metrics: Arc<Metrics>) -> Self {
-        let list: Vec<Replica> = urls
-            .iter()
-            .map(|u| {
-                let url = u.as_str().trim_end_matches('/').to_owned();
-                let client = clickhouse::Client::default()
-                    .with_url(url.clone())
-                    .with_database(database)
-                    .with_validation(false)
-                    .with_compression(clickhouse::Compression::Lz4);
-                Replica {
-                    url,
-                    client,
-                    failures: Vec::new(),
-                    down: false,
-                }
-            })
-            .collect();
-        let replicas = Replicas {
-            list,
-            active: 0,
-            metrics,
-        };
-        replicas.publish();
-        replicas
-    }
-
-    fn label(&self, i: usize) -> ReplicaLabel {
-        ReplicaLabel {
-            replica: self.list[i].url.clone(),
-        }
-    }
-
-    fn publish(&self) {
-        for (i, r) in self.list.iter().enumerate() {
-            self.metrics
-                .active_replica
-                .get_or_create(&self.label(i))
-                .set((i == self.active) as i64);
-            self.metrics
-                .replica_state
-                .get_or_create(&self.label(i))
-                .set(if r.down { 0 } else { 2 });
-        }
-    }
-
-    /// The URL of the replica being written to.
-    pub fn active_url(&self) -> &str {
-        &self.list[self.active].url
-    }
-
-    /// Inserts `batch` into the active replica once.
-    pub async fn insert(&mut self, batch: &Batch) -> Result<(), InsertError> {
-        let i = self.active;
-        let result = insert_rows(&self.list[i].client, &batch.rows).await;
-        match &result {
-            Ok(()) => {
-                self.metrics.inserts.get_or_create(&self.label(i)).inc();
-                self.list[i].failures.clear();
-            }
-            Err(InsertError::Permanent(_)) => {}
-            Err(InsertError::Transient(_)) => {
-                self.metrics
-                    .insert_errors
-                    .get_or_create(&self.label(i))
-                    .inc();
-                self.record_failure(i);
-            }
-        }
-        result
-    }
-
-    /// Counts a failure of replica `i`; several in quick succession mark it down and move
-    /// the writer to the next replica that is not down (a single slow request does not).
-    fn record_failure(&mut self, i: usize) {
-        let now = Instant::now();
-        let r = &mut self.list[i];
-        r.failures
-            .retain(|t| now.duration_since(*t) < FAILURE_WINDOW);
-        r.failures.push(now);
-        if r.failures.len() as u32 >= FAILURES_TO_DOWN && self.list.len() > 1 {
-            self.list[i].down = true;
-            self.list[i].failures.clear();
-            let next = (1..self.list.len())
-                .map(|k| (i + k) % self.list.len())
-                .find(|&k| !self.list[k].down);
-            match next {
-                Some(k) => {
-                    tracing::warn!(from = %self.list[i].url, to = %self.list[k].url, "clickhouse: failing over");
-                    self.active = k;
-                    self.metrics.failovers.inc();
-                }
-                None => {
-                    // Every replica failed recently: forget and start again from the preferred.
-                    for r in &mut self.list {
-                        r.down = false;
-                    }
-                    self.active = 0;
-                }
-            }
-            self.publish();
-        }
-    }
-}
-
-async fn insert_rows(client: &clickhouse::Client, rows: &[Measurement]) -> Result<(), InsertError> {
-    let mut insert = client
-        .insert::<Measurement>("measurements")
-        .await
-        .map_err(|e| classify(&e))?
-        .with_timeouts(Some(SEND_TIMEOUT), Some(END_TIMEOUT));
-    for row in rows {
-        insert.write(row).await.map_err(|e| classify(&e))?;
-    }
-    insert.end().await.map_err(|e| classify(&e))
-}
-
 /// Jittered exponential backoff: a random duration in `[d/2, d]` where `d` doubles per attempt
 /// from [`BACKOFF_MIN`] up to [`BACKOFF_MAX`] ("equal jitter", AWS Architecture Blog,
 /// "Exponential Backoff And Jitter", 2015).
@@ -260,7 +122,7 @@ pub fn backoff(attempt: u32) -> Duration {
 /// [`DRAIN_DEADLINE`] and leaves the rest in the spool.
 pub async fn run(
     mut reader: SpoolReader,
-    mut replicas: Replicas,
+    replicas: Replicas,
     limits: BatchLimits,
     metrics: Arc<Metrics>,
     mut shutdown: watch::Receiver<bool>,
@@ -276,7 +138,8 @@ pub async fn run(
             if attempt > 0 {
                 metrics.batches_retried.inc();
             }
-            match replicas.insert(&batch).await {
+            let target = replicas.pick();
+            match replicas.insert(target, &batch).await {
                 Ok(()) => {
                     confirm(&mut reader, &batch);
                     break;
@@ -300,7 +163,7 @@ pub async fn run(
                 Err(InsertError::Transient(reason)) => {
                     crate::logging::warn_limited(
                         "clickhouse_insert",
-                        || tracing::warn!(replica = %replicas.active_url(), %reason, "clickhouse insert failed; will retry"),
+                        || tracing::warn!(replica = %replicas.url(target), %reason, "clickhouse insert failed; will retry"),
                     );
                     let deadline =
                         draining_since.or_else(|| (*shutdown.borrow()).then(Instant::now));

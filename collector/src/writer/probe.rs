@@ -1,0 +1,202 @@
+//! The prober: checks every replica about once a second and feeds [`Replicas::probed`].
+//!
+//! A replica passes the catch-up check (contract §3) when it answers and, for the
+//! measurements table in `system.replicas`, it is not read-only, its ZooKeeper session is not
+//! expired, every replication-log entry is pulled (`log_pointer > log_max_index`, or both 0 on
+//! a table never written to), no insert is waiting (`inserts_in_queue = 0`) and
+//! `absolute_delay` is within `COLLECTOR_CATCHUP_MAX_DELAY`. A table that is not replicated
+//! (no row in `system.replicas`) passes when the server answers.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+use tokio::sync::watch;
+
+use crate::writer::replicas::Replicas;
+
+/// Time between probe rounds.
+pub const PROBE_INTERVAL: Duration = Duration::from_secs(1);
+/// Bound on one probe; a replica that does not answer within it failed the probe.
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// One row of `system.replicas`, cast to fixed types so that the same query works on
+/// ClickHouse 18.16 and on current releases.
+#[derive(Debug, Clone, Deserialize, clickhouse::Row)]
+pub struct ReplicaStatus {
+    /// `system.replicas.is_readonly`.
+    pub is_readonly: u8,
+    /// `system.replicas.is_session_expired`.
+    pub is_session_expired: u8,
+    /// `system.replicas.log_pointer`: index of the next log entry to pull.
+    pub log_pointer: u64,
+    /// `system.replicas.log_max_index`: index of the last log entry.
+    pub log_max_index: u64,
+    /// `system.replicas.inserts_in_queue`: parts still to fetch.
+    pub inserts_in_queue: u64,
+    /// `system.replicas.absolute_delay`, seconds.
+    pub absolute_delay: u64,
+}
+
+impl ReplicaStatus {
+    /// Whether this replica has caught up (see the module doc).
+    pub fn caught_up(&self, max_delay: Duration) -> bool {
+        self.is_readonly == 0
+            && self.is_session_expired == 0
+            && (self.log_pointer > self.log_max_index
+                || (self.log_pointer == 0 && self.log_max_index == 0))
+            && self.inserts_in_queue == 0
+            && self.absolute_delay <= max_delay.as_secs()
+    }
+}
+
+const STATUS_QUERY: &str = "SELECT toUInt8(is_readonly) AS is_readonly, toUInt8(is_session_expired) AS is_session_expired, \
+     toUInt64(log_pointer) AS log_pointer, toUInt64(log_max_index) AS log_max_index, \
+     toUInt64(inserts_in_queue) AS inserts_in_queue, toUInt64(absolute_delay) AS absolute_delay \
+     FROM system.replicas WHERE database = ? AND table = 'measurements'";
+
+/// Whether a `version()` string is ClickHouse 22.2 or later, which knows
+/// `insert_deduplication_token` (ClickHouse changelog, 22.2).
+pub fn knows_dedup_token(version: &str) -> bool {
+    let mut parts = version.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    (major, minor) >= (22, 2)
+}
+
+/// Probes replica `i` once: `None` when it does not answer in time, else (caught up, knows
+/// the dedup token).
+pub async fn probe(
+    replicas: &Replicas,
+    i: usize,
+    database: &str,
+    max_delay: Duration,
+) -> Option<(bool, bool)> {
+    let client = replicas.client(i);
+    let check = async {
+        let version: String = client.query("SELECT version()").fetch_one().await?;
+        let rows: Vec<ReplicaStatus> = client
+            .query(STATUS_QUERY)
+            .bind(database)
+            .fetch_all()
+            .await?;
+        Ok::<_, clickhouse::error::Error>((
+            rows.iter().all(|r| r.caught_up(max_delay)),
+            knows_dedup_token(&version),
+        ))
+    };
+    match tokio::time::timeout(PROBE_TIMEOUT, check).await {
+        Ok(Ok(result)) => Some(result),
+        Ok(Err(e)) => {
+            crate::logging::warn_limited(
+                "probe",
+                || tracing::warn!(replica = %replicas.url(i), error = %e, "clickhouse probe failed"),
+            );
+            None
+        }
+        Err(_) => {
+            crate::logging::warn_limited(
+                "probe",
+                || tracing::warn!(replica = %replicas.url(i), "clickhouse probe timed out"),
+            );
+            None
+        }
+    }
+}
+
+/// One round over every replica, concurrently. `initial` trusts a single result.
+pub async fn round(replicas: &Replicas, database: &str, max_delay: Duration, initial: bool) {
+    let probes = (0..replicas.len())
+        .map(|i| async move { (i, probe(replicas, i, database, max_delay).await) });
+    for (i, result) in futures_util::future::join_all(probes).await {
+        replicas.probed(i, result, initial);
+    }
+}
+
+/// Probes every [`PROBE_INTERVAL`] until `shutdown` turns true.
+pub async fn run(
+    replicas: Replicas,
+    database: String,
+    max_delay: Duration,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut tick = tokio::time::interval(PROBE_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => round(&replicas, &database, max_delay, false).await,
+            _ = shutdown.changed() => return,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status() -> ReplicaStatus {
+        ReplicaStatus {
+            is_readonly: 0,
+            is_session_expired: 0,
+            log_pointer: 5,
+            log_max_index: 4,
+            inserts_in_queue: 0,
+            absolute_delay: 0,
+        }
+    }
+
+    #[test]
+    fn catch_up_rules() {
+        let zero = Duration::ZERO;
+        assert!(status().caught_up(zero));
+        assert!(
+            ReplicaStatus {
+                log_pointer: 0,
+                log_max_index: 0,
+                ..status()
+            }
+            .caught_up(zero),
+            "never written to"
+        );
+        assert!(
+            !ReplicaStatus {
+                log_pointer: 4,
+                ..status()
+            }
+            .caught_up(zero),
+            "log not pulled"
+        );
+        assert!(!ReplicaStatus {
+            is_readonly: 1,
+            ..status()
+        }
+        .caught_up(zero));
+        assert!(!ReplicaStatus {
+            is_session_expired: 1,
+            ..status()
+        }
+        .caught_up(zero));
+        assert!(!ReplicaStatus {
+            inserts_in_queue: 2,
+            ..status()
+        }
+        .caught_up(zero));
+        assert!(!ReplicaStatus {
+            absolute_delay: 3,
+            ..status()
+        }
+        .caught_up(zero));
+        assert!(ReplicaStatus {
+            absolute_delay: 3,
+            ..status()
+        }
+        .caught_up(Duration::from_secs(3)));
+    }
+
+    #[test]
+    fn dedup_token_support_by_version() {
+        assert!(!knows_dedup_token("18.16.1"));
+        assert!(!knows_dedup_token("22.1.3.7"));
+        assert!(knows_dedup_token("22.2.2.1"));
+        assert!(knows_dedup_token("24.8.1"));
+        assert!(!knows_dedup_token("garbage"));
+    }
+}

@@ -1,0 +1,393 @@
+//! The ClickHouse replicas: their health, which one is written to, and the insert itself.
+//!
+//! Each replica is in one of three states ([`State`]), exported as
+//! `collector_clickhouse_replica_state{replica}`:
+//!
+//! - **Healthy**: written to when it is the most preferred healthy replica.
+//! - **Down**: several failures in quick succession ([`FAILURES_TO_DOWN`] insert failures within
+//!   [`FAILURE_WINDOW`], or [`PROBE_FAILURES_TO_DOWN`] failed probes in a row). One slow or
+//!   failed request does not close a replica.
+//! - **CatchingUp**: answering again, but not yet past the catch-up check
+//!   ([`crate::writer::probe`]) on [`PASSES_TO_HEALTHY`] consecutive probes. Not written to
+//!   while a healthy replica exists.
+//!
+//! The writer asks [`Replicas::pick`] before every attempt: the most preferred healthy replica,
+//! else the most preferred catching-up one, else (everything down) the next in rotation, so
+//! that whichever replica comes back first gets the spool's backlog.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+
+use crate::measurement::Measurement;
+use crate::metrics::{Metrics, ReplicaLabel};
+use crate::writer::{classify, Batch, InsertError};
+
+/// Insert failures within [`FAILURE_WINDOW`] that mark a replica down.
+pub const FAILURES_TO_DOWN: usize = 3;
+/// Window in which [`FAILURES_TO_DOWN`] insert failures mark a replica down.
+pub const FAILURE_WINDOW: Duration = Duration::from_secs(10);
+/// Consecutive failed probes that mark a replica down.
+pub const PROBE_FAILURES_TO_DOWN: u32 = 3;
+/// Consecutive passed catch-up probes that make a returning replica healthy again.
+pub const PASSES_TO_HEALTHY: u32 = 3;
+/// Bound on sending one batch.
+pub const SEND_TIMEOUT: Duration = Duration::from_secs(10);
+/// Bound on ClickHouse finishing one INSERT once sent.
+pub const END_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// A replica's health as the writer sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum State {
+    /// Failing: not written to unless every replica is down.
+    Down = 0,
+    /// Answering, not yet caught up.
+    CatchingUp = 1,
+    /// Caught up and answering.
+    Healthy = 2,
+}
+
+#[derive(Debug)]
+struct Health {
+    state: State,
+    insert_failures: Vec<Instant>,
+    probe_failures: u32,
+    passes: u32,
+    /// Whether the server knows `insert_deduplication_token` (ClickHouse 22.2 and later).
+    dedup_token: bool,
+}
+
+struct Inner {
+    health: Vec<Health>,
+    active: usize,
+    rotation: usize,
+}
+
+/// Every replica, shared by the writer and the prober.
+#[derive(Clone)]
+pub struct Replicas {
+    urls: Arc<[String]>,
+    clients: Arc<[clickhouse::Client]>,
+    inner: Arc<Mutex<Inner>>,
+    changed: watch::Sender<u64>,
+    metrics: Arc<Metrics>,
+}
+
+impl Replicas {
+    /// Clients for `urls` (in preference order) writing to `database`. Every replica starts
+    /// healthy; the first probe round corrects that before the writer starts.
+    pub fn new(urls: &[url::Url], database: &str, metrics: Arc<Metrics>) -> Self {
+        let urls: Vec<String> = urls
+            .iter()
+            .map(|u| u.as_str().trim_end_matches('/').to_owned())
+            .collect();
+        let clients: Vec<clickhouse::Client> = urls
+            .iter()
+            .map(|u| {
+                clickhouse::Client::default()
+                    .with_url(u.clone())
+                    .with_database(database)
+                    .with_validation(false)
+                    .with_compression(clickhouse::Compression::Lz4)
+            })
+            .collect();
+        let health = urls
+            .iter()
+            .map(|_| Health {
+                state: State::Healthy,
+                insert_failures: Vec::new(),
+                probe_failures: 0,
+                passes: 0,
+                dedup_token: false,
+            })
+            .collect();
+        let replicas = Replicas {
+            urls: urls.into(),
+            clients: clients.into(),
+            inner: Arc::new(Mutex::new(Inner {
+                health,
+                active: 0,
+                rotation: 0,
+            })),
+            changed: watch::channel(0).0,
+            metrics,
+        };
+        replicas.publish(&replicas.inner.lock().unwrap());
+        replicas
+    }
+
+    /// Number of replicas.
+    pub fn len(&self) -> usize {
+        self.urls.len()
+    }
+
+    /// Whether there is no replica (never: configuration requires one).
+    pub fn is_empty(&self) -> bool {
+        self.urls.is_empty()
+    }
+
+    /// URL of replica `i` as configured.
+    pub fn url(&self, i: usize) -> &str {
+        &self.urls[i]
+    }
+
+    /// Client of replica `i`.
+    pub fn client(&self, i: usize) -> &clickhouse::Client {
+        &self.clients[i]
+    }
+
+    /// Current state of replica `i`.
+    pub fn state(&self, i: usize) -> State {
+        self.inner.lock().unwrap().health[i].state
+    }
+
+    /// Index of the replica the writer writes to now.
+    pub fn active(&self) -> usize {
+        self.inner.lock().unwrap().active
+    }
+
+    fn label(&self, i: usize) -> ReplicaLabel {
+        ReplicaLabel {
+            replica: self.urls[i].clone(),
+        }
+    }
+
+    fn publish(&self, inner: &Inner) {
+        for (i, h) in inner.health.iter().enumerate() {
+            self.metrics
+                .replica_state
+                .get_or_create(&self.label(i))
+                .set(h.state as i64);
+            self.metrics
+                .active_replica
+                .get_or_create(&self.label(i))
+                .set((i == inner.active) as i64);
+        }
+        self.changed.send_modify(|n| *n += 1);
+    }
+
+    fn set_state(&self, inner: &mut Inner, i: usize, state: State) {
+        if inner.health[i].state != state {
+            tracing::info!(replica = %self.urls[i], from = ?inner.health[i].state, to = ?state, "clickhouse: replica state");
+            inner.health[i].state = state;
+            inner.health[i].passes = 0;
+        }
+    }
+
+    /// Chooses the replica for the next attempt (see the module doc) and records it as active.
+    pub fn pick(&self) -> usize {
+        let mut inner = self.inner.lock().unwrap();
+        let first = |s: State| inner.health.iter().position(|h| h.state == s);
+        let chosen = match first(State::Healthy).or_else(|| first(State::CatchingUp)) {
+            Some(i) => i,
+            None => {
+                inner.rotation = (inner.rotation + 1) % inner.health.len();
+                inner.rotation
+            }
+        };
+        if chosen != inner.active {
+            if inner.health[inner.active].state != State::Healthy || chosen < inner.active {
+                tracing::warn!(from = %self.urls[inner.active], to = %self.urls[chosen], "clickhouse: switching replica");
+                self.metrics.failovers.inc();
+            }
+            inner.active = chosen;
+            self.publish(&inner);
+        }
+        chosen
+    }
+
+    /// Records a failed insert on `i`; several in quick succession mark it down.
+    pub fn insert_failed(&self, i: usize) {
+        self.metrics
+            .insert_errors
+            .get_or_create(&self.label(i))
+            .inc();
+        let mut inner = self.inner.lock().unwrap();
+        let now = Instant::now();
+        let h = &mut inner.health[i];
+        h.insert_failures
+            .retain(|t| now.duration_since(*t) < FAILURE_WINDOW);
+        h.insert_failures.push(now);
+        if h.insert_failures.len() >= FAILURES_TO_DOWN {
+            h.insert_failures.clear();
+            self.set_state(&mut inner, i, State::Down);
+            self.publish(&inner);
+        }
+    }
+
+    /// Records a successful insert on `i`.
+    pub fn insert_succeeded(&self, i: usize) {
+        self.metrics.inserts.get_or_create(&self.label(i)).inc();
+        self.inner.lock().unwrap().health[i].insert_failures.clear();
+    }
+
+    /// Records a probe result for `i`: `None` when unreachable, else whether it passed the
+    /// catch-up check, and whether it knows `insert_deduplication_token`. `initial` (the first
+    /// round at start) trusts a single passing probe.
+    pub fn probed(&self, i: usize, result: Option<(bool, bool)>, initial: bool) {
+        let mut inner = self.inner.lock().unwrap();
+        let before = inner.health[i].state;
+        match result {
+            None => {
+                let h = &mut inner.health[i];
+                h.probe_failures += 1;
+                h.passes = 0;
+                if h.probe_failures >= PROBE_FAILURES_TO_DOWN || initial {
+                    self.set_state(&mut inner, i, State::Down);
+                }
+            }
+            Some((caught_up, token)) => {
+                let h = &mut inner.health[i];
+                h.probe_failures = 0;
+                h.dedup_token = token;
+                if !caught_up {
+                    h.passes = 0;
+                    if before != State::CatchingUp {
+                        self.set_state(&mut inner, i, State::CatchingUp);
+                    }
+                } else if before != State::Healthy {
+                    if before == State::Down {
+                        self.set_state(&mut inner, i, State::CatchingUp);
+                    }
+                    let h = &mut inner.health[i];
+                    h.passes += 1;
+                    if h.passes >= PASSES_TO_HEALTHY || initial {
+                        self.set_state(&mut inner, i, State::Healthy);
+                    }
+                }
+            }
+        }
+        if inner.health[i].state != before {
+            self.publish(&inner);
+        }
+    }
+
+    /// Resolves when replica `i` is marked down (used to abandon an insert into a replica that
+    /// stopped answering, e.g. a frozen process, without waiting for the insert's timeout).
+    pub async fn wait_down(&self, i: usize) {
+        let mut rx = self.changed.subscribe();
+        loop {
+            if self.state(i) == State::Down {
+                return;
+            }
+            if rx.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
+    /// Inserts `batch` into replica `i` once, abandoning it if `i` is marked down meanwhile.
+    pub async fn insert(&self, i: usize, batch: &Batch) -> Result<(), InsertError> {
+        let token = self.inner.lock().unwrap().health[i]
+            .dedup_token
+            .then(|| batch.dedup_token());
+        let result = tokio::select! {
+            r = insert_rows(&self.clients[i], &batch.rows, token) => r,
+            () = self.wait_down(i) => Err(InsertError::Transient("replica marked down during the insert".into())),
+        };
+        match &result {
+            Ok(()) => self.insert_succeeded(i),
+            Err(InsertError::Transient(_)) => self.insert_failed(i),
+            Err(InsertError::Permanent(_)) => {}
+        }
+        result
+    }
+}
+
+async fn insert_rows(
+    client: &clickhouse::Client,
+    rows: &[Measurement],
+    token: Option<String>,
+) -> Result<(), InsertError> {
+    let mut insert = client
+        .insert::<Measurement>("measurements")
+        .await
+        .map_err(|e| classify(&e))?;
+    if let Some(token) = token {
+        insert = insert.with_setting("insert_deduplication_token", token);
+    }
+    let mut insert = insert.with_timeouts(Some(SEND_TIMEOUT), Some(END_TIMEOUT));
+    for row in rows {
+        insert.write(row).await.map_err(|e| classify(&e))?;
+    }
+    insert.end().await.map_err(|e| classify(&e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn replicas(n: usize) -> Replicas {
+        let urls: Vec<url::Url> = (0..n)
+            .map(|i| format!("http://r{i}:8123").parse().unwrap())
+            .collect();
+        Replicas::new(&urls, "db", Arc::new(Metrics::new()))
+    }
+
+    #[test]
+    fn one_failure_does_not_close_a_replica() {
+        let r = replicas(2);
+        r.insert_failed(0);
+        r.insert_failed(0);
+        assert_eq!(r.pick(), 0);
+        r.insert_failed(0);
+        assert_eq!(r.state(0), State::Down);
+        assert_eq!(r.pick(), 1);
+    }
+
+    #[test]
+    fn returning_replica_must_pass_several_probes() {
+        let r = replicas(3);
+        for _ in 0..PROBE_FAILURES_TO_DOWN {
+            r.probed(0, None, false);
+        }
+        assert_eq!(r.pick(), 1);
+        r.probed(0, Some((false, false)), false);
+        assert_eq!(r.state(0), State::CatchingUp);
+        for _ in 0..10 {
+            r.probed(0, Some((false, false)), false);
+        }
+        assert_eq!(r.pick(), 1, "lagging replica is not written to");
+        for n in 1..=PASSES_TO_HEALTHY {
+            assert_eq!(r.pick(), 1);
+            r.probed(0, Some((true, false)), false);
+            assert_eq!(r.state(0) == State::Healthy, n == PASSES_TO_HEALTHY);
+        }
+        assert_eq!(r.pick(), 0, "back to the preferred replica");
+    }
+
+    #[test]
+    fn a_failed_probe_resets_the_passes() {
+        let r = replicas(2);
+        for _ in 0..PROBE_FAILURES_TO_DOWN {
+            r.probed(0, None, false);
+        }
+        r.probed(0, Some((true, false)), false);
+        r.probed(0, Some((true, false)), false);
+        r.probed(0, None, false);
+        r.probed(0, Some((true, false)), false);
+        assert_ne!(r.state(0), State::Healthy);
+    }
+
+    #[test]
+    fn everything_down_rotates() {
+        let r = replicas(3);
+        for i in 0..3 {
+            r.probed(i, None, true);
+        }
+        let picks: Vec<usize> = (0..6).map(|_| r.pick()).collect();
+        let mut distinct = picks.clone();
+        distinct.sort();
+        distinct.dedup();
+        assert_eq!(distinct, [0, 1, 2], "{picks:?}");
+    }
+
+    #[test]
+    fn catching_up_is_used_when_nothing_is_healthy() {
+        let r = replicas(2);
+        r.probed(0, None, true);
+        r.probed(1, Some((false, false)), true);
+        assert_eq!(r.pick(), 1);
+    }
+}
