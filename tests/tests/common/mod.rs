@@ -448,12 +448,12 @@ impl Collector {
             .status();
     }
 
-    /// Waits for the process to exit (at most `limit`); its exit code.
-    pub async fn wait_exit(&mut self, limit: Duration) -> Option<i32> {
+    /// Waits for the process to exit (at most `limit`); its exit status.
+    pub async fn wait_exit(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
         let start = Instant::now();
         while start.elapsed() < limit {
             if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
-                return status.code();
+                return Some(status);
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -466,6 +466,12 @@ impl Collector {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+
+    /// Changes a setting for the next [`Collector::restart`].
+    pub fn set_env(&mut self, key: &str, value: &str) {
+        self.env.retain(|(k, _)| k != key);
+        self.env.push((key.to_owned(), value.to_owned()));
     }
 
     /// Starts the process again with the same settings, spool and port.
@@ -553,4 +559,161 @@ pub fn now_ms() -> i64 {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_millis() as i64
+}
+
+impl Stack {
+    /// The stack with three replicas that failure tests break and repair, one test at a time
+    /// (found through `FAILOVER_STACK_ENV`, or started under `target/test-stack/failover`).
+    pub fn failover() -> &'static Stack {
+        static STACK: OnceLock<Stack> = OnceLock::new();
+        STACK.get_or_init(|| {
+            if let Ok(path) = std::env::var("FAILOVER_STACK_ENV") {
+                let env = read_env(Path::new(&path));
+                let dir = PathBuf::from(&env["STACK_DIR"]);
+                return Stack { dir, env, owned: false };
+            }
+            Stack::up(root().join("target/test-stack/failover"), 3, false)
+        })
+    }
+
+    /// Starts whatever part of the stack is not running (thaws nothing: call `replica i thaw`).
+    pub fn repair(&self) {
+        let n = self.env["CH_REPLICAS"].clone();
+        stack_sh(&["up", self.dir.to_str().unwrap(), "--replicas", &n]);
+    }
+}
+
+/// What a [`Traffic`] run saw.
+#[derive(Debug, Default, Clone)]
+pub struct TrafficReport {
+    /// Ids answered 202.
+    pub acked: Vec<String>,
+    /// Count of answers by status (0: no answer, e.g. connection refused).
+    pub statuses: std::collections::BTreeMap<u16, usize>,
+    /// 503 answers that lacked `Retry-After`.
+    pub unavailable_without_retry_after: usize,
+}
+
+/// A steady stream of single measurements with unique ids, one every `interval`.
+pub struct Traffic {
+    stop: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<TrafficReport>,
+    report: std::sync::Arc<std::sync::Mutex<TrafficReport>>,
+}
+
+impl Traffic {
+    /// Starts posting to `base_url` for `site`.
+    pub fn start(base_url: &str, site: &str, interval: Duration) -> Traffic {
+        let (stop, mut stopped) = tokio::sync::watch::channel(false);
+        let report = std::sync::Arc::new(std::sync::Mutex::new(TrafficReport::default()));
+        let (url, site, shared) = (format!("{base_url}/api/v1/measurements"), site.to_owned(), report.clone());
+        let client = reqwest::Client::builder().timeout(Duration::from_secs(10)).build().unwrap();
+        let task = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(interval);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut inflight = futures::stream::FuturesUnordered::new();
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {
+                        let (id, m) = measurement(&site);
+                        let req = client.post(&url).header("content-type", "text/plain").body(m.to_string()).send();
+                        let shared = shared.clone();
+                        inflight.push(async move {
+                            let (status, retry_after) = match req.await {
+                                Ok(r) => (r.status().as_u16(), r.headers().contains_key("retry-after")),
+                                Err(_) => (0, false),
+                            };
+                            let mut rep = shared.lock().unwrap();
+                            *rep.statuses.entry(status).or_default() += 1;
+                            if status == 202 {
+                                rep.acked.push(id);
+                            }
+                            if status == 503 && !retry_after {
+                                rep.unavailable_without_retry_after += 1;
+                            }
+                        });
+                    }
+                    Some(()) = futures::StreamExt::next(&mut inflight), if !inflight.is_empty() => {}
+                    _ = stopped.changed() => break,
+                }
+            }
+            while futures::StreamExt::next(&mut inflight).await.is_some() {}
+            let rep = shared.lock().unwrap().clone();
+            rep
+        });
+        Traffic { stop, task, report }
+    }
+
+    /// What was seen so far.
+    pub fn snapshot(&self) -> TrafficReport {
+        self.report.lock().unwrap().clone()
+    }
+
+    /// Waits until at least `n` more ids were acknowledged than now (at most `limit`).
+    pub async fn wait_acked(&self, n: usize, limit: Duration) {
+        let target = self.snapshot().acked.len() + n;
+        let start = Instant::now();
+        while self.snapshot().acked.len() < target {
+            assert!(start.elapsed() < limit, "traffic stalled: {:?}", self.snapshot().statuses);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Stops and returns the report.
+    pub async fn stop(self) -> TrafficReport {
+        let _ = self.stop.send(true);
+        self.task.await.unwrap()
+    }
+}
+
+impl TestEnv<'_> {
+    /// Waits until every id in `acked` is stored, then asserts each is stored exactly once
+    /// under FINAL.
+    pub async fn assert_stored_once(&self, acked: &[String], limit: Duration) {
+        let start = Instant::now();
+        let sql = format!("SELECT toString(id) AS id, count() AS n FROM {}.measurements FINAL GROUP BY id", self.db);
+        loop {
+            let rows = self.query(0, &sql).await;
+            let stored: HashMap<String, i64> =
+                rows.iter().map(|r| (r["id"].as_str().unwrap().to_owned(), as_i64(&r["n"]).unwrap())).collect();
+            let missing: Vec<&String> = acked.iter().filter(|id| !stored.contains_key(*id)).collect();
+            if missing.is_empty() {
+                let doubled: Vec<(&String, &i64)> = stored.iter().filter(|(_, n)| **n != 1).collect();
+                assert!(doubled.is_empty(), "ids stored more than once under FINAL: {doubled:?}");
+                return;
+            }
+            assert!(
+                start.elapsed() < limit,
+                "{} of {} acknowledged ids missing after {limit:?}, e.g. {:?}",
+                missing.len(),
+                acked.len(),
+                &missing[..missing.len().min(3)]
+            );
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+}
+
+impl Collector {
+    /// Waits until `/metrics` shows `line` (exact name with labels and value) or panics after
+    /// `limit`.
+    pub async fn wait_metric(&self, line: &str, limit: Duration) {
+        let start = Instant::now();
+        loop {
+            let text = match http().get(format!("{}/metrics", self.url)).send().await {
+                Ok(r) => r.text().await.unwrap_or_default(),
+                Err(_) => String::new(),
+            };
+            if text.lines().any(|l| l == line) {
+                return;
+            }
+            assert!(start.elapsed() < limit, "metrics never showed {line:?}:\n{}", text.lines().filter(|l| l.starts_with("collector_clickhouse") || l.starts_with("collector_spool")).collect::<Vec<_>>().join("\n"));
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Status code of `GET path`.
+    pub async fn status_of(&self, path: &str) -> u16 {
+        http().get(format!("{}{path}", self.url)).send().await.map(|r| r.status().as_u16()).unwrap_or(0)
+    }
 }
