@@ -21,13 +21,21 @@ step "build"
 cargo build -q -p collector --bin collector
 cargo test -q --workspace --no-run
 
+# Two stacks: one shared by the tests that leave servers alone, one with three replicas that
+# the failure tests kill, freeze and restart (one test at a time).
 stack_dir=$(mktemp -d /tmp/collector-test-stack.XXXXXX)
-cleanup() { scripts/stack.sh down "$stack_dir" --purge >/dev/null 2>&1 || true; }
+failover_dir=$(mktemp -d /tmp/collector-failover-stack.XXXXXX)
+cleanup() {
+  scripts/stack.sh down "$stack_dir" --purge >/dev/null 2>&1 || true
+  scripts/stack.sh down "$failover_dir" --purge >/dev/null 2>&1 || true
+}
 trap cleanup EXIT
 
-step "starting the shared test stack in $stack_dir"
+step "starting the test stacks in $stack_dir and $failover_dir"
 scripts/stack.sh up "$stack_dir" --replicas 2
+scripts/stack.sh up "$failover_dir" --replicas 3
 export STACK_ENV="$stack_dir/stack.env"
+export FAILOVER_STACK_ENV="$failover_dir/stack.env"
 export COLLECTOR_BIN="$PWD/target/debug/collector"
 
 step "tests"

@@ -67,6 +67,9 @@ pub struct Metrics {
     pub spool_bytes: Gauge<i64, AtomicI64>,
     /// `collector_spool_records`: spooled measurements ClickHouse has not confirmed.
     pub spool_records: Gauge<i64, AtomicI64>,
+    /// `collector_spool_disk_bytes`: size of the spool's segment files, confirmed records
+    /// awaiting deletion included.
+    pub spool_disk_bytes: Gauge<i64, AtomicI64>,
     /// `collector_spool_kept_aside_total`: batches ClickHouse refused as bad data, kept aside.
     pub kept_aside: Counter,
     /// `collector_settings_store_up`: 1 when the last settings-store call succeeded.
@@ -115,6 +118,7 @@ impl Metrics {
             clock_skew: Counter::default(),
             spool_bytes: Gauge::default(),
             spool_records: Gauge::default(),
+            spool_disk_bytes: Gauge::default(),
             kept_aside: Counter::default(),
             settings_store_up: Gauge::default(),
             settings_stale_served: Counter::default(),
@@ -169,6 +173,16 @@ impl Metrics {
             "collector_spool_records",
             "Spooled measurements not yet confirmed by ClickHouse",
             m.spool_records.clone(),
+        );
+        r.register(
+            "collector_spool_disk_bytes",
+            "Size of the spool's segment files",
+            m.spool_disk_bytes.clone(),
+        );
+        r.register(
+            "collector_spool_disk_bytes",
+            "Size of the spool's segment files",
+            m.spool_disk_bytes.clone(),
         );
         r.register(
             "collector_spool_kept_aside",

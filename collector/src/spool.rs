@@ -39,9 +39,12 @@
 //!
 //! # Bounds
 //!
-//! The segments on disk never exceed `max_bytes` ([`crate::config::DEFAULT_SPOOL_MAX_BYTES`]):
-//! an append that would cross it is refused ([`AppendError::Full`], a 503), and nothing
-//! already acknowledged is ever dropped. The append queue holds [`APPEND_QUEUE`] requests;
+//! What the spool holds that ClickHouse has not confirmed never exceeds `max_bytes`
+//! ([`crate::config::DEFAULT_SPOOL_MAX_BYTES`]): an append that would cross it is refused
+//! ([`AppendError::Full`], a 503), and nothing already acknowledged is ever dropped. On disk
+//! there may be, in addition, up to about one segment of confirmed records waiting for their
+//! segment to be sealed and deleted; segments are sized `max_bytes / 8` (between 64 KiB and
+//! [`SEGMENT_TARGET_BYTES`]) so that this stays small next to the bound. The append queue holds [`APPEND_QUEUE`] requests;
 //! beyond that intake is shed ([`AppendError::Overloaded`]).
 
 use std::collections::BTreeMap;
@@ -66,8 +69,10 @@ const FRAME_LEN: u64 = 8;
 /// Largest record payload accepted when reading, in bytes (a request is at most 64 KiB of
 /// JSON in, so its re-encoded measurements are far below this).
 pub const MAX_RECORD_BYTES: u32 = 4 * 1024 * 1024;
-/// A segment is sealed and a new one started once it reaches this size.
+/// Largest segment: one is sealed and a new one started at `max_bytes / 8`, at most this.
 pub const SEGMENT_TARGET_BYTES: u64 = 16 * 1024 * 1024;
+/// Smallest segment target.
+const SEGMENT_MIN_BYTES: u64 = 64 * 1024;
 /// Requests waiting for the appender at most; beyond this intake is shed with 503.
 pub const APPEND_QUEUE: usize = 4096;
 /// Most bytes written by one group commit.
@@ -130,6 +135,7 @@ struct State {
 struct Shared {
     dir: PathBuf,
     max_bytes: u64,
+    segment_target: u64,
     state: Mutex<State>,
     committed: watch::Sender<Position>,
     metrics: Arc<Metrics>,
@@ -290,6 +296,7 @@ pub fn open(
     let shared = Arc::new(Shared {
         dir: dir.to_owned(),
         max_bytes,
+        segment_target: (max_bytes / 8).clamp(SEGMENT_MIN_BYTES, SEGMENT_TARGET_BYTES),
         state: Mutex::new(state),
         committed,
         metrics,
@@ -438,7 +445,7 @@ impl Appender {
     }
 
     fn commit_group(&mut self, group: &mut Vec<AppendRequest>, buf: &mut Vec<u8>) {
-        if self.size >= SEGMENT_TARGET_BYTES {
+        if self.size >= self.shared.segment_target {
             if let Err(e) = self.rotate() {
                 tracing::error!(error = %e, "spool: cannot start a new segment");
                 for req in group.drain(..) {
@@ -447,12 +454,12 @@ impl Appender {
                 return;
             }
         }
-        let disk_bytes = self.shared.state.lock().unwrap().disk_bytes;
+        let held = self.shared.state.lock().unwrap().unconfirmed_bytes;
         let mut accepted = Vec::with_capacity(group.len());
         let mut records = 0;
         for req in group.drain(..) {
             let framed = FRAME_LEN + req.payload.len() as u64;
-            if disk_bytes + buf.len() as u64 + framed > self.shared.max_bytes {
+            if held + buf.len() as u64 + framed > self.shared.max_bytes {
                 let _ = req.ack.send(Err(AppendError::Full));
                 continue;
             }
@@ -557,9 +564,9 @@ impl Spool {
         }
     }
 
-    /// Whether the spool has room for at least `headroom` more bytes.
+    /// Whether the spool has room for at least `headroom` more unconfirmed bytes.
     pub fn has_room(&self, headroom: u64) -> bool {
-        self.shared.state.lock().unwrap().disk_bytes + headroom <= self.shared.max_bytes
+        self.shared.state.lock().unwrap().unconfirmed_bytes + headroom <= self.shared.max_bytes
     }
 
     /// The spool folder.
@@ -906,6 +913,7 @@ mod tests {
             })
             .collect();
         let mut appended = 0;
+        assert_eq!(spool.shared.segment_target, SEGMENT_TARGET_BYTES);
         while spool.shared.state.lock().unwrap().active == 1 {
             spool.append(&big, Duration::from_secs(5)).await.unwrap();
             appended += 1;

@@ -25,7 +25,11 @@ fn replica_line(metric: &str, url: &str, value: u8) -> String {
 
 fn assert_only_202(report: &TrafficReport) {
     let other: Vec<_> = report.statuses.iter().filter(|(s, _)| **s != 202).collect();
-    assert!(other.is_empty(), "answers other than 202: {other:?} of {:?}", report.statuses);
+    assert!(
+        other.is_empty(),
+        "answers other than 202: {other:?} of {:?}",
+        report.statuses
+    );
     assert!(report.acked.len() > 50, "{:?}", report.statuses);
 }
 
@@ -48,12 +52,24 @@ async fn killing_and_restarting_the_preferred_replica_loses_nothing() {
     traffic.wait_acked(50, SWITCH).await;
 
     stack.replica(1, "kill");
-    c.wait_metric(&replica_line("collector_clickhouse_active_replica", &urls[1], 1), SWITCH).await;
-    c.wait_metric(&replica_line("collector_clickhouse_replica_state", &urls[0], 0), SWITCH).await;
+    c.wait_metric(
+        &replica_line("collector_clickhouse_active_replica", &urls[1], 1),
+        SWITCH,
+    )
+    .await;
+    c.wait_metric(
+        &replica_line("collector_clickhouse_replica_state", &urls[0], 0),
+        SWITCH,
+    )
+    .await;
     traffic.wait_acked(100, SWITCH).await;
 
     stack.replica(1, "start");
-    c.wait_metric(&replica_line("collector_clickhouse_active_replica", &urls[0], 1), SWITCH).await;
+    c.wait_metric(
+        &replica_line("collector_clickhouse_active_replica", &urls[0], 1),
+        SWITCH,
+    )
+    .await;
     traffic.wait_acked(50, SWITCH).await;
     let report = traffic.stop().await;
 
@@ -73,10 +89,18 @@ async fn freezing_and_thawing_the_preferred_replica_loses_nothing() {
     traffic.wait_acked(50, SWITCH).await;
 
     stack.replica(1, "freeze");
-    c.wait_metric(&replica_line("collector_clickhouse_active_replica", &urls[1], 1), SWITCH).await;
+    c.wait_metric(
+        &replica_line("collector_clickhouse_active_replica", &urls[1], 1),
+        SWITCH,
+    )
+    .await;
     traffic.wait_acked(100, SWITCH).await;
     stack.replica(1, "thaw");
-    c.wait_metric(&replica_line("collector_clickhouse_active_replica", &urls[0], 1), SWITCH).await;
+    c.wait_metric(
+        &replica_line("collector_clickhouse_active_replica", &urls[0], 1),
+        SWITCH,
+    )
+    .await;
     traffic.wait_acked(50, SWITCH).await;
     let report = traffic.stop().await;
 
@@ -95,12 +119,24 @@ async fn killing_each_replica_in_turn_loses_nothing() {
     for i in 1..=3 {
         traffic.wait_acked(30, SWITCH).await;
         stack.replica(i, "kill");
-        c.wait_metric(&replica_line("collector_clickhouse_replica_state", &urls[i - 1], 0), SWITCH).await;
+        c.wait_metric(
+            &replica_line("collector_clickhouse_replica_state", &urls[i - 1], 0),
+            SWITCH,
+        )
+        .await;
         traffic.wait_acked(50, SWITCH).await;
         stack.replica(i, "start");
-        c.wait_metric(&replica_line("collector_clickhouse_replica_state", &urls[i - 1], 2), SWITCH).await;
+        c.wait_metric(
+            &replica_line("collector_clickhouse_replica_state", &urls[i - 1], 2),
+            SWITCH,
+        )
+        .await;
     }
-    c.wait_metric(&replica_line("collector_clickhouse_active_replica", &urls[0], 1), SWITCH).await;
+    c.wait_metric(
+        &replica_line("collector_clickhouse_active_replica", &urls[0], 1),
+        SWITCH,
+    )
+    .await;
     let report = traffic.stop().await;
 
     assert_only_202(&report);
@@ -121,17 +157,32 @@ async fn all_replicas_down_for_thirty_seconds_loses_nothing() {
         stack.replica(i, "kill");
     }
     for url in &urls {
-        c.wait_metric(&replica_line("collector_clickhouse_replica_state", url, 0), SWITCH).await;
+        c.wait_metric(
+            &replica_line("collector_clickhouse_replica_state", url, 0),
+            SWITCH,
+        )
+        .await;
     }
     let before = traffic.snapshot().acked.len();
     tokio::time::sleep(Duration::from_secs(30)).await;
     let during = traffic.snapshot().acked.len() - before;
-    assert!(during > 500, "intake kept answering 202 from the spool: {during}");
+    assert!(
+        during > 500,
+        "intake kept answering 202 from the spool: {during}"
+    );
     assert!(c.metric("collector_spool_records").await > 0.0);
-    assert_eq!(c.status_of("/readyz").await, 200, "the spool has room: still ready");
+    assert_eq!(
+        c.status_of("/readyz").await,
+        200,
+        "the spool has room: still ready"
+    );
 
     stack.repair();
-    c.wait_metric(&replica_line("collector_clickhouse_active_replica", &urls[0], 1), SWITCH).await;
+    c.wait_metric(
+        &replica_line("collector_clickhouse_active_replica", &urls[0], 1),
+        SWITCH,
+    )
+    .await;
     traffic.wait_acked(50, SWITCH).await;
     let report = traffic.stop().await;
 
@@ -155,8 +206,17 @@ async fn a_collector_killed_mid_stream_replays_its_spool() {
     traffic.wait_acked(100, SWITCH).await;
     let report = traffic.stop().await;
 
-    let refused: usize = report.statuses.iter().filter(|(s, _)| **s != 202 && **s != 0).map(|(_, n)| n).sum();
-    assert_eq!(refused, 0, "only refused connections while it was down: {:?}", report.statuses);
+    let refused: usize = report
+        .statuses
+        .iter()
+        .filter(|(s, _)| **s != 202 && **s != 0)
+        .map(|(_, n)| n)
+        .sum();
+    assert_eq!(
+        refused, 0,
+        "only refused connections while it was down: {:?}",
+        report.statuses
+    );
     env.assert_stored_once(&report.acked, SETTLE).await;
     assert!(c.logs().contains("spool: replaying"), "{}", c.logs());
 }
@@ -166,24 +226,42 @@ async fn a_full_spool_answers_503_and_keeps_what_it_acknowledged() {
     let _turn = SERIAL.lock().await;
     let stack = Stack::failover();
     let env = setup(stack).await;
-    let c = env.collector(&[("COLLECTOR_SPOOL_MAX_BYTES", "300000")]).await;
+    let c = env
+        .collector(&[("COLLECTOR_SPOOL_MAX_BYTES", "300000")])
+        .await;
     let urls = stack.clickhouse_urls();
     for i in 1..=3 {
         stack.replica(i, "kill");
     }
     for url in &urls {
-        c.wait_metric(&replica_line("collector_clickhouse_replica_state", url, 0), SWITCH).await;
+        c.wait_metric(
+            &replica_line("collector_clickhouse_replica_state", url, 0),
+            SWITCH,
+        )
+        .await;
     }
     let traffic = Traffic::start(&c.url, &env.site, Duration::from_millis(5));
     let start = std::time::Instant::now();
     while !traffic.snapshot().statuses.contains_key(&503) {
-        assert!(start.elapsed() < SWITCH, "the spool never filled: {:?}", traffic.snapshot().statuses);
+        assert!(
+            start.elapsed() < SWITCH,
+            "the spool never filled: {:?}",
+            traffic.snapshot().statuses
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(c.status_of("/readyz").await, 503, "a full spool is not ready");
+    assert_eq!(
+        c.status_of("/readyz").await,
+        503,
+        "a full spool is not ready"
+    );
     let report = traffic.stop().await;
     assert_eq!(report.unavailable_without_retry_after, 0);
-    let unexpected: Vec<_> = report.statuses.iter().filter(|(s, _)| **s != 202 && **s != 503).collect();
+    let unexpected: Vec<_> = report
+        .statuses
+        .iter()
+        .filter(|(s, _)| **s != 202 && **s != 503)
+        .collect();
     assert!(unexpected.is_empty(), "{:?}", report.statuses);
 
     stack.repair();
@@ -191,7 +269,10 @@ async fn a_full_spool_answers_503_and_keeps_what_it_acknowledged() {
     c.wait_metric("collector_spool_records 0", SETTLE).await;
     let start = std::time::Instant::now();
     while c.status_of("/readyz").await != 200 {
-        assert!(start.elapsed() < SWITCH, "ready again once the spool drained");
+        assert!(
+            start.elapsed() < SWITCH,
+            "ready again once the spool drained"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let (id, m) = measurement(&env.site);
@@ -212,21 +293,57 @@ async fn a_lagging_replica_is_not_written_to_until_it_catches_up() {
     // Freeze the preferred replica so the writer fails over, then let it answer again but keep
     // it from fetching what it missed: it must stay "catching up" and unused.
     stack.replica(1, "freeze");
-    c.wait_metric(&replica_line("collector_clickhouse_active_replica", &urls[1], 1), SWITCH).await;
+    c.wait_metric(
+        &replica_line("collector_clickhouse_active_replica", &urls[1], 1),
+        SWITCH,
+    )
+    .await;
     traffic.wait_acked(100, SWITCH).await;
     stack.replica(1, "thaw");
-    clickhouse_exec(&urls[0], &format!("SYSTEM STOP FETCHES {}.measurements", env.db)).await.unwrap();
+    clickhouse_exec(
+        &urls[0],
+        &format!("SYSTEM STOP FETCHES {}.measurements", env.db),
+    )
+    .await
+    .unwrap();
     traffic.wait_acked(100, SWITCH).await;
-    c.wait_metric(&replica_line("collector_clickhouse_replica_state", &urls[0], 1), SWITCH).await;
+    c.wait_metric(
+        &replica_line("collector_clickhouse_replica_state", &urls[0], 1),
+        SWITCH,
+    )
+    .await;
     for _ in 0..20 {
         // Over several probe rounds, the lagging replica stays unused.
-        assert_eq!(c.metric(&format!("collector_clickhouse_active_replica{{replica=\"{}\"}}", urls[0])).await, 0.0);
-        assert_eq!(c.metric(&format!("collector_clickhouse_replica_state{{replica=\"{}\"}}", urls[0])).await, 1.0);
+        assert_eq!(
+            c.metric(&format!(
+                "collector_clickhouse_active_replica{{replica=\"{}\"}}",
+                urls[0]
+            ))
+            .await,
+            0.0
+        );
+        assert_eq!(
+            c.metric(&format!(
+                "collector_clickhouse_replica_state{{replica=\"{}\"}}",
+                urls[0]
+            ))
+            .await,
+            1.0
+        );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
 
-    clickhouse_exec(&urls[0], &format!("SYSTEM START FETCHES {}.measurements", env.db)).await.unwrap();
-    c.wait_metric(&replica_line("collector_clickhouse_active_replica", &urls[0], 1), SWITCH).await;
+    clickhouse_exec(
+        &urls[0],
+        &format!("SYSTEM START FETCHES {}.measurements", env.db),
+    )
+    .await
+    .unwrap();
+    c.wait_metric(
+        &replica_line("collector_clickhouse_active_replica", &urls[0], 1),
+        SWITCH,
+    )
+    .await;
     let report = traffic.stop().await;
     assert_only_202(&report);
     env.assert_stored_once(&report.acked, SETTLE).await;
@@ -238,7 +355,9 @@ async fn a_torn_spool_tail_is_replayed_up_to_the_last_whole_record() {
     let stack = Stack::failover();
     let env = setup(stack).await;
     // Nowhere to write: everything stays in the spool.
-    let mut c = env.collector(&[("COLLECTOR_CLICKHOUSE_URLS", "http://127.0.0.1:1")]).await;
+    let mut c = env
+        .collector(&[("COLLECTOR_CLICKHOUSE_URLS", "http://127.0.0.1:1")])
+        .await;
     let mut ids = Vec::new();
     for _ in 0..20 {
         let (id, m) = measurement(&env.site);
@@ -248,16 +367,39 @@ async fn a_torn_spool_tail_is_replayed_up_to_the_last_whole_record() {
     c.kill().await;
     // A crash mid-write: the last record is cut in half.
     let segments = c.spool.path().join("segments");
-    let mut files: Vec<_> = std::fs::read_dir(&segments).unwrap().map(|e| e.unwrap().path()).collect();
+    let mut files: Vec<_> = std::fs::read_dir(&segments)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
     files.sort();
-    let last = files.iter().rev().find(|p| std::fs::metadata(p).unwrap().len() > 8).unwrap().clone();
+    let last = files
+        .iter()
+        .rev()
+        .find(|p| std::fs::metadata(p).unwrap().len() > 8)
+        .unwrap()
+        .clone();
     let len = std::fs::metadata(&last).unwrap().len();
-    std::fs::OpenOptions::new().write(true).open(&last).unwrap().set_len(len - 40).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&last)
+        .unwrap()
+        .set_len(len - 40)
+        .unwrap();
 
     // Restart with the real replicas on the same spool.
-    c.set_env("COLLECTOR_CLICKHOUSE_URLS", &stack.clickhouse_urls().join(","));
+    c.set_env(
+        "COLLECTOR_CLICKHOUSE_URLS",
+        &stack.clickhouse_urls().join(","),
+    );
     c.restart().await;
     env.assert_stored_once(&ids[..19], SETTLE).await;
-    assert!(env.rows(&ids[19..]).await.is_empty(), "the torn record is not replayed as garbage");
-    assert!(c.logs().contains("cut a torn or corrupt tail"), "{}", c.logs());
+    assert!(
+        env.rows(&ids[19..]).await.is_empty(),
+        "the torn record is not replayed as garbage"
+    );
+    assert!(
+        c.logs().contains("cut a torn or corrupt tail"),
+        "{}",
+        c.logs()
+    );
 }

@@ -570,7 +570,11 @@ impl Stack {
             if let Ok(path) = std::env::var("FAILOVER_STACK_ENV") {
                 let env = read_env(Path::new(&path));
                 let dir = PathBuf::from(&env["STACK_DIR"]);
-                return Stack { dir, env, owned: false };
+                return Stack {
+                    dir,
+                    env,
+                    owned: false,
+                };
             }
             Stack::up(root().join("target/test-stack/failover"), 3, false)
         })
@@ -606,8 +610,15 @@ impl Traffic {
     pub fn start(base_url: &str, site: &str, interval: Duration) -> Traffic {
         let (stop, mut stopped) = tokio::sync::watch::channel(false);
         let report = std::sync::Arc::new(std::sync::Mutex::new(TrafficReport::default()));
-        let (url, site, shared) = (format!("{base_url}/api/v1/measurements"), site.to_owned(), report.clone());
-        let client = reqwest::Client::builder().timeout(Duration::from_secs(10)).build().unwrap();
+        let (url, site, shared) = (
+            format!("{base_url}/api/v1/measurements"),
+            site.to_owned(),
+            report.clone(),
+        );
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(10))
+            .build()
+            .unwrap();
         let task = tokio::spawn(async move {
             let mut tick = tokio::time::interval(interval);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -654,7 +665,11 @@ impl Traffic {
         let target = self.snapshot().acked.len() + n;
         let start = Instant::now();
         while self.snapshot().acked.len() < target {
-            assert!(start.elapsed() < limit, "traffic stalled: {:?}", self.snapshot().statuses);
+            assert!(
+                start.elapsed() < limit,
+                "traffic stalled: {:?}",
+                self.snapshot().statuses
+            );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
@@ -671,15 +686,32 @@ impl TestEnv<'_> {
     /// under FINAL.
     pub async fn assert_stored_once(&self, acked: &[String], limit: Duration) {
         let start = Instant::now();
-        let sql = format!("SELECT toString(id) AS id, count() AS n FROM {}.measurements FINAL GROUP BY id", self.db);
+        let sql = format!(
+            "SELECT toString(id) AS id, count() AS n FROM {}.measurements FINAL GROUP BY id",
+            self.db
+        );
         loop {
             let rows = self.query(0, &sql).await;
-            let stored: HashMap<String, i64> =
-                rows.iter().map(|r| (r["id"].as_str().unwrap().to_owned(), as_i64(&r["n"]).unwrap())).collect();
-            let missing: Vec<&String> = acked.iter().filter(|id| !stored.contains_key(*id)).collect();
+            let stored: HashMap<String, i64> = rows
+                .iter()
+                .map(|r| {
+                    (
+                        r["id"].as_str().unwrap().to_owned(),
+                        as_i64(&r["n"]).unwrap(),
+                    )
+                })
+                .collect();
+            let missing: Vec<&String> = acked
+                .iter()
+                .filter(|id| !stored.contains_key(*id))
+                .collect();
             if missing.is_empty() {
-                let doubled: Vec<(&String, &i64)> = stored.iter().filter(|(_, n)| **n != 1).collect();
-                assert!(doubled.is_empty(), "ids stored more than once under FINAL: {doubled:?}");
+                let doubled: Vec<(&String, &i64)> =
+                    stored.iter().filter(|(_, n)| **n != 1).collect();
+                assert!(
+                    doubled.is_empty(),
+                    "ids stored more than once under FINAL: {doubled:?}"
+                );
                 return;
             }
             assert!(
@@ -707,13 +739,26 @@ impl Collector {
             if text.lines().any(|l| l == line) {
                 return;
             }
-            assert!(start.elapsed() < limit, "metrics never showed {line:?}:\n{}", text.lines().filter(|l| l.starts_with("collector_clickhouse") || l.starts_with("collector_spool")).collect::<Vec<_>>().join("\n"));
+            assert!(
+                start.elapsed() < limit,
+                "metrics never showed {line:?}:\n{}",
+                text.lines()
+                    .filter(|l| l.starts_with("collector_clickhouse")
+                        || l.starts_with("collector_spool"))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
 
     /// Status code of `GET path`.
     pub async fn status_of(&self, path: &str) -> u16 {
-        http().get(format!("{}{path}", self.url)).send().await.map(|r| r.status().as_u16()).unwrap_or(0)
+        http()
+            .get(format!("{}{path}", self.url))
+            .send()
+            .await
+            .map(|r| r.status().as_u16())
+            .unwrap_or(0)
     }
 }
