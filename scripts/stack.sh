@@ -23,8 +23,8 @@
 #       summary. Idempotent: on a running stack it only re-prints. Restarts
 #       from existing data in DIR, keeping the previous ports when free.
 #   stack.sh down DIR [--purge]
-#       Stops everything (SIGCONT first so frozen servers can exit).
-#       Idempotent. --purge also deletes DIR.
+#       Stops everything, the PostgreSQL standby too (SIGCONT first so
+#       frozen servers can exit). Idempotent. --purge also deletes DIR.
 #   stack.sh replica DIR I stop|kill|freeze|thaw|start
 #       stop = SIGTERM and wait (SIGKILL after 30 s), kill = SIGKILL,
 #       freeze = SIGSTOP, thaw = SIGCONT, start = start replica I again with
@@ -34,9 +34,19 @@
 #       the postmaster's whole process group, i.e. all backends too).
 #   stack.sh zk DIR stop|start|kill|freeze|thaw
 #       Same for ZooKeeper.
+#   stack.sh pg-standby DIR start|stop|kill|freeze|thaw|promote
+#       A hot standby of the stack's PostgreSQL, streaming from it. `up`
+#       neither creates nor starts it. start = the first time, clone the
+#       running primary (pg_basebackup -R -X stream); then start it and wait
+#       until it accepts connections and is in recovery (a promoted one just
+#       starts, as a primary); adds the PG_STANDBY_* keys and
+#       DATABASE_URL_FAILOVER to DIR/stack.env. promote = pg_ctl promote and
+#       wait until it is out of recovery; it does not fence the old primary,
+#       so do not start that one again while the promoted one runs.
 #   stack.sh status DIR
 #       One line per server; exit status 0 only if every server is running
-#       (not frozen) and answers its health probe.
+#       (not frozen) and answers its health probe. A stopped standby is
+#       shown but does not count (it is optional).
 #
 # DIR/stack.env (written by `up`): KEY=VALUE lines, no quotes, no spaces, so
 # it can be sourced by a shell or split on the first '=' by a program.
@@ -59,10 +69,17 @@
 #   CHi_URL                http://127.0.0.1:CHi_HTTP_PORT
 #   CLICKHOUSE_URL         CH1_URL
 #   CLICKHOUSE_URLS        CH1_URL,CH2_URL,...,CHN_URL
+# Only once `pg-standby DIR start` has created the standby:
+#   PG_STANDBY_PORT        port of the PostgreSQL standby on 127.0.0.1
+#   PG_STANDBY_DATA        its data directory
+#   DATABASE_URL_FAILOVER  postgres://postgres@127.0.0.1:PG_PORT,127.0.0.1:PG_STANDBY_PORT/collector
+#                          (multi-host URL; add ?target_session_attrs=read-write
+#                          to reach whichever of the two is the primary)
 #
-# Layout of DIR: stack.env, <name>.pid for name in pg, zk, ch1..chN, and one
-# folder per server (pg/, zk/, ch1/ ...) with its config, data and logs
-# (ch<i>/log/clickhouse-server{,.err}.log, zk/zookeeper.log, pg/postgres.log).
+# Layout of DIR: stack.env, <name>.pid for name in pg, pg-standby, zk,
+# ch1..chN, and one folder per server (pg/, pg-standby/, zk/, ch1/ ...) with
+# its config, data and logs (ch<i>/log/clickhouse-server{,.err}.log,
+# zk/zookeeper.log, pg/postgres.log, pg-standby/postgres.log).
 #
 # Environment: STACK_READY_TIMEOUT (default 60 s) bounds every wait for a
 # server to answer; STACK_STOP_TIMEOUT (default 30 s) is the grace period
@@ -174,9 +191,9 @@ proc_state() {
 # (guards against a recycled pid). Prints nothing otherwise.
 pid_of() {
     local name=$1 pid st
-    if [[ $name == pg && -f $DIR/pg/data/postmaster.pid ]]; then
+    if [[ ($name == pg || $name == pg-standby) && -f $DIR/$name/data/postmaster.pid ]]; then
         # The postmaster writes its own pid file; it is the authority.
-        pid=$(head -n1 "$DIR/pg/data/postmaster.pid" 2>/dev/null || true)
+        pid=$(head -n1 "$DIR/$name/data/postmaster.pid" 2>/dev/null || true)
     else
         pid=$(cat "$DIR/$name.pid" 2>/dev/null || true)
     fi
@@ -338,21 +355,36 @@ write_env() {
         done
         echo "CLICKHOUSE_URL=${urls[0]}"
         echo "CLICKHOUSE_URLS=$(IFS=,; echo "${urls[*]}")"
+        # Kept by every rewrite (`up` too) once the standby exists.
+        if [[ -n ${PG_STANDBY_PORT:-} && -f $DIR/pg-standby/data/PG_VERSION ]]; then
+            echo "PG_STANDBY_PORT=$PG_STANDBY_PORT"
+            echo "PG_STANDBY_DATA=$DIR/pg-standby/data"
+            echo "DATABASE_URL_FAILOVER=postgres://postgres@127.0.0.1:$PG_PORT,127.0.0.1:$PG_STANDBY_PORT/collector"
+        fi
     } >"$tmp"
     mv -f "$tmp" "$ENV_FILE"
 }
 
 # ------------------------------------------------------------- PostgreSQL ---
 
+# The PostgreSQL functions below take the server's NAME: pg (the primary,
+# the default) or pg-standby. Its files are under DIR/NAME.
+
+# pg_socket_dir [NAME]
 pg_socket_dir() {
     # A unix socket path must fit in 107 bytes; fall back to a short folder
     # in /tmp (named after DIR) when DIR is deep.
-    local d=$DIR/pg/run
+    local name=${1:-pg} d
+    d=$DIR/$name/run
     if (( ${#d} + 20 > 100 )); then
         d=/tmp/stack-pg-$(printf '%s' "$DIR" | md5sum | cut -c1-12)
+        [[ $name == pg ]] || d+=-standby
     fi
     echo "$d"
 }
+
+# pg_port [NAME]
+pg_port() { if [[ ${1:-pg} == pg ]]; then echo "$PG_PORT"; else echo "$PG_STANDBY_PORT"; fi; }
 
 # as_pg CMD...: PostgreSQL refuses to run as root; use the postgres user.
 as_pg() {
@@ -379,29 +411,44 @@ pg_make_reachable() {
     done
 }
 
+# pg_write_conf [NAME]
 pg_write_conf() {
-    local sock
-    sock=$(pg_socket_dir)
+    local name=${1:-pg} sock standby=""
+    sock=$(pg_socket_dir "$name")
     mkdir -p "$sock"
     chown postgres: "$sock" 2>/dev/null || true
+    if [[ $name == pg-standby ]]; then
+        # primary_conninfo is here rather than in postgresql.auto.conf (where
+        # pg_basebackup -R put it) so that it follows PG_PORT should `up`
+        # re-pick it. Both settings are ignored once promoted.
+        standby="
+hot_standby = on
+primary_conninfo = 'host=127.0.0.1 port=$PG_PORT user=postgres application_name=pg-standby'"
+    fi
     # Rewritten on every start (the port may change); included from
-    # postgresql.conf, which initdb wrote once.
-    cat >"$DIR/pg/data/stack.conf" <<EOF
+    # postgresql.conf, which initdb wrote once (the standby's is a copy).
+    # The same settings on both servers: a hot standby needs max_connections
+    # and max_wal_senders >= the primary's, and a promoted one serves
+    # standbys itself. wal_keep_size lets a standby that was stopped for a
+    # while catch up by streaming (no replication slot: a forgotten one would
+    # keep WAL forever).
+    cat >"$DIR/$name/data/stack.conf" <<EOF
 # generated by scripts/stack.sh - rewritten on every start
 listen_addresses = '127.0.0.1'
-port = $PG_PORT
+port = $(pg_port "$name")
 unix_socket_directories = '$sock'
 max_connections = 100
 shared_buffers = 64MB
 wal_level = replica
 max_wal_senders = 5
+wal_keep_size = 128MB
 log_connections = on
 log_disconnections = on
 logging_collector = off
 log_line_prefix = '%m [%p] %q%u@%d '
-fsync = on
+fsync = on$standby
 EOF
-    chown postgres: "$DIR/pg/data/stack.conf" 2>/dev/null || true
+    chown postgres: "$DIR/$name/data/stack.conf" 2>/dev/null || true
 }
 
 pg_init() {
@@ -418,10 +465,12 @@ pg_init() {
     echo "include = 'stack.conf'" >>"$DIR/pg/data/postgresql.conf"
 }
 
+# pg_launch [NAME]
 pg_launch() {
+    local name=${1:-pg}
     pg_make_reachable
-    pg_write_conf
-    rm -f "$DIR/pg.pid"
+    pg_write_conf "$name"
+    rm -f "$DIR/$name.pid"
     # After a SIGKILL the postmaster stays a zombie here (PID 1 of this
     # machine does not reap orphans), and PostgreSQL takes a zombie's pid in
     # postmaster.pid for a live server and refuses to start. pid_of treats
@@ -429,17 +478,17 @@ pg_launch() {
     # (the data folder's and the unix socket's).
     # Removing them bypasses PostgreSQL's own check for orphaned backends, so
     # first make sure the old postmaster's process group is gone.
-    if [[ -z $(pid_of pg) ]]; then
+    if [[ -z $(pid_of "$name") ]]; then
         local old
-        old=$(head -n1 "$DIR/pg/data/postmaster.pid" 2>/dev/null || true)
+        old=$(head -n1 "$DIR/$name/data/postmaster.pid" 2>/dev/null || true)
         [[ $old =~ ^[0-9]+$ ]] && pg_reap_group "$old"
-        rm -f "$DIR/pg/data/postmaster.pid" "$(pg_socket_dir)"/.s.PGSQL.*
+        rm -f "$DIR/$name/data/postmaster.pid" "$(pg_socket_dir "$name")"/.s.PGSQL.*
     fi
     # pg_ctl puts the postmaster in its own session with output to the log,
     # and waits (bounded) until it accepts connections.
-    as_pg "$PG_BIN/pg_ctl" -D "$DIR/pg/data" -l "$DIR/pg/postgres.log" -w -t "$READY_TIMEOUT" start \
-        </dev/null >>"$DIR/pg/pg_ctl.log" 2>&1 9>&- ||
-        fail_with_log "pg_ctl start failed" "$DIR/pg/pg_ctl.log" "$DIR/pg/postgres.log"
+    as_pg "$PG_BIN/pg_ctl" -D "$DIR/$name/data" -l "$DIR/$name/postgres.log" -w -t "$READY_TIMEOUT" start \
+        </dev/null >>"$DIR/$name/pg_ctl.log" 2>&1 9>&- ||
+        fail_with_log "pg_ctl start ($name) failed" "$DIR/$name/pg_ctl.log" "$DIR/$name/postgres.log"
 }
 
 pg_wait() {
@@ -461,19 +510,40 @@ pg_wait() {
     fi
 }
 
+# pg_stop [NAME]
 pg_stop() {
-    local pid
-    pid=$(pid_of pg)
-    [[ -n $pid ]] || { rm -f "$DIR/pg.pid"; return 0; }
+    local name=${1:-pg} pid
+    pid=$(pid_of "$name")
+    [[ -n $pid ]] || { rm -f "$DIR/$name.pid"; return 0; }
     pg_signal_group CONT "$pid"
-    if ! as_pg "$PG_BIN/pg_ctl" -D "$DIR/pg/data" stop -m fast -w -t "$STOP_TIMEOUT" \
-            </dev/null >>"$DIR/pg/pg_ctl.log" 2>&1 9>&-; then
-        log "pg_ctl stop failed; sending SIGKILL to postmaster $pid"
+    if ! as_pg "$PG_BIN/pg_ctl" -D "$DIR/$name/data" stop -m fast -w -t "$STOP_TIMEOUT" \
+            </dev/null >>"$DIR/$name/pg_ctl.log" 2>&1 9>&-; then
+        log "pg_ctl stop ($name) failed; sending SIGKILL to postmaster $pid"
         kill -KILL "$pid" 2>/dev/null || true
     fi
     wait_exit "$pid" 10 || die "postmaster $pid did not exit"
     pg_reap_group "$pid"
-    rm -f "$DIR/pg.pid"
+    rm -f "$DIR/$name.pid"
+}
+
+# pg_signal NAME kill|freeze|thaw: kill = SIGKILL to the postmaster only,
+# like a crash (its backends notice and exit; pg_reap_group waits for
+# that); freeze/thaw = SIGSTOP/SIGCONT to its whole process group.
+pg_signal() {
+    local name=$1 action=$2 pid
+    pid=$(pid_of "$name")
+    case $action in
+        kill)
+            [[ -n $pid ]] || return 0
+            pg_signal_group CONT "$pid"
+            kill -KILL "$pid"; wait_exit "$pid" 10 || die "postmaster survived SIGKILL"
+            pg_reap_group "$pid"
+            ;;
+        freeze|thaw)
+            [[ -n $pid ]] || { log "$name is not running"; [[ $action == thaw ]]; return; }
+            pg_signal_group "$([[ $action == freeze ]] && echo STOP || echo CONT)" "$pid"
+            ;;
+    esac
 }
 
 # group_alive PGID: true if a live (non-zombie) process is in that group.
@@ -988,26 +1058,12 @@ cmd_replica() {
 
 cmd_pg() {
     set_dir "${1:-}" || die "no stack in ${1:-}"
-    local action=${2:-} pid
+    local action=${2:-}
     load_env
     [[ -f $DIR/pg/data/PG_VERSION ]] || die "no PostgreSQL cluster in $DIR (run up first)"
     case $action in
         stop) pg_stop ;;
-        kill)
-            pid=$(pid_of pg)
-            if [[ -n $pid ]]; then
-                # Only the postmaster, like a crash; its backends notice and
-                # exit (pg_reap_group waits for that).
-                pg_signal_group CONT "$pid"
-                kill -KILL "$pid"; wait_exit "$pid" 10 || die "postmaster survived SIGKILL"
-                pg_reap_group "$pid"
-            fi
-            ;;
-        freeze|thaw)
-            pid=$(pid_of pg)
-            [[ -n $pid ]] || { log "pg is not running"; [[ $action == thaw ]]; return; }
-            pg_signal_group "$([[ $action == freeze ]] && echo STOP || echo CONT)" "$pid"
-            ;;
+        kill|freeze|thaw) pg_signal pg "$action" ;;
         start)
             frozen_note pg && die "PostgreSQL is frozen; use: pg $DIR thaw"
             if [[ -z $(pid_of pg) ]]; then

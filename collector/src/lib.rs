@@ -106,14 +106,28 @@ async fn serve(settings: Settings) -> Result<(), RunError> {
         metrics.clone(),
     )
     .map_err(failed)?;
-    let store = settings::SettingsStore::new(&settings.database_url).map_err(failed)?;
-    let site_settings = settings::SiteSettings::new(store, settings.settings_ttl, metrics.clone());
-    match site_settings.warm().await {
+    let store = settings::SettingsStore::new(
+        &settings.database_url,
+        settings.settings_backoff,
+        metrics.clone(),
+    )
+    .map_err(failed)?;
+    let snapshot = settings::snapshot::path(&settings.spool_dir);
+    let site_settings = settings::SiteSettings::new(
+        store,
+        settings.settings_ttl,
+        Some(snapshot),
+        metrics.clone(),
+    );
+    match site_settings.reload().await {
         Ok(n) => tracing::info!(sites = n, "settings: loaded every site"),
         Err(e) => {
-            tracing::warn!(error = %e, "settings: could not load sites at start; will load on demand")
+            if let Err(snap) = site_settings.load_snapshot().await {
+                tracing::warn!(error = %e, snapshot = %snap, "settings: store unreachable and no snapshot; loading on demand");
+            }
         }
     }
+    let site_settings_reloader = site_settings.clone();
     let dedup = dedup::Dedup::new(settings.dedup_capacity, settings.dedup_window);
     let state = server::AppState::new(
         site_settings,
@@ -147,6 +161,7 @@ async fn serve(settings: Settings) -> Result<(), RunError> {
         max_bytes: settings.batch_max_bytes,
         max_age: settings.batch_max_age,
     };
+    let reloader = tokio::spawn(site_settings_reloader.run_reloader(writer_shutdown.clone()));
     let writer = tokio::spawn(writer::run(
         reader,
         replicas,
@@ -183,6 +198,7 @@ async fn serve(settings: Settings) -> Result<(), RunError> {
     let _ = stop_writer.send(true);
     let _ = writer.await;
     let _ = prober.await;
+    let _ = reloader.await;
     tracing::info!("collector: stopped");
     Ok(())
 }
@@ -198,8 +214,18 @@ async fn shutdown_signal() -> bool {
     }
 }
 
+/// The settings store for one-shot commands (no backoff: one attempt, then exit).
+pub(crate) fn cli_store(settings: &Settings) -> Result<settings::SettingsStore, RunError> {
+    settings::SettingsStore::new(
+        &settings.database_url,
+        std::time::Duration::ZERO,
+        Arc::new(metrics::Metrics::new()),
+    )
+    .map_err(failed)
+}
+
 async fn sites(settings: &Settings, command: SitesCommand) -> Result<(), RunError> {
-    let store = settings::SettingsStore::new(&settings.database_url).map_err(failed)?;
+    let store = cli_store(settings)?;
     match command {
         SitesCommand::Add {
             key,

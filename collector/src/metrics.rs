@@ -76,6 +76,9 @@ pub struct Metrics {
     pub settings_store_up: Gauge<i64, AtomicI64>,
     /// `collector_settings_stale_served_total`: lookups answered from expired settings.
     pub settings_stale_served: Counter,
+    /// `collector_settings_from_snapshot`: 1 while serving settings loaded from the snapshot
+    /// file because the store was unreachable at start.
+    pub settings_from_snapshot: Gauge<i64, AtomicI64>,
     /// `collector_settings_store_queries_total`: queries sent to the settings store.
     pub settings_store_queries: Counter,
     /// `collector_clickhouse_replica_state{replica}`: 0 down, 1 catching up, 2 healthy.
@@ -122,6 +125,7 @@ impl Metrics {
             kept_aside: Counter::default(),
             settings_store_up: Gauge::default(),
             settings_stale_served: Counter::default(),
+            settings_from_snapshot: Gauge::default(),
             settings_store_queries: Counter::default(),
             replica_state: Family::default(),
             active_replica: Family::default(),
@@ -193,6 +197,11 @@ impl Metrics {
             "collector_settings_store_up",
             "1 when the settings store answered last time",
             m.settings_store_up.clone(),
+        );
+        r.register(
+            "collector_settings_from_snapshot",
+            "1 while serving settings from the snapshot file",
+            m.settings_from_snapshot.clone(),
         );
         r.register(
             "collector_settings_stale_served",

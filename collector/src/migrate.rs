@@ -7,7 +7,6 @@
 //! every replica.
 
 use crate::config::Settings;
-use crate::settings::SettingsStore;
 use crate::RunError;
 
 /// PostgreSQL schema files, in order.
@@ -43,8 +42,7 @@ pub fn clickhouse_statements(database: &str) -> Vec<String> {
 
 /// Applies every schema file; stops at the first failure, naming the server and file.
 pub async fn run(settings: &Settings) -> Result<(), RunError> {
-    let store =
-        SettingsStore::new(&settings.database_url).map_err(|e| RunError::Failed(e.to_string()))?;
+    let store = crate::cli_store(settings)?;
     for (name, sql) in POSTGRES {
         store
             .apply(sql)

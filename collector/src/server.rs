@@ -109,6 +109,8 @@ impl AppState {
             Some("draining\n")
         } else if !self.spool.has_room(READY_SPOOL_HEADROOM) {
             Some("spool full\n")
+        } else if !self.settings.is_loaded() {
+            Some("site settings not loaded\n")
         } else {
             None
         }

@@ -1,0 +1,365 @@
+//! Site settings: the PostgreSQL store and the cache intake reads through.
+//!
+//! The request path never waits on PostgreSQL while it has an answer, fresh or stale:
+//!
+//! - **Warm start.** At start every site is loaded in one query ([`SiteSettings::reload`]);
+//!   the same full load runs every `COLLECTOR_SETTINGS_TTL` in the background, and each
+//!   successful one is written to the snapshot file ([`snapshot`]). A collector started while
+//!   the store is down loads the snapshot instead and says so (log, and
+//!   `collector_settings_from_snapshot 1`).
+//! - **Stale-while-revalidate.** A site's settings are fresh for `COLLECTOR_SETTINGS_TTL`. An
+//!   expired entry is answered at once from the last known value
+//!   (`collector_settings_stale_served_total`) while one background refresh per site runs.
+//! - **Backoff.** After a failure the store is left alone for `COLLECTOR_SETTINGS_BACKOFF`
+//!   by every path, then probed once ([`store::Gate`]).
+//! - **Bounded first fetch.** A never-seen key is fetched once however many requests carry it
+//!   (moka's single-flight `try_get_with`); at most [`FIRST_FETCHES`] first fetches run at once;
+//!   unknown keys are remembered as unknown for [`UNKNOWN_TTL`]. While the store cannot be
+//!   asked, a never-seen key is [`Lookup::Unavailable`] (a 503 with `Retry-After`).
+//!
+//! The store knows nothing of ClickHouse or HTTP.
+
+pub mod snapshot;
+pub mod store;
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::{watch, Semaphore};
+
+use crate::metrics::Metrics;
+pub use store::{SettingsStore, StoreError};
+
+/// How long an unknown site key is remembered as unknown (capped by the settings TTL).
+pub const UNKNOWN_TTL: Duration = Duration::from_secs(10);
+/// Most site keys cached, known and unknown together.
+pub const CACHE_CAPACITY: u64 = 100_000;
+/// Most first fetches (never-seen keys) in flight at once; more get [`Lookup::Unavailable`].
+pub const FIRST_FETCHES: usize = 8;
+
+/// One site's settings, as stored in the `sites` table.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Site {
+    /// Site key (primary key).
+    pub key: String,
+    /// Allowed `Origin` values, serialised as `scheme://host[:port]`; empty allows any.
+    pub allowed_origins: Vec<String>,
+    /// Fraction of page views the tracking script reports, 0 to 1.
+    pub sample_rate: f64,
+    /// Disabled sites are answered 403.
+    pub enabled: bool,
+}
+
+impl Site {
+    /// Whether a request with this `Origin` header may send beacons for the site: a request
+    /// without `Origin` is judged by the site key alone (contract §2).
+    pub fn allows_origin(&self, origin: Option<&str>) -> bool {
+        match origin {
+            None => true,
+            Some(_) if self.allowed_origins.is_empty() => true,
+            Some(o) => self
+                .allowed_origins
+                .iter()
+                .any(|a| a.eq_ignore_ascii_case(o)),
+        }
+    }
+}
+
+/// Normalises an origin as a browser sends it in `Origin`: `scheme://host[:port]`, lowercase,
+/// default port omitted. `None` for anything that is not an http(s) origin.
+pub fn normalise_origin(s: &str) -> Option<String> {
+    let url = url::Url::parse(s.trim()).ok()?;
+    if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
+        return None;
+    }
+    Some(url.origin().ascii_serialization())
+}
+
+/// The answer to a settings lookup.
+#[derive(Debug, Clone)]
+pub enum Lookup {
+    /// The site exists (enabled or not).
+    Known(Arc<Site>),
+    /// No such site.
+    Unknown,
+    /// The site is not cached and the store cannot be asked now.
+    Unavailable,
+}
+
+/// A cached answer and when it was loaded.
+#[derive(Debug)]
+struct Entry {
+    site: Option<Arc<Site>>,
+    loaded: Instant,
+}
+
+struct EntryExpiry {
+    unknown: Duration,
+}
+
+impl moka::Expiry<Arc<str>, Arc<Entry>> for EntryExpiry {
+    fn expire_after_create(
+        &self,
+        _key: &Arc<str>,
+        value: &Arc<Entry>,
+        _now: Instant,
+    ) -> Option<Duration> {
+        // Known sites are never evicted by time: they are refreshed, and served stale while
+        // the store is down. Unknown keys are forgotten after a while.
+        value.site.is_none().then_some(self.unknown)
+    }
+
+    fn expire_after_update(
+        &self,
+        key: &Arc<str>,
+        value: &Arc<Entry>,
+        now: Instant,
+        _current: Option<Duration>,
+    ) -> Option<Duration> {
+        self.expire_after_create(key, value, now)
+    }
+}
+
+/// Site settings as intake sees them: cached, stale-while-revalidate, bounded. Cheap to clone.
+#[derive(Clone)]
+pub struct SiteSettings {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    cache: moka::future::Cache<Arc<str>, Arc<Entry>>,
+    store: SettingsStore,
+    ttl: Duration,
+    first_fetches: Semaphore,
+    refreshing: Mutex<HashSet<Arc<str>>>,
+    snapshot: Option<PathBuf>,
+    loaded: AtomicBool,
+    metrics: Arc<Metrics>,
+}
+
+impl SiteSettings {
+    /// A cache over `store`; entries are fresh for `ttl`. Full loads are written to `snapshot`.
+    pub fn new(
+        store: SettingsStore,
+        ttl: Duration,
+        snapshot: Option<PathBuf>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        let cache = moka::future::Cache::builder()
+            .max_capacity(CACHE_CAPACITY)
+            .expire_after(EntryExpiry {
+                unknown: ttl.min(UNKNOWN_TTL).max(Duration::from_millis(1)),
+            })
+            .build();
+        SiteSettings {
+            inner: Arc::new(Inner {
+                cache,
+                store,
+                ttl,
+                first_fetches: Semaphore::new(FIRST_FETCHES),
+                refreshing: Mutex::new(HashSet::new()),
+                snapshot,
+                loaded: AtomicBool::new(false),
+                metrics,
+            }),
+        }
+    }
+
+    /// Whether settings have been loaded once (from the store or the snapshot): until then
+    /// every request would need the store, and `/readyz` says not ready.
+    pub fn is_loaded(&self) -> bool {
+        self.inner.loaded.load(Ordering::Acquire)
+    }
+
+    /// Loads every site in one query, replaces the cache's view of them, and writes the
+    /// snapshot. Returns the number of sites.
+    pub async fn reload(&self) -> Result<usize, StoreError> {
+        let inner = &self.inner;
+        let sites = inner.store.fetch_all().await?;
+        let now = Instant::now();
+        let keys: HashSet<&str> = sites.iter().map(|s| s.key.as_str()).collect();
+        for site in &sites {
+            inner
+                .cache
+                .insert(
+                    Arc::from(site.key.as_str()),
+                    Arc::new(Entry {
+                        site: Some(Arc::new(site.clone())),
+                        loaded: now,
+                    }),
+                )
+                .await;
+        }
+        // Sites deleted from the store become unknown.
+        for (key, entry) in inner.cache.iter() {
+            if entry.site.is_some() && !keys.contains(&**key) {
+                inner
+                    .cache
+                    .insert(
+                        (*key).clone(),
+                        Arc::new(Entry {
+                            site: None,
+                            loaded: now,
+                        }),
+                    )
+                    .await;
+            }
+        }
+        if let Some(path) = &inner.snapshot {
+            if let Err(e) = snapshot::write(path, &sites) {
+                crate::logging::warn_limited(
+                    "settings_snapshot",
+                    || tracing::warn!(error = %e, path = %path.display(), "cannot write the settings snapshot"),
+                );
+            }
+        }
+        inner.metrics.settings_from_snapshot.set(0);
+        inner.loaded.store(true, Ordering::Release);
+        Ok(sites.len())
+    }
+
+    /// Loads the snapshot into the cache as already-stale entries (so that they are
+    /// refreshed as soon as the store answers). Returns the number of sites.
+    pub async fn load_snapshot(&self) -> std::io::Result<usize> {
+        let inner = &self.inner;
+        let Some(path) = &inner.snapshot else {
+            return Ok(0);
+        };
+        let (sites, written_at) = snapshot::read(path)?;
+        let stale = Instant::now()
+            .checked_sub(inner.ttl)
+            .unwrap_or_else(Instant::now);
+        for site in &sites {
+            inner
+                .cache
+                .insert(
+                    Arc::from(site.key.as_str()),
+                    Arc::new(Entry {
+                        site: Some(Arc::new(site.clone())),
+                        loaded: stale,
+                    }),
+                )
+                .await;
+        }
+        tracing::warn!(sites = sites.len(), written_at, path = %path.display(), "settings store unreachable: serving the last known settings from the snapshot");
+        inner.metrics.settings_from_snapshot.set(1);
+        inner.loaded.store(true, Ordering::Release);
+        Ok(sites.len())
+    }
+
+    /// Reloads every `ttl` until `shutdown` turns true.
+    pub async fn run_reloader(self, mut shutdown: watch::Receiver<bool>) {
+        let mut tick = tokio::time::interval(self.inner.ttl.max(Duration::from_millis(100)));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await;
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {
+                    if let Err(e) = self.reload().await {
+                        tracing::debug!(error = %e, "settings reload skipped");
+                    }
+                }
+                _ = shutdown.changed() => return,
+            }
+        }
+    }
+
+    /// The settings of `key`, never waiting on the store while any answer is cached.
+    pub async fn lookup(&self, key: &str) -> Lookup {
+        let inner = &self.inner;
+        if let Some(entry) = inner.cache.get(key).await {
+            if entry.site.is_some() && entry.loaded.elapsed() >= inner.ttl {
+                inner.metrics.settings_stale_served.inc();
+                self.refresh(key);
+            }
+            return entry.site.clone().map_or(Lookup::Unknown, Lookup::Known);
+        }
+        let store = &inner.store;
+        let fetched = inner
+            .cache
+            .try_get_with(Arc::from(key), async {
+                let _permit = inner
+                    .first_fetches
+                    .try_acquire()
+                    .map_err(|_| StoreError::Backoff)?;
+                let site = store.fetch(key).await?;
+                inner.loaded.store(true, Ordering::Release);
+                Ok::<_, StoreError>(Arc::new(Entry {
+                    site: site.map(Arc::new),
+                    loaded: Instant::now(),
+                }))
+            })
+            .await;
+        match fetched {
+            Ok(entry) => entry.site.clone().map_or(Lookup::Unknown, Lookup::Known),
+            Err(_) => Lookup::Unavailable,
+        }
+    }
+
+    /// Starts one background refresh of `key` unless one is running.
+    fn refresh(&self, key: &str) {
+        let key: Arc<str> = Arc::from(key);
+        if !self.inner.refreshing.lock().unwrap().insert(key.clone()) {
+            return;
+        }
+        let this = self.clone();
+        tokio::spawn(async move {
+            let inner = &this.inner;
+            if let Ok(site) = inner.store.fetch(&key).await {
+                inner
+                    .cache
+                    .insert(
+                        key.clone(),
+                        Arc::new(Entry {
+                            site: site.map(Arc::new),
+                            loaded: Instant::now(),
+                        }),
+                    )
+                    .await;
+            }
+            inner.refreshing.lock().unwrap().remove(&key);
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn origins() {
+        let site = Site {
+            key: "s".into(),
+            allowed_origins: vec!["https://shop.example".into()],
+            sample_rate: 1.0,
+            enabled: true,
+        };
+        assert!(site.allows_origin(None));
+        assert!(site.allows_origin(Some("https://shop.example")));
+        assert!(!site.allows_origin(Some("https://evil.example")));
+        assert!(!site.allows_origin(Some("null")));
+        let open = Site {
+            allowed_origins: vec![],
+            ..site
+        };
+        assert!(open.allows_origin(Some("https://anything.example")));
+    }
+
+    #[test]
+    fn origin_normalisation() {
+        assert_eq!(
+            normalise_origin("HTTPS://Shop.Example:443/path").unwrap(),
+            "https://shop.example"
+        );
+        assert_eq!(
+            normalise_origin("http://localhost:8080").unwrap(),
+            "http://localhost:8080"
+        );
+        assert_eq!(normalise_origin("ftp://x"), None);
+        assert_eq!(normalise_origin("shop.example"), None);
+    }
+}
