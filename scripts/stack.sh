@@ -578,6 +578,140 @@ pg_signal_group() {
     fi
 }
 
+# ----------------------------------------------------- PostgreSQL standby ---
+
+# pg_in_recovery PORT: t or f (SELECT pg_is_in_recovery()), nothing if the
+# server does not answer within a few seconds (e.g. frozen).
+pg_in_recovery() {
+    timeout 5 "$PG_BIN/psql" -X -q -tA -c 'SELECT pg_is_in_recovery()' \
+        "host=127.0.0.1 port=$1 user=postgres dbname=postgres connect_timeout=2" 2>/dev/null || true
+}
+
+pg_replication_ok() {
+    timeout 5 "$PG_BIN/psql" -X -q -tA -c IDENTIFY_SYSTEM \
+        "host=127.0.0.1 port=$PG_PORT user=postgres dbname=replication replication=true connect_timeout=2" \
+        >/dev/null 2>&1
+}
+
+# pg_allow_replication: pg_basebackup and the standby connect to the primary
+# as postgres from 127.0.0.1 for replication. initdb's trust setup already
+# allows that; a cluster whose pg_hba.conf does not gets a trust line put
+# first (the first matching line wins) and is reloaded.
+pg_allow_replication() {
+    local hba=$DIR/pg/data/pg_hba.conf line deadline
+    line='host    replication     postgres        127.0.0.1/32            trust'
+    pg_replication_ok && return 0
+    if ! grep -qxF "$line" "$hba"; then
+        log "allowing replication connections from 127.0.0.1 in $hba"
+        { echo "# added by scripts/stack.sh for pg-standby"; echo "$line"; cat "$hba"; } >"$hba.tmp"
+        cat "$hba.tmp" >"$hba"   # in place: keeps the file's owner and mode
+        rm -f "$hba.tmp"
+    fi
+    as_pg "$PG_BIN/pg_ctl" -D "$DIR/pg/data" reload </dev/null >>"$DIR/pg/pg_ctl.log" 2>&1 9>&- || true
+    # The reload is asynchronous.
+    deadline=$(( $(now_ms) + READY_TIMEOUT * 1000 ))
+    until pg_replication_ok; do
+        (( $(now_ms) < deadline )) ||
+            fail_with_log "PostgreSQL on 127.0.0.1:$PG_PORT refuses replication connections from postgres" \
+                "$DIR/pg/postgres.log"
+        sleep 0.1
+    done
+}
+
+# pg_standby_create: clone the running primary into DIR/pg-standby/data.
+pg_standby_create() {
+    local d=$DIR/pg-standby
+    [[ -x $PG_BIN/pg_basebackup ]] || die "$PG_BIN/pg_basebackup is missing; run: scripts/stack.sh install"
+    [[ -n $(pid_of pg) ]] || die "PostgreSQL (the primary) is not running; run: up $DIR"
+    frozen_note pg && die "PostgreSQL (the primary) is frozen; use: pg $DIR thaw"
+    pg_allow_replication
+    pg_make_reachable
+    mkdir -p "$d"
+    chown postgres: "$d" 2>/dev/null || true
+    # Cloned into data.tmp and renamed when complete, so that data/PG_VERSION
+    # means a whole copy even if an earlier attempt was killed half-way.
+    rm -rf "$d/data.tmp"
+    log "cloning the primary (127.0.0.1:$PG_PORT) into $d/data"
+    # -c fast: do not wait for a spread checkpoint; --no-sync as for initdb.
+    as_pg timeout "$READY_TIMEOUT" "$PG_BIN/pg_basebackup" -h 127.0.0.1 -p "$PG_PORT" -U postgres -w \
+        -D "$d/data.tmp" -R -X stream -c fast --no-sync \
+        </dev/null >>"$d/basebackup.log" 2>&1 9>&- ||
+        fail_with_log "pg_basebackup from 127.0.0.1:$PG_PORT failed" "$d/basebackup.log" "$DIR/pg/postgres.log"
+    # -R wrote standby.signal and primary_conninfo; the latter moves to
+    # stack.conf (see pg_write_conf). As postgres: sed -i replaces the file.
+    as_pg sed -i '/^primary_conninfo[[:space:]]*=/d' "$d/data.tmp/postgresql.auto.conf"
+    mv "$d/data.tmp" "$d/data"
+}
+
+# pg_standby_wait: until the standby accepts connections and is in
+# recovery, or out of it if it has been promoted (no standby.signal).
+pg_standby_wait() {
+    local d=$DIR/pg-standby want=t got="" pid deadline=$(( $(now_ms) + READY_TIMEOUT * 1000 ))
+    [[ -f $d/data/standby.signal ]] || want=f
+    while :; do
+        pid=$(pid_of pg-standby)
+        [[ -n $pid ]] || fail_with_log "the PostgreSQL standby exited during startup" "$d/postgres.log"
+        got=$(pg_in_recovery "$PG_STANDBY_PORT")
+        [[ $got == "$want" ]] && break
+        (( $(now_ms) < deadline )) ||
+            fail_with_log "PostgreSQL standby on 127.0.0.1:$PG_STANDBY_PORT: pg_is_in_recovery() is '$got', not '$want', after ${READY_TIMEOUT}s" \
+                "$d/postgres.log"
+        sleep 0.1
+    done
+    echo "$pid" >"$DIR/pg-standby.pid"
+}
+
+pg_standby_start() {
+    [[ -f $ENV_FILE ]] || die "no $ENV_FILE (run up first)"
+    frozen_note pg-standby && die "the standby is frozen; use: pg-standby $DIR thaw"
+    if [[ -n $(pid_of pg-standby) ]]; then
+        log "the standby is already running"
+    else
+        [[ -f $DIR/pg-standby/data/PG_VERSION ]] || pg_standby_create
+        if [[ -z ${PG_STANDBY_PORT:-} ]] || port_listening "$PG_STANDBY_PORT"; then
+            PG_STANDBY_PORT=$(alloc_ports 1) || exit 1
+        fi
+        write_env   # early, so that status/down know about it even if the start fails
+        pg_launch pg-standby
+    fi
+    pg_standby_wait
+    write_env
+    [[ -f $DIR/pg-standby/data/standby.signal ]] ||
+        log "note: the standby has been promoted; it runs as a primary"
+    printf '  pg-standby  pid %-7s 127.0.0.1:%s  failover: %s\n' "$(pid_of pg-standby)" "$PG_STANDBY_PORT" \
+        "postgres://postgres@127.0.0.1:$PG_PORT,127.0.0.1:$PG_STANDBY_PORT/collector"
+}
+
+pg_standby_role() {
+    if [[ -f $DIR/pg-standby/data/standby.signal ]]; then echo "standby of 127.0.0.1:$PG_PORT"; else echo promoted; fi
+}
+
+pg_standby_promote() {
+    local pid got="" deadline d=$DIR/pg-standby
+    pid=$(pid_of pg-standby)
+    [[ -n $pid ]] || die "the standby is not running; run: pg-standby $DIR start"
+    is_frozen "$pid" && die "the standby is frozen; use: pg-standby $DIR thaw"
+    if [[ $(pg_in_recovery "$PG_STANDBY_PORT") == f ]]; then
+        log "the standby is already promoted"
+        return 0
+    fi
+    as_pg "$PG_BIN/pg_ctl" -D "$d/data" promote -w -t "$READY_TIMEOUT" \
+        </dev/null >>"$d/pg_ctl.log" 2>&1 9>&- ||
+        fail_with_log "pg_ctl promote failed" "$d/pg_ctl.log" "$d/postgres.log"
+    # pg_ctl -w waits for the control file to say "in production"; wait
+    # for what clients see too.
+    deadline=$(( $(now_ms) + READY_TIMEOUT * 1000 ))
+    while :; do
+        got=$(pg_in_recovery "$PG_STANDBY_PORT")
+        [[ $got == f ]] && break
+        (( $(now_ms) < deadline )) ||
+            fail_with_log "PostgreSQL standby on 127.0.0.1:$PG_STANDBY_PORT still in recovery ${READY_TIMEOUT}s after promote" \
+                "$d/postgres.log"
+        sleep 0.1
+    done
+    log "promoted: 127.0.0.1:$PG_STANDBY_PORT is a primary now"
+}
+
 # -------------------------------------------------------------- ZooKeeper ---
 
 zk_write_conf() {
@@ -875,6 +1009,10 @@ print_summary() {
     printf 'stack %s\n' "$DIR"
     printf '  postgres    pid %-7s 127.0.0.1:%s  %s\n' "$(pid_of pg)" "$PG_PORT" \
         "postgres://postgres@127.0.0.1:$PG_PORT/collector"
+    if [[ -f $DIR/pg-standby/data/PG_VERSION ]]; then
+        printf '  pg-standby  pid %-7s 127.0.0.1:%s  (%s)\n' "$(pid_of pg-standby)" "${PG_STANDBY_PORT:-}" \
+            "$(pg_standby_role)"
+    fi
     printf '  zookeeper   pid %-7s 127.0.0.1:%s\n' "$(pid_of zk)" "$ZK_PORT"
     for (( i = 1; i <= CH_REPLICAS; i++ )); do
         h="CH${i}_HTTP_PORT" t="CH${i}_TCP_PORT" s="CH${i}_INTERSERVER_PORT"
@@ -963,7 +1101,9 @@ cmd_down() {
         n=$(basename "$n" .pid)
         pid=$(pid_of "$n") && [[ -n $pid ]] && kill -CONT "$pid" 2>/dev/null || true
     done
-    pid=$(pid_of pg); [[ -n $pid ]] && pg_signal_group CONT "$pid"
+    for n in pg pg-standby; do
+        pid=$(pid_of "$n"); [[ -n $pid ]] && pg_signal_group CONT "$pid"
+    done
     # ClickHouse first (it talks to ZooKeeper), in parallel: SIGTERM all,
     # then wait for each.
     for d in "$DIR"/ch*.pid; do
@@ -983,11 +1123,15 @@ cmd_down() {
     pid=$(pid_of zk)
     if [[ -n $pid ]]; then stop_pid zk "$pid" || true; fi
     rm -f "$DIR/zk.pid"
+    pg_stop pg-standby
     pg_stop
     sweep_strays
     if (( purge )); then
-        local sock; sock=$(pg_socket_dir)
-        [[ $sock == /tmp/stack-pg-* ]] && rm -rf "$sock"
+        local sock
+        for n in pg pg-standby; do
+            sock=$(pg_socket_dir "$n")
+            [[ $sock == /tmp/stack-pg-* ]] && rm -rf "$sock"
+        done
         rm -rf "$DIR"
         log "stopped and purged $DIR"
     else
@@ -1076,6 +1220,20 @@ cmd_pg() {
     esac
 }
 
+cmd_pg_standby() {
+    set_dir "${1:-}" || die "no stack in ${1:-}"
+    local action=${2:-}
+    load_env
+    [[ -f $DIR/pg/data/PG_VERSION ]] || die "no PostgreSQL cluster in $DIR (run up first)"
+    case $action in
+        start)            pg_standby_start ;;
+        stop)             pg_stop pg-standby ;;
+        kill|freeze|thaw) pg_signal pg-standby "$action" ;;
+        promote)          pg_standby_promote ;;
+        *) usage ;;
+    esac
+}
+
 cmd_zk() {
     set_dir "${1:-}" || die "no stack in ${1:-}"
     local action=${2:-}
@@ -1121,6 +1279,13 @@ cmd_status() {
     printf 'stack %s\n' "$DIR"
     status_line pg postgres "127.0.0.1:$PG_PORT" \
         "$PG_BIN/pg_isready" -q -h 127.0.0.1 -p "$PG_PORT" -U postgres -d postgres -t 2 || ok=1
+    if [[ -f $DIR/pg-standby/data/PG_VERSION ]]; then
+        # Optional (`up` does not start it): only a running standby that is
+        # frozen or not answering fails the status.
+        status_line pg-standby pg-standby "127.0.0.1:${PG_STANDBY_PORT:-}  ($(pg_standby_role))" \
+            "$PG_BIN/pg_isready" -q -h 127.0.0.1 -p "${PG_STANDBY_PORT:-0}" -U postgres -d postgres -t 2 ||
+            [[ -z $(pid_of pg-standby) ]] || ok=1
+    fi
     status_line zk zookeeper "127.0.0.1:$ZK_PORT" zk_ruok || ok=1
     for (( i = 1; i <= CH_REPLICAS; i++ )); do
         h="CH${i}_HTTP_PORT"
@@ -1138,6 +1303,7 @@ main() {
         down)    cmd_down "$@" ;;
         replica) cmd_replica "$@" ;;
         pg)      cmd_pg "$@" ;;
+        pg-standby) cmd_pg_standby "$@" ;;
         zk)      cmd_zk "$@" ;;
         status)  cmd_status "$@" ;;
         *)       usage ;;

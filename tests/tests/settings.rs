@@ -1,0 +1,322 @@
+//! Site settings that survive their database: real PostgreSQL stopped, blocked, slowed and
+//! failed over while beacons keep arriving. Each test has its own stack (it breaks PostgreSQL).
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+
+const SETTLE: Duration = Duration::from_secs(30);
+
+/// Lines of the stack's PostgreSQL log that contain `needle`.
+fn pg_log_count(stack: &Stack, needle: &str) -> usize {
+    let log = std::fs::read_to_string(stack.dir.join("pg/postgres.log")).unwrap_or_default();
+    log.lines().filter(|l| l.contains(needle)).count()
+}
+
+async fn pg(stack: &Stack, db: &str, sql: &str) {
+    let (client, conn) = tokio_postgres::connect(&stack.database_url(db), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    client.batch_execute(sql).await.unwrap();
+}
+
+/// Posts one fresh measurement for `site`; status and how long the answer took.
+async fn beacon(c: &Collector, site: &str) -> (u16, Duration) {
+    let (_, m) = measurement(site);
+    let start = Instant::now();
+    let (status, _) = c.post_json(&m).await;
+    (status, start.elapsed())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_store_costs_known_sites_nothing_and_a_change_arrives_after() {
+    let stack = Stack::own(1);
+    let env = TestEnv::new(&stack).await;
+    let c = env
+        .collector(&[
+            ("COLLECTOR_SETTINGS_TTL", "1s"),
+            ("COLLECTOR_SETTINGS_BACKOFF", "3s"),
+        ])
+        .await;
+    let (status, up_latency) = beacon(&c, &env.site).await;
+    assert_eq!(status, 202);
+
+    stack.pg("stop");
+    let mut slowest = Duration::ZERO;
+    let start = Instant::now();
+    let mut n = 0;
+    while start.elapsed() < Duration::from_secs(8) {
+        let (status, took) = beacon(&c, &env.site).await;
+        assert_eq!(
+            status, 202,
+            "a known site is served from the last known settings"
+        );
+        slowest = slowest.max(took);
+        n += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(n > 100);
+    // No request waits on the store: far below the 3 s connect/query bound.
+    assert!(
+        slowest < Duration::from_millis(500),
+        "slowest answer {slowest:?} (with the store up: {up_latency:?})"
+    );
+    assert!(c.metric("collector_settings_stale_served_total").await > 0.0);
+    assert_eq!(c.metric("collector_settings_store_up").await, 0.0);
+    // A never-seen site cannot be judged now: 503 with Retry-After, not 403.
+    let (_, m) = measurement("never-seen");
+    let (status, _, headers) = c.post(m.to_string(), &[]).await;
+    assert_eq!(status, 503);
+    assert!(headers.contains_key("retry-after"));
+
+    stack.pg("start");
+    env.cli(&["sites", "disable", &env.site]).success();
+    let changed = Instant::now();
+    loop {
+        let (status, _) = beacon(&c, &env.site).await;
+        if status == 403 {
+            break;
+        }
+        assert_eq!(status, 202);
+        // TTL (1 s) + backoff (3 s) + one reload period (1 s), with slack for a busy machine.
+        assert!(
+            changed.elapsed() < Duration::from_secs(10),
+            "the disabled site was still accepted"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(c.metric("collector_settings_store_up").await, 1.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_store_gets_at_most_one_connection_attempt_per_backoff() {
+    let stack = Stack::own(1);
+    let env = TestEnv::new(&stack).await;
+    let c = env.collector(&[("COLLECTOR_SETTINGS_TTL", "1s")]).await; // backoff: the 10 s default
+    assert_eq!(beacon(&c, &env.site).await.0, 202);
+
+    // The server stays up and logs every attempt, but refuses this database.
+    let refused = format!(
+        "database \"{}\" is not currently accepting connections",
+        env.db
+    );
+    pg(&stack, "postgres", &format!("ALTER DATABASE {db} ALLOW_CONNECTIONS false; SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{db}'", db = env.db)).await;
+    let before = pg_log_count(&stack, &refused);
+    let start = Instant::now();
+    let traffic = Traffic::start(&c.url, &env.site, Duration::from_millis(5));
+    tokio::time::sleep(Duration::from_secs(25)).await;
+    let report = traffic.stop().await;
+    let window = start.elapsed();
+    let attempts = pg_log_count(&stack, &refused) - before;
+
+    assert_eq!(
+        report.statuses.keys().copied().collect::<Vec<_>>(),
+        vec![202],
+        "{:?}",
+        report.statuses
+    );
+    assert!(report.acked.len() > 1000, "{:?}", report.statuses);
+    let allowed = (window.as_secs() / 10 + 1) as usize;
+    assert!(attempts >= 1, "the store was tried at all");
+    assert!(
+        attempts <= allowed,
+        "{attempts} connection attempts in {window:?}, at most {allowed} allowed"
+    );
+    pg(
+        &stack,
+        "postgres",
+        &format!("ALTER DATABASE {} ALLOW_CONNECTIONS true", env.db),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_while_the_store_is_down_serves_the_snapshot() {
+    let stack = Stack::own(1);
+    let env = TestEnv::new(&stack).await;
+    env.cli(&[
+        "sites",
+        "add",
+        "--key",
+        "strict",
+        "--origin",
+        "https://shop.example",
+    ])
+    .success();
+    let mut c = env.collector(&[("COLLECTOR_SETTINGS_TTL", "2s")]).await;
+    assert_eq!(c.metric("collector_settings_from_snapshot").await, 0.0);
+    c.kill().await;
+    stack.pg("stop");
+    c.restart().await;
+
+    assert!(
+        c.logs()
+            .contains("serving the last known settings from the snapshot"),
+        "{}",
+        c.logs()
+    );
+    assert_eq!(c.metric("collector_settings_from_snapshot").await, 1.0);
+    assert_eq!(c.status_of("/readyz").await, 200);
+    let (id, m) = measurement(&env.site);
+    assert_eq!(c.post_json(&m).await.0, 202);
+    // The snapshot keeps each site's rules, not just its existence.
+    let (_, strict) = measurement("strict");
+    assert_eq!(
+        c.post(strict.to_string(), &[("origin", "https://evil.example")])
+            .await
+            .0,
+        403
+    );
+    assert_eq!(
+        c.post(strict.to_string(), &[("origin", "https://shop.example")])
+            .await
+            .0,
+        202
+    );
+    let (_, unknown) = measurement("never-seen");
+    assert_eq!(c.post(unknown.to_string(), &[]).await.0, 503);
+    env.assert_stored_once(&[id], SETTLE).await;
+
+    stack.pg("start");
+    c.wait_metric("collector_settings_from_snapshot 0", SETTLE)
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_requests_for_a_new_site_make_one_query() {
+    let stack = Stack::own(1);
+    let env = TestEnv::new(&stack).await;
+    let c = env.collector(&[]).await;
+    // Registered after start: never seen by the collector.
+    env.cli(&["sites", "add", "--key", "fresh"]).success();
+
+    // Hold the sites table so the first fetch waits in PostgreSQL.
+    let (locker, conn) =
+        tokio_postgres::connect(&stack.database_url(&env.db), tokio_postgres::NoTls)
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    locker
+        .batch_execute("BEGIN; LOCK TABLE sites IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+
+    let (watcher, conn) =
+        tokio_postgres::connect(&stack.database_url("postgres"), tokio_postgres::NoTls)
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let count_sql = format!(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = '{}' AND query LIKE '%FROM sites WHERE key = $1%' AND state = 'active'",
+        env.db
+    );
+
+    let posts = (0..1000).map(|_| {
+        let (_, m) = measurement("fresh");
+        let c = &c;
+        async move { c.post(m.to_string(), &[]).await }
+    });
+    let all = futures::future::join_all(posts);
+    let observe = async {
+        let mut most = 0i64;
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_millis(2500) {
+            let n: i64 = watcher.query_one(&count_sql, &[]).await.unwrap().get(0);
+            most = most.max(n);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        most
+    };
+    let (answers, most) = tokio::join!(all, observe);
+    locker.batch_execute("COMMIT").await.unwrap();
+
+    assert_eq!(
+        most, 1,
+        "queries for the new key seen at once in pg_stat_activity"
+    );
+    for (status, body, headers) in &answers {
+        assert!(*status == 202 || *status == 503, "{status} {body}");
+        if *status == 503 {
+            assert!(headers.contains_key("retry-after"));
+        }
+    }
+    // The query either answered or timed out (3 s) while the table was held; either way the
+    // store saw one query for the key, and once released the key is served from the cache.
+    let start = Instant::now();
+    loop {
+        let (_, m) = measurement("fresh");
+        if c.post_json(&m).await.0 == 202 {
+            break;
+        }
+        assert!(start.elapsed() < SETTLE, "the new site never became known");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn intake_goes_on_through_a_failover_to_the_standby() {
+    let stack = Stack::own(1);
+    let env = TestEnv::new(&stack).await;
+    stack_sh(&["pg-standby", stack.dir.to_str().unwrap(), "start"]);
+    let env_file = std::fs::read_to_string(stack.dir.join("stack.env")).unwrap();
+    let standby_port = env_file
+        .lines()
+        .find_map(|l| l.strip_prefix("PG_STANDBY_PORT="))
+        .unwrap()
+        .trim()
+        .to_owned();
+    let both = format!(
+        "postgres://postgres@127.0.0.1:{},127.0.0.1:{standby_port}/{}",
+        stack.env["PG_PORT"], env.db
+    );
+    let c = env
+        .collector(&[
+            ("COLLECTOR_DATABASE_URL", &both),
+            ("COLLECTOR_SETTINGS_TTL", "1s"),
+            ("COLLECTOR_SETTINGS_BACKOFF", "2s"),
+        ])
+        .await;
+
+    let traffic = Traffic::start(&c.url, &env.site, Duration::from_millis(20));
+    traffic.wait_acked(50, SETTLE).await;
+    stack.pg("stop");
+    stack_sh(&["pg-standby", stack.dir.to_str().unwrap(), "promote"]);
+    traffic.wait_acked(100, SETTLE).await;
+    let report = traffic.stop().await;
+    assert_eq!(
+        report.statuses.keys().copied().collect::<Vec<_>>(),
+        vec![202],
+        "{:?}",
+        report.statuses
+    );
+
+    // A change made on the promoted standby reaches the collector.
+    let writable = format!("{both}?target_session_attrs=read-write");
+    let out = std::process::Command::new(collector_bin())
+        .args(["sites", "disable", &env.site])
+        .env("COLLECTOR_DATABASE_URL", &writable)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let start = Instant::now();
+    loop {
+        let (_, m) = measurement(&env.site);
+        let (status, body) = c.post_json(&m).await;
+        if status == 403 {
+            break;
+        }
+        assert_eq!(status, 202, "{body}");
+        assert!(
+            start.elapsed() < SETTLE,
+            "the change on the promoted standby never arrived"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
