@@ -49,6 +49,19 @@ pub const DEFAULT_BATCH_MAX_AGE: &str = "800ms";
 pub const DEFAULT_DEDUP_WINDOW: &str = "10m";
 /// How many ids the dedup window holds at most (about 100 bytes each).
 pub const DEFAULT_DEDUP_CAPACITY: &str = "500000";
+/// Intake requests per second per client address (bursts of twice); 0 turns it off.
+pub const DEFAULT_CLIENT_RATE: &str = "50";
+/// Measurements per second per site (bursts of twice); 0 turns it off.
+pub const DEFAULT_SITE_RATE: &str = "2000";
+/// Intake requests worked on at once; more are answered 503 at once.
+pub const DEFAULT_MAX_IN_FLIGHT: &str = "512";
+/// Open connections at most; more are closed at accept.
+pub const DEFAULT_MAX_CONNECTIONS: &str = "20000";
+/// A client must send complete request headers within this time of connecting or of its
+/// previous response; it is also how long an idle keep-alive connection is kept.
+pub const DEFAULT_HEADER_TIMEOUT: &str = "10s";
+/// A request body must arrive completely within this time.
+pub const DEFAULT_BODY_TIMEOUT: &str = "10s";
 
 /// The `collector` command line (contract §1).
 #[derive(Debug, Parser)]
@@ -172,6 +185,24 @@ pub struct RawArgs {
     /// How many measurement ids the dedup window holds at most.
     #[arg(long, env = "COLLECTOR_DEDUP_CAPACITY", default_value = DEFAULT_DEDUP_CAPACITY, global = true)]
     pub dedup_capacity: String,
+    /// Intake requests per second per client address; 0: off.
+    #[arg(long, env = "COLLECTOR_CLIENT_RATE", default_value = DEFAULT_CLIENT_RATE, global = true)]
+    pub client_rate: String,
+    /// Measurements per second per site; 0: off.
+    #[arg(long, env = "COLLECTOR_SITE_RATE", default_value = DEFAULT_SITE_RATE, global = true)]
+    pub site_rate: String,
+    /// Intake requests worked on at once.
+    #[arg(long, env = "COLLECTOR_MAX_IN_FLIGHT", default_value = DEFAULT_MAX_IN_FLIGHT, global = true)]
+    pub max_in_flight: String,
+    /// Open connections at most.
+    #[arg(long, env = "COLLECTOR_MAX_CONNECTIONS", default_value = DEFAULT_MAX_CONNECTIONS, global = true)]
+    pub max_connections: String,
+    /// Time to send complete request headers; also the keep-alive idle timeout.
+    #[arg(long, env = "COLLECTOR_HEADER_TIMEOUT", default_value = DEFAULT_HEADER_TIMEOUT, global = true)]
+    pub header_timeout: String,
+    /// Time to send a complete request body.
+    #[arg(long, env = "COLLECTOR_BODY_TIMEOUT", default_value = DEFAULT_BODY_TIMEOUT, global = true)]
+    pub body_timeout: String,
 }
 
 /// Log output format.
@@ -220,6 +251,18 @@ pub struct Settings {
     pub dedup_window: Duration,
     /// Dedup window capacity in ids.
     pub dedup_capacity: u64,
+    /// Intake requests per second per client address (0: off).
+    pub client_rate: u32,
+    /// Measurements per second per site (0: off).
+    pub site_rate: u32,
+    /// Intake requests worked on at once (≥ 1).
+    pub max_in_flight: usize,
+    /// Open connections at most (≥ 1).
+    pub max_connections: usize,
+    /// Header read and keep-alive idle timeout.
+    pub header_timeout: Duration,
+    /// Body read timeout.
+    pub body_timeout: Duration,
 }
 
 /// Every bad setting found, each as `COLLECTOR_NAME="value": reason`.
@@ -295,6 +338,8 @@ impl Settings {
         let drain_grace = duration("DRAIN_GRACE", &raw.drain_grace);
         let batch_max_age = duration("BATCH_MAX_AGE", &raw.batch_max_age);
         let dedup_window = duration("DEDUP_WINDOW", &raw.dedup_window);
+        let header_timeout = duration("HEADER_TIMEOUT", &raw.header_timeout);
+        let body_timeout = duration("BODY_TIMEOUT", &raw.body_timeout);
 
         let mut positive = |name: &str, value: &str| -> u64 {
             match value.trim().parse::<u64>() {
@@ -309,6 +354,20 @@ impl Settings {
         let batch_max_rows = positive("BATCH_MAX_ROWS", &raw.batch_max_rows);
         let batch_max_bytes = positive("BATCH_MAX_BYTES", &raw.batch_max_bytes);
         let dedup_capacity = positive("DEDUP_CAPACITY", &raw.dedup_capacity);
+        let max_in_flight = positive("MAX_IN_FLIGHT", &raw.max_in_flight);
+        let max_connections = positive("MAX_CONNECTIONS", &raw.max_connections);
+        let mut rate = |name: &str, value: &str| -> u32 {
+            value.trim().parse::<u32>().unwrap_or_else(|_| {
+                check(
+                    name,
+                    value,
+                    Err("must be a whole number (0 turns it off)".into()),
+                );
+                0
+            })
+        };
+        let client_rate = rate("CLIENT_RATE", &raw.client_rate);
+        let site_rate = rate("SITE_RATE", &raw.site_rate);
 
         let log_format = match raw.log_format.as_str() {
             "text" => LogFormat::Text,
@@ -348,6 +407,12 @@ impl Settings {
             batch_max_age,
             dedup_window,
             dedup_capacity,
+            client_rate,
+            site_rate,
+            max_in_flight: max_in_flight as usize,
+            max_connections: max_connections as usize,
+            header_timeout,
+            body_timeout,
         })
     }
 }

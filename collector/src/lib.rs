@@ -25,10 +25,12 @@
 //! in the spool. [`run`] wires them together.
 
 pub mod beacon;
+pub mod client_ip;
 pub mod config;
 pub mod dedup;
 pub mod endpoints;
 pub mod error;
+pub mod limits;
 pub mod logging;
 pub mod measurement;
 pub mod metrics;
@@ -99,6 +101,18 @@ fn failed(e: impl std::fmt::Display) -> RunError {
 }
 
 async fn serve(settings: Settings) -> Result<(), RunError> {
+    // Every open connection is a file descriptor: allow as many as the hard limit permits.
+    match rlimit::increase_nofile_limit(u64::MAX) {
+        Ok(n) if (n as usize) < settings.max_connections + 256 => {
+            tracing::warn!(
+                nofile = n,
+                max_connections = settings.max_connections,
+                "the open-files limit is below COLLECTOR_MAX_CONNECTIONS"
+            )
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "cannot raise the open-files limit"),
+    }
     let metrics = Arc::new(metrics::Metrics::new());
     let (spool, reader) = spool::open(
         &settings.spool_dir,
@@ -129,13 +143,22 @@ async fn serve(settings: Settings) -> Result<(), RunError> {
     }
     let site_settings_reloader = site_settings.clone();
     let dedup = dedup::Dedup::new(settings.dedup_capacity, settings.dedup_window);
-    let state = server::AppState::new(
-        site_settings,
+    let limits = limits::Limits::new(
+        settings.client_rate,
+        settings.site_rate,
+        settings.max_in_flight,
+    );
+    let state = server::AppState::new(server::Inner {
+        settings: site_settings,
         dedup,
         spool,
-        script::Script::default(),
-        metrics.clone(),
-    );
+        script: script::Script::default(),
+        metrics: metrics.clone(),
+        limits: limits.clone(),
+        trusted_proxies: settings.trusted_proxies.clone(),
+        body_timeout: settings.body_timeout,
+        draining: Default::default(),
+    });
 
     let (stop_writer, writer_shutdown) = watch::channel(false);
     let replicas = writer::Replicas::new(
@@ -156,16 +179,17 @@ async fn serve(settings: Settings) -> Result<(), RunError> {
         delay,
         writer_shutdown.clone(),
     ));
-    let limits = writer::BatchLimits {
+    let batch_limits = writer::BatchLimits {
         max_rows: settings.batch_max_rows,
         max_bytes: settings.batch_max_bytes,
         max_age: settings.batch_max_age,
     };
+    let pruner = tokio::spawn(limits.run_pruner(writer_shutdown.clone()));
     let reloader = tokio::spawn(site_settings_reloader.run_reloader(writer_shutdown.clone()));
     let writer = tokio::spawn(writer::run(
         reader,
         replicas,
-        limits,
+        batch_limits,
         metrics.clone(),
         writer_shutdown,
     ));
@@ -192,13 +216,25 @@ async fn serve(settings: Settings) -> Result<(), RunError> {
             tracing::info!("SIGINT: draining now");
         }
     };
-    server::serve(listener, server::router(state.clone()), close).await;
+    let connection_limits = server::ConnectionLimits {
+        max_connections: settings.max_connections,
+        header_timeout: settings.header_timeout,
+    };
+    server::serve(
+        listener,
+        server::router(state.clone()),
+        connection_limits,
+        metrics.clone(),
+        close,
+    )
+    .await;
     drop(state);
     tracing::info!("listener closed; flushing batches");
     let _ = stop_writer.send(true);
     let _ = writer.await;
     let _ = prober.await;
     let _ = reloader.await;
+    let _ = pruner.await;
     tracing::info!("collector: stopped");
     Ok(())
 }

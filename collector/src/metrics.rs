@@ -99,6 +99,12 @@ pub struct Metrics {
     pub http_duration: Family<RouteOnly, Histogram>,
     /// `collector_http_shed_total`: requests answered 503 for overload before any work.
     pub shed: Counter,
+    /// `collector_http_rate_limited_total`: requests answered 429.
+    pub rate_limited: Counter,
+    /// `collector_http_open_connections`: connections open now.
+    pub open_connections: Gauge<i64, AtomicI64>,
+    /// `collector_http_connections_refused_total`: connections closed at accept (limit).
+    pub connections_refused: Counter,
     /// `collector_log_suppressed_total`: log lines suppressed by rate limiting.
     pub log_suppressed: Counter,
 }
@@ -138,7 +144,10 @@ impl Metrics {
                 Histogram::new(exponential_buckets(0.0005, 2.0, 16))
             }),
             shed: Counter::default(),
-            log_suppressed: Counter::default(),
+            rate_limited: Counter::default(),
+            open_connections: Gauge::default(),
+            connections_refused: Counter::default(),
+            log_suppressed: crate::logging::SUPPRESSED.clone(),
             registry: Registry::default(),
         };
         // Counter names are registered without `_total`; the encoder appends it.
@@ -257,6 +266,21 @@ impl Metrics {
             "collector_http_shed",
             "Requests shed with 503 for overload",
             m.shed.clone(),
+        );
+        r.register(
+            "collector_http_rate_limited",
+            "Requests answered 429",
+            m.rate_limited.clone(),
+        );
+        r.register(
+            "collector_http_open_connections",
+            "Connections open now",
+            m.open_connections.clone(),
+        );
+        r.register(
+            "collector_http_connections_refused",
+            "Connections closed at accept for the connection limit",
+            m.connections_refused.clone(),
         );
         r.register(
             "collector_log_suppressed",

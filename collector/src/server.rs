@@ -21,8 +21,11 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tower::Service;
 
+use ipnet::IpNet;
+
 use crate::dedup::Dedup;
 use crate::endpoints;
+use crate::limits::Limits;
 use crate::metrics::{Metrics, RouteLabel, RouteOnly};
 use crate::script::Script;
 use crate::settings::SiteSettings;
@@ -31,14 +34,13 @@ use crate::spool::Spool;
 /// Largest request header section accepted, in bytes (contract §2: up to 16 KiB must pass,
 /// more is answered 431).
 pub const MAX_HEADER_BYTES: usize = 16 * 1024;
-/// hyper's read buffer: the header limit plus room for the request line.
-const READ_BUFFER_BYTES: usize = MAX_HEADER_BYTES + 8 * 1024;
+/// Largest request head (request line and headers) hyper parses; beyond, it answers 431
+/// itself. The exact 16 KiB header rule is applied after parsing ([`MAX_HEADER_BYTES`]).
+const MAX_HEAD_BYTES: usize = MAX_HEADER_BYTES + 8 * 1024;
+/// hyper's read buffer bound per connection.
+const READ_BUFFER_BYTES: usize = MAX_HEAD_BYTES + 8 * 1024;
 /// Most request headers accepted (hyper answers 431 beyond).
 pub const MAX_HEADERS: usize = 128;
-/// A client must send its complete request headers within this time.
-pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
-/// Most open connections; further ones are closed at accept.
-pub const MAX_CONNECTIONS: usize = 20_000;
 /// On shutdown, how long in-flight requests may take to finish.
 pub const CONNECTION_DRAIN: Duration = Duration::from_secs(10);
 /// Spool room below which `/readyz` answers 503: one full request, re-encoded.
@@ -62,7 +64,14 @@ pub struct Inner {
     pub script: Script,
     /// Metrics.
     pub metrics: Arc<Metrics>,
-    draining: AtomicBool,
+    /// Rate limits and the in-flight bound.
+    pub limits: Limits,
+    /// Peers whose forwarding headers are believed.
+    pub trusted_proxies: Vec<IpNet>,
+    /// Bound on receiving a request body.
+    pub body_timeout: Duration,
+    /// Set once drain begins.
+    pub(crate) draining: AtomicBool,
 }
 
 impl std::ops::Deref for AppState {
@@ -74,22 +83,9 @@ impl std::ops::Deref for AppState {
 
 impl AppState {
     /// Assembles the shared state.
-    pub fn new(
-        settings: SiteSettings,
-        dedup: Dedup,
-        spool: Spool,
-        script: Script,
-        metrics: Arc<Metrics>,
-    ) -> Self {
+    pub fn new(inner: Inner) -> Self {
         AppState {
-            inner: Arc::new(Inner {
-                settings,
-                dedup,
-                spool,
-                script,
-                metrics,
-                draining: AtomicBool::new(false),
-            }),
+            inner: Arc::new(inner),
         }
     }
 
@@ -123,13 +119,30 @@ pub fn router(state: AppState) -> Router {
         .route("/script.js", get(endpoints::script::get))
         .route(
             "/api/v1/measurements",
-            axum::routing::post(endpoints::intake::post).options(endpoints::intake::preflight),
+            axum::routing::post(endpoints::intake::post)
+                .route_layer(middleware::from_fn_with_state(state.clone(), shed))
+                .options(endpoints::intake::preflight),
         )
         .route("/healthz", get(endpoints::ops::healthz))
         .route("/readyz", get(endpoints::ops::readyz))
         .route("/metrics", get(endpoints::ops::metrics))
         .layer(middleware::from_fn_with_state(state.clone(), observe))
         .with_state(state)
+}
+
+/// Answers 503 at once when `COLLECTOR_MAX_IN_FLIGHT` intake requests are already being
+/// worked on: under overload, accepted requests keep their latency and the rest fail fast.
+async fn shed(
+    axum::extract::State(state): axum::extract::State<AppState>,
+    req: Request<Body>,
+    next: Next,
+) -> Response {
+    let Some(_permit) = state.limits.enter() else {
+        state.metrics.shed.inc();
+        return crate::error::IntakeError::Unavailable("overloaded", Duration::from_secs(1))
+            .into_response();
+    };
+    next.run(req).await
 }
 
 /// Counts every request by route and status and times it.
@@ -168,16 +181,34 @@ async fn observe(
     response
 }
 
+/// Connection-level limits of [`serve`].
+#[derive(Debug, Clone, Copy)]
+pub struct ConnectionLimits {
+    /// Open connections at most; more are closed at accept.
+    pub max_connections: usize,
+    /// Time to send complete request headers, and keep-alive idle timeout.
+    pub header_timeout: Duration,
+}
+
 /// Serves `router` on `listener` until `close` resolves; then stops accepting, lets in-flight
 /// requests finish (at most [`CONNECTION_DRAIN`]) and returns.
-pub async fn serve(listener: TcpListener, router: Router, close: impl Future<Output = ()>) {
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    limits: ConnectionLimits,
+    metrics: Arc<Metrics>,
+    close: impl Future<Output = ()>,
+) {
     let mut http = hyper::server::conn::http1::Builder::new();
+    // hyper starts the header timer whenever it waits for a request head, including between
+    // keep-alive requests, so it also closes idle connections.
     http.timer(TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .header_read_timeout(limits.header_timeout)
+        .max_header_size(MAX_HEAD_BYTES)
         .max_buf_size(READ_BUFFER_BYTES)
         .max_headers(MAX_HEADERS)
         .keep_alive(true);
-    let connections = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let connections = Arc::new(Semaphore::new(limits.max_connections));
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     tokio::pin!(close);
     loop {
@@ -214,8 +245,10 @@ pub async fn serve(listener: TcpListener, router: Router, close: impl Future<Out
             }
         });
         let conn = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
+        let metrics = metrics.clone();
         tokio::spawn(async move {
             let _ = conn.await;
+            metrics.open_connections.dec();
             drop(permit);
         });
     }

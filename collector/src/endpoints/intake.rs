@@ -10,12 +10,15 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::body::Body;
-use axum::extract::{Query, State};
+use std::net::SocketAddr;
+
+use axum::extract::{ConnectInfo, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 
 use crate::beacon::{self, Context, Valid, MAX_BODY_BYTES};
+use crate::client_ip::client_ip;
 use crate::dedup::{Claim, ClaimGuard};
 use crate::error::{IntakeError, Rejected};
 use crate::server::AppState;
@@ -26,8 +29,6 @@ use crate::spool::AppendError;
 pub const APPEND_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a request waits for another request that holds the same id.
 pub const CLAIM_WAIT: Duration = Duration::from_secs(5);
-/// How long reading the request body may take in all (a slow client is cut off).
-pub const BODY_TIMEOUT: Duration = Duration::from_secs(10);
 /// `Retry-After` of a 503.
 pub const RETRY_AFTER: Duration = Duration::from_secs(5);
 
@@ -69,9 +70,21 @@ pub struct PreflightQuery {
 }
 
 /// `POST /api/v1/measurements`.
-pub async fn post(State(state): State<AppState>, headers: HeaderMap, body: Body) -> Response {
+pub async fn post(
+    State(state): State<AppState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
     let origin = headers.get(header::ORIGIN).cloned();
-    let result = accept(&state, &headers, body).await;
+    let client = client_ip(peer.ip(), &headers, &state.trusted_proxies);
+    let result = match state.limits.check_client(client) {
+        Ok(()) => accept(&state, &headers, body).await,
+        Err(wait) => Err(IntakeError::RateLimited(wait)),
+    };
+    if matches!(result, Err(IntakeError::RateLimited(_))) {
+        state.metrics.rate_limited.inc();
+    }
     let mut response = match result {
         Ok(body) => (StatusCode::ACCEPTED, axum::Json(body)).into_response(),
         Err(e) => {
@@ -160,8 +173,11 @@ async fn accept(
     }
 
     // The body limit applies to the bytes on the wire too: at most 64 KiB are ever buffered.
-    let raw = match tokio::time::timeout(BODY_TIMEOUT, axum::body::to_bytes(body, MAX_BODY_BYTES))
-        .await
+    let raw = match tokio::time::timeout(
+        state.body_timeout,
+        axum::body::to_bytes(body, MAX_BODY_BYTES),
+    )
+    .await
     {
         Ok(Ok(raw)) => raw,
         Ok(Err(e)) if is_length_limit(&e) => return Err(IntakeError::TooLarge),
@@ -244,6 +260,18 @@ async fn accept(
         } else {
             IntakeError::NoValidMeasurement(rejected)
         });
+    }
+
+    // Per-site rates, counted in measurements.
+    let mut per_site: HashMap<&String, u32> = HashMap::new();
+    for (_, v) in &valid {
+        *per_site.entry(&v.measurement.site).or_default() += 1;
+    }
+    for (site, n) in per_site {
+        state
+            .limits
+            .check_site(site, n)
+            .map_err(IntakeError::RateLimited)?;
     }
 
     // Dedup: claim each id; within one request a repeated id is a duplicate of the first.

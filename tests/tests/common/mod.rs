@@ -214,6 +214,8 @@ impl<'a> TestEnv<'a> {
                 self.stack.clickhouse_urls().join(","),
             ),
             ("COLLECTOR_CLICKHOUSE_DATABASE".into(), self.db.clone()),
+            // Every test client is 127.0.0.1: the per-client rate is tested on its own.
+            ("COLLECTOR_CLIENT_RATE".into(), "0".into()),
         ]
     }
 

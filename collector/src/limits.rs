@@ -1,0 +1,150 @@
+//! Load shedding and rate limits for the intake.
+//!
+//! - **In flight**: at most `COLLECTOR_MAX_IN_FLIGHT` intake requests are worked on at once;
+//!   one more is answered 503 with `Retry-After` at once (never queued without bound).
+//! - **Per client**: `COLLECTOR_CLIENT_RATE` requests per second per client address
+//!   ([`crate::client_ip`]), bursts of twice that; over it, 429 with `Retry-After`.
+//! - **Per site**: `COLLECTOR_SITE_RATE` measurements per second per site, bursts of twice
+//!   that; over it, 429 with `Retry-After`.
+//!
+//! Rates use the GCRA limiters of the `governor` crate. Their per-key state is pruned every
+//! [`PRUNE_INTERVAL`] so that it stays bounded by the keys seen recently.
+
+use std::net::IpAddr;
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::time::Duration;
+
+use governor::clock::{Clock, DefaultClock};
+use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
+
+/// How often idle rate-limiter state is pruned.
+pub const PRUNE_INTERVAL: Duration = Duration::from_secs(10);
+
+/// The intake's limits. Cheap to clone.
+#[derive(Clone)]
+pub struct Limits {
+    clients: Option<Arc<DefaultKeyedRateLimiter<IpAddr>>>,
+    sites: Option<Arc<DefaultKeyedRateLimiter<String>>>,
+    in_flight: Arc<Semaphore>,
+}
+
+fn limiter<K: std::hash::Hash + Eq + Clone>(
+    per_second: u32,
+) -> Option<Arc<DefaultKeyedRateLimiter<K>>> {
+    let rate = NonZeroU32::new(per_second)?;
+    let burst = NonZeroU32::new(per_second.saturating_mul(2)).unwrap_or(rate);
+    Some(Arc::new(RateLimiter::keyed(
+        Quota::per_second(rate).allow_burst(burst),
+    )))
+}
+
+impl Limits {
+    /// Limits with the given rates (0 turns a rate off) and in-flight bound (at least 1).
+    pub fn new(client_rate: u32, site_rate: u32, max_in_flight: usize) -> Self {
+        Limits {
+            clients: limiter(client_rate),
+            sites: limiter(site_rate),
+            in_flight: Arc::new(Semaphore::new(max_in_flight.max(1))),
+        }
+    }
+
+    /// A place among the requests in flight, or `None` when all are taken.
+    pub fn enter(&self) -> Option<OwnedSemaphorePermit> {
+        self.in_flight.clone().try_acquire_owned().ok()
+    }
+
+    /// Counts one request of `client`; `Err(wait)` when it is over its rate.
+    pub fn check_client(&self, client: IpAddr) -> Result<(), Duration> {
+        let Some(limiter) = &self.clients else {
+            return Ok(());
+        };
+        limiter
+            .check_key(&client)
+            .map_err(|not_until| not_until.wait_time_from(DefaultClock::default().now()))
+    }
+
+    /// Counts `n` measurements of `site`; `Err(wait)` when it is over its rate.
+    pub fn check_site(&self, site: &String, n: u32) -> Result<(), Duration> {
+        let Some(limiter) = &self.sites else {
+            return Ok(());
+        };
+        let Some(n) = NonZeroU32::new(n) else {
+            return Ok(());
+        };
+        match limiter.check_key_n(site, n) {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(not_until)) => Err(not_until.wait_time_from(DefaultClock::default().now())),
+            Err(_) => Err(Duration::from_secs(1)),
+        }
+    }
+
+    /// Prunes idle limiter state every [`PRUNE_INTERVAL`] until `shutdown` turns true.
+    pub async fn run_pruner(self, mut shutdown: watch::Receiver<bool>) {
+        let mut tick = tokio::time::interval(PRUNE_INTERVAL);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {
+                    if let Some(l) = &self.clients {
+                        l.retain_recent();
+                        l.shrink_to_fit();
+                    }
+                    if let Some(l) = &self.sites {
+                        l.retain_recent();
+                        l.shrink_to_fit();
+                    }
+                }
+                _ = shutdown.changed() => return,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn client_rate_allows_a_burst_then_limits() {
+        let limits = Limits::new(5, 0, 10);
+        let ip: IpAddr = "192.0.2.1".parse().unwrap();
+        let allowed = (0..100).filter(|_| limits.check_client(ip).is_ok()).count();
+        assert_eq!(allowed, 10, "burst of twice the rate");
+        let wait = limits.check_client(ip).unwrap_err();
+        assert!(
+            wait > Duration::ZERO && wait <= Duration::from_millis(200),
+            "{wait:?}"
+        );
+        assert!(
+            limits.check_client("192.0.2.2".parse().unwrap()).is_ok(),
+            "per client"
+        );
+    }
+
+    #[test]
+    fn site_rate_counts_measurements() {
+        let limits = Limits::new(0, 10, 10);
+        let site = "s".to_string();
+        assert!(limits.check_site(&site, 15).is_ok());
+        assert!(limits.check_site(&site, 10).is_err());
+        assert!(
+            limits.check_site(&site, 50).is_err(),
+            "more than a burst at once"
+        );
+        assert!(
+            limits.check_client("192.0.2.1".parse().unwrap()).is_ok(),
+            "client rate off"
+        );
+    }
+
+    #[test]
+    fn in_flight_is_bounded() {
+        let limits = Limits::new(0, 0, 2);
+        let a = limits.enter().unwrap();
+        let _b = limits.enter().unwrap();
+        assert!(limits.enter().is_none());
+        drop(a);
+        assert!(limits.enter().is_some());
+    }
+}
