@@ -12,7 +12,7 @@
 #
 # Subcommands
 #   stack.sh install
-#       apt-get installs clickhouse-server, clickhouse-client, zookeeper,
+#       apt-get installs clickhouse-server, clickhouse-client, zookeeper, nginx,
 #       postgresql-15, curl and procps if any is missing (apt-get update only
 #       then), without letting their maintainer scripts start services.
 #       Quiet when everything is present. Needs root (or sudo).
@@ -110,7 +110,8 @@ pkg_installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'insta
 
 cmd_install() {
     local need=() p
-    for p in clickhouse-server clickhouse-client zookeeper curl; do
+    # nginx: the customer proxy of the edge tests (run by the tests, never as a service).
+    for p in clickhouse-server clickhouse-client zookeeper curl nginx; do
         pkg_installed "$p" || need+=("$p")
     done
     [[ -x $PG_BIN/postgres && -x $PG_BIN/initdb && -x $PG_BIN/psql ]] || need+=(postgresql-15)

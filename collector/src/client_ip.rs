@@ -87,7 +87,10 @@ pub fn parse_node(node: &str) -> Option<IpAddr> {
         return Some(sa.ip().to_canonical());
     }
     let (inner, rest) = node.strip_prefix('[')?.split_once(']')?;
-    let port_ok = rest.is_empty() || rest.strip_prefix(':').is_some_and(|p| p.parse::<u16>().is_ok());
+    let port_ok = rest.is_empty()
+        || rest
+            .strip_prefix(':')
+            .is_some_and(|p| p.parse::<u16>().is_ok());
     port_ok.then(|| inner.parse::<IpAddr>().ok().map(|ip| ip.to_canonical()))?
 }
 

@@ -193,11 +193,6 @@ impl Metrics {
             m.spool_disk_bytes.clone(),
         );
         r.register(
-            "collector_spool_disk_bytes",
-            "Size of the spool's segment files",
-            m.spool_disk_bytes.clone(),
-        );
-        r.register(
             "collector_spool_kept_aside",
             "Batches refused by ClickHouse as bad data and kept aside",
             m.kept_aside.clone(),
@@ -320,6 +315,16 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_metric_is_registered_once() {
+        let text = Metrics::new().encode();
+        let mut types: Vec<&str> = text.lines().filter(|l| l.starts_with("# TYPE ")).collect();
+        let n = types.len();
+        types.sort_unstable();
+        types.dedup();
+        assert_eq!(types.len(), n, "a metric is registered twice:\n{text}");
+    }
 
     #[test]
     fn contract_names_are_exported() {

@@ -225,12 +225,14 @@ pub async fn serve(
             () = &mut close => break,
         };
         let Ok(permit) = connections.clone().try_acquire_owned() else {
+            metrics.connections_refused.inc();
             crate::logging::warn_limited("connection_limit", || {
                 tracing::warn!("connection limit reached; closing new connections")
             });
             drop(stream);
             continue;
         };
+        metrics.open_connections.inc();
         let _ = stream.set_nodelay(true);
         let router = router.clone();
         let service = hyper::service::service_fn(move |mut req: Request<hyper::body::Incoming>| {

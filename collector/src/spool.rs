@@ -152,6 +152,7 @@ impl Shared {
         self.metrics
             .spool_records
             .set(st.unconfirmed_records as i64);
+        self.metrics.spool_disk_bytes.set(st.disk_bytes as i64);
     }
 }
 

@@ -764,3 +764,96 @@ impl Collector {
             .unwrap_or(0)
     }
 }
+
+/// A real nginx in front of a collector, configured with the README's guide
+/// (`docs/proxy/nginx.conf`), mounting the collector under `/perf/`.
+pub struct Nginx {
+    child: Child,
+    /// Base URL of the shop site, e.g. `http://127.0.0.1:PORT`; the collector is at `/perf/`.
+    pub url: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Nginx {
+    /// Starts nginx on a free port proxying `/perf/` to `collector_port`; `extra` is added to
+    /// its `server` block (e.g. more locations).
+    pub async fn start(collector_port: u16, extra: &str) -> Nginx {
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let guide = std::fs::read_to_string(root().join("docs/proxy/nginx.conf")).unwrap();
+        let location = guide.replace(
+            "http://127.0.0.1:8080/",
+            &format!("http://127.0.0.1:{collector_port}/"),
+        );
+        let p = dir.path().display();
+        let conf = format!(
+            "daemon off;\nworker_processes 1;\npid {p}/nginx.pid;\nerror_log {p}/error.log warn;\n\
+             events {{ worker_connections 1024; }}\n\
+             http {{\n  access_log off;\n  client_body_temp_path {p}/body;\n  proxy_temp_path {p}/proxy;\n\
+             fastcgi_temp_path {p}/fastcgi;\n  uwsgi_temp_path {p}/uwsgi;\n  scgi_temp_path {p}/scgi;\n\
+             large_client_header_buffers 4 32k;\n\
+             server {{\n    listen 127.0.0.1:{port};\n{location}\n{extra}\n  }}\n}}\n"
+        );
+        std::fs::write(dir.path().join("nginx.conf"), conf).unwrap();
+        let child = Command::new("nginx")
+            .args([
+                "-p",
+                dir.path().to_str().unwrap(),
+                "-c",
+                dir.path().join("nginx.conf").to_str().unwrap(),
+            ])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.path().join("stderr.log")).unwrap())
+            .spawn()
+            .expect("start nginx (scripts/stack.sh install installs it)");
+        let url = format!("http://127.0.0.1:{port}");
+        let start = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "nginx did not start: {}{}",
+                std::fs::read_to_string(dir.path().join("stderr.log")).unwrap_or_default(),
+                std::fs::read_to_string(dir.path().join("error.log")).unwrap_or_default()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Nginx {
+            child,
+            url,
+            _dir: dir,
+        }
+    }
+}
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// An HTTP client whose connections come from `source` (a loopback address such as
+/// 127.0.0.5), so that tests can play several clients.
+pub fn client_from(source: &str) -> reqwest::Client {
+    reqwest::Client::builder()
+        .local_address(source.parse::<std::net::IpAddr>().unwrap())
+        .timeout(Duration::from_secs(30))
+        .no_gzip()
+        .build()
+        .unwrap()
+}
+
+/// Resident set size of process `pid`, in bytes.
+pub fn rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .unwrap()
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .unwrap();
+    kb * 1024
+}
