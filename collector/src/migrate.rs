@@ -44,8 +44,9 @@ pub fn clickhouse_statements(database: &str) -> Vec<String> {
 pub async fn run(settings: &Settings) -> Result<(), RunError> {
     let store = crate::cli_store(settings)?;
     for (name, sql) in POSTGRES {
+        // "already exists, skipping" notices are the normal case of an idempotent migration.
         store
-            .apply(sql)
+            .apply(&format!("SET client_min_messages = warning;\n{sql}"))
             .await
             .map_err(|e| RunError::Failed(format!("postgres {name}: {e}")))?;
     }

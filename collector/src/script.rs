@@ -1,28 +1,38 @@
 //! The tracking script, held in memory with its precompressed forms.
 //!
-//! Compiled into the binary (`assets/script.js`), optionally replaced by a file at start;
-//! gzip and brotli forms and a strong ETag (SHA-256 of the source) are computed once, so the
-//! request path only picks bytes.
+//! Compiled into the binary (`assets/script.js`); gzip and brotli forms and their ETags are
+//! computed once at start, so the request path only picks bytes.
 
 use std::io::Write;
 
+use axum::http::HeaderValue;
 use bytes::Bytes;
 use sha2::{Digest, Sha256};
 
 /// The script compiled into the binary.
 pub const BUILTIN: &str = include_str!("../assets/script.js");
 
+/// One encoding of the script.
+#[derive(Debug, Clone)]
+pub struct Variant {
+    /// `Content-Encoding` value; `None` for the identity form.
+    pub encoding: Option<&'static str>,
+    /// The bytes sent.
+    pub body: Bytes,
+    /// Strong ETag of this representation: `"<first 16 bytes of SHA-256 of the source,
+    /// hex>[-gz|-br]"` (a strong validator differs between encodings, RFC 9110 §8.8.3).
+    pub etag: HeaderValue,
+}
+
 /// The tracking script in every encoding served.
 #[derive(Debug, Clone)]
 pub struct Script {
-    /// Uncompressed source.
-    pub identity: Bytes,
+    /// Uncompressed.
+    pub identity: Variant,
     /// gzip (RFC 1952) at the best level.
-    pub gzip: Bytes,
+    pub gzip: Variant,
     /// brotli (RFC 7932) at quality 11.
-    pub brotli: Bytes,
-    /// Strong ETag, quoted: `"<first 16 bytes of SHA-256, hex>"`.
-    pub etag: String,
+    pub brotli: Variant,
 }
 
 impl Script {
@@ -36,13 +46,34 @@ impl Script {
             let mut w = brotli::CompressorWriter::new(&mut brotli, 4096, 11, 22);
             w.write_all(source).expect("in-memory write");
         }
-        let digest = Sha256::digest(source);
+        let version = hex::encode(&Sha256::digest(source)[..16]);
+        let etag = |suffix: &str| {
+            HeaderValue::from_str(&format!("\"{version}{suffix}\"")).expect("hex is a valid header")
+        };
         Script {
-            identity: Bytes::copy_from_slice(source),
-            gzip: Bytes::from(gzip),
-            brotli: Bytes::from(brotli),
-            etag: format!("\"{}\"", hex::encode(&digest[..16])),
+            identity: Variant {
+                encoding: None,
+                body: Bytes::copy_from_slice(source),
+                etag: etag(""),
+            },
+            gzip: Variant {
+                encoding: Some("gzip"),
+                body: Bytes::from(gzip),
+                etag: etag("-gz"),
+            },
+            brotli: Variant {
+                encoding: Some("br"),
+                body: Bytes::from(brotli),
+                etag: etag("-br"),
+            },
         }
+    }
+
+    /// Whether `etag` (as sent in `If-None-Match`) names this version in any encoding.
+    pub fn is_current(&self, etag: &str) -> bool {
+        [&self.identity, &self.gzip, &self.brotli]
+            .iter()
+            .any(|v| v.etag.as_bytes() == etag.as_bytes())
     }
 }
 
@@ -61,16 +92,28 @@ mod tests {
     fn encodings_round_trip() {
         let s = Script::default();
         let mut out = Vec::new();
-        flate2::read::GzDecoder::new(&s.gzip[..])
+        flate2::read::GzDecoder::new(&s.gzip.body[..])
             .read_to_end(&mut out)
             .unwrap();
-        assert_eq!(out, s.identity);
+        assert_eq!(out, s.identity.body);
         let mut out = Vec::new();
-        brotli::Decompressor::new(&s.brotli[..], 4096)
+        brotli::Decompressor::new(&s.brotli.body[..], 4096)
             .read_to_end(&mut out)
             .unwrap();
-        assert_eq!(out, s.identity);
-        assert_eq!(s.etag.len(), 34);
-        assert_ne!(Script::new(b"a").etag, Script::new(b"b").etag);
+        assert_eq!(out, s.identity.body);
+    }
+
+    #[test]
+    fn etags_differ_by_encoding_and_version() {
+        let s = Script::default();
+        assert_eq!(s.identity.etag.len(), 34);
+        assert_ne!(s.identity.etag, s.gzip.etag);
+        assert_ne!(s.gzip.etag, s.brotli.etag);
+        assert!(s.is_current(s.brotli.etag.to_str().unwrap()));
+        assert_ne!(
+            Script::new(b"a").identity.etag,
+            Script::new(b"b").identity.etag
+        );
+        assert!(!Script::new(b"a").is_current(s.identity.etag.to_str().unwrap()));
     }
 }

@@ -6,52 +6,51 @@ use axum::response::{IntoResponse, Response};
 
 use crate::server::AppState;
 
-/// Serves the script with a strong ETag, `304` on a matching `If-None-Match`, and the gzip or
-/// brotli form when the client accepts it (brotli preferred).
+/// Serves the script with a strong ETag per encoding, `304` on a matching `If-None-Match`,
+/// and the brotli or gzip form when the client accepts it (brotli preferred).
 pub async fn get(State(state): State<AppState>, headers: HeaderMap) -> Response {
     let script = &state.script;
-    let etag = HeaderValue::from_str(&script.etag).expect("hex etag is a valid header");
-    let mut response_headers = HeaderMap::new();
-    response_headers.insert(header::ETAG, etag);
-    response_headers.insert(
-        header::CACHE_CONTROL,
-        HeaderValue::from_static("public, max-age=3600"),
-    );
-    response_headers.insert(header::VARY, HeaderValue::from_static("Accept-Encoding"));
-    response_headers.insert(
-        header::ACCESS_CONTROL_ALLOW_ORIGIN,
-        HeaderValue::from_static("*"),
-    );
-
-    if let Some(inm) = headers
-        .get(header::IF_NONE_MATCH)
-        .and_then(|v| v.to_str().ok())
-    {
-        if inm
-            .split(',')
-            .any(|t| t.trim() == script.etag || t.trim() == "*")
-        {
-            return (StatusCode::NOT_MODIFIED, response_headers).into_response();
-        }
-    }
-    response_headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/javascript; charset=utf-8"),
-    );
     let accept = headers
         .get(header::ACCEPT_ENCODING)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
-    let body = if accepts(accept, "br") {
-        response_headers.insert(header::CONTENT_ENCODING, HeaderValue::from_static("br"));
-        script.brotli.clone()
+    let variant = if accepts(accept, "br") {
+        &script.brotli
     } else if accepts(accept, "gzip") {
-        response_headers.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
-        script.gzip.clone()
+        &script.gzip
     } else {
-        script.identity.clone()
+        &script.identity
     };
-    (StatusCode::OK, response_headers, body).into_response()
+    let mut h = HeaderMap::new();
+    h.insert(header::ETAG, variant.etag.clone());
+    h.insert(
+        header::CACHE_CONTROL,
+        HeaderValue::from_static("public, max-age=3600"),
+    );
+    h.insert(header::VARY, HeaderValue::from_static("Accept-Encoding"));
+    h.insert(
+        header::ACCESS_CONTROL_ALLOW_ORIGIN,
+        HeaderValue::from_static("*"),
+    );
+    let inm = headers
+        .get(header::IF_NONE_MATCH)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if inm
+        .split(',')
+        .map(str::trim)
+        .any(|t| t == "*" || script.is_current(t))
+    {
+        return (StatusCode::NOT_MODIFIED, h).into_response();
+    }
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/javascript; charset=utf-8"),
+    );
+    if let Some(encoding) = variant.encoding {
+        h.insert(header::CONTENT_ENCODING, HeaderValue::from_static(encoding));
+    }
+    (StatusCode::OK, h, variant.body.clone()).into_response()
 }
 
 /// Whether an `Accept-Encoding` value accepts `coding` (present without `q=0`).
