@@ -13,6 +13,7 @@
 # Subcommands
 #   stack.sh install
 #       apt-get installs clickhouse-server, clickhouse-client, zookeeper, nginx,
+#       chromium, chromium-driver,
 #       postgresql-15, curl and procps if any is missing (apt-get update only
 #       then), without letting their maintainer scripts start services.
 #       Quiet when everything is present. Needs root (or sudo).
@@ -111,7 +112,8 @@ pkg_installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'insta
 cmd_install() {
     local need=() p
     # nginx: the customer proxy of the edge tests (run by the tests, never as a service).
-    for p in clickhouse-server clickhouse-client zookeeper curl nginx; do
+    # chromium, chromium-driver: the browser tests of the tracking script.
+    for p in clickhouse-server clickhouse-client zookeeper curl nginx chromium chromium-driver; do
         pkg_installed "$p" || need+=("$p")
     done
     [[ -x $PG_BIN/postgres && -x $PG_BIN/initdb && -x $PG_BIN/psql ]] || need+=(postgresql-15)

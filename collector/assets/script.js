@@ -1,24 +1,90 @@
-/* Placeholder tracking script: sends one measurement with navigation timings when the page
-   is hidden. The real script (Core Web Vitals) replaces it. */
+/* Collector tracking script: one measurement per page view. Definitions: README, "The tracking script". */
 (function () {
   try {
-    var s = document.currentScript, site = s && s.getAttribute('data-site');
-    if (!site || !navigator.sendBeacon) return;
-    var base = s.src.replace(/\/script\.js(\?.*)?$/, '');
-    var id = crypto.randomUUID ? crypto.randomUUID() : 'xxxxxxxx-xxxx-4xxx-yxxx-xxxxxxxxxxxx'.replace(/[xy]/g, function (c) {
-      var r = Math.random() * 16 | 0; return (c === 'x' ? r : (r & 3 | 8)).toString(16);
-    });
-    var sent = false;
-    var send = function () {
-      if (sent || document.visibilityState !== 'hidden') return;
-      sent = true;
-      var n = performance.getEntriesByType('navigation')[0] || {};
-      var m = { id: id, site: site, url: location.href, ts: Date.now(), referrer: document.referrer || undefined,
-        ttfb_ms: n.responseStart, dom_content_loaded_ms: n.domContentLoadedEventEnd || undefined, load_ms: n.loadEventEnd || undefined,
-        viewport_width: innerWidth };
-      navigator.sendBeacon(base + '/api/v1/measurements', JSON.stringify(m));
+    var doc = document, perf = performance, script = doc.currentScript;
+    var site = script && script.getAttribute('data-site');
+    if (!site || !perf || !window.PerformanceObserver) return;
+    var endpoint = script.src.replace(/\/script\.js(\?.*)?$/, '') + '/api/v1/measurements';
+
+    var uuid = function () {
+      if (crypto.randomUUID) return crypto.randomUUID();
+      var b = crypto.getRandomValues(new Uint8Array(16)), h = [];
+      b[6] = b[6] & 15 | 64; b[8] = b[8] & 63 | 128;
+      for (var i = 0; i < 16; i++) h.push((b[i] + 256).toString(16).slice(1));
+      h = h.join('');
+      return [h.slice(0, 8), h.slice(8, 12), h.slice(12, 16), h.slice(16, 20), h.slice(20)].join('-');
     };
-    addEventListener('visibilitychange', send);
-    addEventListener('pagehide', function () { send(); });
+    var observe = function (type, fn, opts) {
+      try {
+        var o = new PerformanceObserver(function (l) { l.getEntries().forEach(fn); });
+        opts = opts || {}; opts.type = type; opts.buffered = true;
+        o.observe(opts);
+        return o;
+      } catch (e) { /* unsupported entry type */ }
+    };
+
+    var nav = perf.getEntriesByType('navigation')[0] || {};
+    var activation = nav.activationStart || 0;
+    var since = function (t) { return Math.max(0, t - activation); };
+    var m, attempts, delivered, lcpDone, clsSession, clsStart, clsLast, interactions;
+
+    var start = function (restored) {
+      m = { id: uuid(), site: site, url: location.href, referrer: doc.referrer || undefined,
+        navigation_type: restored ? 'restore' : activation > 0 || doc.prerendering ? 'prerender' : nav.type,
+        effective_connection_type: navigator.connection && navigator.connection.effectiveType,
+        viewport_width: innerWidth };
+      attempts = 0; delivered = false; lcpDone = false;
+      clsSession = 0; clsStart = 0; clsLast = 0; interactions = {};
+    };
+    start(false);
+    if (nav.responseStart > 0) m.ttfb_ms = since(nav.responseStart);
+
+    observe('paint', function (e) { if (e.name === 'first-contentful-paint') m.fcp_ms = since(e.startTime); });
+    var lcp = observe('largest-contentful-paint', function (e) { if (!lcpDone) m.lcp_ms = since(e.startTime); });
+    var stopLcp = function (e) { if (e.isTrusted !== false) lcpDone = true; if (lcp) lcp.disconnect(); };
+    ['keydown', 'pointerdown'].forEach(function (t) { addEventListener(t, stopLcp, { once: true, capture: true }); });
+
+    observe('layout-shift', function (e) {
+      if (e.hadRecentInput) return;
+      if (clsSession && e.startTime - clsLast < 1000 && e.startTime - clsStart < 5000) clsSession += e.value;
+      else { clsSession = e.value; clsStart = e.startTime; }
+      clsLast = e.startTime;
+      m.cls = Math.max(m.cls || 0, clsSession);
+    });
+
+    var onEvent = function (e) {
+      if (!e.interactionId) return;
+      interactions[e.interactionId] = Math.max(interactions[e.interactionId] || 0, e.duration);
+      var d = Object.keys(interactions).map(function (k) { return interactions[k]; }).sort(function (a, b) { return b - a; });
+      m.inp_ms = d[Math.min(d.length - 1, Math.floor(d.length / 50))];
+    };
+    observe('event', onEvent, { durationThreshold: 16 });
+    observe('first-input', onEvent);
+
+    // First send at the first hide by fetch (its answer can be read); at pagehide, unless
+    // delivered, once more by sendBeacon. At most two sends, one id.
+    var send = function (beacon) {
+      if (delivered || attempts > 1) return;
+      attempts++;
+      if (!m.dom_content_loaded_ms && nav.domContentLoadedEventEnd) m.dom_content_loaded_ms = since(nav.domContentLoadedEventEnd);
+      if (!m.load_ms && nav.loadEventEnd) m.load_ms = since(nav.loadEventEnd);
+      m.ts = Date.now();
+      var body = JSON.stringify(m), retry = attempts < 2;
+      if (beacon && navigator.sendBeacon && navigator.sendBeacon(endpoint, body)) return;
+      try {
+        fetch(endpoint, { method: 'POST', body: body, keepalive: true, headers: { 'Content-Type': 'text/plain' } })
+          .then(function (r) { if (r.ok) delivered = true; else if (r.status >= 500 && retry) setTimeout(send, 500 + Math.random() * 1000); })
+          .catch(function () { if (retry) setTimeout(send, 500 + Math.random() * 1000); });
+      } catch (e) { /* nothing more to do */ }
+    };
+    addEventListener('visibilitychange', function () { if (doc.visibilityState === 'hidden') send(false); }, true);
+    addEventListener('pagehide', function () { send(true); }, true);
+    // A back/forward cache restore is a new page view.
+    addEventListener('pageshow', function (e) {
+      if (!e.persisted) return;
+      start(true);
+      var t = e.timeStamp;
+      requestAnimationFrame(function () { requestAnimationFrame(function () { m.fcp_ms = m.lcp_ms = perf.now() - t; }); });
+    }, true);
   } catch (e) { /* never break the page */ }
 })();

@@ -86,6 +86,9 @@ pub enum Command {
     Serve,
     /// Apply `schema/` to PostgreSQL and to every ClickHouse replica; idempotent.
     Migrate,
+    /// Health check for containers: exits 0 when `GET /readyz` on `COLLECTOR_LISTEN`
+    /// answers 200 within 2 s, else 1. Needs no shell tools.
+    Probe,
     /// Manage sites in the settings store.
     Sites {
         /// What to do with sites.

@@ -103,6 +103,17 @@ mod tests {
         assert_eq!(out, s.identity.body);
     }
 
+    /// The stated bound (README, "The tracking script"): under 2 KiB gzipped.
+    #[test]
+    fn script_is_under_two_kib_gzipped() {
+        let s = Script::default();
+        assert!(
+            s.gzip.body.len() <= 2048,
+            "{} bytes gzipped",
+            s.gzip.body.len()
+        );
+    }
+
     #[test]
     fn etags_differ_by_encoding_and_version() {
         let s = Script::default();

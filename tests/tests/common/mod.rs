@@ -778,6 +778,11 @@ impl Nginx {
     /// Starts nginx on a free port proxying `/perf/` to `collector_port`; `extra` is added to
     /// its `server` block (e.g. more locations).
     pub async fn start(collector_port: u16, extra: &str) -> Nginx {
+        Nginx::start_with(collector_port, extra, "").await
+    }
+
+    /// As [`Nginx::start`], with `http_extra` added to the `http` block (upstreams, servers).
+    pub async fn start_with(collector_port: u16, extra: &str, http_extra: &str) -> Nginx {
         let dir = tempfile::tempdir().unwrap();
         let port = free_port();
         let guide = std::fs::read_to_string(root().join("docs/proxy/nginx.conf")).unwrap();
@@ -791,7 +796,7 @@ impl Nginx {
              events {{ worker_connections 1024; }}\n\
              http {{\n  access_log off;\n  client_body_temp_path {p}/body;\n  proxy_temp_path {p}/proxy;\n\
              fastcgi_temp_path {p}/fastcgi;\n  uwsgi_temp_path {p}/uwsgi;\n  scgi_temp_path {p}/scgi;\n\
-             large_client_header_buffers 4 32k;\n\
+             large_client_header_buffers 4 32k;\n{http_extra}\n\
              server {{\n    listen 127.0.0.1:{port};\n{location}\n{extra}\n  }}\n}}\n"
         );
         std::fs::write(dir.path().join("nginx.conf"), conf).unwrap();
