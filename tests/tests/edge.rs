@@ -191,6 +191,61 @@ async fn the_client_address_depends_on_the_trusted_proxies() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn script_intake_and_client_address_work_through_caddy_under_a_prefix() {
+    let env = TestEnv::new(Stack::shared()).await;
+    let c = env
+        .collector(&[
+            ("COLLECTOR_TRUSTED_PROXIES", "127.0.0.1/32"),
+            ("COLLECTOR_CLIENT_RATE", "1"),
+        ])
+        .await;
+    let proxy = Caddy::start(c.port).await;
+    let r = http()
+        .get(format!("{}/perf/script.js", proxy.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(String::from_utf8_lossy(&r.bytes().await.unwrap()).contains("sendBeacon"));
+
+    let intake = format!("{}/perf/api/v1/measurements", proxy.url);
+    let (a, b) = (client_from("127.0.0.5"), client_from("127.0.0.6"));
+    let (id, m) = measurement(&env.site);
+    assert_eq!(
+        post_via(&a, &intake, &m, &[("x-forwarded-for", "198.51.100.1")])
+            .await
+            .0,
+        202
+    );
+    assert_eq!(
+        post_via(
+            &a,
+            &intake,
+            &measurement(&env.site).1,
+            &[("x-forwarded-for", "198.51.100.2")]
+        )
+        .await
+        .0,
+        202
+    );
+    assert_eq!(
+        post_via(&a, &intake, &measurement(&env.site).1, &[])
+            .await
+            .0,
+        429,
+        "client a is 127.0.0.5 whatever it claims"
+    );
+    assert_eq!(
+        post_via(&b, &intake, &measurement(&env.site).1, &[])
+            .await
+            .0,
+        202,
+        "client b is told apart"
+    );
+    assert_eq!(env.wait_rows(&[id], SETTLE).await.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_forwarding_form_is_read_or_ignored_without_error() {
     let env = TestEnv::new(Stack::shared()).await;
     let c = env

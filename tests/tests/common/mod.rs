@@ -837,6 +837,65 @@ impl Drop for Nginx {
     }
 }
 
+/// A real Caddy in front of a collector, configured with the README's guide
+/// (`docs/proxy/Caddyfile`), mounting the collector under `/perf/`.
+pub struct Caddy {
+    child: Child,
+    /// Base URL of the shop site.
+    pub url: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Caddy {
+    /// Starts Caddy on a free port proxying `/perf/*` to `collector_port`.
+    pub async fn start(collector_port: u16) -> Caddy {
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let guide = std::fs::read_to_string(root().join("docs/proxy/Caddyfile")).unwrap();
+        let site = guide.replace("127.0.0.1:8080", &format!("127.0.0.1:{collector_port}"));
+        let conf = format!(
+            "{{\n\tadmin off\n\tauto_https off\n}}\nhttp://127.0.0.1:{port} {{\n{site}\n}}\n"
+        );
+        std::fs::write(dir.path().join("Caddyfile"), conf).unwrap();
+        let child = Command::new("caddy")
+            .args([
+                "run",
+                "--adapter",
+                "caddyfile",
+                "--config",
+                dir.path().join("Caddyfile").to_str().unwrap(),
+            ])
+            .env("HOME", dir.path())
+            .env("XDG_DATA_HOME", dir.path())
+            .env("XDG_CONFIG_HOME", dir.path())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.path().join("stderr.log")).unwrap())
+            .spawn()
+            .expect("start caddy (scripts/stack.sh install installs it)");
+        let start = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "caddy did not start: {}",
+                std::fs::read_to_string(dir.path().join("stderr.log")).unwrap_or_default()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Caddy {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+            _dir: dir,
+        }
+    }
+}
+
+impl Drop for Caddy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// An HTTP client whose connections come from `source` (a loopback address such as
 /// 127.0.0.5), so that tests can play several clients.
 pub fn client_from(source: &str) -> reqwest::Client {
