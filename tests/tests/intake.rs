@@ -455,6 +455,33 @@ async fn script_and_operations_endpoints() {
         .unwrap();
     assert_eq!(r.headers()["content-encoding"], "br");
 
+    // The container health check needs no shell tools: `collector probe` asks /readyz.
+    let probe = |listen: String| {
+        std::process::Command::new(collector_bin())
+            .arg("probe")
+            .env("COLLECTOR_LISTEN", listen)
+            .output()
+            .unwrap()
+    };
+    assert_eq!(
+        probe(format!("127.0.0.1:{}", c.port)).status.code(),
+        Some(0)
+    );
+    assert_eq!(
+        probe(format!("0.0.0.0:{}", c.port)).status.code(),
+        Some(0),
+        "an unspecified address is probed on loopback"
+    );
+    let nobody = probe(format!("127.0.0.1:{}", free_port()));
+    assert_eq!(nobody.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&nobody.stderr)
+            .trim()
+            .lines()
+            .count(),
+        1
+    );
+
     assert_eq!(
         http()
             .get(format!("{}/healthz", c.url))
