@@ -270,5 +270,3 @@ fn header_bytes<B>(req: &Request<B>) -> usize {
         .sum()
 }
 
-/// The peer address a connection came from.
-pub type Peer = axum::extract::ConnectInfo<SocketAddr>;

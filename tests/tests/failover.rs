@@ -19,8 +19,13 @@ const EVERY: Duration = Duration::from_millis(20);
 const SETTLE: Duration = Duration::from_secs(120);
 const SWITCH: Duration = Duration::from_secs(30);
 
-fn replica_line(metric: &str, url: &str, value: u8) -> String {
-    format!("{metric}{{replica=\"{url}\"}} {value}")
+/// Waits until `collector_clickhouse_{metric}{replica=url}` shows `value`.
+async fn wait_replica(c: &Collector, metric: &str, url: &str, value: u8) {
+    c.wait_metric(
+        &format!("collector_clickhouse_{metric}{{replica=\"{url}\"}} {value}"),
+        SWITCH,
+    )
+    .await;
 }
 
 fn assert_only_202(report: &TrafficReport) {
@@ -52,24 +57,12 @@ async fn killing_and_restarting_the_preferred_replica_loses_nothing() {
     traffic.wait_acked(50, SWITCH).await;
 
     stack.replica(1, "kill");
-    c.wait_metric(
-        &replica_line("collector_clickhouse_active_replica", &urls[1], 1),
-        SWITCH,
-    )
-    .await;
-    c.wait_metric(
-        &replica_line("collector_clickhouse_replica_state", &urls[0], 0),
-        SWITCH,
-    )
-    .await;
+    wait_replica(&c, "active_replica", &urls[1], 1).await;
+    wait_replica(&c, "replica_state", &urls[0], 0).await;
     traffic.wait_acked(100, SWITCH).await;
 
     stack.replica(1, "start");
-    c.wait_metric(
-        &replica_line("collector_clickhouse_active_replica", &urls[0], 1),
-        SWITCH,
-    )
-    .await;
+    wait_replica(&c, "active_replica", &urls[0], 1).await;
     traffic.wait_acked(50, SWITCH).await;
     let report = traffic.stop().await;
 
@@ -89,18 +82,10 @@ async fn freezing_and_thawing_the_preferred_replica_loses_nothing() {
     traffic.wait_acked(50, SWITCH).await;
 
     stack.replica(1, "freeze");
-    c.wait_metric(
-        &replica_line("collector_clickhouse_active_replica", &urls[1], 1),
-        SWITCH,
-    )
-    .await;
+    wait_replica(&c, "active_replica", &urls[1], 1).await;
     traffic.wait_acked(100, SWITCH).await;
     stack.replica(1, "thaw");
-    c.wait_metric(
-        &replica_line("collector_clickhouse_active_replica", &urls[0], 1),
-        SWITCH,
-    )
-    .await;
+    wait_replica(&c, "active_replica", &urls[0], 1).await;
     traffic.wait_acked(50, SWITCH).await;
     let report = traffic.stop().await;
 
@@ -119,24 +104,12 @@ async fn killing_each_replica_in_turn_loses_nothing() {
     for i in 1..=3 {
         traffic.wait_acked(30, SWITCH).await;
         stack.replica(i, "kill");
-        c.wait_metric(
-            &replica_line("collector_clickhouse_replica_state", &urls[i - 1], 0),
-            SWITCH,
-        )
-        .await;
+        wait_replica(&c, "replica_state", &urls[i - 1], 0).await;
         traffic.wait_acked(50, SWITCH).await;
         stack.replica(i, "start");
-        c.wait_metric(
-            &replica_line("collector_clickhouse_replica_state", &urls[i - 1], 2),
-            SWITCH,
-        )
-        .await;
+        wait_replica(&c, "replica_state", &urls[i - 1], 2).await;
     }
-    c.wait_metric(
-        &replica_line("collector_clickhouse_active_replica", &urls[0], 1),
-        SWITCH,
-    )
-    .await;
+    wait_replica(&c, "active_replica", &urls[0], 1).await;
     let report = traffic.stop().await;
 
     assert_only_202(&report);
@@ -157,11 +130,7 @@ async fn all_replicas_down_for_thirty_seconds_loses_nothing() {
         stack.replica(i, "kill");
     }
     for url in &urls {
-        c.wait_metric(
-            &replica_line("collector_clickhouse_replica_state", url, 0),
-            SWITCH,
-        )
-        .await;
+        wait_replica(&c, "replica_state", url, 0).await;
     }
     let before = traffic.snapshot().acked.len();
     tokio::time::sleep(Duration::from_secs(30)).await;
@@ -178,11 +147,7 @@ async fn all_replicas_down_for_thirty_seconds_loses_nothing() {
     );
 
     stack.repair();
-    c.wait_metric(
-        &replica_line("collector_clickhouse_active_replica", &urls[0], 1),
-        SWITCH,
-    )
-    .await;
+    wait_replica(&c, "active_replica", &urls[0], 1).await;
     traffic.wait_acked(50, SWITCH).await;
     let report = traffic.stop().await;
 
@@ -234,11 +199,7 @@ async fn a_full_spool_answers_503_and_keeps_what_it_acknowledged() {
         stack.replica(i, "kill");
     }
     for url in &urls {
-        c.wait_metric(
-            &replica_line("collector_clickhouse_replica_state", url, 0),
-            SWITCH,
-        )
-        .await;
+        wait_replica(&c, "replica_state", url, 0).await;
     }
     let traffic = Traffic::start(&c.url, &env.site, Duration::from_millis(5));
     let start = std::time::Instant::now();
@@ -293,11 +254,7 @@ async fn a_lagging_replica_is_not_written_to_until_it_catches_up() {
     // Freeze the preferred replica so the writer fails over, then let it answer again but keep
     // it from fetching what it missed: it must stay "catching up" and unused.
     stack.replica(1, "freeze");
-    c.wait_metric(
-        &replica_line("collector_clickhouse_active_replica", &urls[1], 1),
-        SWITCH,
-    )
-    .await;
+    wait_replica(&c, "active_replica", &urls[1], 1).await;
     traffic.wait_acked(100, SWITCH).await;
     stack.replica(1, "thaw");
     clickhouse_exec(
@@ -307,11 +264,7 @@ async fn a_lagging_replica_is_not_written_to_until_it_catches_up() {
     .await
     .unwrap();
     traffic.wait_acked(100, SWITCH).await;
-    c.wait_metric(
-        &replica_line("collector_clickhouse_replica_state", &urls[0], 1),
-        SWITCH,
-    )
-    .await;
+    wait_replica(&c, "replica_state", &urls[0], 1).await;
     for _ in 0..20 {
         // Over several probe rounds, the lagging replica stays unused.
         assert_eq!(
@@ -339,11 +292,7 @@ async fn a_lagging_replica_is_not_written_to_until_it_catches_up() {
     )
     .await
     .unwrap();
-    c.wait_metric(
-        &replica_line("collector_clickhouse_active_replica", &urls[0], 1),
-        SWITCH,
-    )
-    .await;
+    wait_replica(&c, "active_replica", &urls[0], 1).await;
     let report = traffic.stop().await;
     assert_only_202(&report);
     env.assert_stored_once(&report.acked, SETTLE).await;

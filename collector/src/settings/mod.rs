@@ -182,18 +182,7 @@ impl SiteSettings {
         let sites = inner.store.fetch_all().await?;
         let now = Instant::now();
         let keys: HashSet<&str> = sites.iter().map(|s| s.key.as_str()).collect();
-        for site in &sites {
-            inner
-                .cache
-                .insert(
-                    Arc::from(site.key.as_str()),
-                    Arc::new(Entry {
-                        site: Some(Arc::new(site.clone())),
-                        loaded: now,
-                    }),
-                )
-                .await;
-        }
+        self.put(&sites, now).await;
         // Sites deleted from the store become unknown.
         for (key, entry) in inner.cache.iter() {
             if entry.site.is_some() && !keys.contains(&**key) {
@@ -233,22 +222,25 @@ impl SiteSettings {
         let stale = Instant::now()
             .checked_sub(inner.ttl)
             .unwrap_or_else(Instant::now);
-        for site in &sites {
-            inner
-                .cache
-                .insert(
-                    Arc::from(site.key.as_str()),
-                    Arc::new(Entry {
-                        site: Some(Arc::new(site.clone())),
-                        loaded: stale,
-                    }),
-                )
-                .await;
-        }
+        self.put(&sites, stale).await;
         tracing::warn!(sites = sites.len(), written_at, path = %path.display(), "settings store unreachable: serving the last known settings from the snapshot");
         inner.metrics.settings_from_snapshot.set(1);
         inner.loaded.store(true, Ordering::Release);
         Ok(sites.len())
+    }
+
+    /// Caches `sites` as loaded at `loaded`.
+    async fn put(&self, sites: &[Site], loaded: Instant) {
+        for site in sites {
+            let entry = Entry {
+                site: Some(Arc::new(site.clone())),
+                loaded,
+            };
+            self.inner
+                .cache
+                .insert(Arc::from(site.key.as_str()), Arc::new(entry))
+                .await;
+        }
     }
 
     /// Reloads every `ttl` until `shutdown` turns true.
