@@ -4,7 +4,6 @@
 //! [`AppState`].
 
 use std::future::Future;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
