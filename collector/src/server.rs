@@ -268,4 +268,3 @@ fn header_bytes<B>(req: &Request<B>) -> usize {
         .map(|(k, v)| k.as_str().len() + v.len() + 4)
         .sum()
 }
-

@@ -448,7 +448,10 @@ impl Appender {
     fn commit_group(&mut self, group: &mut Vec<AppendRequest>, buf: &mut Vec<u8>) {
         if self.size >= self.shared.segment_target {
             if let Err(e) = self.rotate() {
-                tracing::error!(error = %e, "spool: cannot start a new segment");
+                crate::logging::warn_limited(
+                    "spool_write",
+                    || tracing::error!(error = %e, "spool: cannot start a new segment"),
+                );
                 for req in group.drain(..) {
                     let _ = req.ack.send(Err(AppendError::Io));
                 }
@@ -497,13 +500,19 @@ impl Appender {
                 }
             }
             Err(e) => {
-                tracing::error!(error = %e, "spool: write or sync failed; answering 503 and starting a new segment");
+                crate::logging::warn_limited(
+                    "spool_write",
+                    || tracing::error!(error = %e, "spool: write or sync failed; answering 503 and starting a new segment"),
+                );
                 for ack in accepted {
                     let _ = ack.send(Err(AppendError::Io));
                 }
                 let _ = self.file.set_len(self.size);
                 if let Err(e) = self.rotate() {
-                    tracing::error!(error = %e, "spool: cannot start a new segment");
+                    crate::logging::warn_limited(
+                        "spool_write",
+                        || tracing::error!(error = %e, "spool: cannot start a new segment"),
+                    );
                 }
             }
         }

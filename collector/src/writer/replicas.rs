@@ -188,7 +188,10 @@ impl Replicas {
         };
         if chosen != inner.active {
             if inner.health[inner.active].state != State::Healthy || chosen < inner.active {
-                tracing::warn!(from = %self.urls[inner.active], to = %self.urls[chosen], "clickhouse: switching replica");
+                crate::logging::warn_limited(
+                    "replica_switch",
+                    || tracing::warn!(from = %self.urls[inner.active], to = %self.urls[chosen], "clickhouse: switching replica"),
+                );
                 self.metrics.failovers.inc();
             }
             inner.active = chosen;
