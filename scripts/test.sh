@@ -17,6 +17,9 @@ step "format and lint"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -q -- -D warnings
 
+step "container files (no engine needed)"
+scripts/check-containers.sh
+
 step "build"
 cargo build -q -p collector --bin collector
 cargo test -q --workspace --no-run

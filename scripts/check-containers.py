@@ -1,0 +1,644 @@
+#!/usr/bin/python3
+"""Static checks of the container files, run by scripts/check-containers.sh.
+
+    check-containers.py COMPOSE_CONFIG [--dockerfile]
+
+COMPOSE_CONFIG is the output of `docker-compose config` (anchors merged, variables
+interpolated, bind-mount paths made absolute). --dockerfile also checks the Dockerfile and
+.dockerignore statically (when no container engine can build the image).
+
+Prints one line per check, "ok    NAME" or "FAIL  NAME: WHY"; the caller counts them.
+Standard library and PyYAML (Debian's python3-yaml, a dependency of docker-compose) only.
+"""
+
+import fnmatch
+import ipaddress
+import json
+import os
+import re
+import shlex
+import sys
+import xml.dom.minidom
+import xml.etree.ElementTree as ET
+from urllib.parse import urlsplit
+
+import yaml
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEPLOY = os.path.join(ROOT, "deploy")
+
+# Services that run once and exit; every other service must be restarted by the engine.
+ONE_SHOTS = {"migrate", "seed"}
+# The collector's image as built by compose (every collector-image service has `build`).
+COLLECTOR_IMAGE = "collector:latest"
+# What the drain may take beyond COLLECTOR_DRAIN_GRACE: in-flight requests (10 s) and the
+# writer's last flush (10 s), README "Drain".
+DRAIN_EXTRA_S = 20.0
+
+
+class Checks:
+    def __init__(self):
+        self.failed = 0
+
+    def result(self, name, problems):
+        """problems: a list of strings (empty: pass) or a single string."""
+        if isinstance(problems, str):
+            problems = [problems]
+        if problems:
+            self.failed += 1
+            print(f"FAIL  {name}: " + "; ".join(problems))
+        else:
+            print(f"ok    {name}")
+
+    def run(self, name, fn, *args):
+        """Runs fn(*args) -> list of problems; an exception is a failure too."""
+        try:
+            self.result(name, fn(*args))
+        except Exception as e:  # noqa: BLE001 - any crash of a check is reported as its failure
+            self.result(name, f"{type(e).__name__}: {e}")
+
+
+# ------------------------------------------------------------------ helpers ---
+
+def duration_s(value):
+    """Seconds in a compose / humantime duration such as 40s, 1m30s, 500ms, 1.5s."""
+    if isinstance(value, (int, float)):
+        return float(value)
+    units = {"us": 1e-6, "ms": 1e-3, "s": 1, "m": 60, "h": 3600}
+    parts = re.findall(r"(\d+(?:\.\d+)?)\s*(us|ms|s|m|h)", str(value))
+    if not parts or "".join(n + u for n, u in parts) != re.sub(r"\s", "", str(value)):
+        raise ValueError(f"not a duration: {value!r}")
+    return sum(float(n) * units[u] for n, u in parts)
+
+
+def env_of(svc):
+    env = svc.get("environment") or {}
+    if isinstance(env, list):  # KEY=VALUE list form
+        env = dict(e.split("=", 1) if "=" in e else (e, "") for e in env)
+    return {k: ("" if v is None else str(v)) for k, v in env.items()}
+
+
+def mounts_of(svc):
+    """(type, source, target) of every mount, short or long syntax."""
+    out = []
+    for v in svc.get("volumes") or []:
+        if isinstance(v, dict):
+            out.append((v.get("type", "volume"), v.get("source", ""), v.get("target", "")))
+            continue
+        parts = v.split(":")
+        src, tgt = parts[0], parts[1] if len(parts) > 1 else parts[0]
+        kind = "bind" if src.startswith(("/", ".", "~")) else "volume"
+        out.append((kind, src, tgt))
+    return out
+
+
+def xml_root(path):
+    xml.dom.minidom.parse(path)  # the well-formedness check asked for; ET for the rest
+    return ET.parse(path).getroot()
+
+
+def text(el, path, default=None):
+    found = el.find(path)
+    return default if found is None or found.text is None else found.text.strip()
+
+
+# ------------------------------------------------------------------ compose ---
+
+class Compose:
+    def __init__(self, path):
+        with open(path) as f:
+            self.doc = yaml.safe_load(f)
+        self.services = self.doc.get("services") or {}
+        self.collectors = sorted(
+            n for n, s in self.services.items()
+            if s.get("image") == COLLECTOR_IMAGE and n not in ONE_SHOTS)
+        self.clickhouse = sorted(
+            n for n, s in self.services.items()
+            if str(s.get("image", "")).startswith("clickhouse/clickhouse-server"))
+        self.keepers = sorted(
+            n for n, s in self.services.items()
+            if str(s.get("image", "")).startswith("clickhouse/clickhouse-keeper"))
+
+
+def check_restart(c):
+    problems = []
+    for name, svc in sorted(c.services.items()):
+        want = "no" if name in ONE_SHOTS else "unless-stopped"
+        got = str(svc.get("restart", "no"))
+        if got != want:
+            problems.append(f"{name}: restart {got!r}, want {want!r}")
+    for name in sorted(ONE_SHOTS - set(c.services)):
+        problems.append(f"one-shot service {name} is missing")
+    return problems
+
+
+def check_one_shots(c):
+    problems = []
+    migrate = c.services.get("migrate", {})
+    if migrate.get("command") not in (["migrate"], "migrate"):
+        problems.append(f"migrate: command {migrate.get('command')!r}, want ['migrate']")
+    urls = env_of(migrate).get("COLLECTOR_CLICKHOUSE_URLS", "").split(",")
+    want = sorted(f"http://{n}:8123" for n in c.clickhouse)
+    if sorted(urls) != want:
+        problems.append(f"migrate must reach every replica: {urls} != {want}")
+    for name in c.collectors + ["seed"]:
+        dep = (c.services.get(name, {}).get("depends_on") or {}).get("migrate") or {}
+        if dep.get("condition") != "service_completed_successfully":
+            problems.append(f"{name}: must depend on migrate with service_completed_successfully")
+    return problems
+
+
+def check_collectors(c):
+    problems = []
+    if len(c.collectors) < 2:
+        problems.append(f"want at least two collectors, found {c.collectors}")
+    for name in c.collectors:
+        svc = c.services[name]
+        env = env_of(svc)
+        grace = duration_s(env.get("COLLECTOR_DRAIN_GRACE", "5s"))
+        stop = duration_s(svc.get("stop_grace_period", "10s"))
+        if not stop > grace + DRAIN_EXTRA_S:
+            problems.append(f"{name}: stop_grace_period {stop:g}s is not above drain grace "
+                            f"{grace:g}s + {DRAIN_EXTRA_S:g}s")
+        test = (svc.get("healthcheck") or {}).get("test")
+        if test != ["CMD", "/usr/local/bin/collector", "probe"]:
+            problems.append(f"{name}: healthcheck {test!r} is not `collector probe`")
+        hosts = [h.rsplit(":", 1)[0] for h in
+                 urlsplit(env.get("COLLECTOR_DATABASE_URL", "")).netloc.rsplit("@", 1)[-1].split(",")]
+        if hosts != ["postgres-primary", "postgres-standby"]:
+            problems.append(f"{name}: COLLECTOR_DATABASE_URL hosts {hosts}, "
+                            "want postgres-primary then postgres-standby")
+    return problems
+
+
+def check_replica_orders(c):
+    problems = []
+    want = sorted(f"http://{n}:8123" for n in c.clickhouse)
+    if len(want) != 3:
+        problems.append(f"want three ClickHouse replicas, found {c.clickhouse}")
+    orders = {}
+    for name in c.collectors:
+        urls = env_of(c.services[name]).get("COLLECTOR_CLICKHOUSE_URLS", "").split(",")
+        if sorted(urls) != want:
+            problems.append(f"{name}: replicas {urls} are not exactly {want}")
+        orders[name] = tuple(urls)
+    if len(set(orders.values())) != len(orders):
+        problems.append(f"collectors share a preference order: {orders}")
+    firsts = [o[0] for o in orders.values() if o]
+    if len(set(firsts)) != len(firsts):
+        problems.append(f"collectors prefer the same first replica: {firsts}")
+    return problems
+
+
+def check_spools(c, spool_dir):
+    problems, owner = [], {}
+    for name, svc in c.services.items():
+        for kind, src, tgt in mounts_of(svc):
+            if kind == "volume" and src:
+                owner.setdefault(src, []).append(name)
+    for name in c.collectors:
+        vols = [src for kind, src, tgt in mounts_of(c.services[name])
+                if kind == "volume" and tgt == spool_dir]
+        if len(vols) != 1:
+            problems.append(f"{name}: want one named volume at {spool_dir}, found {vols}")
+            continue
+        if owner[vols[0]] != [name]:
+            problems.append(f"spool volume {vols[0]} is mounted by {owner[vols[0]]}: one collector each")
+        spool = env_of(c.services[name]).get("COLLECTOR_SPOOL_DIR", spool_dir)
+        if spool != spool_dir:
+            problems.append(f"{name}: COLLECTOR_SPOOL_DIR {spool} is not the volume's {spool_dir}")
+    return problems
+
+
+def check_network(c):
+    problems = []
+    nets = c.doc.get("networks") or {}
+    subnets = [cfg.get("subnet") for n in nets.values() if n
+               for cfg in ((n.get("ipam") or {}).get("config") or [])]
+    if len(subnets) != 1:
+        return [f"want one network with a fixed subnet, found {subnets}"]
+    subnet = ipaddress.ip_network(subnets[0])
+    for name in c.collectors:
+        trusted = env_of(c.services[name]).get("COLLECTOR_TRUSTED_PROXIES", "")
+        if [ipaddress.ip_network(t.strip()) for t in trusted.split(",") if t.strip()] != [subnet]:
+            problems.append(f"{name}: COLLECTOR_TRUSTED_PROXIES {trusted!r} is not the subnet {subnet}")
+    users = xml_root(os.path.join(DEPLOY, "clickhouse", "users.xml"))
+    ips = [e.text.strip() for e in users.findall("./users/default/networks/ip")]
+    if str(subnet) not in ips:
+        problems.append(f"deploy/clickhouse/users.xml lets `default` in from {ips}, not from {subnet}")
+    return problems
+
+
+def check_ports(c):
+    problems = []
+    for name, svc in sorted(c.services.items()):
+        for p in svc.get("ports") or []:
+            if isinstance(p, dict):
+                host_ip = p.get("host_ip", "")
+            else:
+                parts = str(p).split(":")
+                host_ip = parts[0] if len(parts) == 3 else ""
+            if name == "caddy":
+                continue
+            if name == "clickhouse-r1" and host_ip == "127.0.0.1":
+                continue  # inspection port, loopback only
+            problems.append(f"{name} publishes {p} (only caddy may, and r1 on 127.0.0.1)")
+    if not c.services.get("caddy", {}).get("ports"):
+        problems.append("caddy publishes no port")
+    return problems
+
+
+def check_binds(c):
+    problems, used = [], set()
+    for name, svc in sorted(c.services.items()):
+        for kind, src, tgt in mounts_of(svc):
+            if kind != "bind":
+                continue
+            path = os.path.normpath(os.path.join(ROOT, src))
+            rel = os.path.relpath(path, ROOT)
+            used.add(rel)
+            if not os.path.exists(path):
+                problems.append(f"{name}: {rel} does not exist")
+            elif not (rel == "deploy" or rel.startswith("deploy" + os.sep)):
+                problems.append(f"{name}: {rel} is outside deploy/")
+    if not used:
+        problems.append("no bind mounts found (compose config changed shape?)")
+    return problems
+
+
+def check_images_pinned(c):
+    problems = []
+    for name, svc in sorted(c.services.items()):
+        image = str(svc.get("image", ""))
+        if "build" in svc:
+            continue
+        tag = image.rsplit(":", 1)[1] if ":" in image.rsplit("/", 1)[-1] else ""
+        if tag in ("", "latest"):
+            problems.append(f"{name}: image {image!r} is not pinned to a version")
+    return problems
+
+
+def check_caddyfile(c):
+    problems = []
+    path = os.path.join(DEPLOY, "caddy", "Caddyfile")
+    body = "\n".join(line.split("#", 1)[0] for line in open(path))
+    m = re.search(r"handle_path\s+/perf/\*\s*\{.*?reverse_proxy\s+([^{\n]+)\{(.*?)\}", body, re.S)
+    if not m:
+        return ["no `handle_path /perf/*` with a reverse_proxy block"]
+    upstreams = sorted(m.group(1).split())
+    want = sorted(f"{n}:8080" for n in c.collectors)
+    if upstreams != want:
+        problems.append(f"upstreams {upstreams} are not the collectors {want}")
+    if not re.search(r"^\s*health_uri\s+/readyz\s*$", m.group(2), re.M):
+        problems.append("no active health check `health_uri /readyz`")
+    caddy = c.services.get("caddy", {})
+    targets = {tgt: os.path.relpath(os.path.normpath(os.path.join(ROOT, src)), ROOT)
+               for kind, src, tgt in mounts_of(caddy) if kind == "bind"}
+    if targets.get("/etc/caddy/Caddyfile") != os.path.join("deploy", "caddy", "Caddyfile"):
+        problems.append("caddy does not mount deploy/caddy/Caddyfile at /etc/caddy/Caddyfile")
+    root = re.search(r"root\s+\*\s+(\S+)", body)
+    if not root or targets.get(root.group(1)) != os.path.join("deploy", "demo"):
+        problems.append("the file_server root is not deploy/demo mounted into caddy")
+    return problems
+
+
+def check_demo():
+    problems = []
+    src_dir, dst_dir = os.path.join(ROOT, "demo"), os.path.join(DEPLOY, "demo")
+    for f in sorted(os.listdir(src_dir)):
+        src, dst = os.path.join(src_dir, f), os.path.join(dst_dir, f)
+        if not os.path.exists(dst):
+            problems.append(f"deploy/demo/{f} is missing (copy of demo/{f})")
+            continue
+        a, b = open(src, "rb").read(), open(dst, "rb").read()
+        if f == "index.html":
+            a = a.replace(b'src="__COLLECTOR__/', b'src="/perf/')
+        if a != b:
+            problems.append(f"deploy/demo/{f} differs from demo/{f}"
+                            + (" (beyond __COLLECTOR__ -> /perf)" if f == "index.html" else ""))
+    if b"__COLLECTOR__" in open(os.path.join(dst_dir, "index.html"), "rb").read():
+        problems.append("deploy/demo/index.html still has the __COLLECTOR__ placeholder")
+    return problems
+
+
+# --------------------------------------------------------------- ClickHouse ---
+
+def check_xml_parses():
+    problems, n = [], 0
+    for dirpath, _, files in os.walk(DEPLOY):
+        for f in sorted(files):
+            if f.endswith(".xml"):
+                n += 1
+                try:
+                    xml_root(os.path.join(dirpath, f))
+                except Exception as e:  # noqa: BLE001
+                    problems.append(f"{os.path.relpath(os.path.join(dirpath, f), ROOT)}: {e}")
+    return problems if n else ["no XML file under deploy/"]
+
+
+def stack_sh_config():
+    """The ClickHouse config scripts/stack.sh writes, with its shell variables filled in."""
+    src = open(os.path.join(ROOT, "scripts", "stack.sh")).read()
+    m = re.search(r'cat >"\$d/config\.xml\.tmp" <<EOF\n(.*?)\nEOF\n', src, re.S)
+    if not m:
+        raise ValueError("scripts/stack.sh: the config.xml heredoc of ch_write_conf was not found")
+    body = m.group(1).replace("$remote", "<replica><host>h</host><port>1</port></replica>")
+    body = re.sub(r"\$\{![A-Za-z_]+\}", "1", body)
+    body = re.sub(r"\$\{?[A-Za-z_][A-Za-z0-9_]*\}?", "1", body)
+    return ET.fromstring(body)
+
+
+def shape(root):
+    """What must match between stack.sh's config and the deploy one."""
+    clusters = {}
+    for cl in root.findall("./remote_servers/*"):
+        clusters[cl.tag] = [
+            (text(sh, "internal_replication"), sorted({c.tag for r in sh.findall("replica") for c in r}))
+            for sh in cl.findall("shard")]
+    return {
+        "macros": sorted(e.tag for e in root.findall("./macros/*")),
+        "shard macro": text(root, "./macros/shard"),
+        "zookeeper node": sorted({c.tag for n in root.findall("./zookeeper/node") for c in n}),
+        "clusters": clusters,
+    }
+
+
+def replica_configs(c):
+    """{service: merged root} of cluster.xml + the rN.xml each replica mounts in config.d."""
+    out = {}
+    for name in c.clickhouse:
+        files = [os.path.normpath(os.path.join(ROOT, src)) for kind, src, tgt
+                 in mounts_of(c.services[name])
+                 if kind == "bind" and tgt.startswith("/etc/clickhouse-server/config.d/")]
+        merged = ET.Element("clickhouse")
+        for f in files:
+            for child in xml_root(f):
+                if merged.find(child.tag) is not None:
+                    raise ValueError(f"{name}: <{child.tag}> is in more than one config.d file")
+                merged.append(child)
+        out[name] = (merged, [os.path.relpath(f, ROOT) for f in files])
+    return out
+
+
+def check_clickhouse_shape(c):
+    problems = []
+    want = shape(stack_sh_config())
+    for name, (root, files) in replica_configs(c).items():
+        got = shape(root)
+        for key in want:
+            if got[key] != want[key]:
+                problems.append(f"{name} ({', '.join(files)}): {key} {got[key]} != stack.sh's {want[key]}")
+    return problems
+
+
+def check_clickhouse_replicas(c):
+    problems, seen = [], set()
+    keeper_port = text(xml_root(os.path.join(DEPLOY, "keeper", "keeper.xml")), "./keeper_server/tcp_port")
+    for name, (root, files) in replica_configs(c).items():
+        rn = name.rsplit("-", 1)[-1]  # clickhouse-r1 -> r1
+        replica = text(root, "./macros/replica")
+        if replica != rn:
+            problems.append(f"{name}: macro replica {replica!r}, want {rn!r} ({', '.join(files)})")
+        if replica in seen:
+            problems.append(f"macro replica {replica!r} is used twice")
+        seen.add(replica)
+        if text(root, "interserver_http_host") != name:
+            problems.append(f"{name}: interserver_http_host {text(root, 'interserver_http_host')!r}, "
+                            f"want the service name")
+        hosts = sorted(text(r, "host") for r in root.findall("./remote_servers/collector/shard/replica"))
+        if hosts != c.clickhouse:
+            problems.append(f"{name}: cluster collector lists {hosts}, want {c.clickhouse}")
+        zk = sorted((text(n, "host"), text(n, "port")) for n in root.findall("./zookeeper/node"))
+        if zk != [(k, keeper_port) for k in c.keepers]:
+            problems.append(f"{name}: zookeeper nodes {zk}, want the keepers {c.keepers} on {keeper_port}")
+        users = [tgt for kind, src, tgt in mounts_of(c.services[name])
+                 if kind == "bind" and src.endswith("deploy/clickhouse/users.xml")]
+        if not any(t.startswith("/etc/clickhouse-server/users.d/") for t in users):
+            problems.append(f"{name}: deploy/clickhouse/users.xml is not mounted in users.d/")
+    return problems
+
+
+def check_keeper(c):
+    problems = []
+    root = xml_root(os.path.join(DEPLOY, "keeper", "keeper.xml"))
+    servers = {text(s, "id"): text(s, "hostname")
+               for s in root.findall("./keeper_server/raft_configuration/server")}
+    if sorted(servers.values()) != c.keepers or len(c.keepers) != 3:
+        problems.append(f"raft servers {servers} are not the three keeper services {c.keepers}")
+    sid = root.find("./keeper_server/server_id")
+    env_name = sid.get("from_env") if sid is not None else None
+    if not env_name:
+        return problems + ["keeper_server/server_id must come from_env"]
+    for name in c.keepers:
+        got = env_of(c.services[name]).get(env_name)
+        if servers.get(got) != name:
+            problems.append(f"{name}: {env_name}={got!r} is the raft id of {servers.get(got)!r}")
+    return problems
+
+
+# --------------------------------------------------------------- Dockerfile ---
+
+def dockerfile_instructions(path):
+    """[(INSTRUCTION, arguments)] with continuations joined and comments dropped."""
+    out, cur = [], ""
+    for line in open(path):
+        s = line.rstrip("\n")
+        if not cur and (not s.strip() or s.lstrip().startswith("#")):
+            continue
+        if cur and s.lstrip().startswith("#"):
+            continue  # comment inside a continued instruction
+        if s.endswith("\\"):
+            cur += s[:-1] + " "
+            continue
+        cur += s
+        word, _, rest = cur.strip().partition(" ")
+        out.append((word.upper(), rest.strip()))
+        cur = ""
+    return out
+
+
+def stages(instrs):
+    result = []
+    for ins, args in instrs:
+        if ins == "FROM":
+            words = args.split()
+            alias = words[2] if len(words) >= 3 and words[1].lower() == "as" else None
+            result.append({"from": words[0], "as": alias, "ins": []})
+        elif result:
+            result[-1]["ins"].append((ins, args))
+    return result
+
+
+def env_pairs(args):
+    words = shlex.split(args)
+    if len(words) == 2 and "=" not in words[0]:
+        return {words[0]: words[1]}
+    return dict(w.split("=", 1) for w in words)
+
+
+def dockerignore_excluded(rel, patterns):
+    """Whether the build context leaves out path rel (Docker's rule: the last pattern that
+    matches the path or one of its parent folders decides)."""
+    parts = rel.split("/")
+    prefixes = ["/".join(parts[:i]) for i in range(1, len(parts) + 1)]
+    excluded = False
+    for pat in patterns:
+        neg = pat.startswith("!")
+        p = pat[1:] if neg else pat
+        p = p.strip("/")
+        if p.startswith("**/"):
+            hit = any(fnmatch.fnmatch(x.split("/")[-1], p[3:]) or fnmatch.fnmatch(x, p[3:])
+                      for x in prefixes)
+        else:
+            hit = any(fnmatch.fnmatch(x, p) and x.count("/") == p.count("/") for x in prefixes)
+        if hit:
+            excluded = not neg
+    return excluded
+
+
+def check_dockerfile():
+    problems = []
+    st = stages(dockerfile_instructions(os.path.join(ROOT, "Dockerfile")))
+    if len(st) < 2:
+        return [f"want a multi-stage build, found {len(st)} stage(s)"]
+    builder, final = st[0], st[-1]
+    if builder["as"] != "builder" or not builder["from"].startswith("rust:"):
+        problems.append(f"first stage is FROM {builder['from']} AS {builder['as']}, "
+                        "want a rust image AS builder")
+    if not any(i == "RUN" and "cargo build --release -p collector --locked" in a for i, a in builder["ins"]):
+        problems.append("the builder never runs `cargo build --release -p collector --locked`")
+    if not (final["from"].startswith("debian:bookworm-slim") or "distroless/cc" in final["from"]):
+        problems.append(f"runtime stage FROM {final['from']}: want debian:bookworm-slim or distroless cc")
+    fi = final["ins"]
+    users = [a for i, a in fi if i == "USER"]
+    if not users or users[-1].split(":")[0] in ("root", "0"):
+        problems.append(f"runtime USER {users[-1] if users else 'missing'}: must be a non-root user")
+    elif not users[-1].split(":")[0].isdigit():
+        problems.append(f"runtime USER {users[-1]}: use a fixed numeric uid (volumes are chowned by number)")
+    hc = [a for i, a in fi if i == "HEALTHCHECK"]
+    cmd = hc[-1].split("CMD", 1)[1].strip() if hc and "CMD" in hc[-1] else ""
+    try:
+        probe = json.loads(cmd) if cmd.startswith("[") else None
+    except ValueError:
+        probe = None
+    if probe != ["/usr/local/bin/collector", "probe"]:
+        problems.append(f"HEALTHCHECK {hc[-1] if hc else 'missing'}: want CMD [\"/usr/local/bin/collector\", \"probe\"]")
+    if [a for i, a in fi if i == "STOPSIGNAL"] != ["SIGTERM"]:
+        problems.append("STOPSIGNAL SIGTERM is missing")
+    env = {}
+    for i, a in fi:
+        if i == "ENV":
+            env.update(env_pairs(a))
+    spool = env.get("COLLECTOR_SPOOL_DIR")
+    vols = []
+    for i, a in fi:
+        if i == "VOLUME":
+            vols += json.loads(a) if a.startswith("[") else a.split()
+    if not spool or spool not in vols:
+        problems.append(f"no VOLUME for the spool (COLLECTOR_SPOOL_DIR={spool}, VOLUME {vols})")
+    if env.get("COLLECTOR_LISTEN") != "0.0.0.0:8080":
+        problems.append(f"COLLECTOR_LISTEN={env.get('COLLECTOR_LISTEN')}, want 0.0.0.0:8080")
+    if "8080" not in " ".join(a for i, a in fi if i == "EXPOSE").split():
+        problems.append("EXPOSE 8080 is missing")
+    if not any(i == "COPY" and "--from=builder" in a and "/usr/local/bin/collector" in a for i, a in fi):
+        problems.append("the runtime does not COPY --from=builder the binary to /usr/local/bin/collector")
+    # Cache-friendly order: only manifests are copied before the first cargo build.
+    copied_before = []
+    for i, a in builder["ins"]:
+        if i == "RUN" and "cargo build" in a:
+            break
+        if i == "COPY":
+            copied_before += [w for w in a.split()[:-1] if not w.startswith("--")]
+    stray = [p for p in copied_before if os.path.basename(p) not in ("Cargo.toml", "Cargo.lock")]
+    if not copied_before or stray:
+        problems.append(f"the first cargo build should see only manifests (dependency layer), "
+                        f"but it sees {stray or 'nothing'}")
+    return problems
+
+
+def check_build_context():
+    """Every COPY source of the builder, and every file the crate compiles in with
+    include_str!/include_bytes!, is in the build context and copied into the builder."""
+    problems = []
+    patterns = [line.strip() for line in open(os.path.join(ROOT, ".dockerignore"))
+                if line.strip() and not line.lstrip().startswith("#")]
+    for must_go in ("target", ".stack", ".git", "spool", ".env", "deploy"):
+        if not dockerignore_excluded(must_go + "/x", patterns) and not dockerignore_excluded(must_go, patterns):
+            problems.append(f".dockerignore lets {must_go} into the build context")
+    st = stages(dockerfile_instructions(os.path.join(ROOT, "Dockerfile")))
+    sources = []
+    for i, a in st[0]["ins"]:
+        if i == "COPY" and "--from" not in a:
+            sources += [w for w in a.split()[:-1] if not w.startswith("--")]
+    for s in sources:
+        path = os.path.join(ROOT, s)
+        if not os.path.exists(path):
+            problems.append(f"COPY {s}: does not exist")
+            continue
+        # A folder counts as sent when some file in it is (an allow-list re-includes parts).
+        files = [os.path.relpath(os.path.join(d, f), ROOT)
+                 for d, _, fs in os.walk(path) for f in fs] if os.path.isdir(path) else [s]
+        if all(dockerignore_excluded(f, patterns) for f in files):
+            problems.append(f"COPY {s}: left out of the build context by .dockerignore")
+
+    def in_builder(rel):
+        return any(rel == s or rel.startswith(s.rstrip("/") + "/") for s in sources)
+
+    src_dir = os.path.join(ROOT, "collector", "src")
+    found = 0
+    for dirpath, _, files in os.walk(src_dir):
+        for f in files:
+            if not f.endswith(".rs"):
+                continue
+            path = os.path.join(dirpath, f)
+            for m in re.finditer(r'include_(?:str|bytes)!\(\s*"([^"]+)"', open(path).read()):
+                found += 1
+                rel = os.path.relpath(os.path.normpath(os.path.join(dirpath, m.group(1))), ROOT)
+                if not os.path.exists(os.path.join(ROOT, rel)):
+                    problems.append(f"{os.path.relpath(path, ROOT)} includes {rel}, which does not exist")
+                elif dockerignore_excluded(rel, patterns):
+                    problems.append(f"{rel} (compiled in) is left out by .dockerignore")
+                elif not in_builder(rel):
+                    problems.append(f"{rel} (compiled in) is not copied into the builder")
+    if not found:
+        problems.append("no include_str! found in collector/src (expected the schema files)")
+    return problems
+
+
+def main():
+    config, with_dockerfile = sys.argv[1], "--dockerfile" in sys.argv[2:]
+    ck = Checks()
+    c = Compose(config)
+    spool_dir = "/var/lib/collector/spool"
+    for ins, args in dockerfile_instructions(os.path.join(ROOT, "Dockerfile")):
+        if ins == "ENV":
+            spool_dir = env_pairs(args).get("COLLECTOR_SPOOL_DIR", spool_dir)
+
+    ck.run("compose: long-running services restart unless-stopped, one-shots never", check_restart, c)
+    ck.run("compose: migrate reaches every replica; collectors and seed wait for it", check_one_shots, c)
+    ck.run("compose: collectors' stop_grace_period > drain grace + 20s; probe healthcheck; both PostgreSQL hosts",
+           check_collectors, c)
+    ck.run("compose: collectors list the same three replicas in different orders", check_replica_orders, c)
+    ck.run("compose: one spool volume per collector, shared with no one", check_spools, c, spool_dir)
+    ck.run("compose: fixed subnet = COLLECTOR_TRUSTED_PROXIES = ClickHouse users.xml network", check_network, c)
+    ck.run("compose: only caddy publishes ports (and r1 on 127.0.0.1)", check_ports, c)
+    ck.run("compose: every bind-mounted file exists under deploy/", check_binds, c)
+    ck.run("compose: third-party images pinned to a version", check_images_pinned, c)
+    ck.run("caddy: /perf/* balanced over the collectors with health_uri /readyz; demo root mounted",
+           check_caddyfile, c)
+    ck.run("demo: deploy/demo is demo/ with the script at /perf/script.js", check_demo)
+    ck.run("clickhouse: every XML file under deploy/ parses", check_xml_parses)
+    ck.run("clickhouse: macros/remote_servers/zookeeper have the shape scripts/stack.sh writes",
+           check_clickhouse_shape, c)
+    ck.run("clickhouse: per-replica macros, interserver hosts, cluster and Keeper nodes match compose",
+           check_clickhouse_replicas, c)
+    ck.run("keeper: raft members are the keeper services, server ids from their environment", check_keeper, c)
+    if with_dockerfile:
+        ck.run("dockerfile: multi-stage, non-root USER, probe HEALTHCHECK, STOPSIGNAL SIGTERM, spool VOLUME",
+               check_dockerfile)
+        ck.run("dockerfile: COPY sources and compiled-in files are in the build context", check_build_context)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
