@@ -24,6 +24,8 @@
 //! Intake never imports the writer and the writer never imports HTTP types: they meet only
 //! in the spool. [`run`] wires them together.
 
+#![warn(missing_docs)]
+
 pub mod beacon;
 pub mod client_ip;
 pub mod config;
