@@ -70,6 +70,9 @@ pub struct Metrics {
     /// `collector_spool_disk_bytes`: size of the spool's segment files, confirmed records
     /// awaiting deletion included.
     pub spool_disk_bytes: Gauge<i64, AtomicI64>,
+    /// `collector_spool_damaged_bytes_total`: bytes of damaged or torn records skipped or cut
+    /// when the spool was recovered at start.
+    pub spool_damaged_bytes: Counter,
     /// `collector_spool_kept_aside_total`: batches ClickHouse refused as bad data, kept aside.
     pub kept_aside: Counter,
     /// `collector_settings_store_up`: 1 when the last settings-store call succeeded.
@@ -129,6 +132,7 @@ impl Metrics {
             spool_records: Gauge::default(),
             spool_disk_bytes: Gauge::default(),
             kept_aside: Counter::default(),
+            spool_damaged_bytes: Counter::default(),
             settings_store_up: Gauge::default(),
             settings_stale_served: Counter::default(),
             settings_from_snapshot: Gauge::default(),
@@ -191,6 +195,11 @@ impl Metrics {
             "collector_spool_disk_bytes",
             "Size of the spool's segment files",
             m.spool_disk_bytes.clone(),
+        );
+        r.register(
+            "collector_spool_damaged_bytes",
+            "Bytes of damaged or torn spool records skipped at recovery",
+            m.spool_damaged_bytes.clone(),
         );
         r.register(
             "collector_spool_kept_aside",

@@ -49,7 +49,7 @@
 
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
@@ -243,23 +243,22 @@ pub fn open(
         })
         .collect();
     numbers.sort_unstable();
+    let mut cursor = cursor;
     for n in numbers {
         let path = segment_path(dir, n);
-        let scan = scan_segment(&path, cursor).map_err(err)?;
-        if n < cursor.segment || scan.valid_len < HEADER_LEN {
+        if n < cursor.segment {
+            // Everything in it was confirmed by ClickHouse before the cursor moved past it.
+            tracing::info!(segment = %path.display(), "spool: deleting a confirmed segment");
             fs::remove_file(&path).map_err(err)?;
             continue;
         }
-        if scan.valid_len < scan.file_len {
-            tracing::warn!(segment = %path.display(), cut_bytes = scan.file_len - scan.valid_len, "spool: cut a torn or corrupt tail");
-            let f = OpenOptions::new().write(true).open(&path).map_err(err)?;
-            f.set_len(scan.valid_len).map_err(err)?;
-            f.sync_all().map_err(err)?;
-        }
-        state.segments.insert(n, scan.valid_len);
-        state.disk_bytes += scan.valid_len;
-        state.unconfirmed_bytes += scan.bytes_after;
-        state.unconfirmed_records += scan.records_after;
+        let Some(recovered) = recover_segment(dir, n, &mut cursor, &metrics).map_err(err)? else {
+            continue;
+        };
+        state.segments.insert(n, recovered.len);
+        state.disk_bytes += recovered.len;
+        state.unconfirmed_bytes += recovered.bytes_after;
+        state.unconfirmed_records += recovered.records_after;
     }
     if !state.segments.is_empty() {
         tracing::info!(
@@ -270,7 +269,10 @@ pub fn open(
         );
     }
 
-    let active = state.segments.keys().next_back().map_or(1, |n| n + 1);
+    // Numbering goes on past the cursor even when no segment is left: a new segment numbered
+    // below the cursor would be taken for a confirmed one at the next start.
+    let last = state.segments.keys().next_back().copied().unwrap_or(0);
+    let active = last.max(cursor.segment) + 1;
     let file = create_segment(dir, active).map_err(err)?;
     state.segments.insert(active, HEADER_LEN);
     state.disk_bytes += HEADER_LEN;
@@ -351,46 +353,133 @@ fn create_segment(dir: &Path, n: u64) -> io::Result<File> {
     Ok(f)
 }
 
-struct Scan {
-    file_len: u64,
-    valid_len: u64,
+/// What recovery kept of one segment.
+struct Recovered {
+    /// Length of the segment after recovery.
+    len: u64,
+    /// Measurements at or after the cursor.
     records_after: u64,
+    /// Frame bytes at or after the cursor.
     bytes_after: u64,
 }
 
-/// Reads a segment frame by frame; `valid_len` ends after the last whole, checksummed record.
-fn scan_segment(path: &Path, cursor: Position) -> io::Result<Scan> {
-    let mut data = Vec::new();
-    File::open(path)?.read_to_end(&mut data)?;
-    let n: u64 = path
-        .file_stem()
-        .and_then(|s| s.to_str())
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let file_len = data.len() as u64;
-    let mut scan = Scan {
-        file_len,
-        valid_len: 0,
-        records_after: 0,
-        bytes_after: 0,
-    };
-    if data.len() < MAGIC.len() || &data[..MAGIC.len()] != MAGIC {
-        return Ok(scan);
+/// Checks segment `n` frame by frame and repairs it so that it holds only whole, checksummed
+/// records; returns `None` when nothing of it is left (it is then removed).
+///
+/// - A record cut short at the end (a torn write) is cut off.
+/// - A damaged record in the middle is skipped: the scan resynchronises on the next offset
+///   that holds a whole, checksummed record, the original file is copied to
+///   `kept-aside/damaged-<n>.seg` for inspection, and the segment is rewritten without the
+///   damage (the cursor is moved to the same record in the rewritten file).
+/// - A damaged magic does not lose the records after it: they carry their own checksums.
+fn recover_segment(
+    dir: &Path,
+    n: u64,
+    cursor: &mut Position,
+    metrics: &Metrics,
+) -> io::Result<Option<Recovered>> {
+    let path = segment_path(dir, n);
+    let data = fs::read(&path)?;
+    if data.len() <= MAGIC.len() {
+        if !data.is_empty() {
+            tracing::warn!(segment = %path.display(), bytes = data.len(), "spool: removing a segment too short to hold a record");
+        }
+        fs::remove_file(&path)?;
+        return Ok(None);
     }
+    if &data[..MAGIC.len()] != MAGIC {
+        tracing::error!(segment = %path.display(), "spool: damaged segment header; reading its records anyway");
+    }
+    // Whole records as (start, end) offsets, skipping damage.
+    let mut frames = Vec::new();
+    let (mut off, mut skipped) = (HEADER_LEN as usize, 0usize);
+    while off < data.len() {
+        if let Some((_, next)) = frame_at(&data, off) {
+            frames.push((off, next));
+            off = next;
+            continue;
+        }
+        match (off + 1..data.len()).find(|&p| frame_at(&data, p).is_some()) {
+            Some(p) => {
+                skipped += p - off;
+                off = p;
+            }
+            None => break,
+        }
+    }
+    let valid_end = frames.last().map_or(HEADER_LEN as usize, |f| f.1);
+    let cut = data.len() - valid_end;
+    let mut result = if skipped > 0 || &data[..MAGIC.len()] != MAGIC {
+        let aside = dir.join("kept-aside").join(format!("damaged-{n:020}.seg"));
+        fs::write(&aside, &data)?;
+        tracing::error!(segment = %path.display(), skipped_bytes = skipped, kept = %aside.display(), "spool: skipped damaged records; the original is kept aside");
+        metrics.spool_damaged_bytes.inc_by((skipped + cut) as u64);
+        // Rewrite with the whole records only, remapping the cursor if it points in here.
+        let mut out = Vec::with_capacity(data.len());
+        out.extend_from_slice(MAGIC);
+        let mut new_cursor = None;
+        for &(start, end) in &frames {
+            if n == cursor.segment && new_cursor.is_none() && start as u64 >= cursor.offset {
+                new_cursor = Some(out.len() as u64);
+            }
+            out.extend_from_slice(&data[start..end]);
+        }
+        if n == cursor.segment {
+            cursor.offset = new_cursor.unwrap_or(out.len() as u64);
+            write_cursor(dir, *cursor)?;
+        }
+        let tmp = path.with_extension("seg.tmp");
+        let mut f = File::create(&tmp)?;
+        f.write_all(&out)?;
+        f.sync_all()?;
+        fs::rename(&tmp, &path)?;
+        File::open(dir.join("segments"))?.sync_all()?;
+        Recovered {
+            len: out.len() as u64,
+            records_after: 0,
+            bytes_after: 0,
+        }
+    } else {
+        if cut > 0 {
+            tracing::warn!(segment = %path.display(), cut_bytes = cut, "spool: cut a torn or corrupt tail");
+            metrics.spool_damaged_bytes.inc_by(cut as u64);
+            let f = OpenOptions::new().write(true).open(&path)?;
+            f.set_len(valid_end as u64)?;
+            f.sync_all()?;
+        }
+        Recovered {
+            len: valid_end as u64,
+            records_after: 0,
+            bytes_after: 0,
+        }
+    };
+    // Count what is still to be written, in the (possibly rewritten) file.
+    let data = if result.len as usize == valid_end && skipped == 0 {
+        data
+    } else {
+        fs::read(&path)?
+    };
     let mut off = HEADER_LEN as usize;
     while let Some((payload, next)) = frame_at(&data, off) {
         if (Position {
             segment: n,
             offset: off as u64,
-        }) >= cursor
+        }) >= *cursor
         {
-            scan.records_after += count_measurements(payload);
-            scan.bytes_after += (next - off) as u64;
+            result.records_after += count_measurements(payload);
+            result.bytes_after += (next - off) as u64;
         }
         off = next;
     }
-    scan.valid_len = off as u64;
-    Ok(scan)
+    Ok(Some(result))
+}
+
+/// Persists the cursor (write and rename; without fsync: a lost cursor only replays
+/// confirmed records, which storage folds).
+fn write_cursor(dir: &Path, at: Position) -> io::Result<()> {
+    let tmp = dir.join("CURSOR.tmp");
+    fs::write(&tmp, format!("{} {}\n", at.segment, at.offset))?;
+    fs::rename(&tmp, dir.join("CURSOR"))
 }
 
 /// The payload of the whole, checksummed record at `off`, and the offset after it.
@@ -403,6 +492,11 @@ fn frame_at(data: &[u8], off: usize) -> Option<(&[u8], usize)> {
     }
     let start = off + FRAME_LEN as usize;
     let payload = data.get(start..start + len as usize)?;
+    // Every payload is a JSON array: a cheap check before the checksum, which keeps the
+    // resynchronising scan of a damaged segment fast.
+    if payload.first() != Some(&b'[') {
+        return None;
+    }
     (crc32c::crc32c(payload) == crc).then_some((payload, start + len as usize))
 }
 
@@ -712,11 +806,8 @@ impl SpoolReader {
     /// Marks everything before `upto` as confirmed by ClickHouse (`records` measurements and
     /// `bytes` spool bytes since the last confirmation): persists the cursor and deletes every
     /// segment that holds nothing unconfirmed.
-    pub fn confirm(&mut self, upto: Position, records: u64, bytes: u64) -> io::Result<()> {
-        let dir = &self.shared.dir;
-        let tmp = dir.join("CURSOR.tmp");
-        fs::write(&tmp, format!("{} {}\n", upto.segment, upto.offset))?;
-        fs::rename(&tmp, dir.join("CURSOR"))?;
+    pub fn confirm(&mut self, upto: Position, records: u64, bytes: u64) {
+        // The counts first: the rows are in ClickHouse whatever happens to the files below.
         let mut st = self.shared.state.lock().unwrap();
         st.unconfirmed_records = st.unconfirmed_records.saturating_sub(records);
         st.unconfirmed_bytes = st.unconfirmed_bytes.saturating_sub(bytes);
@@ -734,15 +825,32 @@ impl SpoolReader {
                 self.open = None;
             }
             match fs::remove_file(self.shared.segment_path(n)) {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(e) => return Err(e),
+                Ok(()) => {
+                    st.segments.remove(&n);
+                    st.disk_bytes -= len;
+                }
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    st.segments.remove(&n);
+                    st.disk_bytes -= len;
+                }
+                // Tried again at the next confirmation; meanwhile it only takes disk space.
+                Err(e) => {
+                    crate::logging::warn_limited(
+                        "spool_delete",
+                        || tracing::warn!(segment = n, error = %e, "spool: cannot delete a confirmed segment"),
+                    );
+                }
             }
-            st.segments.remove(&n);
-            st.disk_bytes -= len;
         }
         self.shared.publish(&st);
-        Ok(())
+        drop(st);
+        // A stale cursor replays confirmed records after a restart; storage folds them.
+        if let Err(e) = write_cursor(&self.shared.dir, upto) {
+            crate::logging::warn_limited(
+                "spool_cursor",
+                || tracing::warn!(error = %e, "spool: cannot record the cursor"),
+            );
+        }
     }
 
     /// Writes a batch ClickHouse refused as bad data to `kept-aside/` for inspection.
@@ -824,7 +932,7 @@ mod tests {
             let recs = read_all(&mut reader);
             assert_eq!(ids(&recs), [1, 2, 3]);
             assert_eq!(metrics.spool_records.get(), 3);
-            reader.confirm(recs[0].end, 2, recs[0].bytes).unwrap();
+            reader.confirm(recs[0].end, 2, recs[0].bytes);
             assert_eq!(metrics.spool_records.get(), 1);
         }
         // Reopen: only the unconfirmed record comes back.
@@ -900,7 +1008,7 @@ mod tests {
         let recs = read_all(&mut reader);
         assert_eq!(recs.len(), ok);
         let (end, bytes) = (recs.last().unwrap().end, recs.iter().map(|r| r.bytes).sum());
-        reader.confirm(end, ok as u64, bytes).unwrap();
+        reader.confirm(end, ok as u64, bytes);
         // Confirmed bytes stay in the active segment until it is sealed, so rotate by filling.
         assert!(
             spool
@@ -932,14 +1040,94 @@ mod tests {
         let recs = read_all(&mut reader);
         assert_eq!(recs.len(), appended + 1);
         let bytes = recs.iter().map(|r| r.bytes).sum();
-        reader
-            .confirm(recs.last().unwrap().end, 50 * recs.len() as u64, bytes)
-            .unwrap();
+        reader.confirm(recs.last().unwrap().end, 50 * recs.len() as u64, bytes);
         assert!(
             !segment_path(dir.path(), 1).exists(),
             "sealed, confirmed segment deleted"
         );
         assert!(segment_path(dir.path(), 2).exists(), "active segment kept");
+        assert_eq!(metrics.spool_records.get(), 0);
+        assert_eq!(metrics.spool_bytes.get(), 0);
+    }
+
+    async fn spool_with(dir: &Path, n: u128) {
+        let (spool, _reader) = open(dir, 1 << 20, Arc::new(Metrics::new())).unwrap();
+        for i in 1..=n {
+            spool.append(&[m(i)], Duration::from_secs(5)).await.unwrap();
+        }
+    }
+
+    #[tokio::test]
+    async fn a_damaged_record_in_the_middle_costs_only_itself() {
+        let dir = tempfile::tempdir().unwrap();
+        spool_with(dir.path(), 5).await;
+        let seg = segment_path(dir.path(), 1);
+        let mut data = fs::read(&seg).unwrap();
+        // Damage the second record's payload and its length field alike.
+        let second = {
+            let (_, next) = frame_at(&data, HEADER_LEN as usize).unwrap();
+            next
+        };
+        data[second + 12] ^= 0xff;
+        data[second] ^= 0x7f;
+        fs::write(&seg, &data).unwrap();
+        let metrics = Arc::new(Metrics::new());
+        let (_spool, mut reader) = open(dir.path(), 1 << 20, metrics.clone()).unwrap();
+        assert_eq!(ids(&read_all(&mut reader)), [1, 3, 4, 5]);
+        assert!(dir
+            .path()
+            .join("kept-aside/damaged-00000000000000000001.seg")
+            .exists());
+        assert!(metrics.spool_damaged_bytes.get() > 0);
+        assert_eq!(metrics.spool_records.get(), 4);
+    }
+
+    #[tokio::test]
+    async fn a_damaged_magic_loses_no_record() {
+        let dir = tempfile::tempdir().unwrap();
+        spool_with(dir.path(), 3).await;
+        let seg = segment_path(dir.path(), 1);
+        let mut data = fs::read(&seg).unwrap();
+        data[0] ^= 0xff;
+        fs::write(&seg, &data).unwrap();
+        let (_spool, mut reader) = open(dir.path(), 1 << 20, Arc::new(Metrics::new())).unwrap();
+        assert_eq!(ids(&read_all(&mut reader)), [1, 2, 3]);
+    }
+
+    #[tokio::test]
+    async fn numbering_goes_on_past_the_cursor() {
+        let dir = tempfile::tempdir().unwrap();
+        let metrics = Arc::new(Metrics::new());
+        {
+            let (spool, mut reader) = open(dir.path(), 1 << 20, metrics.clone()).unwrap();
+            spool.append(&[m(1)], Duration::from_secs(5)).await.unwrap();
+            let recs = read_all(&mut reader);
+            reader.confirm(recs[0].end, 1, recs[0].bytes);
+        }
+        for e in fs::read_dir(dir.path().join("segments")).unwrap() {
+            fs::remove_file(e.unwrap().path()).unwrap();
+        }
+        {
+            let (spool, _reader) = open(dir.path(), 1 << 20, metrics.clone()).unwrap();
+            spool.append(&[m(2)], Duration::from_secs(5)).await.unwrap();
+        }
+        let (_spool, mut reader) = open(dir.path(), 1 << 20, metrics).unwrap();
+        assert_eq!(
+            ids(&read_all(&mut reader)),
+            [2],
+            "acknowledged after the files vanished: kept"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_failed_cursor_write_still_frees_the_room() {
+        let dir = tempfile::tempdir().unwrap();
+        let metrics = Arc::new(Metrics::new());
+        let (spool, mut reader) = open(dir.path(), 1 << 20, metrics.clone()).unwrap();
+        spool.append(&[m(1)], Duration::from_secs(5)).await.unwrap();
+        fs::create_dir(dir.path().join("CURSOR.tmp")).unwrap();
+        let recs = read_all(&mut reader);
+        reader.confirm(recs[0].end, 1, recs[0].bytes);
         assert_eq!(metrics.spool_records.get(), 0);
         assert_eq!(metrics.spool_bytes.get(), 0);
     }

@@ -183,10 +183,7 @@ pub async fn run(
 }
 
 fn confirm(reader: &mut SpoolReader, batch: &Batch) {
-    if let Err(e) = reader.confirm(batch.end, batch.rows.len() as u64, batch.bytes) {
-        // The batch is in ClickHouse; failing to record that only means a replay (folded).
-        tracing::error!(error = %e, "spool: cannot record a confirmed batch");
-    }
+    reader.confirm(batch.end, batch.rows.len() as u64, batch.bytes);
 }
 
 /// Gathers the next batch; `None` once shutdown is requested and nothing is left to read.
