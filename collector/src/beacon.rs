@@ -216,6 +216,10 @@ impl<'de> Deserialize<'de> for Top {
 fn non_finite_as_strings(body: &[u8]) -> Option<Vec<u8>> {
     let mut out = Vec::with_capacity(body.len() + 16);
     let (mut in_string, mut escaped, mut changed, mut i) = (false, false, false, 0);
+    // Open containers, and the last significant byte: a token is only rewritten in value
+    // position (after `:`, `[`, or `,` inside an array), never as an object key.
+    let mut containers = Vec::new();
+    let mut last = 0u8;
     while i < body.len() {
         let b = body[i];
         if in_string {
@@ -223,23 +227,39 @@ fn non_finite_as_strings(body: &[u8]) -> Option<Vec<u8>> {
             match (escaped, b) {
                 (true, _) => escaped = false,
                 (false, b'\\') => escaped = true,
-                (false, b'"') => in_string = false,
+                (false, b'"') => {
+                    in_string = false;
+                    last = b'"';
+                }
                 _ => {}
             }
             i += 1;
             continue;
         }
         let rest = &body[i..];
+        let value_position =
+            last == b':' || last == b'[' || (last == b',' && containers.last() == Some(&b'['));
         if let Some(token) = [&b"-Infinity"[..], b"Infinity", b"NaN"]
             .into_iter()
-            .find(|t| rest.starts_with(t))
+            .find(|t| value_position && rest.starts_with(t))
         {
             out.push(b'"');
             out.extend_from_slice(token);
             out.push(b'"');
             i += token.len();
             changed = true;
+            last = b'"';
             continue;
+        }
+        match b {
+            b'{' | b'[' => containers.push(b),
+            b'}' | b']' => {
+                containers.pop();
+            }
+            _ => {}
+        }
+        if !b.is_ascii_whitespace() {
+            last = b;
         }
         in_string = b == b'"';
         out.push(b);
@@ -599,6 +619,14 @@ mod tests {
         assert_eq!(v.dropped, ["fcp_ms", "lcp_ms", "inp_ms"]);
         assert_eq!(v.measurement.referrer.as_deref(), Some("NaN in a string"));
         assert_eq!(v.measurement.ttfb_ms, Some(3.0));
+        let arr = parse(b"[{\"lcp_ms\":[NaN, Infinity]}]").unwrap();
+        assert_eq!(arr.len(), 1);
+        // Not in value position: the body stays malformed.
+        assert!(matches!(
+            parse(b"{\"a\":1,NaN:1}"),
+            Err(DecodeError::Malformed(_))
+        ));
+        assert!(matches!(parse(b"{NaN:1}"), Err(DecodeError::Malformed(_))));
     }
 
     #[test]

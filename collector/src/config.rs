@@ -36,6 +36,9 @@ pub const DEFAULT_SPOOL_MAX_BYTES: &str = "1073741824";
 pub const DEFAULT_CATCHUP_MAX_DELAY: &str = "0s";
 /// On SIGTERM, how long `/readyz` answers 503 before the listener closes (contract §1).
 pub const DEFAULT_DRAIN_GRACE: &str = "5s";
+/// The longest duration any setting accepts: longer ones are surely a mistake (and some, such
+/// as the dedup window, would overflow timers).
+pub const MAX_DURATION: Duration = Duration::from_secs(7 * 24 * 3600);
 /// Log format (contract §1).
 pub const DEFAULT_LOG_FORMAT: &str = "text";
 /// A batch is flushed once it holds this many measurements.
@@ -47,8 +50,8 @@ pub const DEFAULT_BATCH_MAX_BYTES: &str = "16777216";
 pub const DEFAULT_BATCH_MAX_AGE: &str = "800ms";
 /// How long a measurement id is remembered by the in-memory dedup window.
 pub const DEFAULT_DEDUP_WINDOW: &str = "10m";
-/// How many ids the dedup window holds at most (about 100 bytes each).
-pub const DEFAULT_DEDUP_CAPACITY: &str = "500000";
+/// How many ids the dedup window holds at most (a few hundred bytes each in moka).
+pub const DEFAULT_DEDUP_CAPACITY: &str = "100000";
 /// Intake requests per second per client address (bursts of twice); 0 turns it off.
 pub const DEFAULT_CLIENT_RATE: &str = "50";
 /// Measurements per second per site (bursts of twice); 0 turns it off.
@@ -283,11 +286,21 @@ impl Settings {
             }
         };
 
-        let listen = raw.listen.parse::<SocketAddr>();
+        // An address, or a host name resolved once, here (never per request).
+        let listen = raw
+            .listen
+            .parse::<SocketAddr>()
+            .map_err(|e| e.to_string())
+            .or_else(|e| {
+                std::net::ToSocketAddrs::to_socket_addrs(raw.listen.as_str())
+                    .map_err(|_| e)?
+                    .next()
+                    .ok_or_else(|| "resolves to no address".to_string())
+            });
         check(
             "LISTEN",
             &raw.listen,
-            listen.as_ref().map(|_| ()).map_err(|e| e.to_string()),
+            listen.as_ref().map(|_| ()).map_err(Clone::clone),
         );
 
         let db = raw.database_url.parse::<tokio_postgres::Config>();
@@ -324,7 +337,11 @@ impl Settings {
 
         let mut duration = |name: &str, value: &str| -> Duration {
             match humantime::parse_duration(value.trim()) {
-                Ok(d) => d,
+                Ok(d) if d <= MAX_DURATION => d,
+                Ok(_) => {
+                    check(name, value, Err("must be at most 7 days".into()));
+                    Duration::from_secs(1)
+                }
                 Err(e) => {
                     check(
                         name,
@@ -514,6 +531,22 @@ mod tests {
             .map(|u| u.host_str().unwrap())
             .collect();
         assert_eq!(hosts, ["b", "a"]);
+    }
+
+    #[test]
+    fn durations_and_names_are_bounded_and_resolved() {
+        let err = Settings::from_args(&raw(&[
+            "--dedup-window",
+            "2000years",
+            "--drain-grace",
+            "8d",
+        ]))
+        .unwrap_err();
+        assert_eq!(err.0.len(), 2, "{err}");
+        let err = Settings::from_args(&raw(&["--batch-max-age", "abc"])).unwrap_err();
+        assert_eq!(err.0.len(), 1, "one error per bad value: {err}");
+        let s = Settings::from_args(&raw(&["--listen", "localhost:8080"])).unwrap();
+        assert!(s.listen.ip().is_loopback());
     }
 
     #[test]

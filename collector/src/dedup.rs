@@ -60,6 +60,8 @@ impl Dedup {
         Dedup {
             cache: moka::sync::Cache::builder()
                 .max_capacity(capacity)
+                // Plain LRU: TinyLFU's admission would refuse to remember new ids.
+                .eviction_policy(moka::policy::EvictionPolicy::lru())
                 .time_to_live(window)
                 .build(),
         }

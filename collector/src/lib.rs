@@ -116,6 +116,15 @@ async fn serve(settings: Settings) -> Result<(), RunError> {
         Ok(_) => {}
         Err(e) => tracing::warn!(error = %e, "cannot raise the open-files limit"),
     }
+    // Listen first: a taken address is reported before anything else starts.
+    let listener = tokio::net::TcpListener::bind(settings.listen)
+        .await
+        .map_err(|e| {
+            failed(format!(
+                "cannot listen on {} (COLLECTOR_LISTEN): {e}",
+                settings.listen
+            ))
+        })?;
     let metrics = Arc::new(metrics::Metrics::new());
     let (spool, reader) = spool::open(
         &settings.spool_dir,
@@ -197,14 +206,6 @@ async fn serve(settings: Settings) -> Result<(), RunError> {
         writer_shutdown,
     ));
 
-    let listener = tokio::net::TcpListener::bind(settings.listen)
-        .await
-        .map_err(|e| {
-            failed(format!(
-                "cannot listen on {} (COLLECTOR_LISTEN): {e}",
-                settings.listen
-            ))
-        })?;
     tracing::info!(listen = %settings.listen, replicas = settings.clickhouse_urls.len(), "collector: serving");
 
     let drain_state = state.clone();

@@ -38,11 +38,13 @@ pub const MAX_HEADER_BYTES: usize = 16 * 1024;
 const MAX_HEAD_BYTES: usize = MAX_HEADER_BYTES + 8 * 1024;
 /// hyper's read buffer bound per connection.
 const READ_BUFFER_BYTES: usize = MAX_HEAD_BYTES + 8 * 1024;
-/// Most request headers accepted (hyper answers 431 beyond).
-pub const MAX_HEADERS: usize = 128;
+/// Most request header lines accepted (hyper answers 431 beyond); 16 KiB of ordinary
+/// headers is far fewer lines.
+pub const MAX_HEADERS: usize = 512;
 /// On shutdown, how long in-flight requests may take to finish.
 pub const CONNECTION_DRAIN: Duration = Duration::from_secs(10);
-/// Spool room below which `/readyz` answers 503: one full request, re-encoded.
+/// Spool room below which `/readyz` answers 503: one full request, re-encoded (or a quarter
+/// of a smaller spool).
 pub const READY_SPOOL_HEADROOM: u64 = 256 * 1024;
 
 /// State shared by every endpoint. Cheap to clone.
@@ -102,7 +104,10 @@ impl AppState {
     pub fn not_ready_reason(&self) -> Option<&'static str> {
         if self.draining() {
             Some("draining\n")
-        } else if !self.spool.has_room(READY_SPOOL_HEADROOM) {
+        } else if !self
+            .spool
+            .has_room(READY_SPOOL_HEADROOM.min(self.spool.max_bytes() / 4))
+        {
             Some("spool full\n")
         } else if !self.settings.is_loaded() {
             Some("site settings not loaded\n")

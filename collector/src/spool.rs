@@ -673,6 +673,11 @@ impl Spool {
         self.shared.state.lock().unwrap().unconfirmed_bytes + headroom <= self.shared.max_bytes
     }
 
+    /// The spool's bound in bytes.
+    pub fn max_bytes(&self) -> u64 {
+        self.shared.max_bytes
+    }
+
     /// The spool folder.
     pub fn dir(&self) -> &Path {
         &self.shared.dir

@@ -20,4 +20,4 @@ CREATE TABLE IF NOT EXISTS {database}.measurements
 )
 ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/{database}/measurements', '{replica}')
 PARTITION BY toYYYYMM(received_at)
-ORDER BY (site, id)
+ORDER BY id

@@ -168,9 +168,8 @@ async fn accept(
             .map(HeaderValue::as_bytes),
     )
     .ok_or(IntakeError::UnsupportedMedia("Content-Encoding"))?;
-    if state.draining() {
-        return Err(IntakeError::Unavailable("draining", RETRY_AFTER));
-    }
+    // While draining, intake goes on until the listener closes: /readyz already turned 503 so
+    // that load balancers move traffic away, and a beacon refused now would not be resent.
 
     // The body limit applies to the bytes on the wire too: at most 64 KiB are ever buffered.
     let raw = match tokio::time::timeout(

@@ -36,9 +36,10 @@ pub async fn get(State(state): State<AppState>, headers: HeaderMap) -> Response 
         .get(header::IF_NONE_MATCH)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
+    // If-None-Match uses the weak comparison (RFC 9110 §13.1.2): a `W/` prefix is ignored.
     if inm
         .split(',')
-        .map(str::trim)
+        .map(|t| t.trim().trim_start_matches("W/"))
         .any(|t| t == "*" || script.is_current(t))
     {
         return (StatusCode::NOT_MODIFIED, h).into_response();
