@@ -9,13 +9,29 @@
 //! durable. A second request for a claimed id waits (bounded) for that outcome: committed means
 //! duplicate; a failed or abandoned claim means the second request stores it itself. So a
 //! duplicate answer is only given for an id that is durable, which keeps "202 means durable".
+//!
+//! # Shape
+//!
+//! The window is on the hot path of every beacon, so it is a plain structure of our own rather
+//! than a general cache (a moka cache here cost 15 % of the collector's CPU in the benchmark,
+//! `docs/benchmarks.md`): [`SHARDS`] mutex-protected shards, each holding two generations of
+//! a hash map. New ids go into the current generation; when it is `window` old or holds its
+//! share of the capacity, it becomes the previous generation and the old previous one is
+//! dropped whole. So an id is remembered for at least `window` unless the capacity is reached
+//! first, at most twice that, and never more than `capacity` ids are held.
 
+use std::collections::hash_map::RandomState;
+use std::collections::HashMap;
+use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 use uuid::Uuid;
+
+/// Independent shards, so that concurrent requests rarely wait on one another.
+pub const SHARDS: usize = 16;
 
 const PENDING: u8 = 0;
 const COMMITTED: u8 = 1;
@@ -27,10 +43,26 @@ struct Slot {
     done: Notify,
 }
 
-/// The dedup window: at most `capacity` ids, each kept for `window` after its claim.
+type Map = HashMap<Uuid, Arc<Slot>, RandomState>;
+
+struct Shard {
+    current: Map,
+    previous: Map,
+    since: Instant,
+}
+
+struct Window {
+    shards: Box<[Mutex<Shard>]>,
+    hasher: RandomState,
+    per_generation: usize,
+    window: Duration,
+}
+
+/// The dedup window: at most `capacity` ids, each remembered for at least `window` (unless the
+/// capacity is reached first) and at most twice that. Cheap to clone.
 #[derive(Clone)]
 pub struct Dedup {
-    cache: moka::sync::Cache<Uuid, Arc<Slot>>,
+    inner: Arc<Window>,
 }
 
 /// The outcome of [`Dedup::claim`].
@@ -47,74 +79,97 @@ pub enum Claim {
 pub struct ClaimGuard {
     id: Uuid,
     slot: Arc<Slot>,
-    cache: moka::sync::Cache<Uuid, Arc<Slot>>,
+    window: Arc<Window>,
     committed: bool,
 }
 
 /// A claim held by another request.
 pub struct InFlight(Arc<Slot>);
 
+impl Window {
+    fn shard(&self, id: &Uuid) -> &Mutex<Shard> {
+        &self.shards[(self.hasher.hash_one(id) as usize) % self.shards.len()]
+    }
+}
+
 impl Dedup {
-    /// A window of at most `capacity` ids, each remembered for `window`.
+    /// A window of at most `capacity` ids, each remembered for `window` (see the module doc).
     pub fn new(capacity: u64, window: Duration) -> Self {
+        let hasher = RandomState::new();
+        let per_generation = ((capacity as usize) / (2 * SHARDS)).max(1);
+        let shards = (0..SHARDS)
+            .map(|_| {
+                Mutex::new(Shard {
+                    current: Map::with_hasher(hasher.clone()),
+                    previous: Map::with_hasher(hasher.clone()),
+                    since: Instant::now(),
+                })
+            })
+            .collect();
         Dedup {
-            cache: moka::sync::Cache::builder()
-                .max_capacity(capacity)
-                // Plain LRU: TinyLFU's admission would refuse to remember new ids.
-                .eviction_policy(moka::policy::EvictionPolicy::lru())
-                .time_to_live(window)
-                .build(),
+            inner: Arc::new(Window {
+                shards,
+                hasher,
+                per_generation,
+                window,
+            }),
         }
     }
 
     /// Claims `id`, atomically with respect to every other caller.
     pub fn claim(&self, id: Uuid) -> Claim {
-        let entry = self
-            .cache
-            .entry(id)
-            .or_insert_with(|| Arc::new(Slot::default()));
-        let slot = entry.into_value();
-        if self.is_new(&slot) {
-            return Claim::New(ClaimGuard {
-                id,
-                slot,
-                cache: self.cache.clone(),
-                committed: false,
-            });
+        let window = &self.inner;
+        let mut shard = window.shard(&id).lock().unwrap_or_else(|e| e.into_inner());
+        if shard.current.len() >= window.per_generation || shard.since.elapsed() >= window.window {
+            let current =
+                std::mem::replace(&mut shard.current, Map::with_hasher(window.hasher.clone()));
+            shard.previous = current;
+            shard.since = Instant::now();
         }
-        match slot.state.load(Ordering::Acquire) {
-            COMMITTED => Claim::Duplicate,
-            _ => Claim::InFlight(InFlight(slot)),
+        let found = shard
+            .current
+            .get(&id)
+            .or_else(|| shard.previous.get(&id))
+            .cloned();
+        match found
+            .as_ref()
+            .map(|slot| slot.state.load(Ordering::Acquire))
+        {
+            Some(COMMITTED) => Claim::Duplicate,
+            Some(PENDING) => Claim::InFlight(InFlight(found.expect("matched"))),
+            // Absent, or released by a failed claim that is being cleaned up.
+            _ => {
+                let slot = Arc::new(Slot {
+                    state: AtomicU8::new(PENDING),
+                    done: Notify::new(),
+                });
+                shard.previous.remove(&id);
+                shard.current.insert(id, slot.clone());
+                Claim::New(ClaimGuard {
+                    id,
+                    slot,
+                    window: self.inner.clone(),
+                    committed: false,
+                })
+            }
         }
     }
 
-    /// A slot is ours when we are the one who flips it from [`FREE`] to pending.
-    fn is_new(&self, slot: &Arc<Slot>) -> bool {
-        slot.state
-            .compare_exchange(FREE, PENDING, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
+    /// Number of ids currently remembered.
+    pub fn len(&self) -> usize {
+        self.inner
+            .shards
+            .iter()
+            .map(|s| {
+                let s = s.lock().unwrap_or_else(|e| e.into_inner());
+                s.current.len() + s.previous.len()
+            })
+            .sum()
     }
 
-    /// Number of ids currently remembered (approximate, for metrics).
-    pub fn len(&self) -> u64 {
-        self.cache.entry_count()
-    }
-
-    /// Whether the window holds no id (approximate).
+    /// Whether the window holds no id.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
-    }
-}
-
-/// A fresh slot: not yet owned by any request.
-const FREE: u8 = 3;
-
-impl Default for Slot {
-    fn default() -> Self {
-        Slot {
-            state: AtomicU8::new(FREE),
-            done: Notify::new(),
-        }
     }
 }
 
@@ -129,12 +184,28 @@ impl ClaimGuard {
 
 impl Drop for ClaimGuard {
     fn drop(&mut self) {
-        if !self.committed {
-            // Not durable: release the id so that a retry is stored, and wake waiters.
-            self.cache.invalidate(&self.id);
-            self.slot.state.store(FAILED, Ordering::Release);
-            self.slot.done.notify_waiters();
+        if self.committed {
+            return;
         }
+        // Not durable: release the id so that a retry is stored, and wake waiters.
+        {
+            let mut guard = self
+                .window
+                .shard(&self.id)
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            let shard = &mut *guard;
+            for map in [&mut shard.current, &mut shard.previous] {
+                if map
+                    .get(&self.id)
+                    .is_some_and(|s| Arc::ptr_eq(s, &self.slot))
+                {
+                    map.remove(&self.id);
+                }
+            }
+        }
+        self.slot.state.store(FAILED, Ordering::Release);
+        self.slot.done.notify_waiters();
     }
 }
 
@@ -225,14 +296,31 @@ mod tests {
     }
 
     #[test]
-    fn window_is_bounded() {
-        let d = Dedup::new(10, Duration::from_secs(60));
-        for n in 0..1000 {
+    fn window_is_bounded_and_keeps_recent_ids() {
+        let d = Dedup::new(3_200, Duration::from_secs(60));
+        for n in 0..100_000 {
             if let Claim::New(g) = d.claim(id(n)) {
                 g.commit();
             }
         }
-        d.cache.run_pending_tasks();
-        assert!(d.len() <= 10, "{}", d.len());
+        assert!(d.len() <= 3_200, "{}", d.len());
+        // The most recent ids are still known.
+        assert!((99_900..100_000).all(|n| matches!(d.claim(id(n)), Claim::Duplicate)));
+    }
+
+    #[test]
+    fn ids_expire_after_the_window() {
+        let d = Dedup::new(1_000, Duration::from_millis(20));
+        let Claim::New(g) = d.claim(id(1)) else {
+            panic!()
+        };
+        g.commit();
+        std::thread::sleep(Duration::from_millis(25));
+        // The first claim after the window rotates the generation: still known (at most 2x)...
+        assert!(matches!(d.claim(id(1)), Claim::Duplicate));
+        std::thread::sleep(Duration::from_millis(25));
+        let _ = d.claim(id(2));
+        // ...and forgotten after the next rotation.
+        assert!(matches!(d.claim(id(1)), Claim::New(_)));
     }
 }
