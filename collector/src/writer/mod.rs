@@ -38,6 +38,8 @@ pub struct BatchLimits {
 pub const BACKOFF_MIN: Duration = Duration::from_millis(100);
 /// Longest backoff between insert attempts while every replica fails.
 pub const BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// Most spool bytes decoded in one go while a batch is gathered.
+const READ_CHUNK_BYTES: u64 = 256 * 1024;
 /// On shutdown, how long the writer may keep trying to flush before leaving the rest in the spool.
 pub const DRAIN_DEADLINE: Duration = Duration::from_secs(10);
 
@@ -202,7 +204,10 @@ async fn next_batch(
     };
     let mut deadline: Option<Instant> = None;
     loop {
-        let room = (limits.max_bytes as u64).saturating_sub(batch.bytes).max(1);
+        // Read in chunks: decoding a large backlog at once would hold the CPU from intake.
+        let room = (limits.max_bytes as u64)
+            .saturating_sub(batch.bytes)
+            .clamp(1, READ_CHUNK_BYTES);
         tokio::task::block_in_place(|| reader.read_available(room, records));
         let got = !records.is_empty();
         for record in records.drain(..) {
@@ -216,7 +221,7 @@ async fn next_batch(
         match deadline {
             Some(_) if full || draining => return Some(batch),
             Some(d) if Instant::now() >= d => return Some(batch),
-            Some(_) if got => continue,
+            Some(_) if got => tokio::task::yield_now().await,
             Some(d) => {
                 tokio::select! {
                     _ = reader.wait(d.saturating_duration_since(Instant::now())) => {}

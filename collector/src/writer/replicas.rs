@@ -32,6 +32,8 @@ pub const FAILURE_WINDOW: Duration = Duration::from_secs(10);
 pub const PROBE_FAILURES_TO_DOWN: u32 = 3;
 /// Consecutive passed catch-up probes that make a returning replica healthy again.
 pub const PASSES_TO_HEALTHY: u32 = 3;
+/// Rows encoded between two yields to the scheduler while a batch is sent.
+const YIELD_EVERY_ROWS: usize = 256;
 /// Bound on sending one batch.
 pub const SEND_TIMEOUT: Duration = Duration::from_secs(10);
 /// Bound on ClickHouse finishing one INSERT once sent.
@@ -311,8 +313,13 @@ async fn insert_rows(
         insert = insert.with_setting("insert_deduplication_token", token);
     }
     let mut insert = insert.with_timeouts(Some(SEND_TIMEOUT), Some(END_TIMEOUT));
-    for row in rows {
+    for (n, row) in rows.iter().enumerate() {
         insert.write(row).await.map_err(|e| classify(&e))?;
+        // Encoding a large batch is a burst of CPU; on a small host it would stall intake
+        // for its whole length, so let the request tasks in every few hundred rows.
+        if n % YIELD_EVERY_ROWS == YIELD_EVERY_ROWS - 1 {
+            tokio::task::yield_now().await;
+        }
     }
     insert.end().await.map_err(|e| classify(&e))
 }
