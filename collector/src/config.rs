@@ -50,7 +50,7 @@ pub const DEFAULT_BATCH_MAX_BYTES: &str = "16777216";
 pub const DEFAULT_BATCH_MAX_AGE: &str = "800ms";
 /// How long a measurement id is remembered by the in-memory dedup window.
 pub const DEFAULT_DEDUP_WINDOW: &str = "10m";
-/// How many ids the dedup window holds at most (a few hundred bytes each in moka).
+/// How many ids the dedup window holds at most (about 150 bytes each).
 pub const DEFAULT_DEDUP_CAPACITY: &str = "100000";
 /// Intake requests per second per client address (bursts of twice); 0 turns it off.
 pub const DEFAULT_CLIENT_RATE: &str = "50";
