@@ -394,12 +394,13 @@ STAGES = [
     ("      validation `beacon::validate`", r"^(collector::beacon::)?validate$"),
     ("        URL normalisation `beacon::normalise_url`", r"^(collector::beacon::)?normalise_url$"),
     ("      site settings `SiteSettings::lookup`", r"^(collector::settings::SiteSettings::)?lookup(::\{\{closure\}\})?$"),
-    ("      dedup `Dedup::claim` (moka)", r"^(collector::dedup::Dedup::)?claim$"),
+    ("      dedup window `Dedup::claim`", r"^(collector::dedup::Dedup::)?claim$"),
     ("      JSON re-encode for the spool (`serde_json::to_vec` in `Spool::append`)", r"^to_vec<\[collector::measurement::Measurement\]>"),
-    ("spool appender thread `Appender::run`", r"^collector::spool::Appender::run"),
+    ("spool appender thread `Appender::commit_group`", r"^(collector::spool::Appender::run|(collector::spool::Appender::)?commit_group)$"),
     ("  fdatasync", r"^__x64_sys_fdatasync$"),
     ("writer task `writer::run`", r"^collector::writer::run"),
-    ("  spool read `SpoolReader::read_available` (pread + JSON decode)", r"^collector::spool::SpoolReader::read_available"),
+    ("  `block_in_place` in `writer::next_batch` (hands the worker to another thread)", r"^tokio::runtime::scheduler::multi_thread::worker::block_in_place$"),
+    ("    spool read `SpoolReader::read_available` (pread + JSON decode)", r"^collector::spool::SpoolReader::read_available"),
     ("  ClickHouse insert `replicas::insert_rows` (RowBinary, LZ4, HTTP)", r"^collector::writer::replicas::insert_rows"),
     ("socket reads (recv)", r"^(__libc_recv|__x64_sys_recvfrom)$"),
     ("epoll_wait", r"^__x64_sys_epoll_wait$"),
@@ -412,7 +413,7 @@ CATEGORIES = [
     ("allocator (glibc malloc/free)", lambda kind, sym: re.search(
         r"malloc|_int_free|cfree|free$|realloc|calloc|unlink_chunk|tcache|consolidate|^free", sym)),
     ("memcpy/memmove/memset", lambda kind, sym: re.search(r"mem(cpy|move|set|cmp)", sym)),
-    ("moka (dedup and settings caches)", lambda kind, sym: "moka::" in sym),
+    ("moka (caches)", lambda kind, sym: "moka::" in sym),
     ("serde_json", lambda kind, sym: "serde_json" in sym or "serde_core" in sym),
     ("hashing (SipHash)", lambda kind, sym: "sip::" in sym or "hash_one" in sym),
     ("url", lambda kind, sym: sym.startswith("url::") or "idna" in sym),
@@ -633,12 +634,14 @@ def cmd_report(args):
     print(text_table(rows))
     if not args.doc:
         return 0
-    kept = ""
+    kept, tail = "", "\n"
     if os.path.exists(args.out):
         with open(args.out) as f:
             old = f.read()
         if ANALYSIS_BEGIN in old and ANALYSIS_END in old:
             kept = old[old.index(ANALYSIS_BEGIN) + len(ANALYSIS_BEGIN):old.index(ANALYSIS_END)]
+            # Notes added below the section by hand are kept too.
+            tail = old[old.index(ANALYSIS_END) + len(ANALYSIS_END):] or "\n"
     if not kept.strip():
         kept = "\n_(No reading written yet: add it here; bench.sh keeps this section.)_\n"
 
@@ -692,9 +695,9 @@ does not touch this file). Everything runs on loopback on one machine.
   core 1** (`taskset -c 1`).
 - Collector settings: `COLLECTOR_CLIENT_RATE=0 COLLECTOR_SITE_RATE=0` (one load source must not
   be rate-limited), `COLLECTOR_SPOOL_MAX_BYTES=8589934592`, spool on the local disk (durable:
-  every 202 waits for `fdatasync`, group commit), everything else at its default (at this
-  revision: batches flushed at 800 ms / 50,000 rows / 16 MiB, dedup window of 100,000 ids
-  (LRU) for 10 minutes, 512 intake requests in flight).
+  every 202 waits for `fdatasync`, group commit), everything else at its default (batches,
+  dedup window, the bound of 512 intake requests in flight: see the README's settings table
+  at the revision above).
 - Beacons: `scripts/bench/beacon.lua` (wrk) and `bench.py bodies` (oha) build realistic
   measurements: {r.get('sites', '?')} sites, varied page URLs, referrers, user agents and metric
   values, `Content-Type: text/plain;charset=UTF-8` like `sendBeacon`, an `Origin` header, and
@@ -752,8 +755,7 @@ Collector health over the whole run: {r.get('health', '?')}
 
 {read('profile.md') or '_No profile: perf was not usable on this machine._'}
 
-{ANALYSIS_BEGIN}{kept}{ANALYSIS_END}
-"""
+{ANALYSIS_BEGIN}{kept}{ANALYSIS_END}{tail}"""
     with open(args.out, "w") as f:
         f.write(doc)
     print(f"\nwrote {args.out}")
