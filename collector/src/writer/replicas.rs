@@ -30,6 +30,8 @@ pub const FAILURES_TO_DOWN: usize = 3;
 pub const FAILURE_WINDOW: Duration = Duration::from_secs(10);
 /// Consecutive failed probes that mark a replica down.
 pub const PROBE_FAILURES_TO_DOWN: u32 = 3;
+/// Consecutive lagging probes that demote a healthy replica to catching up.
+pub const LAGS_TO_DEMOTE: u32 = 3;
 /// Consecutive passed catch-up probes that make a returning replica healthy again.
 pub const PASSES_TO_HEALTHY: u32 = 3;
 /// Rows encoded between two yields to the scheduler while a batch is sent.
@@ -56,6 +58,8 @@ struct Health {
     insert_failures: Vec<Instant>,
     probe_failures: u32,
     passes: u32,
+    /// Consecutive probes that found it behind.
+    lags: u32,
     /// Whether the server knows `insert_deduplication_token` (ClickHouse 22.2 and later).
     dedup_token: bool,
 }
@@ -101,6 +105,7 @@ impl Replicas {
                 insert_failures: Vec::new(),
                 probe_failures: 0,
                 passes: 0,
+                lags: 0,
                 dedup_token: false,
             })
             .collect();
@@ -245,13 +250,22 @@ impl Replicas {
             Some((caught_up, token)) => {
                 let h = &mut inner.health[i];
                 h.probe_failures = 0;
+                if caught_up {
+                    h.lags = 0;
+                }
                 h.dedup_token = token;
                 if !caught_up {
                     h.passes = 0;
-                    if before != State::CatchingUp {
+                    h.lags += 1;
+                    // A healthy replica that is being written to is briefly behind its own
+                    // replication log after each insert: only several lagging probes in a row
+                    // demote it.
+                    let demote = before == State::Down || initial || h.lags >= LAGS_TO_DEMOTE;
+                    if before != State::CatchingUp && demote {
                         self.set_state(&mut inner, i, State::CatchingUp);
                     }
                 } else if before != State::Healthy {
+                    inner.health[i].lags = 0;
                     if before == State::Down {
                         self.set_state(&mut inner, i, State::CatchingUp);
                     }
@@ -365,6 +379,28 @@ mod tests {
             assert_eq!(r.state(0) == State::Healthy, n == PASSES_TO_HEALTHY);
         }
         assert_eq!(r.pick(), 0, "back to the preferred replica");
+    }
+
+    #[test]
+    fn a_healthy_replica_briefly_behind_stays_in_use() {
+        let r = replicas(2);
+        r.probed(0, Some((false, false)), false);
+        r.probed(0, Some((true, false)), false);
+        r.probed(0, Some((false, false)), false);
+        r.probed(0, Some((false, false)), false);
+        assert_eq!(
+            r.state(0),
+            State::Healthy,
+            "lags between passes are not consecutive"
+        );
+        assert_eq!(r.pick(), 0);
+        r.probed(0, Some((false, false)), false);
+        assert_eq!(
+            r.state(0),
+            State::CatchingUp,
+            "three lagging probes in a row"
+        );
+        assert_eq!(r.pick(), 1);
     }
 
     #[test]

@@ -832,6 +832,18 @@ impl Nginx {
 
 impl Drop for Nginx {
     fn drop(&mut self) {
+        // SIGTERM, not SIGKILL: a killed master leaves its worker processes behind.
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status();
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(5) {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
