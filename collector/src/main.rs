@@ -2,6 +2,12 @@
 
 use clap::Parser;
 
+/// jemalloc instead of glibc's allocator: in the benchmark (`docs/benchmarks.md`) it cut CPU
+/// per measurement by 10-25 %, halved peak RSS and brought the memory of 10,000 idle
+/// connections under 100 MiB.
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 fn main() {
     let cli = match collector::config::Cli::try_parse() {
         Ok(cli) => cli,

@@ -407,9 +407,9 @@ async fn ten_thousand_idle_connections_cost_bounded_memory() {
         after >> 20,
         growth >> 20
     );
-    // The documented bound (README, "Limits"): under 200 MiB for 10,000 idle connections
-    // (hyper keeps an 8 KiB read and an 8 KiB write buffer per connection).
-    assert!(growth < 200 << 20, "RSS grew by {} MiB", growth >> 20);
+    // The documented bound (README, "Limits"): under 120 MiB for 10,000 idle connections
+    // (measured about 81 MiB: hyper keeps a read and a write buffer per connection).
+    assert!(growth < 120 << 20, "RSS grew by {} MiB", growth >> 20);
     // The collector still serves.
     assert_eq!(c.post_json(&measurement(&env.site).1).await.0, 202);
     drop(conns);
