@@ -81,6 +81,13 @@ impl Browser {
     }
 }
 
+impl Browser {
+    /// Ends the WebDriver session (chromedriver then stops Chromium).
+    async fn quit(self) {
+        let _ = self.client.clone().close().await;
+    }
+}
+
 impl Drop for Browser {
     fn drop(&mut self) {
         let _ = self.driver.kill();
@@ -230,7 +237,7 @@ async fn page_view_lands_once(flaky: bool) {
     assert!(r["user_agent"].as_str().unwrap().contains("Chrome"));
     // Over the test: one id stored, whatever the number of sends.
     assert_eq!(c.metric("collector_measurements_accepted_total").await, 1.0);
-    drop(browser);
+    browser.quit().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -266,5 +273,5 @@ async fn an_unknown_site_stores_nothing_and_breaks_nothing() {
     assert_eq!(c.post_json(&m).await.0, 202);
     env.wait_rows(&[marker], SETTLE).await;
     assert!(rows_for_site(&env, "no-such-site", 0).await.is_empty());
-    drop(browser);
+    browser.quit().await;
 }
