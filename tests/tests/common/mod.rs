@@ -56,18 +56,25 @@ pub struct Stack {
 }
 
 impl Stack {
+    /// A running stack named by the `stack.env` file that environment variable `var` points
+    /// to (set by `scripts/test.sh`), if it is set.
+    fn from_env_file(var: &str) -> Option<Stack> {
+        let path = std::env::var(var).ok()?;
+        let env = read_env(Path::new(&path));
+        let dir = PathBuf::from(&env["STACK_DIR"]);
+        Some(Stack {
+            dir,
+            env,
+            owned: false,
+        })
+    }
+
     /// The stack shared by every test of this run.
     pub fn shared() -> &'static Stack {
         static SHARED: OnceLock<Stack> = OnceLock::new();
         SHARED.get_or_init(|| {
-            if let Ok(path) = std::env::var("STACK_ENV") {
-                let env = read_env(Path::new(&path));
-                let dir = PathBuf::from(&env["STACK_DIR"]);
-                return Stack {
-                    dir,
-                    env,
-                    owned: false,
-                };
+            if let Some(stack) = Stack::from_env_file("STACK_ENV") {
+                return stack;
             }
             let dir = root().join("target/test-stack/shared");
             Stack::up(dir, 2, false)
@@ -569,14 +576,8 @@ impl Stack {
     pub fn failover() -> &'static Stack {
         static STACK: OnceLock<Stack> = OnceLock::new();
         STACK.get_or_init(|| {
-            if let Ok(path) = std::env::var("FAILOVER_STACK_ENV") {
-                let env = read_env(Path::new(&path));
-                let dir = PathBuf::from(&env["STACK_DIR"]);
-                return Stack {
-                    dir,
-                    env,
-                    owned: false,
-                };
+            if let Some(stack) = Stack::from_env_file("FAILOVER_STACK_ENV") {
+                return stack;
             }
             Stack::up(root().join("target/test-stack/failover"), 3, false)
         })
