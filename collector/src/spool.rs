@@ -10,7 +10,9 @@
 //! ```text
 //! SPOOL_DIR/
 //!   LOCK                      advisory exclusive lock (fs4): one collector per folder
+//!   IDENTITY                  this spool's random identity (32 hex digits), made once
 //!   CURSOR                    "<segment> <offset>\n": everything before it is confirmed
+//!   INFLIGHT                  "<identity> <seg> <off> <seg> <off>\n": the batch last sent
 //!   segments/<20 digits>.seg  the log, in order of the number
 //!   kept-aside/*.json         batches ClickHouse refused as bad data, for an operator
 //! ```
@@ -30,6 +32,28 @@
 //! never replayed as garbage. A write or sync error truncates the segment back to its last
 //! durable length and continues in a new segment (after a failed fsync the page cache cannot
 //! be trusted, so the data is never re-synced: the affected requests got 503).
+//!
+//! # Identity and the batch in flight
+//!
+//! ClickHouse (22.2 and later) drops, and answers `200` to, any INSERT into a replicated table
+//! whose `insert_deduplication_token` it has seen within its deduplication window, whatever the
+//! rows; that memory is per table, shared by every replica and every collector. A token must
+//! therefore name one batch of one spool and nothing else. Spool positions alone do not:
+//! every fresh spool starts at the same position, so two collectors routinely form batches
+//! with equal ranges. The writer's token is `<identity>-<start>-<end>`: the identity is random
+//! (a UUID v4), made when the spool folder is created and kept in `IDENTITY`, so it survives
+//! restarts and no two spools share it; the range makes it unique within the spool, because
+//! a range, once sent, always holds the same records. The one event that breaks that last
+//! rule, recovery rewriting a segment without a damaged record (which moves the records after
+//! it), gives the spool a new identity, so that no later batch can reuse an earlier token.
+//!
+//! A range rather than a content hash: equally stable, free to compute, and readable in
+//! ClickHouse's `system.query_log`. To keep the token of a batch stable across a crash, the
+//! writer records each batch's range in `INFLIGHT` before sending it ([`SpoolReader::
+//! record_in_flight`]); after a restart the first batch is cut to exactly that range
+//! ([`SpoolReader::replay_bound`]), so its retry carries the same token and ClickHouse folds it
+//! if the first attempt had landed. Losing `INFLIGHT` only costs that folding: the table's
+//! `ReplacingMergeTree` still folds duplicate ids.
 //!
 //! # Group commit
 //!
@@ -77,6 +101,11 @@ const SEGMENT_MIN_BYTES: u64 = 64 * 1024;
 pub const APPEND_QUEUE: usize = 4096;
 /// Most bytes written by one group commit.
 const GROUP_MAX_BYTES: usize = 8 * 1024 * 1024;
+
+/// File holding the spool's identity (see the module doc).
+pub const IDENTITY_FILE: &str = "IDENTITY";
+/// File recording the range of the batch last handed to ClickHouse.
+pub const INFLIGHT_FILE: &str = "INFLIGHT";
 
 /// A place in the spool: a segment number and a byte offset in it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
@@ -134,6 +163,8 @@ struct State {
 
 struct Shared {
     dir: PathBuf,
+    /// 32 lowercase hex digits; see the module doc.
+    identity: String,
     max_bytes: u64,
     segment_target: u64,
     state: Mutex<State>,
@@ -183,6 +214,8 @@ impl Drop for AppenderHandle {
 pub struct SpoolReader {
     shared: Arc<Shared>,
     pos: Position,
+    /// End of the batch that was in flight when the spool was last closed, if it starts here.
+    replay_bound: Option<Position>,
     committed: watch::Receiver<Position>,
     open: Option<(u64, File)>,
 }
@@ -244,6 +277,7 @@ pub fn open(
         .collect();
     numbers.sort_unstable();
     let mut cursor = cursor;
+    let mut rewritten = false;
     for n in numbers {
         let path = segment_path(dir, n);
         if n < cursor.segment {
@@ -255,6 +289,7 @@ pub fn open(
         let Some(recovered) = recover_segment(dir, n, &mut cursor, &metrics).map_err(err)? else {
             continue;
         };
+        rewritten |= recovered.rewritten;
         state.segments.insert(n, recovered.len);
         state.disk_bytes += recovered.len;
         state.unconfirmed_bytes += recovered.bytes_after;
@@ -268,6 +303,9 @@ pub fn open(
             "spool: replaying what ClickHouse has not confirmed"
         );
     }
+
+    let identity = identity(dir, rewritten).map_err(err)?;
+    let replay_bound = read_in_flight(dir, &identity);
 
     // Numbering goes on past the cursor even when no segment is left: a new segment numbered
     // below the cursor would be taken for a confirmed one at the next start.
@@ -296,8 +334,21 @@ pub fn open(
         segment: active,
         offset: HEADER_LEN,
     });
+    // Only a bound that recovery left reachable: it starts where reading starts and ends on
+    // a record boundary inside what was kept.
+    let replay_bound = replay_bound
+        .filter(|(from, to)| {
+            *from == start
+                && to > from
+                && state
+                    .segments
+                    .get(&to.segment)
+                    .is_some_and(|&len| to.offset <= len)
+        })
+        .map(|(_, to)| to);
     let shared = Arc::new(Shared {
         dir: dir.to_owned(),
+        identity,
         max_bytes,
         segment_target: (max_bytes / 8).clamp(SEGMENT_MIN_BYTES, SEGMENT_TARGET_BYTES),
         state: Mutex::new(state),
@@ -325,10 +376,61 @@ pub fn open(
     let reader = SpoolReader {
         shared: shared.clone(),
         pos: start,
+        replay_bound,
         committed: committed_rx,
         open: None,
     };
     Ok((Spool { shared, appender }, reader))
+}
+
+/// The spool's identity: read from [`IDENTITY_FILE`], or made (a UUID v4) and stored durably
+/// when the file is missing or unreadable, or when `renew` (recovery rewrote a segment, so
+/// ranges of earlier tokens may now hold other records).
+fn identity(dir: &Path, renew: bool) -> io::Result<String> {
+    let path = dir.join(IDENTITY_FILE);
+    if !renew {
+        match fs::read_to_string(&path) {
+            Ok(text) if is_identity(text.trim()) => return Ok(text.trim().to_owned()),
+            Ok(_) => {
+                tracing::warn!(file = %path.display(), "spool: unreadable identity; making a new one")
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    let tmp = dir.join("IDENTITY.tmp");
+    let mut f = File::create(&tmp)?;
+    f.write_all(format!("{id}\n").as_bytes())?;
+    f.sync_all()?;
+    fs::rename(&tmp, &path)?;
+    File::open(dir)?.sync_all()?;
+    Ok(id)
+}
+
+fn is_identity(s: &str) -> bool {
+    s.len() == 32 && s.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// The range in [`INFLIGHT_FILE`], if it was written by a spool of this identity.
+fn read_in_flight(dir: &Path, identity: &str) -> Option<(Position, Position)> {
+    let text = fs::read_to_string(dir.join(INFLIGHT_FILE)).ok()?;
+    let mut parts = text.split_whitespace();
+    if parts.next()? != identity {
+        return None;
+    }
+    let mut n = || parts.next()?.parse::<u64>().ok();
+    let (a, b, c, d) = (n()?, n()?, n()?, n()?);
+    Some((
+        Position {
+            segment: a,
+            offset: b,
+        },
+        Position {
+            segment: c,
+            offset: d,
+        },
+    ))
 }
 
 fn read_cursor(dir: &Path) -> Position {
@@ -361,6 +463,8 @@ struct Recovered {
     records_after: u64,
     /// Frame bytes at or after the cursor.
     bytes_after: u64,
+    /// Whether the segment was rewritten without damaged records (positions moved).
+    rewritten: bool,
 }
 
 /// Checks segment `n` frame by frame and repairs it so that it holds only whole, checksummed
@@ -438,6 +542,7 @@ fn recover_segment(
             len: out.len() as u64,
             records_after: 0,
             bytes_after: 0,
+            rewritten: true,
         }
     } else {
         if cut > 0 {
@@ -451,6 +556,7 @@ fn recover_segment(
             len: valid_end as u64,
             records_after: 0,
             bytes_after: 0,
+            rewritten: false,
         }
     };
     // Count what is still to be written, in the (possibly rewritten) file.
@@ -690,6 +796,39 @@ impl SpoolReader {
         self.pos
     }
 
+    /// This spool's identity: 32 hex digits, random, stable for the spool's life (see the
+    /// module doc).
+    pub fn identity(&self) -> &str {
+        &self.shared.identity
+    }
+
+    /// The end of the batch that was in flight when this spool was last closed, if that batch
+    /// starts where reading started: until it is confirmed, [`SpoolReader::read_available`]
+    /// reads nothing past it, so the writer's first batch is exactly that batch again and its
+    /// retry carries the same token.
+    pub fn replay_bound(&self) -> Option<Position> {
+        self.replay_bound
+    }
+
+    /// Records that the batch `start..end` is about to be sent (see the module doc). Not
+    /// synced: losing it costs only ClickHouse's folding of a retry. Errors are ignored
+    /// (a full disk must not stop delivery), apart from a rate-limited warning.
+    pub fn record_in_flight(&self, start: Position, end: Position) {
+        let tmp = self.shared.dir.join("INFLIGHT.tmp");
+        let line = format!(
+            "{} {} {} {} {}\n",
+            self.shared.identity, start.segment, start.offset, end.segment, end.offset
+        );
+        let result = fs::write(&tmp, line)
+            .and_then(|()| fs::rename(&tmp, self.shared.dir.join(INFLIGHT_FILE)));
+        if let Err(e) = result {
+            crate::logging::warn_limited(
+                "spool_inflight",
+                || tracing::warn!(error = %e, "spool: cannot record the batch in flight"),
+            );
+        }
+    }
+
     /// Waits until something past the read position is durable, or `limit` passes.
     pub async fn wait(&mut self, limit: Duration) {
         let pos = self.pos;
@@ -701,6 +840,9 @@ impl SpoolReader {
     pub fn read_available(&mut self, max_bytes: u64, out: &mut Vec<Record>) {
         let mut read = 0;
         while read < max_bytes {
+            if self.replay_bound.is_some_and(|b| self.pos >= b) {
+                return;
+            }
             let committed = *self.committed.borrow();
             if self.pos >= committed {
                 return;
@@ -812,6 +954,8 @@ impl SpoolReader {
     /// `bytes` spool bytes since the last confirmation): persists the cursor and deletes every
     /// segment that holds nothing unconfirmed.
     pub fn confirm(&mut self, upto: Position, records: u64, bytes: u64) {
+        // The replayed batch is the first one confirmed after opening.
+        self.replay_bound = None;
         // The counts first: the rows are in ClickHouse whatever happens to the files below.
         let mut st = self.shared.state.lock().unwrap();
         st.unconfirmed_records = st.unconfirmed_records.saturating_sub(records);
@@ -1135,6 +1279,97 @@ mod tests {
         reader.confirm(recs[0].end, 1, recs[0].bytes);
         assert_eq!(metrics.spool_records.get(), 0);
         assert_eq!(metrics.spool_bytes.get(), 0);
+    }
+
+    #[tokio::test]
+    async fn identity_survives_restarts_and_no_two_spools_share_one() {
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let metrics = Arc::new(Metrics::new());
+        let first = open(a.path(), 1 << 20, metrics.clone())
+            .unwrap()
+            .1
+            .identity()
+            .to_owned();
+        let again = open(a.path(), 1 << 20, metrics.clone())
+            .unwrap()
+            .1
+            .identity()
+            .to_owned();
+        let other = open(b.path(), 1 << 20, metrics)
+            .unwrap()
+            .1
+            .identity()
+            .to_owned();
+        assert!(is_identity(&first), "{first}");
+        assert_eq!(first, again, "kept across a restart");
+        assert_ne!(first, other, "a fresh spool gets its own");
+    }
+
+    #[tokio::test]
+    async fn the_batch_in_flight_at_a_crash_is_read_again_with_the_same_range() {
+        let dir = tempfile::tempdir().unwrap();
+        let metrics = Arc::new(Metrics::new());
+        let (start, end) = {
+            let (spool, mut reader) = open(dir.path(), 1 << 20, metrics.clone()).unwrap();
+            for n in 1..=2 {
+                spool.append(&[m(n)], Duration::from_secs(5)).await.unwrap();
+            }
+            let start = reader.position();
+            let recs = read_all(&mut reader);
+            assert_eq!(recs.len(), 2);
+            reader.record_in_flight(start, recs[1].end);
+            // More arrives while the batch is in flight; then the process dies unconfirmed.
+            spool.append(&[m(3)], Duration::from_secs(5)).await.unwrap();
+            (start, recs[1].end)
+        };
+        let (_spool, mut reader) = open(dir.path(), 1 << 20, metrics.clone()).unwrap();
+        assert_eq!(reader.position(), start);
+        assert_eq!(reader.replay_bound(), Some(end));
+        let recs = read_all(&mut reader);
+        assert_eq!(
+            ids(&recs),
+            [1, 2],
+            "cut at the recorded end, not at what is there"
+        );
+        assert_eq!(recs.last().unwrap().end, end);
+        reader.confirm(end, 2, recs.iter().map(|r| r.bytes).sum());
+        assert_eq!(reader.replay_bound(), None);
+        assert_eq!(ids(&read_all(&mut reader)), [3], "then reading goes on");
+    }
+
+    #[tokio::test]
+    async fn an_in_flight_record_of_another_identity_or_start_is_ignored() {
+        let dir = tempfile::tempdir().unwrap();
+        let metrics = Arc::new(Metrics::new());
+        {
+            let (spool, _reader) = open(dir.path(), 1 << 20, metrics.clone()).unwrap();
+            spool.append(&[m(1)], Duration::from_secs(5)).await.unwrap();
+        }
+        fs::write(
+            dir.path().join(INFLIGHT_FILE),
+            format!("{} 1 8 1 9\n", "0".repeat(32)),
+        )
+        .unwrap();
+        let (_spool, reader) = open(dir.path(), 1 << 20, metrics).unwrap();
+        assert_eq!(reader.replay_bound(), None);
+    }
+
+    #[tokio::test]
+    async fn rewriting_a_damaged_segment_renews_the_identity() {
+        let dir = tempfile::tempdir().unwrap();
+        spool_with(dir.path(), 3).await;
+        let before = fs::read_to_string(dir.path().join(IDENTITY_FILE)).unwrap();
+        let seg = segment_path(dir.path(), 1);
+        let mut data = fs::read(&seg).unwrap();
+        let second = frame_at(&data, HEADER_LEN as usize).unwrap().1;
+        data[second + 12] ^= 0xff;
+        fs::write(&seg, &data).unwrap();
+        let (_spool, reader) = open(dir.path(), 1 << 20, Arc::new(Metrics::new())).unwrap();
+        assert_ne!(
+            reader.identity(),
+            before.trim(),
+            "positions moved: new tokens"
+        );
     }
 
     #[test]

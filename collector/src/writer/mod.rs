@@ -46,6 +46,8 @@ pub const DRAIN_DEADLINE: Duration = Duration::from_secs(10);
 /// A batch: consecutive spool records, from `start` up to `end`.
 #[derive(Debug)]
 pub struct Batch {
+    /// The identity of the spool it comes from (32 hex digits, see [`crate::spool`]).
+    pub spool: Arc<str>,
     /// Spool position of its first record.
     pub start: Position,
     /// Spool position just after its last record.
@@ -63,11 +65,13 @@ impl Batch {
         self.rows.extend(record.measurements);
     }
 
-    /// A deterministic token for this batch: equal for every retry of the same batch.
+    /// The batch's `insert_deduplication_token`: `<spool identity>-<start>-<end>`, equal for
+    /// every retry of this batch (after a restart too, see [`crate::spool`]'s in-flight
+    /// record) and never equal for two different batches, of this spool or any other.
     pub fn dedup_token(&self) -> String {
         format!(
-            "collector-{}-{}-{}-{}",
-            self.start.segment, self.start.offset, self.end.segment, self.end.offset
+            "{}-{}-{}-{}-{}",
+            self.spool, self.start.segment, self.start.offset, self.end.segment, self.end.offset
         )
     }
 }
@@ -130,10 +134,14 @@ pub async fn run(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut records = Vec::new();
+    let spool: Arc<str> = reader.identity().into();
     loop {
-        let Some(batch) = next_batch(&mut reader, &mut records, limits, &mut shutdown).await else {
+        let Some(batch) =
+            next_batch(&mut reader, &spool, &mut records, limits, &mut shutdown).await
+        else {
             return;
         };
+        reader.record_in_flight(batch.start, batch.end);
         let draining_since = (*shutdown.borrow()).then(Instant::now);
         let mut attempt = 0u32;
         loop {
@@ -191,12 +199,14 @@ fn confirm(reader: &mut SpoolReader, batch: &Batch) {
 /// Gathers the next batch; `None` once shutdown is requested and nothing is left to read.
 async fn next_batch(
     reader: &mut SpoolReader,
+    spool: &Arc<str>,
     records: &mut Vec<Record>,
     limits: BatchLimits,
     shutdown: &mut watch::Receiver<bool>,
 ) -> Option<Batch> {
     let start = reader.position();
     let mut batch = Batch {
+        spool: spool.clone(),
         start,
         end: start,
         rows: Vec::new(),
@@ -216,7 +226,13 @@ async fn next_batch(
         if !batch.rows.is_empty() && deadline.is_none() {
             deadline = Some(Instant::now() + limits.max_age);
         }
-        let full = batch.rows.len() >= limits.max_rows || batch.bytes >= limits.max_bytes as u64;
+        // A batch replayed after a restart ends where it ended before (same token).
+        let replayed = reader
+            .replay_bound()
+            .is_some_and(|b| reader.position() >= b);
+        let full = replayed
+            || batch.rows.len() >= limits.max_rows
+            || batch.bytes >= limits.max_bytes as u64;
         let draining = *shutdown.borrow();
         match deadline {
             Some(_) if full || draining => return Some(batch),
@@ -274,6 +290,23 @@ mod tests {
             classify(&clickhouse::error::Error::TimedOut),
             InsertError::Transient(_)
         ));
+    }
+
+    #[test]
+    fn tokens_differ_between_spools_and_between_ranges() {
+        let at = |segment, offset| Position { segment, offset };
+        let batch = |spool: &str, end| Batch {
+            spool: spool.into(),
+            start: at(1, 8),
+            end: at(1, end),
+            rows: Vec::new(),
+            bytes: 0,
+        };
+        let (a, b) = ("a".repeat(32), "b".repeat(32));
+        assert_eq!(batch(&a, 100).dedup_token(), batch(&a, 100).dedup_token());
+        assert_ne!(batch(&a, 100).dedup_token(), batch(&b, 100).dedup_token());
+        assert_ne!(batch(&a, 100).dedup_token(), batch(&a, 101).dedup_token());
+        assert_eq!(batch(&a, 100).dedup_token(), format!("{a}-1-8-1-100"));
     }
 
     #[test]
