@@ -69,9 +69,43 @@ pub fn warn_limited(kind: &'static str, log: impl FnOnce()) -> bool {
     true
 }
 
+/// `error` and every error under it (`source()` walked), joined with `": "`, skipping a
+/// source whose text its parent already contains (many errors repeat their cause): the one
+/// line a log needs to name the root cause.
+pub fn chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut next = error.source();
+    while let Some(e) = next {
+        let part = e.to_string();
+        if !text.contains(&part) {
+            text.push_str(": ");
+            text.push_str(&part);
+        }
+        next = e.source();
+    }
+    text
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn chain_names_the_root_cause_once() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("outer")]
+        struct Outer(#[source] std::io::Error);
+        let e = Outer(std::io::Error::new(
+            std::io::ErrorKind::ConnectionRefused,
+            "connection refused",
+        ));
+        assert_eq!(chain(&e), "outer: connection refused");
+        #[derive(Debug, thiserror::Error)]
+        #[error("db error: {0}")]
+        struct Repeats(#[source] std::io::Error);
+        let e = Repeats(std::io::Error::other("disk full"));
+        assert_eq!(chain(&e), "db error: disk full");
+    }
 
     #[test]
     fn ten_thousand_repeats_log_once() {

@@ -40,32 +40,70 @@ pub fn clickhouse_statements(database: &str) -> Vec<String> {
         .collect()
 }
 
-/// Applies every schema file; stops at the first failure, naming the server and file.
+/// Bound on applying the schema to one ClickHouse replica (a hung replica must not hold a
+/// deploy).
+pub const REPLICA_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Applies the ClickHouse schema for `database` through `client` (whose own database, if
+/// set, must exist: use `system`). Errors name the file and carry ClickHouse's message.
+pub async fn apply_clickhouse(client: &clickhouse::Client, database: &str) -> Result<(), String> {
+    for ((name, _), sql) in CLICKHOUSE.iter().zip(clickhouse_statements(database)) {
+        client
+            .query(&sql)
+            .execute()
+            .await
+            .map_err(|e| format!("{name}: {}", crate::logging::chain(&e)))?;
+    }
+    Ok(())
+}
+
+/// Applies the PostgreSQL schema, then the ClickHouse schema to every replica, each within
+/// [`REPLICA_TIMEOUT`]. One replica down must not block a deploy (contract §1): the replicas
+/// that could not be reached are named on stderr, and the run succeeds when PostgreSQL and at
+/// least one replica have the schema. The collector applies it to the others when they
+/// return.
 pub async fn run(settings: &Settings) -> Result<(), RunError> {
     let store = crate::cli_store(settings)?;
+    let mut postgres = Ok(());
     for (name, sql) in POSTGRES {
         // "already exists, skipping" notices are the normal case of an idempotent migration.
-        store
+        if let Err(e) = store
             .apply(&format!("SET client_min_messages = warning;\n{sql}"))
             .await
-            .map_err(|e| RunError::Failed(format!("postgres {name}: {e}")))?;
-    }
-    println!("postgres: schema applied");
-    for url in &settings.clickhouse_urls {
-        let client = clickhouse::Client::default()
-            .with_url(url.as_str().trim_end_matches('/'))
-            .with_validation(false);
-        for ((name, _), sql) in CLICKHOUSE
-            .iter()
-            .zip(clickhouse_statements(&settings.clickhouse_database))
         {
-            client
-                .query(&sql)
-                .execute()
-                .await
-                .map_err(|e| RunError::Failed(format!("clickhouse {url} {name}: {e}")))?;
+            postgres = Err(format!("postgres {name}: {e}"));
+            break;
         }
-        println!("clickhouse {url}: schema applied");
+    }
+    match &postgres {
+        Ok(()) => println!("postgres: schema applied"),
+        Err(e) => eprintln!("collector: {e}"),
+    }
+    let mut applied = 0;
+    for url in &settings.clickhouse_urls {
+        let url = url.as_str().trim_end_matches('/');
+        let client = clickhouse::Client::default()
+            .with_url(url)
+            .with_validation(false);
+        let apply = apply_clickhouse(&client, &settings.clickhouse_database);
+        match tokio::time::timeout(REPLICA_TIMEOUT, apply).await {
+            Ok(Ok(())) => {
+                applied += 1;
+                println!("clickhouse {url}: schema applied");
+            }
+            Ok(Err(e)) => eprintln!(
+                "collector: clickhouse {url}: not applied ({e}); the collector applies it when the replica answers"
+            ),
+            Err(_) => eprintln!(
+                "collector: clickhouse {url}: not applied (no answer within {REPLICA_TIMEOUT:?}); the collector applies it when the replica answers"
+            ),
+        }
+    }
+    postgres.map_err(RunError::Failed)?;
+    if applied == 0 {
+        return Err(RunError::Failed(
+            "no ClickHouse replica has the schema (every one listed in COLLECTOR_CLICKHOUSE_URLS failed)".into(),
+        ));
     }
     Ok(())
 }

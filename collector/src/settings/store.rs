@@ -3,25 +3,43 @@
 //! Every call goes through [`Gate`]: after a failed query or connection, the store is not
 //! contacted again for `COLLECTOR_SETTINGS_BACKOFF` by any path of this process, however many
 //! requests arrive; then exactly one call is let through as a probe, and only its success
-//! opens the gate again. The pool is small and every wait is bounded ([`CONNECT_TIMEOUT`],
-//! [`QUERY_TIMEOUT`]). Host names are resolved by tokio-postgres per new connection, never
-//! per request; a URL listing several hosts (a primary and its standby) is tried in order.
+//! opens the gate again. The pool is small ([`POOL_SIZE`]) and every wait is bounded.
+//!
+//! - **Hosts that hang.** A URL may list several hosts (a primary and its standby). Each host
+//!   gets its own [`HOST_TIMEOUT`] for connecting and answering the start-up handshake, so a
+//!   host that accepts TCP and never answers (a frozen postmaster, a black-holed address) costs
+//!   that much and the next host is tried; tokio-postgres's own `connect_timeout` covers only
+//!   the TCP connect. The host that answered last is tried first next time. A connection that
+//!   fails or times out during a call is taken out of the pool, never reused.
+//! - **Transaction-mode poolers** (PgBouncer `pool_mode = transaction`): consecutive
+//!   statements of one session may run on different server connections, so a named prepared
+//!   statement cannot outlive its round trip. Every query therefore uses the unnamed statement
+//!   of the extended protocol with its parameter types given (`query_typed`: Parse, Bind,
+//!   Execute and Sync in one round trip) or the simple protocol (`batch_execute`), never
+//!   `prepare`.
+//! - **Errors name their cause**: PostgreSQL's SQLSTATE and message, or the connection error of
+//!   every host tried.
+//!
+//! Host names are resolved by tokio-postgres per new connection, never per request.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
-use tokio_postgres::NoTls;
+use deadpool::managed::{self, Metrics as PoolMetrics, Object, RecycleError, RecycleResult};
+use tokio_postgres::config::Host;
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{Config, NoTls};
 
 use super::Site;
 use crate::metrics::Metrics;
 
 /// Connections the pool opens at most.
 pub const POOL_SIZE: usize = 4;
-/// Bound on opening one connection (per host tried).
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
-/// Bound on one call: pool wait, connect and query together.
+/// Bound on connecting to one host: TCP connect plus the start-up handshake.
+pub const HOST_TIMEOUT: Duration = Duration::from_millis(1500);
+/// Bound on one call once a connection is in hand (the query and its answer).
 pub const QUERY_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// A settings-store failure.
@@ -102,7 +120,7 @@ impl Gate {
 /// The store: a bounded pool behind a [`Gate`]. Cheap to clone.
 #[derive(Clone)]
 pub struct SettingsStore {
-    pool: Pool,
+    pool: managed::Pool<HostsManager>,
     gate: Arc<Gate>,
     metrics: Arc<Metrics>,
 }
@@ -118,6 +136,148 @@ fn site_from_row(row: &tokio_postgres::Row) -> Site {
     }
 }
 
+/// A PostgreSQL error as a log needs it: the message and, from the server, its SQLSTATE
+/// (e.g. `db error: ERROR: prepared statement "s11" does not exist (SQLSTATE 26000)`).
+pub fn describe(e: &tokio_postgres::Error) -> String {
+    let text = crate::logging::chain(e);
+    match e.as_db_error() {
+        Some(db) => format!("{text} (SQLSTATE {})", db.code().code()),
+        None => text,
+    }
+}
+
+/// Opens connections host by host (see the module doc).
+struct HostsManager {
+    /// One single-host configuration per host of the URL, in the URL's order.
+    hosts: Vec<Config>,
+    /// Index of the host that answered last: tried first.
+    last_good: AtomicUsize,
+}
+
+impl HostsManager {
+    fn new(config: &Config) -> Self {
+        HostsManager {
+            hosts: single_host_configs(config),
+            last_good: AtomicUsize::new(0),
+        }
+    }
+}
+
+/// `config` split into one configuration per host, each carrying every other setting.
+fn single_host_configs(config: &Config) -> Vec<Config> {
+    let hosts = config.get_hosts();
+    let addrs = config.get_hostaddrs();
+    let ports = config.get_ports();
+    let n = hosts.len().max(addrs.len());
+    if n <= 1 {
+        return vec![config.clone()];
+    }
+    (0..n)
+        .map(|i| {
+            let mut c = Config::new();
+            if let Some(v) = config.get_user() {
+                c.user(v);
+            }
+            if let Some(v) = config.get_password() {
+                c.password(v);
+            }
+            if let Some(v) = config.get_dbname() {
+                c.dbname(v);
+            }
+            if let Some(v) = config.get_options() {
+                c.options(v);
+            }
+            if let Some(v) = config.get_application_name() {
+                c.application_name(v);
+            }
+            match hosts.get(i) {
+                Some(Host::Tcp(h)) => {
+                    c.host(h);
+                }
+                Some(Host::Unix(p)) => {
+                    c.host_path(p);
+                }
+                None => {}
+            }
+            if let Some(a) = addrs.get(i) {
+                c.hostaddr(*a);
+            }
+            // One port for every host, or one port per host (libpq's rule).
+            if let Some(&p) = ports.get(if ports.len() == 1 { 0 } else { i }) {
+                c.port(p);
+            }
+            c.ssl_mode(config.get_ssl_mode())
+                .target_session_attrs(config.get_target_session_attrs())
+                .channel_binding(config.get_channel_binding())
+                .keepalives(config.get_keepalives())
+                .keepalives_idle(config.get_keepalives_idle());
+            if let Some(t) = config.get_tcp_user_timeout() {
+                c.tcp_user_timeout(*t);
+            }
+            c
+        })
+        .collect()
+}
+
+fn host_name(config: &Config) -> String {
+    let host = match config.get_hosts().first() {
+        Some(Host::Tcp(h)) => h.clone(),
+        Some(Host::Unix(p)) => p.display().to_string(),
+        None => config
+            .get_hostaddrs()
+            .first()
+            .map_or_else(|| "?".into(), |a| a.to_string()),
+    };
+    match config.get_ports().first() {
+        Some(p) => format!("{host}:{p}"),
+        None => host,
+    }
+}
+
+impl managed::Manager for HostsManager {
+    type Type = tokio_postgres::Client;
+    type Error = String;
+
+    async fn create(&self) -> Result<tokio_postgres::Client, String> {
+        let n = self.hosts.len();
+        let first = self.last_good.load(Ordering::Relaxed) % n;
+        let mut failures = Vec::new();
+        for k in 0..n {
+            let i = (first + k) % n;
+            let config = &self.hosts[i];
+            match tokio::time::timeout(HOST_TIMEOUT, config.connect(NoTls)).await {
+                Ok(Ok((client, connection))) => {
+                    tokio::spawn(async move {
+                        if let Err(e) = connection.await {
+                            tracing::debug!(error = %describe(&e), "settings store: connection ended");
+                        }
+                    });
+                    self.last_good.store(i, Ordering::Relaxed);
+                    return Ok(client);
+                }
+                Ok(Err(e)) => failures.push(format!("{}: {}", host_name(config), describe(&e))),
+                Err(_) => failures.push(format!(
+                    "{}: no answer within {HOST_TIMEOUT:?}",
+                    host_name(config)
+                )),
+            }
+        }
+        Err(failures.join("; "))
+    }
+
+    async fn recycle(
+        &self,
+        client: &mut tokio_postgres::Client,
+        _: &PoolMetrics,
+    ) -> RecycleResult<String> {
+        if client.is_closed() {
+            Err(RecycleError::message("connection closed"))
+        } else {
+            Ok(())
+        }
+    }
+}
+
 impl SettingsStore {
     /// A pool over `database_url`; connects lazily. `backoff`: see [`Gate`].
     pub fn new(
@@ -125,26 +285,21 @@ impl SettingsStore {
         backoff: Duration,
         metrics: Arc<Metrics>,
     ) -> Result<Self, StoreError> {
-        let mut config: tokio_postgres::Config = database_url
+        let mut config: Config = database_url
             .parse()
-            .map_err(|e| StoreError::Failed(format!("{e}")))?;
-        config.connect_timeout(CONNECT_TIMEOUT);
+            .map_err(|e| StoreError::Failed(crate::logging::chain(&e)))?;
+        config.connect_timeout(HOST_TIMEOUT);
         if config.get_application_name().is_none() {
             config.application_name("collector");
         }
-        let manager = Manager::from_config(
-            config,
-            NoTls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
-        let pool = Pool::builder(manager)
+        let manager = HostsManager::new(&config);
+        let connect_budget = HOST_TIMEOUT * manager.hosts.len() as u32;
+        let pool = managed::Pool::builder(manager)
             .max_size(POOL_SIZE)
-            .runtime(Runtime::Tokio1)
+            .runtime(deadpool::Runtime::Tokio1)
             .wait_timeout(Some(QUERY_TIMEOUT))
-            .create_timeout(Some(QUERY_TIMEOUT))
-            .recycle_timeout(Some(CONNECT_TIMEOUT))
+            .create_timeout(Some(connect_budget + Duration::from_millis(100)))
+            .recycle_timeout(Some(HOST_TIMEOUT))
             .build()
             .map_err(|e| StoreError::Failed(e.to_string()))?;
         Ok(SettingsStore {
@@ -159,27 +314,38 @@ impl SettingsStore {
         self.gate.is_open()
     }
 
-    /// Runs `f` with a pooled client if the gate admits it, within [`QUERY_TIMEOUT`].
-    async fn call<T, F, Fut>(&self, f: F) -> Result<T, StoreError>
+    /// Runs `f` with a pooled client if the gate admits it: the connection within the hosts'
+    /// budget, then `f` within [`QUERY_TIMEOUT`]. A connection whose call timed out or failed
+    /// other than by a server error is closed, never returned to the pool.
+    async fn call<T, F>(&self, f: F) -> Result<T, StoreError>
     where
-        F: FnOnce(deadpool_postgres::Object) -> Fut,
-        Fut: Future<Output = Result<T, tokio_postgres::Error>>,
+        F: for<'c> FnOnce(&'c tokio_postgres::Client) -> Query<'c, T>,
     {
         let admission = self.gate.admit().ok_or(StoreError::Backoff)?;
         self.metrics.settings_store_queries.inc();
-        let work = async {
-            let client = self
-                .pool
-                .get()
-                .await
-                .map_err(|e| StoreError::Failed(e.to_string()))?;
-            f(client)
-                .await
-                .map_err(|e| StoreError::Failed(e.to_string()))
-        };
-        let result = match tokio::time::timeout(QUERY_TIMEOUT, work).await {
-            Ok(r) => r,
-            Err(_) => Err(StoreError::Failed("timed out".into())),
+        let result = match self.pool.get().await {
+            Err(managed::PoolError::Backend(e)) => Err(StoreError::Failed(e)),
+            Err(managed::PoolError::Timeout(_)) => Err(StoreError::Failed(format!(
+                "no connection within {:?} (every host tried)",
+                HOST_TIMEOUT * self.pool.manager().hosts.len() as u32
+            ))),
+            Err(e) => Err(StoreError::Failed(e.to_string())),
+            Ok(client) => match tokio::time::timeout(QUERY_TIMEOUT, f(&client)).await {
+                Ok(Ok(v)) => Ok(v),
+                Ok(Err(e)) => {
+                    // A server error (with a SQLSTATE) leaves the connection usable.
+                    if e.as_db_error().is_none() {
+                        drop(Object::take(client));
+                    }
+                    Err(StoreError::Failed(describe(&e)))
+                }
+                Err(_) => {
+                    drop(Object::take(client));
+                    Err(StoreError::Failed(format!(
+                        "no answer within {QUERY_TIMEOUT:?}"
+                    )))
+                }
+            },
         };
         self.gate.report(admission, result.is_ok());
         self.metrics
@@ -197,10 +363,13 @@ impl SettingsStore {
     /// One site by key; `Ok(None)` when it does not exist.
     pub async fn fetch(&self, key: &str) -> Result<Option<Site>, StoreError> {
         let sql = format!("SELECT {SITE_COLUMNS} FROM sites WHERE key = $1");
-        self.call(|c| async move {
-            c.query_opt(&sql, &[&key])
-                .await
-                .map(|r| r.as_ref().map(site_from_row))
+        // Owned: the call's future may only borrow its connection.
+        let key = key.to_owned();
+        self.call(|c| {
+            Box::pin(async move {
+                let rows = c.query_typed(&sql, &[(&key, Type::TEXT)]).await?;
+                Ok(rows.first().map(site_from_row))
+            })
         })
         .await
     }
@@ -208,48 +377,68 @@ impl SettingsStore {
     /// Every site, ordered by key.
     pub async fn fetch_all(&self) -> Result<Vec<Site>, StoreError> {
         let sql = format!("SELECT {SITE_COLUMNS} FROM sites ORDER BY key");
-        self.call(|c| async move {
-            c.query(&sql, &[])
-                .await
-                .map(|rows| rows.iter().map(site_from_row).collect())
+        self.call(|c| {
+            Box::pin(async move {
+                let rows = c.query_typed(&sql, &[]).await?;
+                Ok(rows.iter().map(site_from_row).collect())
+            })
         })
         .await
     }
 
     /// Inserts or updates a site.
     pub async fn upsert(&self, site: &Site) -> Result<(), StoreError> {
-        self.call(|c| async move {
-            c.execute(
-                "INSERT INTO sites (key, allowed_origins, sample_rate, enabled) VALUES ($1, $2, $3, $4)
-                 ON CONFLICT (key) DO UPDATE SET allowed_origins = EXCLUDED.allowed_origins,
-                   sample_rate = EXCLUDED.sample_rate, enabled = EXCLUDED.enabled, updated_at = now()",
-                &[&site.key, &site.allowed_origins, &site.sample_rate, &site.enabled],
-            )
-            .await
-            .map(|_| ())
+        let site = site.clone();
+        self.call(|c| {
+            Box::pin(async move {
+                let params: [(&(dyn ToSql + Sync), Type); 4] = [
+                    (&site.key, Type::TEXT),
+                    (&site.allowed_origins, Type::TEXT_ARRAY),
+                    (&site.sample_rate, Type::FLOAT8),
+                    (&site.enabled, Type::BOOL),
+                ];
+                c.query_typed(
+                    "INSERT INTO sites (key, allowed_origins, sample_rate, enabled) VALUES ($1, $2, $3, $4)
+                     ON CONFLICT (key) DO UPDATE SET allowed_origins = EXCLUDED.allowed_origins,
+                       sample_rate = EXCLUDED.sample_rate, enabled = EXCLUDED.enabled, updated_at = now()",
+                    &params,
+                )
+                .await
+                .map(|_| ())
+            })
         })
         .await
     }
 
     /// Enables or disables a site; `Ok(false)` when there is no such site.
     pub async fn set_enabled(&self, key: &str, enabled: bool) -> Result<bool, StoreError> {
-        self.call(|c| async move {
-            c.execute(
-                "UPDATE sites SET enabled = $2, updated_at = now() WHERE key = $1",
-                &[&key, &enabled],
-            )
-            .await
-            .map(|n| n == 1)
+        let key = key.to_owned();
+        self.call(|c| {
+            Box::pin(async move {
+                let rows = c
+                    .query_typed(
+                        "UPDATE sites SET enabled = $2, updated_at = now() WHERE key = $1 RETURNING key",
+                        &[(&key, Type::TEXT), (&enabled, Type::BOOL)],
+                    )
+                    .await?;
+                Ok(rows.len() == 1)
+            })
         })
         .await
     }
 
-    /// Runs DDL statements (the PostgreSQL half of `collector migrate`).
+    /// Runs DDL statements (the PostgreSQL half of `collector migrate`), with the simple
+    /// protocol.
     pub async fn apply(&self, sql: &str) -> Result<(), StoreError> {
-        self.call(|c| async move { c.batch_execute(sql).await })
+        let sql = sql.to_owned();
+        self.call(|c| Box::pin(async move { c.batch_execute(&sql).await }))
             .await
     }
 }
+
+/// The future of one store call, borrowing its connection.
+type Query<'c, T> =
+    std::pin::Pin<Box<dyn Future<Output = Result<T, tokio_postgres::Error>> + Send + 'c>>;
 
 #[cfg(test)]
 mod tests {

@@ -95,7 +95,7 @@ pub const BAD_DATA_CODES: [u32; 12] = [6, 26, 27, 33, 38, 41, 53, 69, 70, 72, 11
 
 /// Classifies a ClickHouse client error.
 pub fn classify(error: &clickhouse::error::Error) -> InsertError {
-    let text = error.to_string();
+    let text = crate::logging::chain(error);
     if let clickhouse::error::Error::BadResponse(body) = error {
         if let Some(code) = exception_code(body) {
             if BAD_DATA_CODES.contains(&code) {

@@ -7,12 +7,14 @@
 //! `absolute_delay` is within `COLLECTOR_CATCHUP_MAX_DELAY`. A table that is not replicated
 //! (no row in `system.replicas`) passes when the server answers.
 
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use serde::Deserialize;
 use tokio::sync::watch;
 
-use crate::writer::replicas::Replicas;
+use crate::measurement::Measurement;
+use crate::writer::replicas::{is_stale_connection, Replicas};
 
 /// Time between probe rounds.
 pub const PROBE_INTERVAL: Duration = Duration::from_secs(1);
@@ -54,6 +56,40 @@ const STATUS_QUERY: &str = "SELECT toUInt8(is_readonly) AS is_readonly, toUInt8(
      toUInt64(inserts_in_queue) AS inserts_in_queue, toUInt64(absolute_delay) AS absolute_delay \
      FROM system.replicas WHERE database = ? AND table = 'measurements'";
 
+/// Bound on applying the schema to a replica found without it.
+pub const SCHEMA_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What one probe of a replica found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Probe {
+    /// It passed the catch-up check (see the module doc); false when `schema` is false.
+    pub caught_up: bool,
+    /// It knows `insert_deduplication_token` (ClickHouse 22.2 and later).
+    pub dedup_token: bool,
+    /// It has the `measurements` table with every column the writer sends.
+    pub schema: bool,
+}
+
+#[derive(Debug, Deserialize, clickhouse::Row)]
+struct ServerInfo {
+    version: String,
+    columns: u64,
+}
+
+/// `version()` and how many of the writer's columns the replica's `measurements` has, in one
+/// round trip (a scalar subquery, which 18.16 and current releases both accept).
+static INFO_QUERY: LazyLock<String> = LazyLock::new(|| {
+    let names = <Measurement as clickhouse::Row>::COLUMN_NAMES
+        .iter()
+        .map(|c| format!("'{c}'"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!(
+        "SELECT version() AS version, toUInt64((SELECT count() FROM system.columns \
+         WHERE database = ? AND table = 'measurements' AND name IN ({names}))) AS columns"
+    )
+});
+
 /// Whether a `version()` string is ClickHouse 22.2 or later, which knows
 /// `insert_deduplication_token` (ClickHouse changelog, 22.2).
 pub fn knows_dedup_token(version: &str) -> bool {
@@ -62,44 +98,78 @@ pub fn knows_dedup_token(version: &str) -> bool {
     (major, minor) >= (22, 2)
 }
 
-/// Probes replica `i` once: `None` when it does not answer in time, else (caught up, knows
-/// the dedup token).
+async fn check(
+    client: &clickhouse::Client,
+    database: &str,
+    max_delay: Duration,
+) -> Result<Probe, clickhouse::error::Error> {
+    let info: ServerInfo = client.query(&INFO_QUERY).bind(database).fetch_one().await?;
+    let dedup_token = knows_dedup_token(&info.version);
+    if info.columns < <Measurement as clickhouse::Row>::COLUMN_NAMES.len() as u64 {
+        return Ok(Probe {
+            caught_up: false,
+            dedup_token,
+            schema: false,
+        });
+    }
+    let rows: Vec<ReplicaStatus> = client
+        .query(STATUS_QUERY)
+        .bind(database)
+        .fetch_all()
+        .await?;
+    Ok(Probe {
+        caught_up: rows.iter().all(|r| r.caught_up(max_delay)),
+        dedup_token,
+        schema: true,
+    })
+}
+
+/// Probes replica `i` once: what it found, or why it did not answer in [`PROBE_TIMEOUT`]
+/// (the error with its causes). A replica found without the schema gets it applied here
+/// (within [`SCHEMA_TIMEOUT`]); it still counts as lacking it until the next probe sees it.
 pub async fn probe(
     replicas: &Replicas,
     i: usize,
     database: &str,
     max_delay: Duration,
-) -> Option<(bool, bool)> {
-    let client = replicas.client(i);
-    let check = async {
-        let version: String = client.query("SELECT version()").fetch_one().await?;
-        let rows: Vec<ReplicaStatus> = client
-            .query(STATUS_QUERY)
-            .bind(database)
-            .fetch_all()
-            .await?;
-        Ok::<_, clickhouse::error::Error>((
-            rows.iter().all(|r| r.caught_up(max_delay)),
-            knows_dedup_token(&version),
-        ))
-    };
-    match tokio::time::timeout(PROBE_TIMEOUT, check).await {
-        Ok(Ok(result)) => Some(result),
-        Ok(Err(e)) => {
-            crate::logging::warn_limited(
-                "probe",
-                || tracing::warn!(replica = %replicas.url(i), error = %e, "clickhouse probe failed"),
-            );
-            None
+) -> Result<Probe, String> {
+    // The `system` database, not the measurements' one, which may not exist yet.
+    let client = replicas.client(i).clone().with_database("system");
+    let run = async {
+        match check(&client, database, max_delay).await {
+            Err(e) if is_stale_connection(&e) => {
+                let fresh = replicas.fresh_client(i).clone().with_database("system");
+                check(&fresh, database, max_delay).await
+            }
+            other => other,
         }
-        Err(_) => {
-            crate::logging::warn_limited(
-                "probe",
-                || tracing::warn!(replica = %replicas.url(i), "clickhouse probe timed out"),
-            );
-            None
+    };
+    let found = match tokio::time::timeout(PROBE_TIMEOUT, run).await {
+        Ok(Ok(found)) => found,
+        Ok(Err(e)) => return Err(crate::logging::chain(&e)),
+        Err(_) => return Err(format!("no answer within {PROBE_TIMEOUT:?}")),
+    };
+    if !found.schema {
+        let apply = crate::migrate::apply_clickhouse(&client, database);
+        match tokio::time::timeout(SCHEMA_TIMEOUT, apply).await {
+            Ok(Ok(())) => {
+                tracing::info!(replica = %replicas.url(i), "clickhouse: applied the schema to a replica that lacked it; not written to until it has caught up")
+            }
+            Ok(Err(e)) => {
+                crate::logging::warn_limited(
+                    "schema_apply",
+                    || tracing::warn!(replica = %replicas.url(i), error = %e, "clickhouse: cannot apply the schema to a replica that lacks it"),
+                );
+            }
+            Err(_) => {
+                crate::logging::warn_limited(
+                    "schema_apply",
+                    || tracing::warn!(replica = %replicas.url(i), "clickhouse: applying the schema timed out"),
+                );
+            }
         }
     }
+    Ok(found)
 }
 
 /// One round over every replica, concurrently. `initial` trusts a single result.

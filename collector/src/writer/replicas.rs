@@ -14,6 +14,18 @@
 //! The writer asks [`Replicas::pick`] before every attempt: the most preferred healthy replica,
 //! else the most preferred catching-up one, else (everything down) the next in rotation, so
 //! that whichever replica comes back first gets the spool's backlog.
+//!
+//! A replica that lacks the schema (no `measurements` table, or a column missing, e.g. it was
+//! down during `collector migrate`) is never written to, not even in rotation: it counts as
+//! down until the prober has applied the schema to it and it has caught up.
+//!
+//! **Idle connections.** ClickHouse closes an idle HTTP keep-alive connection after its
+//! `keep_alive_timeout` (3 s on 18.16, longer on current releases), and a restarted replica
+//! leaves every pooled connection dead. A request that fails on a connection taken from the
+//! pool, other than by a timeout or a refused connect, is therefore sent once more at once on
+//! a fresh connection to the same replica ([`is_stale_connection`]); only if that fails too
+//! does it count against the replica. Retrying an INSERT is safe: the token and the table's
+//! `ReplacingMergeTree` fold a second copy.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -22,6 +34,7 @@ use tokio::sync::watch;
 
 use crate::measurement::Measurement;
 use crate::metrics::{Metrics, ReplicaLabel};
+use crate::writer::probe::Probe;
 use crate::writer::{classify, Batch, InsertError};
 
 /// Insert failures within [`FAILURE_WINDOW`] that mark a replica down.
@@ -34,6 +47,9 @@ pub const PROBE_FAILURES_TO_DOWN: u32 = 3;
 pub const LAGS_TO_DEMOTE: u32 = 3;
 /// Consecutive passed catch-up probes that make a returning replica healthy again.
 pub const PASSES_TO_HEALTHY: u32 = 3;
+/// While a replica stays down, one summary line this often (besides the line when it goes
+/// down and the one when it returns).
+pub const DOWN_SUMMARY_INTERVAL: Duration = Duration::from_secs(60);
 /// Rows encoded between two yields to the scheduler while a batch is sent.
 const YIELD_EVERY_ROWS: usize = 256;
 /// Bound on sending one batch.
@@ -55,6 +71,8 @@ pub enum State {
 #[derive(Debug)]
 struct Health {
     state: State,
+    /// Whether the last probe found the schema (table and every column) on this replica.
+    schema: bool,
     insert_failures: Vec<Instant>,
     probe_failures: u32,
     passes: u32,
@@ -62,6 +80,10 @@ struct Health {
     lags: u32,
     /// Whether the server knows `insert_deduplication_token` (ClickHouse 22.2 and later).
     dedup_token: bool,
+    /// Since when it is down, and when the last "still down" summary was logged.
+    down_since: Option<(Instant, Instant)>,
+    /// The last failure seen (probe or insert), with its causes.
+    last_error: String,
 }
 
 struct Inner {
@@ -74,7 +96,8 @@ struct Inner {
 #[derive(Clone)]
 pub struct Replicas {
     urls: Arc<[String]>,
-    clients: Arc<[clickhouse::Client]>,
+    /// Per replica: a client over a connection pool, and one that never reuses a connection.
+    clients: Arc<[(clickhouse::Client, clickhouse::Client)]>,
     inner: Arc<Mutex<Inner>>,
     changed: watch::Sender<u64>,
     metrics: Arc<Metrics>,
@@ -88,25 +111,33 @@ impl Replicas {
             .iter()
             .map(|u| u.as_str().trim_end_matches('/').to_owned())
             .collect();
-        let clients: Vec<clickhouse::Client> = urls
+        let configure = |c: clickhouse::Client, u: &String| {
+            c.with_url(u.clone())
+                .with_database(database)
+                .with_validation(false)
+                .with_compression(clickhouse::Compression::Lz4)
+        };
+        let clients: Vec<_> = urls
             .iter()
             .map(|u| {
-                clickhouse::Client::default()
-                    .with_url(u.clone())
-                    .with_database(database)
-                    .with_validation(false)
-                    .with_compression(clickhouse::Compression::Lz4)
+                (
+                    configure(clickhouse::Client::default(), u),
+                    configure(fresh_connection_client(), u),
+                )
             })
             .collect();
         let health = urls
             .iter()
             .map(|_| Health {
                 state: State::Healthy,
+                schema: true,
                 insert_failures: Vec::new(),
                 probe_failures: 0,
                 passes: 0,
                 lags: 0,
                 dedup_token: false,
+                down_since: None,
+                last_error: String::new(),
             })
             .collect();
         let replicas = Replicas {
@@ -139,9 +170,14 @@ impl Replicas {
         &self.urls[i]
     }
 
-    /// Client of replica `i`.
+    /// Client of replica `i` (pooled connections).
     pub fn client(&self, i: usize) -> &clickhouse::Client {
-        &self.clients[i]
+        &self.clients[i].0
+    }
+
+    /// Client of replica `i` that opens a fresh connection for every request.
+    pub fn fresh_client(&self, i: usize) -> &clickhouse::Client {
+        &self.clients[i].1
     }
 
     /// Current state of replica `i`.
@@ -174,23 +210,57 @@ impl Replicas {
         self.changed.send_modify(|n| *n += 1);
     }
 
+    /// Changes the state of `i`, logging the change: a replica going down is one warning
+    /// with its cause, one coming back one line with how long it was down; while it stays down
+    /// [`Replicas::probed`] adds one summary a [`DOWN_SUMMARY_INTERVAL`].
     fn set_state(&self, inner: &mut Inner, i: usize, state: State) {
-        if inner.health[i].state != state {
-            tracing::info!(replica = %self.urls[i], from = ?inner.health[i].state, to = ?state, "clickhouse: replica state");
-            inner.health[i].state = state;
-            inner.health[i].passes = 0;
+        let h = &mut inner.health[i];
+        if h.state == state {
+            return;
         }
+        let url = &self.urls[i];
+        match (h.state, state) {
+            (_, State::Down) => {
+                let now = Instant::now();
+                h.down_since = Some((now, now));
+                if h.schema {
+                    tracing::warn!(replica = %url, cause = %h.last_error, "clickhouse: replica down; not written to until it answers and has caught up");
+                } else {
+                    tracing::warn!(replica = %url, "clickhouse: replica lacks the schema; applying it, not written to until it has caught up");
+                }
+            }
+            (State::Down, to) => {
+                let down_for = h.down_since.take().map(|(t, _)| t.elapsed());
+                tracing::info!(replica = %url, to = ?to, down_for = ?down_for, "clickhouse: replica answering again");
+            }
+            (from, to) => {
+                tracing::info!(replica = %url, from = ?from, to = ?to, "clickhouse: replica state")
+            }
+        }
+        h.state = state;
+        h.passes = 0;
     }
 
     /// Chooses the replica for the next attempt (see the module doc) and records it as active.
     pub fn pick(&self) -> usize {
         let mut inner = self.inner.lock().unwrap();
-        let first = |s: State| inner.health.iter().position(|h| h.state == s);
+        let first = |s: State| inner.health.iter().position(|h| h.state == s && h.schema);
         let chosen = match first(State::Healthy).or_else(|| first(State::CatchingUp)) {
             Some(i) => i,
             None => {
-                inner.rotation = (inner.rotation + 1) % inner.health.len();
-                inner.rotation
+                // Rotate over the replicas that have the schema (over all, if none has it:
+                // `insert` then refuses without sending, and the prober is applying it).
+                let n = inner.health.len();
+                let with_schema = inner.health.iter().any(|h| h.schema);
+                let mut next = inner.rotation;
+                for _ in 0..n {
+                    next = (next + 1) % n;
+                    if inner.health[next].schema || !with_schema {
+                        break;
+                    }
+                }
+                inner.rotation = next;
+                next
             }
         };
         if chosen != inner.active {
@@ -207,8 +277,9 @@ impl Replicas {
         chosen
     }
 
-    /// Records a failed insert on `i`; several in quick succession mark it down.
-    pub fn insert_failed(&self, i: usize) {
+    /// Records a failed insert on `i` (`cause`: the error with its causes); several in quick
+    /// succession mark it down.
+    pub fn insert_failed(&self, i: usize, cause: &str) {
         self.metrics
             .insert_errors
             .get_or_create(&self.label(i))
@@ -216,6 +287,7 @@ impl Replicas {
         let mut inner = self.inner.lock().unwrap();
         let now = Instant::now();
         let h = &mut inner.health[i];
+        h.last_error = format!("insert: {cause}");
         h.insert_failures
             .retain(|t| now.duration_since(*t) < FAILURE_WINDOW);
         h.insert_failures.push(now);
@@ -232,23 +304,42 @@ impl Replicas {
         self.inner.lock().unwrap().health[i].insert_failures.clear();
     }
 
-    /// Records a probe result for `i`: `None` when unreachable, else whether it passed the
-    /// catch-up check, and whether it knows `insert_deduplication_token`. `initial` (the first
-    /// round at start) trusts a single passing probe.
-    pub fn probed(&self, i: usize, result: Option<(bool, bool)>, initial: bool) {
+    /// Records a probe result for `i`: `None` when unreachable, else what it found.
+    /// `initial` (the first round at start) trusts a single passing probe.
+    pub fn probed(&self, i: usize, result: Result<Probe, String>, initial: bool) {
         let mut inner = self.inner.lock().unwrap();
         let before = inner.health[i].state;
         match result {
-            None => {
+            Ok(Probe { schema: false, .. }) => {
+                let h = &mut inner.health[i];
+                h.schema = false;
+                h.probe_failures = 0;
+                h.passes = 0;
+                self.set_state(&mut inner, i, State::Down);
+            }
+            Err(cause) => {
                 let h = &mut inner.health[i];
                 h.probe_failures += 1;
                 h.passes = 0;
+                tracing::debug!(replica = %self.urls[i], %cause, "clickhouse: probe failed");
+                h.last_error = format!("probe: {cause}");
+                if let Some((since, summary)) = &mut h.down_since {
+                    if summary.elapsed() >= DOWN_SUMMARY_INTERVAL {
+                        *summary = Instant::now();
+                        tracing::warn!(replica = %self.urls[i], down_for = ?since.elapsed(), cause = %h.last_error, "clickhouse: replica still down");
+                    }
+                }
                 if h.probe_failures >= PROBE_FAILURES_TO_DOWN || initial {
                     self.set_state(&mut inner, i, State::Down);
                 }
             }
-            Some((caught_up, token)) => {
+            Ok(Probe {
+                caught_up,
+                dedup_token: token,
+                schema: true,
+            }) => {
                 let h = &mut inner.health[i];
+                h.schema = true;
                 h.probe_failures = 0;
                 if caught_up {
                     h.lags = 0;
@@ -296,18 +387,37 @@ impl Replicas {
         }
     }
 
-    /// Inserts `batch` into replica `i` once, abandoning it if `i` is marked down meanwhile.
+    /// Inserts `batch` into replica `i` once (plus one immediate retry on a fresh connection
+    /// when the pooled one was found dead), abandoning it if `i` is marked down meanwhile.
     pub async fn insert(&self, i: usize, batch: &Batch) -> Result<(), InsertError> {
-        let token = self.inner.lock().unwrap().health[i]
-            .dedup_token
-            .then(|| batch.dedup_token());
+        let (token, schema) = {
+            let inner = self.inner.lock().unwrap();
+            let h = &inner.health[i];
+            (h.dedup_token.then(|| batch.dedup_token()), h.schema)
+        };
+        if !schema {
+            return Err(InsertError::Transient(
+                "the replica lacks the schema; not written to until the prober has applied it"
+                    .into(),
+            ));
+        }
+        let attempt = async {
+            match insert_rows(self.client(i), &batch.rows, token.clone()).await {
+                Err(e) if is_stale_connection(&e) => {
+                    tracing::debug!(replica = %self.urls[i], error = %crate::logging::chain(&e), "clickhouse: pooled connection found dead; retrying on a fresh one");
+                    insert_rows(self.fresh_client(i), &batch.rows, token).await
+                }
+                other => other,
+            }
+            .map_err(|e| classify(&e))
+        };
         let result = tokio::select! {
-            r = insert_rows(&self.clients[i], &batch.rows, token) => r,
-            () = self.wait_down(i) => Err(InsertError::Transient("replica marked down during the insert".into())),
+            r = attempt => r,
+            () = self.wait_down(i) => Err(InsertError::Transient("replica marked down during the insert (its probes failed meanwhile)".into())),
         };
         match &result {
             Ok(()) => self.insert_succeeded(i),
-            Err(InsertError::Transient(_)) => self.insert_failed(i),
+            Err(InsertError::Transient(cause)) => self.insert_failed(i, cause),
             Err(InsertError::Permanent(_)) => {}
         }
         result
@@ -318,29 +428,60 @@ async fn insert_rows(
     client: &clickhouse::Client,
     rows: &[Measurement],
     token: Option<String>,
-) -> Result<(), InsertError> {
-    let mut insert = client
-        .insert::<Measurement>("measurements")
-        .await
-        .map_err(|e| classify(&e))?;
+) -> Result<(), clickhouse::error::Error> {
+    let mut insert = client.insert::<Measurement>("measurements").await?;
     if let Some(token) = token {
         insert = insert.with_setting("insert_deduplication_token", token);
     }
     let mut insert = insert.with_timeouts(Some(SEND_TIMEOUT), Some(END_TIMEOUT));
     for (n, row) in rows.iter().enumerate() {
-        insert.write(row).await.map_err(|e| classify(&e))?;
+        insert.write(row).await?;
         // Encoding a large batch is a burst of CPU; on a small host it would stall intake
         // for its whole length, so let the request tasks in every few hundred rows.
         if n % YIELD_EVERY_ROWS == YIELD_EVERY_ROWS - 1 {
             tokio::task::yield_now().await;
         }
     }
-    insert.end().await.map_err(|e| classify(&e))
+    insert.end().await
+}
+
+/// A ClickHouse client whose HTTP client keeps no idle connection, so every request opens a
+/// fresh one (for the retry after a pooled connection was found dead).
+fn fresh_connection_client() -> clickhouse::Client {
+    let mut connector = hyper_util::client::legacy::connect::HttpConnector::new();
+    connector.set_nodelay(true);
+    let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .pool_max_idle_per_host(0)
+        .build(connector);
+    clickhouse::Client::with_http_client(http)
+}
+
+/// Whether `error` is what a connection closed by the server while idle in the pool looks
+/// like: a network error after connecting (reset, broken pipe, the connection closed before
+/// a response), as opposed to a refused or timed-out connect, a timeout, or an answer.
+pub fn is_stale_connection(error: &clickhouse::error::Error) -> bool {
+    let clickhouse::error::Error::Network(inner) = error else {
+        return false;
+    };
+    if let Some(e) = inner.downcast_ref::<hyper_util::client::legacy::Error>() {
+        if e.is_connect() {
+            return false;
+        }
+    }
+    true
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn passed(caught_up: bool) -> Result<Probe, String> {
+        Ok(Probe {
+            caught_up,
+            dedup_token: false,
+            schema: true,
+        })
+    }
 
     fn replicas(n: usize) -> Replicas {
         let urls: Vec<url::Url> = (0..n)
@@ -352,10 +493,10 @@ mod tests {
     #[test]
     fn one_failure_does_not_close_a_replica() {
         let r = replicas(2);
-        r.insert_failed(0);
-        r.insert_failed(0);
+        r.insert_failed(0, "refused");
+        r.insert_failed(0, "refused");
         assert_eq!(r.pick(), 0);
-        r.insert_failed(0);
+        r.insert_failed(0, "refused");
         assert_eq!(r.state(0), State::Down);
         assert_eq!(r.pick(), 1);
     }
@@ -364,18 +505,18 @@ mod tests {
     fn returning_replica_must_pass_several_probes() {
         let r = replicas(3);
         for _ in 0..PROBE_FAILURES_TO_DOWN {
-            r.probed(0, None, false);
+            r.probed(0, Err("down".into()), false);
         }
         assert_eq!(r.pick(), 1);
-        r.probed(0, Some((false, false)), false);
+        r.probed(0, passed(false), false);
         assert_eq!(r.state(0), State::CatchingUp);
         for _ in 0..10 {
-            r.probed(0, Some((false, false)), false);
+            r.probed(0, passed(false), false);
         }
         assert_eq!(r.pick(), 1, "lagging replica is not written to");
         for n in 1..=PASSES_TO_HEALTHY {
             assert_eq!(r.pick(), 1);
-            r.probed(0, Some((true, false)), false);
+            r.probed(0, passed(true), false);
             assert_eq!(r.state(0) == State::Healthy, n == PASSES_TO_HEALTHY);
         }
         assert_eq!(r.pick(), 0, "back to the preferred replica");
@@ -384,17 +525,17 @@ mod tests {
     #[test]
     fn a_healthy_replica_briefly_behind_stays_in_use() {
         let r = replicas(2);
-        r.probed(0, Some((false, false)), false);
-        r.probed(0, Some((true, false)), false);
-        r.probed(0, Some((false, false)), false);
-        r.probed(0, Some((false, false)), false);
+        r.probed(0, passed(false), false);
+        r.probed(0, passed(true), false);
+        r.probed(0, passed(false), false);
+        r.probed(0, passed(false), false);
         assert_eq!(
             r.state(0),
             State::Healthy,
             "lags between passes are not consecutive"
         );
         assert_eq!(r.pick(), 0);
-        r.probed(0, Some((false, false)), false);
+        r.probed(0, passed(false), false);
         assert_eq!(
             r.state(0),
             State::CatchingUp,
@@ -407,12 +548,12 @@ mod tests {
     fn a_failed_probe_resets_the_passes() {
         let r = replicas(2);
         for _ in 0..PROBE_FAILURES_TO_DOWN {
-            r.probed(0, None, false);
+            r.probed(0, Err("down".into()), false);
         }
-        r.probed(0, Some((true, false)), false);
-        r.probed(0, Some((true, false)), false);
-        r.probed(0, None, false);
-        r.probed(0, Some((true, false)), false);
+        r.probed(0, passed(true), false);
+        r.probed(0, passed(true), false);
+        r.probed(0, Err("down".into()), false);
+        r.probed(0, passed(true), false);
         assert_ne!(r.state(0), State::Healthy);
     }
 
@@ -420,7 +561,7 @@ mod tests {
     fn everything_down_rotates() {
         let r = replicas(3);
         for i in 0..3 {
-            r.probed(i, None, true);
+            r.probed(i, Err("down".into()), true);
         }
         let picks: Vec<usize> = (0..6).map(|_| r.pick()).collect();
         let mut distinct = picks.clone();
@@ -430,10 +571,32 @@ mod tests {
     }
 
     #[test]
+    fn a_replica_without_the_schema_is_never_picked() {
+        let r = replicas(3);
+        let lacking = Ok(Probe {
+            caught_up: true,
+            dedup_token: false,
+            schema: false,
+        });
+        r.probed(0, lacking, true);
+        assert_eq!(r.state(0), State::Down);
+        assert_eq!(r.pick(), 1);
+        r.probed(1, Err("down".into()), true);
+        r.probed(2, Err("down".into()), true);
+        let picks: Vec<usize> = (0..6).map(|_| r.pick()).collect();
+        assert!(!picks.contains(&0), "not even in rotation: {picks:?}");
+        r.probed(0, passed(true), false);
+        assert_eq!(r.state(0), State::CatchingUp, "schema applied: catching up");
+        r.probed(0, passed(true), false);
+        r.probed(0, passed(true), false);
+        assert_eq!(r.pick(), 0, "caught up: preferred again");
+    }
+
+    #[test]
     fn catching_up_is_used_when_nothing_is_healthy() {
         let r = replicas(2);
-        r.probed(0, None, true);
-        r.probed(1, Some((false, false)), true);
+        r.probed(0, Err("down".into()), true);
+        r.probed(1, passed(false), true);
         assert_eq!(r.pick(), 1);
     }
 }

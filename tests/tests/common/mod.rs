@@ -9,6 +9,8 @@
 //! - [`Collector`]: the real `collector` binary as a child process on a free port.
 #![allow(dead_code)]
 
+pub mod standin;
+
 use std::collections::HashMap;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
