@@ -169,6 +169,7 @@ make_rust() {
     while IFS= read -r line; do [[ -n $line ]] && envs+=(-e "$line"); done < <(proxy_env)
     "${PODMAN[@]}" rm -f "$ctr" >/dev/null 2>&1 || true
     # The package step reaches the mirror: host network, as the engine checks use.
+    # shellcheck disable=SC2016 # expanded by the container's shell
     nice -n 10 "${PODMAN[@]}" run --name "$ctr" --network host "${RUN_LIMITS[@]}" "${envs[@]}" \
         -e TOOLCHAIN="$toolchain" \
         -v "$sysroot:/mnt/toolchain:ro" -v "$rustup_bin:/mnt/rustup:ro" \
