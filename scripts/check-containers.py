@@ -2,6 +2,8 @@
 """Static checks of the container files, run by scripts/check-containers.sh.
 
     check-containers.py COMPOSE_CONFIG [--dockerfile]
+    check-containers.py engine-compose COMPOSE_CONFIG OUT KEY=VALUE...   (see engine_compose)
+    check-containers.py stop-grace COMPOSE_CONFIG SERVICE     (seconds of stop_grace_period)
 
 COMPOSE_CONFIG is the output of `docker-compose config` (anchors merged, variables
 interpolated, bind-mount paths made absolute). --dockerfile also checks the Dockerfile and
@@ -605,7 +607,113 @@ def check_build_context():
     return problems
 
 
+# ------------------------------------------------------- engine compose file ---
+
+# The part of compose.yaml that runs on a machine with podman but no image registry and no
+# network but loopback (scripts/check-containers.sh --engine).
+ENGINE_SERVICES = ["postgres-primary", "postgres-standby", "migrate", "seed", "collector-a", "collector-b"]
+POSTGRES_SERVICES = {"postgres-primary", "postgres-standby"}
+POSTGRES_PORT = "5432"
+
+
+def engine_compose(config, out, opts):
+    """Writes to `out` the services ENGINE_SERVICES of the resolved compose file `config`,
+    changed only where this machine needs it, everything else (commands, entrypoints,
+    environment, health checks, stop_grace_period, read_only, cap_drop, security_opt, mounts,
+    restart, depends_on conditions among these services) kept as compose.yaml has it:
+
+    - network_mode host, no networks or ports: every server listens on 127.0.0.1 on its own
+      port (opts[SERVICE] for the PostgreSQL servers and the collectors), and the service
+      names in URLs and variables become those loopback addresses; the ClickHouse services
+      become the loopback replicas of scripts/stack.sh (opts["clickhouse-rN"], URLs);
+    - depends_on entries on services not started here (ClickHouse) are dropped;
+    - images: the collector image built by the checks (opts["image"], no `build`), and the
+      local stand-in for postgres:15 (opts["postgres_image"]);
+    - named volumes prefixed with opts["volume_prefix"], so that they never meet a real
+      stack's volumes on the same machine;
+    - ulimits nofile lowered to the host's hard limit (opts["nofile"]) when above it, and
+      nproc opts["nproc"] beside it (this VM refuses podman's own values).
+    """
+    doc = yaml.safe_load(open(config))
+    hosts = {}  # "name:port" -> "127.0.0.1:port", and http URLs of the replicas
+    for name in POSTGRES_SERVICES:
+        hosts[f"{name}:{POSTGRES_PORT}"] = f"127.0.0.1:{opts[name]}"
+    urls = {f"http://{n}:8123": opts[n] for n in doc["services"] if n.startswith("clickhouse-r")}
+
+    def rewrite(value):
+        for a, b in list(urls.items()) + list(hosts.items()):
+            value = value.replace(a, b)
+        return value
+
+    services, volumes = {}, {}
+    for name in ENGINE_SERVICES:
+        svc = dict(doc["services"][name])
+        svc.pop("networks", None)
+        svc.pop("ports", None)
+        svc["network_mode"] = "host"
+        deps = svc.get("depends_on") or {}
+        if isinstance(deps, list):
+            deps = {d: {"condition": "service_started"} for d in deps}
+        deps = {d: c for d, c in deps.items() if d in ENGINE_SERVICES}
+        if deps:
+            svc["depends_on"] = deps
+        else:
+            svc.pop("depends_on", None)
+        if svc.get("image") == COLLECTOR_IMAGE:
+            svc.pop("build", None)
+            svc["image"] = opts["image"]
+        elif str(svc.get("image", "")).startswith("postgres:"):
+            svc["image"] = opts["postgres_image"]
+        env = {k: rewrite(v) for k, v in env_of(svc).items()}
+        if name in POSTGRES_SERVICES:
+            port = opts[name]
+            svc["command"] = list(svc["command"]) + ["-c", f"port={port}", "-c", "listen_addresses=127.0.0.1"]
+            hc = dict(svc["healthcheck"])
+            hc["test"] = [port if w == POSTGRES_PORT else w for w in hc["test"]]
+            svc["healthcheck"] = hc
+            if "PRIMARY_HOST" in env:
+                env["PRIMARY_HOST"] = "127.0.0.1"
+                env["PRIMARY_PORT"] = opts["postgres-primary"]
+        if name in opts and name not in POSTGRES_SERVICES:  # the collectors
+            env["COLLECTOR_LISTEN"] = f"127.0.0.1:{opts[name]}"
+        svc["environment"] = env
+        if svc.get("ulimits"):
+            ulimits = dict(svc["ulimits"])
+            nofile = ulimits.get("nofile")
+            if isinstance(nofile, dict):
+                ulimits["nofile"] = {k: min(int(v), int(opts["nofile"])) for k, v in nofile.items()}
+            # Podman then sets only the ulimits given, and its own nproc is refused here.
+            ulimits.setdefault("nproc", {"soft": int(opts["nproc"]), "hard": int(opts["nproc"])})
+            svc["ulimits"] = ulimits
+        mounts = []
+        for v in svc.get("volumes") or []:
+            kind, src, tgt = mounts_of({"volumes": [v]})[0]
+            if kind == "volume" and src:
+                new = f"{opts['volume_prefix']}-{src}"
+                volumes[new] = {"name": new}
+                v = {**v, "source": new} if isinstance(v, dict) else new + v[len(src):]
+            mounts.append(v)
+        if mounts:
+            svc["volumes"] = mounts
+        services[name] = svc
+    out_doc = {"services": services, "volumes": volumes}
+    if "version" in doc:
+        out_doc["version"] = doc["version"]
+    with open(out, "w") as f:
+        f.write("# Made by scripts/check-containers.py engine-compose from compose.yaml: see engine_compose().\n")
+        yaml.safe_dump(out_doc, f, sort_keys=True)
+    return 0
+
+
 def main():
+    if sys.argv[1] == "engine-compose":
+        opts = dict(a.split("=", 1) for a in sys.argv[4:])
+        return engine_compose(sys.argv[2], sys.argv[3], opts)
+    if sys.argv[1] == "stop-grace":
+        # Whole seconds of a service's stop_grace_period in a resolved compose file.
+        svc = yaml.safe_load(open(sys.argv[2]))["services"][sys.argv[3]]
+        print(int(duration_s(svc.get("stop_grace_period", "10s"))))
+        return 0
     config, with_dockerfile = sys.argv[1], "--dockerfile" in sys.argv[2:]
     ck = Checks()
     c = Compose(config)

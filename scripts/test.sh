@@ -44,3 +44,8 @@ export COLLECTOR_BIN="$PWD/target/debug/collector"
 step "tests"
 # Two test threads: the machine has two cores and every test runs real servers.
 cargo test --workspace -- --test-threads=2 "$@"
+
+step "container image and compose services on podman"
+# Builds the Dockerfile with podman (base images made locally, cached) and runs it against
+# its own loopback stack; skipped with a note where podman cannot run containers.
+scripts/check-containers.sh --engine

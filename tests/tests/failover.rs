@@ -352,3 +352,49 @@ async fn a_torn_spool_tail_is_replayed_up_to_the_last_whole_record() {
         c.logs()
     );
 }
+
+/// SIGTERM while no replica can be written, with a batch already being retried: the drain
+/// still ends (the writer gives up after `DRAIN_DEADLINE` and leaves the batch in the spool)
+/// and the process exits 0 within compose.yaml's `stop_grace_period` (40 s), so an engine
+/// never has to SIGKILL it; the next start delivers everything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_with_every_replica_down_drains_and_exits_0() {
+    let _turn = SERIAL.lock().await;
+    let stack = Stack::failover();
+    let env = setup(stack).await;
+    let mut c = env
+        .collector(&[
+            ("COLLECTOR_CLICKHOUSE_URLS", "http://127.0.0.1:1"),
+            ("COLLECTOR_DRAIN_GRACE", "1s"),
+        ])
+        .await;
+    let mut ids = Vec::new();
+    for _ in 0..20 {
+        let (id, m) = measurement(&env.site);
+        assert_eq!(c.post_json(&m).await.0, 202);
+        ids.push(id);
+    }
+    // The bug this guards against: a batch begun before the signal retried forever.
+    let start = std::time::Instant::now();
+    while c.metric("collector_batches_retried_total").await < 1.0 {
+        assert!(
+            start.elapsed() < SWITCH,
+            "collector_batches_retried_total never rose above 0"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    c.signal("TERM");
+    let status = c
+        .wait_exit(Duration::from_secs(40))
+        .await
+        .unwrap_or_else(|| panic!("still running 40 s after SIGTERM:\n{}", c.logs()));
+    assert!(status.success(), "exit {status:?}:\n{}", c.logs());
+    assert!(c.logs().contains("drain deadline passed"), "{}", c.logs());
+
+    c.set_env(
+        "COLLECTOR_CLICKHOUSE_URLS",
+        &stack.clickhouse_urls().join(","),
+    );
+    c.restart().await;
+    env.assert_stored_once(&ids, SETTLE).await;
+}

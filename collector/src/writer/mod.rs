@@ -142,7 +142,9 @@ pub async fn run(
             return;
         };
         reader.record_in_flight(batch.start, batch.end);
-        let draining_since = (*shutdown.borrow()).then(Instant::now);
+        // When the drain began, as seen by this batch: set once, at the first failure after
+        // shutdown was asked for (a batch begun before it must give up too, not retry forever).
+        let mut draining_since = (*shutdown.borrow()).then(Instant::now);
         let mut attempt = 0u32;
         loop {
             if attempt > 0 {
@@ -175,9 +177,10 @@ pub async fn run(
                         "clickhouse_insert",
                         || tracing::warn!(replica = %replicas.url(target), %reason, "clickhouse insert failed; will retry"),
                     );
-                    let deadline =
-                        draining_since.or_else(|| (*shutdown.borrow()).then(Instant::now));
-                    if deadline.is_some_and(|t| t.elapsed() >= DRAIN_DEADLINE) {
+                    if draining_since.is_none() && *shutdown.borrow() {
+                        draining_since = Some(Instant::now());
+                    }
+                    if draining_since.is_some_and(|t| t.elapsed() >= DRAIN_DEADLINE) {
                         tracing::warn!(
                             rows = batch.rows.len(),
                             "drain deadline passed; the batch stays in the spool"
