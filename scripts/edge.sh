@@ -25,11 +25,11 @@
 #       cut-active-edge    set the link of the edge holding the address down (at the bridge)
 #       restore-edge       set the links cut by cut-active-edge up again; wait until one edge
 #                          holds the address
-#       planned-restart    restart the active edge with sign-off first: stop its keepalived
-#                          (a priority-0 advert: the other edge takes the address at once), wait
-#                          until the other edge holds the address, stop HAProxy gracefully
-#                          (finishing requests in flight), start it, wait until it serves, start
-#                          keepalived again (as backup)
+#       planned-restart    restart the active edge with sign-off first, by the shipped
+#                          deploy/edge/planned-restart.sh: drain (new connections to the address
+#                          dropped, open ones finish), stop its keepalived (a priority-0 advert:
+#                          the other edge takes the address at once), restart HAProxy gracefully,
+#                          wait until it serves, start keepalived again (as backup), undrain
 #       paths-down         SIGKILL both collectors
 #       paths-up           start both again and wait until they are ready
 #       Each fault returns once done (kill-active-proxy and cut-active-edge do not wait for the
@@ -37,9 +37,13 @@
 #   edge.sh status DIR
 #       KEY=VALUE lines: EDGE_ACTIVE (edge1, edge2 or none: the edge holding the address whose
 #       link is up), and for N in 1 2: EDGEN_ADDRESS (holds the floating address: yes/no),
-#       EDGEN_LINK (up/down), EDGEN_PROXY and EDGEN_KEEPALIVED (running/stopped), EDGEN_PATHS
+#       EDGEN_LINK (up/down), EDGEN_PROXY (serving: answers its monitor URI; running; stopped),
+#       EDGEN_KEEPALIVED (running/stopped), EDGEN_PATHS
 #       (the paths as that edge's HAProxy sees them, e.g. preferred:UP,fallback:DOWN), and
 #       COLLECTOR_A / COLLECTOR_B (running/frozen/stopped).
+#   edge.sh active DIR
+#       Prints edge1, edge2 or none: the edge holding the address whose link is up (quicker than
+#       status, for polling).
 #   edge.sh down DIR [--purge]
 #       Stops every process and removes every namespace `up` made (idempotent). --purge also
 #       deletes DIR (logs, spools, the test CA).
@@ -264,16 +268,17 @@ edge_env() {
         "EDGE_PREFERRED=127.0.0.1:$(cat "$DIR/collector-a/port")" \
         "EDGE_FALLBACK=127.0.0.1:$(cat "$DIR/collector-b/port")" \
         "EDGE_SERVER_OPTIONS=namespace $NS_HOST" \
-        "EDGE_HOLD_MS=${EDGE_HOLD_MS:-10000}" \
         "EDGE_MAXCONN=4000" \
         "EDGE_INTERFACE=lan0" \
         "EDGE_ADDRESS=$(edge_ip "$e")" \
         "EDGE_PEER=$(edge_ip "$(peer_of "$e")")" \
         "EDGE_VIP=$VIP/24" \
-        "EDGE_PRIORITY=$([[ $e == edge1 ]] && echo 150 || echo 100)" \
+        "EDGE_PRIORITY=$([[ $e == edge1 ]] && echo 250 || echo 240)" \
         "EDGE_VRID=51" \
         "EDGE_CHECK_URL=https://127.0.0.1:$PORT/edge/healthz" \
         "EDGE_CHECK_INTERVAL=$CHECK_INTERVAL"
+    # Only when given: otherwise haproxy.cfg's default applies.
+    [[ -z ${EDGE_HOLD_MS:-} ]] || echo "EDGE_HOLD_MS=$EDGE_HOLD_MS"
     # EDGE_MAXCONN: HAProxy needs two descriptors per connection, and the hard limit of open
     # files here may be lower than the unit's LimitNOFILE.
 }
@@ -426,7 +431,7 @@ cmd_up() {
     local stack=${2:-} e k v
     [[ -n $stack && -f $stack/stack.env ]] || die "no stack.env in '${stack}' (scripts/stack.sh up STACK_DIR first)"
     [[ $EUID -eq 0 ]] || die "needs root (network namespaces)"
-    for k in haproxy keepalived socat curl openssl; do
+    for k in haproxy keepalived socat curl openssl iptables ss; do
         command -v "$k" >/dev/null || die "$k is missing; run: scripts/stack.sh install"
     done
     if ns_exists "$NS_LAN" || [[ -f $DIR/state ]]; then
@@ -532,22 +537,16 @@ cmd_fault() {
         planned-restart)
             e=$(active_edge)
             [[ $e != none ]] || die "no edge holds $VIP"
-            peer=$(peer_of "$e")
-            link_up "$peer" && proxy_answers "$peer" && alive "$DIR/$peer/keepalived.pid" >/dev/null ||
-                die "$peer is not healthy: signing $e off would leave nobody to take $VIP"
-            log "$(stamp) signing $e off: stopping its keepalived"
-            keepalived_stop "$e"
-            wait_until 15 "$peer taking $VIP" holds_address "$peer"
-            log "$(stamp) $peer holds $VIP; restarting the proxy of $e gracefully"
-            pid=$(alive "$DIR/$e/run/haproxy.pid") || die "the proxy of $e is not running"
-            touch "$DIR/$e/restart-now"
-            # SIGUSR1: soft stop, requests in flight finish (hard-stop-after bounds it).
-            kill -USR1 "$pid"
-            wait_gone "$pid" 30 || die "the proxy of $e did not stop"
-            wait_until "$WAIT" "the proxy of $e answering again" proxy_answers "$e"
-            log "$(stamp) the proxy of $e serves again; starting its keepalived (as backup)"
-            keepalived_start "$e"
-            echo "restarted $e with sign-off; $peer holds $VIP" ;;
+            local env
+            mapfile -t env < <(edge_env "$e")
+            # The shipped procedure, with this script's process control in place of systemctl.
+            ip netns exec "$(edge_ns "$e")" env "${env[@]}" \
+                EDGE_KEEPALIVED_STOP="bash $SELF _edge $DIR keepalived-stop $e" \
+                EDGE_PROXY_RESTART="bash $SELF _edge $DIR proxy-restart $e" \
+                EDGE_KEEPALIVED_START="bash $SELF _edge $DIR keepalived-start $e" \
+                "$DEPLOY/planned-restart.sh" >>"$DIR/$e/planned-restart.log" 2>&1 ||
+                { tail -n 20 "$DIR/$e/planned-restart.log" >&2; die "planned restart of $e failed"; }
+            echo "restarted $e with sign-off (drain, keepalived stopped, proxy restarted, rejoined as backup); $(active_edge) holds $VIP" ;;
         paths-down)
             local pa pb
             pa=$(collector_signal a KILL)
@@ -562,6 +561,27 @@ cmd_fault() {
     esac
 }
 
+# _edge DIR ACTION EDGE: the process control that deploy/edge/planned-restart.sh calls in place
+# of systemctl (see planned-restart in cmd_fault).
+cmd_edge_internal() {
+    set_dir "${1:-}"
+    load_state
+    local action=$2 e=$3 pid
+    case $action in
+        keepalived-stop) keepalived_stop "$e" ;;
+        keepalived-start) keepalived_start "$e" ;;
+        proxy-restart)
+            # As `systemctl restart` would: stop gracefully (SIGUSR1: soft stop, requests in
+            # flight finish) and start at once, then return once it serves.
+            pid=$(alive "$DIR/$e/run/haproxy.pid") || die "the proxy of $e is not running"
+            touch "$DIR/$e/restart-now"
+            kill -USR1 "$pid"
+            wait_gone "$pid" 30 || die "the proxy of $e did not stop"
+            wait_until "$WAIT" "the proxy of $e answering again" proxy_answers "$e" ;;
+        *) die "unknown action $action" ;;
+    esac
+}
+
 cmd_status() {
     set_dir "${1:-}"
     load_state
@@ -571,7 +591,13 @@ cmd_status() {
         n=${e#edge}
         echo "EDGE${n}_ADDRESS=$(holds_address "$e" && echo yes || echo no)"
         echo "EDGE${n}_LINK=$(link_up "$e" && echo up || echo down)"
-        echo "EDGE${n}_PROXY=$([[ -n $(proxy_pids "$e") ]] && echo running || echo stopped)"
+        if proxy_answers "$e"; then
+            echo "EDGE${n}_PROXY=serving"
+        elif [[ -n $(proxy_pids "$e") ]]; then
+            echo "EDGE${n}_PROXY=running"
+        else
+            echo "EDGE${n}_PROXY=stopped"
+        fi
         echo "EDGE${n}_KEEPALIVED=$(alive "$DIR/$e/keepalived.pid" >/dev/null && echo running || echo stopped)"
         echo "EDGE${n}_PATHS=$(paths "$e")"
     done
@@ -621,8 +647,10 @@ main() {
         up)         cmd_up "$@" ;;
         fault)      cmd_fault "$@" ;;
         status)     cmd_status "$@" ;;
+        active)     set_dir "${1:-}"; load_state; active_edge ;;
         down)       cmd_down "$@" ;;
         _supervise) cmd_supervise "$@" ;;
+        _edge)      cmd_edge_internal "$@" ;;
         *)          usage ;;
     esac
 }

@@ -13,7 +13,7 @@
 # Subcommands
 #   stack.sh install
 #       apt-get installs clickhouse-server, clickhouse-client, zookeeper, nginx, caddy,
-#       chromium, chromium-driver, haproxy, keepalived, iproute2, socat,
+#       chromium, chromium-driver, haproxy, keepalived, iproute2, socat, iptables,
 #       postgresql-15, curl and procps if any is missing (apt-get update only
 #       then), without letting their maintainer scripts start services.
 #       Quiet when everything is present. Needs root (or sudo).
@@ -116,9 +116,9 @@ cmd_install() {
     local need=() p
     # nginx: the customer proxy of the edge tests (run by the tests, never as a service).
     # chromium, chromium-driver: the browser tests of the tracking script.
-    # haproxy, keepalived, iproute2, socat: the edge (scripts/edge.sh; run in namespaces, never as services).
+    # haproxy, keepalived, iproute2, socat, iptables: the edge (scripts/edge.sh; run in namespaces, never as services).
     for p in clickhouse-server clickhouse-client zookeeper curl nginx caddy chromium chromium-driver \
-             haproxy keepalived iproute2 socat; do
+             haproxy keepalived iproute2 socat iptables; do
         pkg_installed "$p" || need+=("$p")
     done
     [[ -x $PG_BIN/postgres && -x $PG_BIN/initdb && -x $PG_BIN/psql ]] || need+=(postgresql-15)
