@@ -14,6 +14,7 @@
 #   stack.sh install
 #       apt-get installs clickhouse-server, clickhouse-client, zookeeper, nginx, caddy,
 #       chromium, chromium-driver, haproxy, keepalived, iproute2, socat, iptables,
+#       apache2, systemd,
 #       postgresql-15, curl and procps if any is missing (apt-get update only
 #       then), without letting their maintainer scripts start services.
 #       Quiet when everything is present. Needs root (or sudo).
@@ -116,9 +117,11 @@ cmd_install() {
     local need=() p
     # nginx: the customer proxy of the edge tests (run by the tests, never as a service).
     # chromium, chromium-driver: the browser tests of the tracking script.
-    # haproxy, keepalived, iproute2, socat, iptables: the edge (scripts/edge.sh; run in namespaces, never as services).
+    # haproxy, keepalived, iproute2, socat, iptables: the edge (scripts/edge.sh; run in namespaces,
+    # never as services). apache2, systemd: the tests load docs/proxy/apache-dns.conf and verify the
+    # edge's systemd units (neither is started).
     for p in clickhouse-server clickhouse-client zookeeper curl nginx caddy chromium chromium-driver \
-             haproxy keepalived iproute2 socat iptables; do
+             haproxy keepalived iproute2 socat iptables apache2 systemd; do
         pkg_installed "$p" || need+=("$p")
     done
     [[ -x $PG_BIN/postgres && -x $PG_BIN/initdb && -x $PG_BIN/psql ]] || need+=(postgresql-15)

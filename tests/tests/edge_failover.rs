@@ -73,7 +73,11 @@ impl Edge {
             env: HashMap::new(),
         };
         let out = edge_sh(
-            &["up", edge.dir.to_str().unwrap(), stack.dir.to_str().unwrap()],
+            &[
+                "up",
+                edge.dir.to_str().unwrap(),
+                stack.dir.to_str().unwrap(),
+            ],
             &[
                 ("COLLECTOR_BIN", collector_bin().display().to_string()),
                 ("EDGE_DATABASE", database.to_owned()),
@@ -82,7 +86,10 @@ impl Edge {
         );
         edge.env = key_values(&out);
         for k in ["EDGE_CLIENT_NETNS", "EDGE_URL", "EDGE_CA"] {
-            assert!(edge.env.contains_key(k), "edge.sh up printed no {k}:\n{out}");
+            assert!(
+                edge.env.contains_key(k),
+                "edge.sh up printed no {k}:\n{out}"
+            );
         }
         edge
     }
@@ -208,8 +215,8 @@ impl Load {
         let thread = {
             let (stop, outcomes) = (stop.clone(), outcomes.clone());
             std::thread::spawn(move || {
-                let ns = std::fs::File::open(&ns_path)
-                    .unwrap_or_else(|e| panic!("open {ns_path}: {e}"));
+                let ns =
+                    std::fs::File::open(&ns_path).unwrap_or_else(|e| panic!("open {ns_path}: {e}"));
                 // SAFETY: setns on a valid descriptor; it changes this thread's namespace only.
                 let rc = unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) };
                 assert_eq!(
@@ -482,7 +489,10 @@ async fn edge_keeps_acknowledged_beacons_through_crashes_of_its_parts() {
             secs(restarted)
         ));
         // Three failed checks (1 s apart) and the peer's takeover: well within 15 s.
-        assert!(moved < Duration::from_secs(15), "the address took {moved:?} to move");
+        assert!(
+            moved < Duration::from_secs(15),
+            "the address took {moved:?} to move"
+        );
         // The stand-in supervisor waits RestartSec=5 (as systemd would) before restarting.
         assert!(
             restarted >= Duration::from_secs(5),
@@ -506,10 +516,13 @@ async fn edge_keeps_acknowledged_beacons_through_crashes_of_its_parts() {
         sleep(Duration::from_secs(3));
     });
 
-    step("planned restart of the active edge, sign-off first", &mut |notes| {
-        notes.push(edge.fault("planned-restart"));
-        sleep(Duration::from_secs(3));
-    });
+    step(
+        "planned restart of the active edge, sign-off first",
+        &mut |notes| {
+            notes.push(edge.fault("planned-restart"));
+            sleep(Duration::from_secs(3));
+        },
+    );
 
     step("both ingress paths down for 10 s", &mut |notes| {
         notes.push(edge.fault("paths-down"));
@@ -632,5 +645,120 @@ async fn edge_keeps_acknowledged_beacons_through_crashes_of_its_parts() {
     assert!(
         held > 0,
         "no beacon was held and delivered while both paths were down\n{report}"
+    );
+}
+
+// ------------------------------------------------------------ shipped files ---
+
+/// Runs `cmd` and panics with its output unless it exits 0.
+fn must_succeed(what: &str, cmd: &mut Command) -> String {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("{what}: {e} (scripts/stack.sh install installs it)"));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{what} failed:\n{text}");
+    text
+}
+
+/// The customer-proxy guides of docs/proxy/ load in the real servers (nginx, Caddy, Apache
+/// httpd), and the edge's systemd units pass `systemd-analyze verify` (with their paths pointed
+/// at this checkout). Nothing is started and no name is resolved.
+#[test]
+fn proxy_guides_and_edge_units_load_in_their_engines() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let guide = |name: &str| std::fs::read_to_string(root().join("docs/proxy").join(name)).unwrap();
+
+    let nginx = format!(
+        "daemon off;\npid {p}/nginx.pid;\nerror_log {p}/nginx-error.log;\nevents {{}}\n\
+         http {{\n  access_log off;\n  server {{\n    listen 127.0.0.1:9;\n{}\n  }}\n}}\n",
+        guide("nginx-dns.conf"),
+        p = d.display()
+    );
+    std::fs::write(d.join("nginx.conf"), nginx).unwrap();
+    must_succeed(
+        "nginx -t with docs/proxy/nginx-dns.conf",
+        Command::new("nginx")
+            .args(["-t", "-p"])
+            .arg(d)
+            .arg("-c")
+            .arg(d.join("nginx.conf")),
+    );
+
+    let caddy = format!(
+        "{{\n\tadmin off\n\tauto_https off\n}}\nhttp://127.0.0.1:9 {{\n{}\n}}\n",
+        guide("Caddyfile-dns")
+    );
+    std::fs::write(d.join("Caddyfile"), caddy).unwrap();
+    must_succeed(
+        "caddy validate with docs/proxy/Caddyfile-dns",
+        Command::new("caddy")
+            .args(["validate", "--adapter", "caddyfile", "--config"])
+            .arg(d.join("Caddyfile"))
+            .env("HOME", d)
+            .env("XDG_DATA_HOME", d)
+            .env("XDG_CONFIG_HOME", d),
+    );
+
+    let modules = [
+        "mpm_event",
+        "authz_core",
+        "proxy",
+        "proxy_http",
+        "socache_shmcb",
+        "ssl",
+        "headers",
+    ]
+    .map(|m| format!("Include mods-available/{m}.load\n"))
+    .concat();
+    let httpd = format!(
+        "ServerRoot /etc/apache2\nServerName localhost\nPidFile {p}/httpd.pid\n\
+         ErrorLog {p}/httpd-error.log\n{modules}Listen 127.0.0.1:9\n\
+         <VirtualHost 127.0.0.1:9>\n{}\n</VirtualHost>\n",
+        guide("apache-dns.conf"),
+        p = d.display()
+    );
+    std::fs::write(d.join("httpd.conf"), httpd).unwrap();
+    let out = must_succeed(
+        "apache2 -t with docs/proxy/apache-dns.conf",
+        Command::new("apache2")
+            .arg("-t")
+            .arg("-f")
+            .arg(d.join("httpd.conf")),
+    );
+    assert!(out.contains("Syntax OK"), "apache2 -t said:\n{out}");
+
+    // The units as installed (/etc/collector-edge = deploy/edge, /etc/default/collector-edge =
+    // the example environment).
+    let edge = root().join("deploy/edge");
+    std::fs::copy(edge.join("edge.env.example"), d.join("collector-edge.env")).unwrap();
+    let mut units = Vec::new();
+    for unit in [
+        "collector-edge-haproxy.service",
+        "collector-edge-keepalived.service",
+    ] {
+        let text = std::fs::read_to_string(edge.join(unit))
+            .unwrap()
+            .replace("/etc/collector-edge/", &format!("{}/", edge.display()))
+            .replace(
+                "/etc/default/collector-edge",
+                d.join("collector-edge.env").to_str().unwrap(),
+            );
+        // What requirement 2 asks of the proxy's unit.
+        if unit.contains("haproxy") {
+            for line in ["Restart=always", "RestartSec=5"] {
+                assert!(text.lines().any(|l| l == line), "{unit} lacks {line}");
+            }
+        }
+        std::fs::write(d.join(unit), text).unwrap();
+        units.push(d.join(unit));
+    }
+    must_succeed(
+        "systemd-analyze verify deploy/edge/*.service",
+        Command::new("systemd-analyze").arg("verify").args(&units),
     );
 }
