@@ -348,6 +348,8 @@ struct Figures {
     stored: usize,
     folded: usize,
     gap: Duration,
+    /// The longest a beacon of the step waited for its 202.
+    slowest: Duration,
 }
 
 fn figures(step: &Step, outcomes: &[Outcome], copies: &HashMap<String, u64>) -> Figures {
@@ -380,7 +382,14 @@ fn figures(step: &Step, outcomes: &[Outcome], copies: &HashMap<String, u64>) -> 
         gap = gap.max(t - prev);
         prev = t;
     }
+    let slowest = mine
+        .iter()
+        .filter(|o| o.status == 202)
+        .map(|o| o.done - o.sent)
+        .max()
+        .unwrap_or_default();
     Figures {
+        slowest,
         sent: mine.len(),
         acked: mine.iter().filter(|o| o.status == 202).count(),
         failed,
@@ -546,8 +555,8 @@ async fn edge_keeps_acknowledged_beacons_through_crashes_of_its_parts() {
     let mut report = format!(
         "edge failover test: {} beacons/s over HTTPS to the floating address, keepalived checks every {CHECK_INTERVAL_S} s; \
          topology up in {}\n\n\
-         | step | sent | acknowledged (202) | failed | stored (FINAL) | duplicates folded | longest gap without a 202 |\n\
-         | --- | --- | --- | --- | --- | --- | --- |\n",
+         | step | sent | acknowledged (202) | failed | stored (FINAL) | duplicates folded | longest gap without a 202 | slowest 202 |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- |\n",
         BEACONS_PER_SECOND,
         secs(up_took)
     );
@@ -571,7 +580,7 @@ async fn edge_keeps_acknowledged_beacons_through_crashes_of_its_parts() {
                 .join(", ")
         };
         report.push_str(&format!(
-            "| {} ({}) | {} | {} | {} | {} | {} | {} |\n",
+            "| {} ({}) | {} | {} | {} | {} | {} | {} | {} |\n",
             s.name,
             secs(s.end - s.start),
             f.sent,
@@ -579,11 +588,18 @@ async fn edge_keeps_acknowledged_beacons_through_crashes_of_its_parts() {
             failed,
             f.stored,
             f.folded,
-            secs(f.gap)
+            secs(f.gap),
+            secs(f.slowest)
         ));
         all.push((s, f));
     }
-    report.push('\n');
+    report.push_str(
+        "\nSteps count the beacons sent during them. Failed: answered other than 202, or not at \
+         all (a refused or reset connection). Duplicates folded: copies beyond the first that \
+         reached ClickHouse (merges are stopped on the test's table; FINAL folds them), plus \
+         copies a collector answered as duplicates; a collector killed at the start of a step \
+         replays its last unconfirmed batch, whose beacons may belong to the step before.\n\n",
+    );
     for s in &steps {
         for n in &s.notes {
             report.push_str(&format!("- {}: {n}\n", s.name));
