@@ -444,6 +444,8 @@ cmd_up() {
     CHECK_INTERVAL=${EDGE_CHECK_INTERVAL:-10}
     [[ $DATABASE =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]] || die "EDGE_DATABASE must be an identifier: $DATABASE"
     mkdir -p "$DIR"/{collector-a,collector-b}/spool "$DIR"/{edge1,edge2}/run
+    # Markers a previous topology in this DIR may have left.
+    rm -f "$DIR"/{edge1,edge2}/{cut,stop,restart-now}
     local pa pb
     read -r pa pb < <("$ROOT/scripts/stack.sh" ports 2)
     [[ -n ${pb:-} ]] || die "scripts/stack.sh ports 2 gave no ports"
