@@ -705,6 +705,38 @@ def engine_compose(config, out, opts):
     return 0
 
 
+def check_edge(c):
+    """The edge services (profile "edge"): deploy/edge/ mounted where the run scripts expect it,
+    host networking (VRRP), the capabilities keepalived needs, one container per host."""
+    problems = []
+    edge = {n: s for n, s in c.services.items() if "edge" in (s.get("profiles") or [])}
+    if sorted(edge) != ["edge-haproxy", "edge-keepalived"]:
+        return [f"want services edge-haproxy and edge-keepalived in profile edge, found {sorted(edge)}"]
+    scripts = {"edge-haproxy": "haproxy-run.sh", "edge-keepalived": "keepalived-run.sh"}
+    for name, svc in sorted(edge.items()):
+        if svc.get("network_mode") != "host":
+            problems.append(f"{name}: network_mode {svc.get('network_mode')!r}, want 'host' (VRRP)")
+        if not svc.get("container_name"):
+            problems.append(f"{name}: no container_name (the engine's single-instance guard)")
+        binds = {tgt: os.path.relpath(os.path.normpath(os.path.join(ROOT, src)), ROOT)
+                 for kind, src, tgt in mounts_of(svc) if kind == "bind"}
+        if binds.get("/etc/collector-edge") != os.path.join("deploy", "edge"):
+            problems.append(f"{name}: deploy/edge is not mounted at /etc/collector-edge")
+        command = svc.get("command") or []
+        want = f"/etc/collector-edge/{scripts[name]}"
+        if command[:1] != [want]:
+            problems.append(f"{name}: command {command!r}, want [{want!r}]")
+        elif not os.access(os.path.join(DEPLOY, "edge", scripts[name]), os.X_OK):
+            problems.append(f"deploy/edge/{scripts[name]} is not executable")
+    caps = set(edge["edge-keepalived"].get("cap_add") or [])
+    for cap in ("NET_ADMIN", "NET_RAW"):
+        if cap not in caps:
+            problems.append(f"edge-keepalived lacks {cap}")
+    if edge["edge-haproxy"].get("stop_signal") != "SIGUSR1":
+        problems.append("edge-haproxy: stop_signal is not SIGUSR1 (HAProxy's soft stop)")
+    return problems
+
+
 def main():
     if sys.argv[1] == "engine-compose":
         opts = dict(a.split("=", 1) for a in sys.argv[4:])
@@ -741,6 +773,8 @@ def main():
     ck.run("clickhouse: per-replica macros, interserver hosts, cluster and Keeper nodes match compose",
            check_clickhouse_replicas, c)
     ck.run("keeper: raft members are the keeper services, server ids from their environment", check_keeper, c)
+    ck.run("edge: host networking, NET_ADMIN/NET_RAW, deploy/edge mounted, run scripts, one container each",
+           check_edge, c)
     if with_dockerfile:
         ck.run("dockerfile: multi-stage, non-root USER, probe HEALTHCHECK, STOPSIGNAL SIGTERM, spool VOLUME",
                check_dockerfile)

@@ -5,7 +5,8 @@
 #   compose     `docker-compose config -q` (Debian's docker-compose v1 validates the file
 #               without an engine), then scripts/check-containers.py on the resolved file:
 #               restart policies, drain vs stop_grace_period, replica orders, spool volumes,
-#               subnet, published ports, mounted files, pinned images, the demo page copy
+#               subnet, published ports, mounted files, pinned images, the demo page copy,
+#               the edge services (host networking, capabilities, deploy/edge mounted)
 #   caddy       `caddy validate` of deploy/caddy/Caddyfile (Debian's Caddy)
 #   clickhouse  every XML file parses; the replica configs have the shape scripts/stack.sh
 #               writes (macros, remote_servers, zookeeper) and agree with compose.yaml.

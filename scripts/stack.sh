@@ -13,7 +13,8 @@
 # Subcommands
 #   stack.sh install
 #       apt-get installs clickhouse-server, clickhouse-client, zookeeper, nginx, caddy,
-#       chromium, chromium-driver,
+#       chromium, chromium-driver, haproxy, keepalived, iproute2, socat, iptables,
+#       apache2, systemd,
 #       postgresql-15, curl and procps if any is missing (apt-get update only
 #       then), without letting their maintainer scripts start services.
 #       Quiet when everything is present. Needs root (or sudo).
@@ -44,6 +45,9 @@
 #       DATABASE_URL_FAILOVER to DIR/stack.env. promote = pg_ctl promote and
 #       wait until it is out of recovery; it does not fence the old primary,
 #       so do not start that one again while the promoted one runs.
+#   stack.sh ports N
+#       Prints N free loopback ports, reserved like the stack's own (for other
+#       scripts that start servers beside a stack, e.g. scripts/edge.sh).
 #   stack.sh status DIR
 #       One line per server; exit status 0 only if every server is running
 #       (not frozen) and answers its health probe. A stopped standby is
@@ -113,7 +117,11 @@ cmd_install() {
     local need=() p
     # nginx: the customer proxy of the edge tests (run by the tests, never as a service).
     # chromium, chromium-driver: the browser tests of the tracking script.
-    for p in clickhouse-server clickhouse-client zookeeper curl nginx caddy chromium chromium-driver; do
+    # haproxy, keepalived, iproute2, socat, iptables: the edge (scripts/edge.sh; run in namespaces,
+    # never as services). apache2, systemd: the tests load docs/proxy/apache-dns.conf and verify the
+    # edge's systemd units (neither is started).
+    for p in clickhouse-server clickhouse-client zookeeper curl nginx caddy chromium chromium-driver \
+             haproxy keepalived iproute2 socat iptables apache2 systemd; do
         pkg_installed "$p" || need+=("$p")
     done
     [[ -x $PG_BIN/postgres && -x $PG_BIN/initdb && -x $PG_BIN/psql ]] || need+=(postgresql-15)
@@ -1309,6 +1317,7 @@ main() {
         pg-standby) cmd_pg_standby "$@" ;;
         zk)      cmd_zk "$@" ;;
         status)  cmd_status "$@" ;;
+        ports)   [[ ${1:-} =~ ^[1-9][0-9]*$ ]] || usage; alloc_ports "$1" ;;
         *)       usage ;;
     esac
 }
