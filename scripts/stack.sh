@@ -13,8 +13,8 @@
 # Subcommands
 #   stack.sh install
 #       apt-get installs clickhouse-server, clickhouse-client, zookeeper, nginx, caddy,
-#       chromium, chromium-driver,
-#       postgresql-15, curl and procps if any is missing (apt-get update only
+#       chromium, chromium-driver, prometheus (promtool and the server of the
+#       observability tests), postgresql-15, curl and procps if any is missing (apt-get update only
 #       then), without letting their maintainer scripts start services.
 #       Quiet when everything is present. Needs root (or sudo).
 #   stack.sh up DIR [--replicas N]
@@ -113,7 +113,8 @@ cmd_install() {
     local need=() p
     # nginx: the customer proxy of the edge tests (run by the tests, never as a service).
     # chromium, chromium-driver: the browser tests of the tracking script.
-    for p in clickhouse-server clickhouse-client zookeeper curl nginx caddy chromium chromium-driver; do
+    # prometheus: promtool (rule tests) and the server the observability test scrapes with.
+    for p in clickhouse-server clickhouse-client zookeeper curl nginx caddy chromium chromium-driver prometheus; do
         pkg_installed "$p" || need+=("$p")
     done
     [[ -x $PG_BIN/postgres && -x $PG_BIN/initdb && -x $PG_BIN/psql ]] || need+=(postgresql-15)

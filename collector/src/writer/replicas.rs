@@ -120,6 +120,13 @@ impl Replicas {
             changed: watch::channel(0).0,
             metrics,
         };
+        for i in 0..replicas.len() {
+            replicas
+                .metrics
+                .replica_preference
+                .get_or_create(&replicas.label(i))
+                .set(i as i64);
+        }
         replicas.publish(&replicas.inner.lock().unwrap());
         replicas
     }
@@ -209,10 +216,7 @@ impl Replicas {
 
     /// Records a failed insert on `i`; several in quick succession mark it down.
     pub fn insert_failed(&self, i: usize) {
-        self.metrics
-            .insert_errors
-            .get_or_create(&self.label(i))
-            .inc();
+        self.metrics.insert_error(&self.urls[i], "transient");
         let mut inner = self.inner.lock().unwrap();
         let now = Instant::now();
         let h = &mut inner.health[i];
@@ -308,7 +312,7 @@ impl Replicas {
         match &result {
             Ok(()) => self.insert_succeeded(i),
             Err(InsertError::Transient(_)) => self.insert_failed(i),
-            Err(InsertError::Permanent(_)) => {}
+            Err(InsertError::Permanent(_)) => self.metrics.insert_error(&self.urls[i], "permanent"),
         }
         result
     }
