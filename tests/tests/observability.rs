@@ -196,19 +196,7 @@ impl Prometheus {
 impl Drop for Prometheus {
     fn drop(&mut self) {
         // SIGTERM lets it close its TSDB; SIGKILL only if it hangs.
-        let _ = Command::new("kill")
-            .arg("-TERM")
-            .arg(self.child.id().to_string())
-            .status();
-        let start = Instant::now();
-        while start.elapsed() < Duration::from_secs(10) {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        terminate(&mut self.child, Duration::from_secs(10));
     }
 }
 
