@@ -30,6 +30,9 @@ RUN mkdir -p collector/src tests/src \
 # Then the sources: schema/ is read by include_str! in collector/src/migrate.rs.
 COPY schema schema
 COPY collector collector
+# The `revision` label of collector_build_info (collector/build.rs); the build context has no
+# .git: `docker build --build-arg COLLECTOR_REVISION=$(git rev-parse HEAD) .`
+ARG COLLECTOR_REVISION=unknown
 RUN cargo build --release -p collector --locked \
     && install -D -m 0755 target/release/collector /out/collector
 

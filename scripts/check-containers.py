@@ -36,6 +36,8 @@ COLLECTOR_IMAGE = "collector:latest"
 # What the drain may take beyond COLLECTOR_DRAIN_GRACE: in-flight requests (10 s) and the
 # writer's last flush (10 s), README "Drain".
 DRAIN_EXTRA_S = 20.0
+# Services that may publish a port on the host's loopback (inspection, monitoring).
+LOOPBACK_PORTS = {"clickhouse-r1", "prometheus", "grafana"}
 
 
 class Checks:
@@ -242,9 +244,10 @@ def check_ports(c):
                 host_ip = parts[0] if len(parts) == 3 else ""
             if name == "caddy":
                 continue
-            if name == "clickhouse-r1" and host_ip == "127.0.0.1":
-                continue  # inspection port, loopback only
-            problems.append(f"{name} publishes {p} (only caddy may, and r1 on 127.0.0.1)")
+            if name in LOOPBACK_PORTS and host_ip == "127.0.0.1":
+                continue  # inspection and monitoring ports, loopback only
+            problems.append(f"{name} publishes {p} (only caddy may, and "
+                            f"{', '.join(sorted(LOOPBACK_PORTS))} on 127.0.0.1)")
     if not c.services.get("caddy", {}).get("ports"):
         problems.append("caddy publishes no port")
     return problems
@@ -320,6 +323,56 @@ def check_demo():
                             + (" (beyond __COLLECTOR__ -> /perf)" if f == "index.html" else ""))
     if b"__COLLECTOR__" in open(os.path.join(dst_dir, "index.html"), "rb").read():
         problems.append("deploy/demo/index.html still has the __COLLECTOR__ placeholder")
+    return problems
+
+
+# --------------------------------------------------------------- monitoring ---
+
+def check_monitoring(c):
+    """Prometheus scrapes exactly the collectors with the rules of deploy/prometheus; Grafana
+    gets the data source the dashboard names and the dashboard."""
+    problems = []
+    prom = c.services.get("prometheus")
+    if prom is None:
+        return ["no prometheus service"]
+    binds = {tgt: os.path.relpath(os.path.normpath(os.path.join(ROOT, src)), ROOT)
+             for kind, src, tgt in mounts_of(prom) if kind == "bind"}
+    if binds.get("/etc/prometheus") != os.path.join("deploy", "prometheus"):
+        problems.append("prometheus does not mount deploy/prometheus at /etc/prometheus")
+    config = yaml.safe_load(open(os.path.join(DEPLOY, "prometheus", "prometheus.yml")))
+    jobs = {j.get("job_name"): j for j in config.get("scrape_configs") or []}
+    targets = sorted(t for sc in (jobs.get("collector") or {}).get("static_configs") or []
+                     for t in sc.get("targets") or [])
+    want = sorted(f"{n}:8080" for n in c.collectors)
+    if targets != want:
+        problems.append(f"job collector scrapes {targets}, not the collectors {want}")
+    for f in config.get("rule_files") or []:
+        if not os.path.exists(os.path.join(DEPLOY, "prometheus", f)):
+            problems.append(f"rule file {f} is not in deploy/prometheus")
+    graf = c.services.get("grafana")
+    if graf is None:
+        return problems + ["no grafana service"]
+    binds = {tgt: os.path.relpath(os.path.normpath(os.path.join(ROOT, src)), ROOT)
+             for kind, src, tgt in mounts_of(graf) if kind == "bind"}
+    provider = yaml.safe_load(open(os.path.join(DEPLOY, "grafana", "provisioning", "dashboards",
+                                                "collector.yml")))
+    path = provider["providers"][0]["options"]["path"]
+    if binds.get(f"{path}/collector.json") != os.path.join("deploy", "grafana", "collector.json"):
+        problems.append(f"grafana does not mount deploy/grafana/collector.json under {path}")
+    for sub in ("datasources", "dashboards"):
+        if binds.get(f"/etc/grafana/provisioning/{sub}") != os.path.join(
+                "deploy", "grafana", "provisioning", sub):
+            problems.append(f"grafana does not mount deploy/grafana/provisioning/{sub}")
+    sources = yaml.safe_load(open(os.path.join(DEPLOY, "grafana", "provisioning", "datasources",
+                                               "prometheus.yml")))["datasources"]
+    uids = {d["uid"] for d in sources if d.get("url") == "http://prometheus:9090"}
+    dashboard = json.load(open(os.path.join(DEPLOY, "grafana", "collector.json")))
+    used = {p.get("datasource", {}).get("uid") for p in dashboard.get("panels", [])}
+    used |= {t.get("datasource", {}).get("uid") for p in dashboard.get("panels", [])
+             for t in p.get("targets", [])}
+    if not used or not used <= uids:
+        problems.append(f"dashboard data sources {sorted(map(str, used))} are not the "
+                        f"provisioned Prometheus {sorted(uids)}")
     return problems
 
 
@@ -761,9 +814,12 @@ def main():
     ck.run("compose: collectors list the same three replicas in different orders", check_replica_orders, c)
     ck.run("compose: one spool volume per collector, shared with no one", check_spools, c, spool_dir)
     ck.run("compose: fixed subnet = COLLECTOR_TRUSTED_PROXIES = ClickHouse users.xml network", check_network, c)
-    ck.run("compose: only caddy publishes ports (and r1 on 127.0.0.1)", check_ports, c)
+    ck.run("compose: only caddy publishes ports (and r1, prometheus, grafana on 127.0.0.1)",
+           check_ports, c)
     ck.run("compose: every bind-mounted file exists under deploy/", check_binds, c)
     ck.run("compose: third-party images pinned to a version", check_images_pinned, c)
+    ck.run("monitoring: prometheus scrapes the collectors with deploy/prometheus; grafana gets the "
+           "dashboard and its data source", check_monitoring, c)
     ck.run("caddy: /perf/* balanced over the collectors with health_uri /readyz; demo root mounted",
            check_caddyfile, c)
     ck.run("demo: deploy/demo is demo/ with the script at /perf/script.js", check_demo)

@@ -140,7 +140,7 @@ install_missing() {
 # compose ENV_FILE ARGS...: docker-compose on compose.yaml with the passwords of ENV_FILE
 # only (not the caller's environment, not a real .env).
 compose() {
-    env -u POSTGRES_PASSWORD -u COLLECTOR_DB_PASSWORD -u REPLICATION_PASSWORD \
+    env -u POSTGRES_PASSWORD -u COLLECTOR_DB_PASSWORD -u REPLICATION_PASSWORD -u GRAFANA_ADMIN_PASSWORD \
         docker-compose --env-file "$1" --project-directory "$ROOT" -f "$ROOT/compose.yaml" "${@:2}"
 }
 compose_requires_passwords() {
@@ -821,7 +821,8 @@ main() {
     fi
 
     # Placeholder passwords: compose.yaml requires them (from .env).
-    printf '%s\n' POSTGRES_PASSWORD=check COLLECTOR_DB_PASSWORD=check REPLICATION_PASSWORD=check >"$TMP/env"
+    printf '%s\n' POSTGRES_PASSWORD=check COLLECTOR_DB_PASSWORD=check REPLICATION_PASSWORD=check \
+        GRAFANA_ADMIN_PASSWORD=check >"$TMP/env"
     check "compose: docker-compose config -q" compose "$TMP/env" config -q
     check "compose: refuses to start without the passwords from .env" compose_requires_passwords
     if compose "$TMP/env" config >"$TMP/compose.yaml" 2>"$TMP/compose.err"; then

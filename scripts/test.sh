@@ -20,6 +20,11 @@ cargo clippy --workspace --all-targets -q -- -D warnings
 step "container files (no engine needed)"
 scripts/check-containers.sh
 
+step "alerting rules (promtool: deploy/prometheus)"
+promtool check config deploy/prometheus/prometheus.yml
+promtool check rules deploy/prometheus/alerts.yml
+for t in deploy/prometheus/*test*.yml; do promtool test rules "$t"; done
+
 step "build"
 cargo build -q -p collector --bin collector
 cargo test -q --workspace --no-run

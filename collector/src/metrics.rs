@@ -3,14 +3,22 @@
 //! One [`Metrics`] value is created at start and shared; every station increments its own
 //! fields directly (an atomic add, no lookup by name on the hot path except labelled families,
 //! whose label sets are small and fixed).
+//!
+//! Names follow the Prometheus conventions (<https://prometheus.io/docs/practices/naming/>):
+//! base units (`_seconds`, `_bytes`), `_total` for counters. Two gauges are ages that grow
+//! with the clock (`collector_spool_oldest_record_age_seconds`, `collector_settings_age_seconds`):
+//! their owners record a point in time ([`Metrics::spool_oldest_received_at`],
+//! [`Metrics::settings_loaded`]) and [`Metrics::encode`] turns it into an age at scrape time.
 
-use std::sync::atomic::AtomicI64;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 
 /// Label set naming one ClickHouse replica by its URL as configured.
@@ -18,6 +26,25 @@ use prometheus_client::registry::Registry;
 pub struct ReplicaLabel {
     /// The replica's URL as configured in `COLLECTOR_CLICKHOUSE_URLS`.
     pub replica: String,
+}
+
+/// Label set naming one ClickHouse replica and how an insert into it failed.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReplicaKindLabel {
+    /// The replica's URL as configured in `COLLECTOR_CLICKHOUSE_URLS`.
+    pub replica: String,
+    /// `transient` (retried: network, timeout, 5xx, read-only, ...) or `permanent`
+    /// (ClickHouse refused the data: the batch is kept aside).
+    pub kind: &'static str,
+}
+
+/// Label set of `collector_build_info`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BuildLabel {
+    /// The crate version (`Cargo.toml`).
+    pub version: &'static str,
+    /// The git commit the binary was built from (`build.rs`), or `unknown`.
+    pub revision: &'static str,
 }
 
 /// Label set for a rejection reason.
@@ -75,6 +102,18 @@ pub struct Metrics {
     pub spool_damaged_bytes: Counter,
     /// `collector_spool_kept_aside_total`: batches ClickHouse refused as bad data, kept aside.
     pub kept_aside: Counter,
+    /// `collector_spool_kept_aside_rows_total`: measurements in those batches (dead-letter).
+    pub kept_aside_rows: Counter,
+    /// `collector_spool_max_bytes`: the spool's bound (`COLLECTOR_SPOOL_MAX_BYTES`), so that
+    /// `collector_spool_bytes / collector_spool_max_bytes` is how full it is.
+    pub spool_max_bytes: Gauge<i64, AtomicI64>,
+    /// `received_at` (Unix seconds) of the oldest measurement the spool holds that ClickHouse
+    /// has not confirmed; 0 when there is none. Kept by the spool; exported as an age.
+    pub spool_oldest_received_at: AtomicI64,
+    /// `collector_spool_oldest_record_age_seconds` (contract §2): now minus
+    /// [`Metrics::spool_oldest_received_at`], 0 when nothing is unconfirmed; set by
+    /// [`Metrics::encode`].
+    spool_oldest_age: Gauge<f64, AtomicU64>,
     /// `collector_settings_store_up`: 1 when the last settings-store call succeeded.
     pub settings_store_up: Gauge<i64, AtomicI64>,
     /// `collector_settings_stale_served_total`: lookups answered from expired settings.
@@ -84,14 +123,24 @@ pub struct Metrics {
     pub settings_from_snapshot: Gauge<i64, AtomicI64>,
     /// `collector_settings_store_queries_total`: queries sent to the settings store.
     pub settings_store_queries: Counter,
+    /// When the settings held were loaded (Unix seconds as `f64` bits); 0 before any load.
+    settings_loaded_at: AtomicU64,
+    /// `collector_settings_age_seconds`: time since the last successful full load of the
+    /// settings (from the snapshot: since the snapshot was written; before any load: since
+    /// the start); set by [`Metrics::encode`].
+    settings_age: Gauge<f64, AtomicU64>,
     /// `collector_clickhouse_replica_state{replica}`: 0 down, 1 catching up, 2 healthy.
     pub replica_state: Family<ReplicaLabel, Gauge<i64, AtomicI64>>,
     /// `collector_clickhouse_active_replica{replica}`: 1 for the replica written to.
     pub active_replica: Family<ReplicaLabel, Gauge<i64, AtomicI64>>,
     /// `collector_clickhouse_inserts_total{replica}`: successful batch inserts.
     pub inserts: Family<ReplicaLabel, Counter>,
-    /// `collector_clickhouse_insert_errors_total{replica}`: failed insert attempts.
-    pub insert_errors: Family<ReplicaLabel, Counter>,
+    /// `collector_clickhouse_replica_preference{replica}`: the replica's place in
+    /// `COLLECTOR_CLICKHOUSE_URLS`, 0 for the preferred one.
+    pub replica_preference: Family<ReplicaLabel, Gauge<i64, AtomicI64>>,
+    /// `collector_clickhouse_insert_errors_total{replica,kind}`: failed insert attempts, see
+    /// [`Metrics::insert_error`].
+    pub insert_errors: Family<ReplicaKindLabel, Counter>,
     /// `collector_clickhouse_failovers_total`: switches of the active replica.
     pub failovers: Counter,
     /// `collector_batches_retried_total`: insert attempts that were retries of a batch.
@@ -110,6 +159,19 @@ pub struct Metrics {
     pub connections_refused: Counter,
     /// `collector_log_suppressed_total`: log lines suppressed by rate limiting.
     pub log_suppressed: Counter,
+    /// `process_start_time_seconds`: when this process started (Unix seconds; the standard
+    /// name of the Prometheus client libraries, which a restart-loop alert counts changes of).
+    process_start: Gauge<f64, AtomicU64>,
+}
+
+/// The git commit of this build (set by `build.rs`; `unknown` outside a git checkout).
+pub const REVISION: &str = env!("COLLECTOR_REVISION");
+
+/// Now in Unix seconds.
+fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
 }
 
 impl Default for Metrics {
@@ -132,14 +194,21 @@ impl Metrics {
             spool_records: Gauge::default(),
             spool_disk_bytes: Gauge::default(),
             kept_aside: Counter::default(),
+            kept_aside_rows: Counter::default(),
+            spool_max_bytes: Gauge::default(),
+            spool_oldest_received_at: AtomicI64::new(0),
+            spool_oldest_age: Gauge::default(),
             spool_damaged_bytes: Counter::default(),
             settings_store_up: Gauge::default(),
             settings_stale_served: Counter::default(),
             settings_from_snapshot: Gauge::default(),
             settings_store_queries: Counter::default(),
+            settings_loaded_at: AtomicU64::new(0),
+            settings_age: Gauge::default(),
             replica_state: Family::default(),
             active_replica: Family::default(),
             inserts: Family::default(),
+            replica_preference: Family::default(),
             insert_errors: Family::default(),
             failovers: Counter::default(),
             batches_retried: Counter::default(),
@@ -152,8 +221,12 @@ impl Metrics {
             open_connections: Gauge::default(),
             connections_refused: Counter::default(),
             log_suppressed: crate::logging::SUPPRESSED.clone(),
+            process_start: Gauge::default(),
             registry: Registry::default(),
         };
+        // Created with the process's shared state, before anything is served: close enough to
+        // the start for counting restarts.
+        m.process_start.set(unix_now());
         // Counter names are registered without `_total`; the encoder appends it.
         let r = &mut registry;
         r.register(
@@ -207,6 +280,26 @@ impl Metrics {
             m.kept_aside.clone(),
         );
         r.register(
+            "collector_spool_kept_aside_rows",
+            "Measurements in batches refused by ClickHouse as bad data and kept aside",
+            m.kept_aside_rows.clone(),
+        );
+        r.register(
+            "collector_spool_max_bytes",
+            "The spool's bound on unconfirmed bytes",
+            m.spool_max_bytes.clone(),
+        );
+        r.register(
+            "collector_spool_oldest_record_age_seconds",
+            "Age of the oldest measurement not yet confirmed by ClickHouse (0 when none)",
+            m.spool_oldest_age.clone(),
+        );
+        r.register(
+            "collector_settings_age_seconds",
+            "Time since the last successful full load of the site settings",
+            m.settings_age.clone(),
+        );
+        r.register(
             "collector_settings_store_up",
             "1 when the settings store answered last time",
             m.settings_store_up.clone(),
@@ -237,13 +330,18 @@ impl Metrics {
             m.active_replica.clone(),
         );
         r.register(
+            "collector_clickhouse_replica_preference",
+            "Place in COLLECTOR_CLICKHOUSE_URLS, 0 for the preferred replica",
+            m.replica_preference.clone(),
+        );
+        r.register(
             "collector_clickhouse_inserts",
             "Batches inserted, by replica",
             m.inserts.clone(),
         );
         r.register(
             "collector_clickhouse_insert_errors",
-            "Failed insert attempts, by replica",
+            "Failed insert attempts, by replica and kind (transient, permanent)",
             m.insert_errors.clone(),
         );
         r.register(
@@ -291,11 +389,60 @@ impl Metrics {
             "Log lines suppressed by rate limiting",
             m.log_suppressed.clone(),
         );
+        r.register(
+            "collector_build",
+            "Version and git revision of this build",
+            Info::new(BuildLabel {
+                version: env!("CARGO_PKG_VERSION"),
+                revision: REVISION,
+            }),
+        );
+        r.register(
+            "process_start_time_seconds",
+            "Start time of the process since the Unix epoch",
+            m.process_start.clone(),
+        );
         Metrics { registry, ..m }
+    }
+
+    /// Records that the settings held now were loaded at `at` (Unix seconds): now for a full
+    /// load from the store, the snapshot's `written_at` for the snapshot.
+    pub fn settings_loaded(&self, at: f64) {
+        self.settings_loaded_at
+            .store(at.to_bits(), Ordering::Relaxed);
+    }
+
+    /// Counts one failed insert attempt into `replica`; `kind` is `transient` or `permanent`.
+    pub fn insert_error(&self, replica: &str, kind: &'static str) {
+        self.insert_errors
+            .get_or_create(&ReplicaKindLabel {
+                replica: replica.to_owned(),
+                kind,
+            })
+            .inc();
+    }
+
+    /// Sets the clock-driven gauges (ages) for a scrape at `now` (Unix seconds).
+    fn refresh_ages(&self, now: f64) {
+        let oldest = self.spool_oldest_received_at.load(Ordering::Relaxed);
+        let age = if oldest > 0 {
+            (now - oldest as f64).max(0.0)
+        } else {
+            0.0
+        };
+        self.spool_oldest_age.set(age);
+        let loaded = f64::from_bits(self.settings_loaded_at.load(Ordering::Relaxed));
+        let since = if loaded > 0.0 {
+            loaded
+        } else {
+            self.process_start.get()
+        };
+        self.settings_age.set((now - since).max(0.0));
     }
 
     /// Prometheus text exposition of every metric.
     pub fn encode(&self) -> String {
+        self.refresh_ages(unix_now());
         let mut out = String::with_capacity(8192);
         prometheus_client::encoding::text::encode(&mut out, &self.registry)
             .expect("writing to a String cannot fail");
@@ -358,5 +505,60 @@ mod tests {
         ] {
             assert!(text.contains(name), "missing {name} in\n{text}");
         }
+    }
+
+    fn value(text: &str, name: &str) -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' ')))
+            .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+            .parse()
+            .unwrap()
+    }
+
+    #[test]
+    fn operations_metrics_are_exported() {
+        let m = Metrics::new();
+        m.insert_error("http://a:8123", "permanent");
+        m.replica_preference
+            .get_or_create(&ReplicaLabel {
+                replica: "http://a:8123".into(),
+            })
+            .set(0);
+        let text = m.encode();
+        for line in [
+            "collector_clickhouse_insert_errors_total{replica=\"http://a:8123\",kind=\"permanent\"} 1",
+            "collector_clickhouse_replica_preference{replica=\"http://a:8123\"} 0",
+            "collector_spool_kept_aside_rows_total 0",
+            "collector_spool_max_bytes 0",
+            "collector_spool_oldest_record_age_seconds 0.0",
+            &format!(
+                "collector_build_info{{version=\"{}\",revision=\"{REVISION}\"}} 1",
+                env!("CARGO_PKG_VERSION")
+            ),
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing {line} in\n{text}");
+        }
+        assert!(text.contains("# TYPE collector_http_request_duration_seconds histogram"));
+        let start = value(&text, "process_start_time_seconds");
+        assert!((unix_now() - start).abs() < 60.0, "start {start}");
+    }
+
+    #[test]
+    fn settings_age_counts_from_the_last_load() {
+        let m = Metrics::new();
+        let now = unix_now();
+        m.refresh_ages(now + 5.0);
+        let before = m.settings_age.get();
+        assert!(
+            (5.0..65.0).contains(&before),
+            "before any load: since the start, {before}"
+        );
+        m.settings_loaded(now - 600.0);
+        m.refresh_ages(now);
+        assert_eq!(m.settings_age.get(), 600.0);
+        m.spool_oldest_received_at
+            .store((now - 42.0) as i64, Ordering::Relaxed);
+        m.refresh_ages(now.floor());
+        assert_eq!(m.spool_oldest_age.get(), 42.0);
     }
 }

@@ -71,7 +71,7 @@
 //! [`SEGMENT_TARGET_BYTES`]) so that this stays small next to the bound. The append queue holds [`APPEND_QUEUE`] requests;
 //! beyond that intake is shed ([`AppendError::Overloaded`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::fs::FileExt;
@@ -144,6 +144,8 @@ pub enum OpenError {
 struct AppendRequest {
     payload: Vec<u8>,
     records: u64,
+    /// The earliest `received_at` of its measurements (Unix seconds).
+    received_at: Option<u32>,
     ack: oneshot::Sender<Result<(), AppendError>>,
 }
 
@@ -159,6 +161,42 @@ struct State {
     unconfirmed_bytes: u64,
     /// Measurements appended and not yet confirmed.
     unconfirmed_records: u64,
+    /// When the unconfirmed measurements were received, for
+    /// `collector_spool_oldest_record_age_seconds`; see [`ReceivedTimes`].
+    received: ReceivedTimes,
+}
+
+/// When the unconfirmed part of the spool was received, coarsely: entries `(end, t)` in spool
+/// order, where `t` is the earliest `received_at` (Unix seconds) of the records after the
+/// previous entry's end and before `end`. The times strictly increase, so the front holds the
+/// oldest unconfirmed measurement; appends within one second share an entry, so a backlog
+/// of N seconds takes at most N entries (a week: about 10 MiB), whatever the request rate.
+/// Rebuilt at start from the records after the cursor, so the age is right after a restart.
+#[derive(Debug, Default)]
+struct ReceivedTimes(VecDeque<(Position, u32)>);
+
+impl ReceivedTimes {
+    /// Records ending at `end`, the earliest received at `t`, were appended.
+    fn appended(&mut self, end: Position, t: u32) {
+        // Entries at least as late as `t` fold into this one (its time is their minimum).
+        while self.0.back().is_some_and(|&(_, last)| last >= t) {
+            self.0.pop_back();
+        }
+        self.0.push_back((end, t));
+    }
+
+    /// Everything before `upto` is confirmed. An entry partly confirmed stays, so the age may
+    /// read up to about a second high until its last record is confirmed.
+    fn confirmed(&mut self, upto: Position) {
+        while self.0.front().is_some_and(|&(end, _)| end <= upto) {
+            self.0.pop_front();
+        }
+    }
+
+    /// `received_at` of the oldest unconfirmed measurement, if any.
+    fn oldest(&self) -> Option<u32> {
+        self.0.front().map(|&(_, t)| t)
+    }
 }
 
 struct Shared {
@@ -184,6 +222,11 @@ impl Shared {
             .spool_records
             .set(st.unconfirmed_records as i64);
         self.metrics.spool_disk_bytes.set(st.disk_bytes as i64);
+        self.metrics.spool_max_bytes.set(self.max_bytes as i64);
+        self.metrics.spool_oldest_received_at.store(
+            st.received.oldest().map_or(0, i64::from),
+            std::sync::atomic::Ordering::Relaxed,
+        );
     }
 }
 
@@ -286,7 +329,9 @@ pub fn open(
             fs::remove_file(&path).map_err(err)?;
             continue;
         }
-        let Some(recovered) = recover_segment(dir, n, &mut cursor, &metrics).map_err(err)? else {
+        let Some(recovered) =
+            recover_segment(dir, n, &mut cursor, &metrics, &mut state.received).map_err(err)?
+        else {
             continue;
         };
         rewritten |= recovered.rewritten;
@@ -481,6 +526,7 @@ fn recover_segment(
     n: u64,
     cursor: &mut Position,
     metrics: &Metrics,
+    received: &mut ReceivedTimes,
 ) -> io::Result<Option<Recovered>> {
     let path = segment_path(dir, n);
     let data = fs::read(&path)?;
@@ -572,8 +618,16 @@ fn recover_segment(
             offset: off as u64,
         }) >= *cursor
         {
-            result.records_after += count_measurements(payload);
+            let (count, earliest) = scan_measurements(payload);
+            result.records_after += count;
             result.bytes_after += (next - off) as u64;
+            if let Some(t) = earliest {
+                let end = Position {
+                    segment: n,
+                    offset: next as u64,
+                };
+                received.appended(end, t);
+            }
         }
         off = next;
     }
@@ -606,8 +660,16 @@ fn frame_at(data: &[u8], off: usize) -> Option<(&[u8], usize)> {
     (crc32c::crc32c(payload) == crc).then_some((payload, start + len as usize))
 }
 
-fn count_measurements(payload: &[u8]) -> u64 {
-    serde_json::from_slice::<Vec<serde::de::IgnoredAny>>(payload).map_or(0, |v| v.len() as u64)
+/// The number of measurements in a record's payload and the earliest `received_at` among
+/// them (0 and `None` for a payload that is not an array of measurements).
+fn scan_measurements(payload: &[u8]) -> (u64, Option<u32>) {
+    #[derive(serde::Deserialize)]
+    struct ReceivedAt {
+        received_at: u32,
+    }
+    serde_json::from_slice::<Vec<ReceivedAt>>(payload).map_or((0, None), |v| {
+        (v.len() as u64, v.iter().map(|m| m.received_at).min())
+    })
 }
 
 fn frame(out: &mut Vec<u8>, payload: &[u8]) {
@@ -661,6 +723,7 @@ impl Appender {
         let held = self.shared.state.lock().unwrap().unconfirmed_bytes;
         let mut accepted = Vec::with_capacity(group.len());
         let mut records = 0;
+        let mut earliest: Option<u32> = None;
         for req in group.drain(..) {
             let framed = FRAME_LEN + req.payload.len() as u64;
             if held + buf.len() as u64 + framed > self.shared.max_bytes {
@@ -669,6 +732,10 @@ impl Appender {
             }
             frame(buf, &req.payload);
             records += req.records;
+            earliest = match (earliest, req.received_at) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
             accepted.push(req.ack);
         }
         if accepted.is_empty() {
@@ -688,6 +755,13 @@ impl Appender {
                     st.disk_bytes += buf.len() as u64;
                     st.unconfirmed_bytes += buf.len() as u64;
                     st.unconfirmed_records += records;
+                    if let Some(t) = earliest {
+                        let end = Position {
+                            segment: active,
+                            offset: self.size,
+                        };
+                        st.received.appended(end, t);
+                    }
                     self.shared.publish(&st);
                 }
                 let active = self.shared.state.lock().unwrap().active;
@@ -754,6 +828,7 @@ impl Spool {
         let req = AppendRequest {
             payload,
             records: measurements.len() as u64,
+            received_at: measurements.iter().map(|m| m.received_at).min(),
             ack,
         };
         match self
@@ -960,6 +1035,7 @@ impl SpoolReader {
         let mut st = self.shared.state.lock().unwrap();
         st.unconfirmed_records = st.unconfirmed_records.saturating_sub(records);
         st.unconfirmed_bytes = st.unconfirmed_bytes.saturating_sub(bytes);
+        st.received.confirmed(upto);
         let active = st.active;
         let done: Vec<(u64, u64)> = st
             .segments
@@ -1023,6 +1099,10 @@ impl SpoolReader {
                 .as_bytes(),
         )?;
         f.sync_all()?;
+        self.shared
+            .metrics
+            .kept_aside_rows
+            .inc_by(measurements.len() as u64);
         Ok(path)
     }
 }
@@ -1386,5 +1466,110 @@ mod tests {
             open(dir.path(), 1 << 20, metrics),
             Err(OpenError::Locked(_))
         ));
+    }
+
+    fn received(n: u128, at: u32) -> Measurement {
+        Measurement {
+            received_at: at,
+            ..m(n)
+        }
+    }
+
+    fn unix_now() -> u32 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as u32
+    }
+
+    /// The exported value of `collector_spool_oldest_record_age_seconds`.
+    fn exported_age(metrics: &Metrics) -> f64 {
+        let text = metrics.encode();
+        text.lines()
+            .find_map(|l| l.strip_prefix("collector_spool_oldest_record_age_seconds "))
+            .unwrap_or_else(|| panic!("no collector_spool_oldest_record_age_seconds in\n{text}"))
+            .parse()
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn oldest_unconfirmed_age_follows_confirmations_and_survives_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let metrics = Arc::new(Metrics::new());
+        let oldest = |m: &Metrics| {
+            m.spool_oldest_received_at
+                .load(std::sync::atomic::Ordering::Relaxed)
+        };
+        let now = unix_now();
+        {
+            let (spool, mut reader) = open(dir.path(), 1 << 20, metrics.clone()).unwrap();
+            assert_eq!(exported_age(&metrics), 0.0, "nothing unconfirmed");
+            let limit = Duration::from_secs(5);
+            spool
+                .append(&[received(1, now - 300)], limit)
+                .await
+                .unwrap();
+            // Several records in one second share an entry; the earliest of a record counts.
+            spool
+                .append(&[received(2, now - 100), received(3, now - 120)], limit)
+                .await
+                .unwrap();
+            spool
+                .append(&[received(4, now - 100)], limit)
+                .await
+                .unwrap();
+            assert_eq!(oldest(&metrics), i64::from(now - 300));
+            let age = exported_age(&metrics);
+            assert!((300.0..305.0).contains(&age), "age {age}");
+            let recs = read_all(&mut reader);
+            reader.confirm(recs[0].end, 1, recs[0].bytes);
+            assert_eq!(oldest(&metrics), i64::from(now - 120));
+        }
+        // After a restart the age comes from what the spool holds.
+        metrics
+            .spool_oldest_received_at
+            .store(0, std::sync::atomic::Ordering::Relaxed);
+        let (_spool, mut reader) = open(dir.path(), 1 << 20, metrics.clone()).unwrap();
+        assert_eq!(oldest(&metrics), i64::from(now - 120));
+        let age = exported_age(&metrics);
+        assert!((120.0..125.0).contains(&age), "age after restart {age}");
+        let recs = read_all(&mut reader);
+        let last = recs.last().unwrap();
+        reader.confirm(last.end, 3, recs.iter().map(|r| r.bytes).sum());
+        assert_eq!(oldest(&metrics), 0);
+        assert_eq!(exported_age(&metrics), 0.0, "everything confirmed");
+    }
+
+    #[test]
+    fn received_times_stay_increasing_and_bounded() {
+        let at = |offset| Position { segment: 1, offset };
+        let mut t = ReceivedTimes::default();
+        for (i, second) in [10, 10, 10, 11, 11, 12].into_iter().enumerate() {
+            t.appended(at(100 + i as u64), second);
+        }
+        assert_eq!(t.0.len(), 3, "one entry per second: {:?}", t.0);
+        // A late record received earlier than the last entries folds them into itself.
+        t.appended(at(200), 9);
+        assert_eq!(t.oldest(), Some(9));
+        assert_eq!(t.0.len(), 1, "{:?}", t.0);
+        t.appended(at(300), 20);
+        t.confirmed(at(199));
+        assert_eq!(t.oldest(), Some(9), "a partly confirmed entry stays");
+        t.confirmed(at(200));
+        assert_eq!(t.oldest(), Some(20));
+        t.confirmed(at(300));
+        assert_eq!(t.oldest(), None);
+    }
+
+    #[tokio::test]
+    async fn kept_aside_rows_are_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        let metrics = Arc::new(Metrics::new());
+        let (_spool, reader) = open(dir.path(), 1 << 20, metrics.clone()).unwrap();
+        let path = reader
+            .keep_aside(reader.position(), &[m(1), m(2), m(3)], "Code: 117")
+            .unwrap();
+        assert!(path.exists());
+        assert_eq!(metrics.kept_aside_rows.get(), 3);
     }
 }

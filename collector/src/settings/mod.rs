@@ -207,6 +207,11 @@ impl SiteSettings {
             }
         }
         inner.metrics.settings_from_snapshot.set(0);
+        inner.metrics.settings_loaded(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64()),
+        );
         inner.loaded.store(true, Ordering::Release);
         Ok(sites.len())
     }
@@ -225,6 +230,7 @@ impl SiteSettings {
         self.put(&sites, stale).await;
         tracing::warn!(sites = sites.len(), written_at, path = %path.display(), "settings store unreachable: serving the last known settings from the snapshot");
         inner.metrics.settings_from_snapshot.set(1);
+        inner.metrics.settings_loaded(written_at as f64);
         inner.loaded.store(true, Ordering::Release);
         Ok(sites.len())
     }

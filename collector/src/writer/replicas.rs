@@ -151,6 +151,13 @@ impl Replicas {
             changed: watch::channel(0).0,
             metrics,
         };
+        for i in 0..replicas.len() {
+            replicas
+                .metrics
+                .replica_preference
+                .get_or_create(&replicas.label(i))
+                .set(i as i64);
+        }
         replicas.publish(&replicas.inner.lock().unwrap());
         replicas
     }
@@ -280,10 +287,7 @@ impl Replicas {
     /// Records a failed insert on `i` (`cause`: the error with its causes); several in quick
     /// succession mark it down.
     pub fn insert_failed(&self, i: usize, cause: &str) {
-        self.metrics
-            .insert_errors
-            .get_or_create(&self.label(i))
-            .inc();
+        self.metrics.insert_error(&self.urls[i], "transient");
         let mut inner = self.inner.lock().unwrap();
         let now = Instant::now();
         let h = &mut inner.health[i];
@@ -418,7 +422,7 @@ impl Replicas {
         match &result {
             Ok(()) => self.insert_succeeded(i),
             Err(InsertError::Transient(cause)) => self.insert_failed(i, cause),
-            Err(InsertError::Permanent(_)) => {}
+            Err(InsertError::Permanent(_)) => self.metrics.insert_error(&self.urls[i], "permanent"),
         }
         result
     }

@@ -1,0 +1,600 @@
+//! Observability: a real Prometheus scraping a real collector, and the Grafana dashboard
+//! checked against what the collector exports.
+//!
+//! - `prometheus_scrapes_the_collector_and_alerts_on_no_healthy_replica`: Debian's Prometheus
+//!   (2.42) runs with `deploy/prometheus/prometheus.yml` and `deploy/prometheus/alerts.yml`
+//!   against a collector on a private stack; through Prometheus's HTTP API the test sees the
+//!   target up, every rule evaluating without error and nothing pending on a healthy collector,
+//!   `CollectorNoHealthyReplica` firing after every ClickHouse replica is stopped and resolving
+//!   after they return, and `CollectorDown` firing once the collector is gone. Only the scrape
+//!   target and the scrape/evaluation intervals (15 s to 1 s) differ from the deployed config;
+//!   the rules, their `for` durations included, are the deployed file unchanged, so the test
+//!   waits out the real minute of each alert.
+//! - `dashboard_queries_name_metrics_the_collector_exports`: `deploy/grafana/collector.json` is
+//!   valid JSON and every metric its queries name is in `/metrics` of a running collector.
+//!   (Grafana itself is not packaged for Debian 12, so the dashboard is checked statically;
+//!   the scrape test also runs every dashboard query through the real Prometheus.)
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::Value;
+
+/// Debian's `prometheus` on a free loopback port with its data in a temporary folder, using
+/// the deployed configuration with the overrides named in the module doc. Stopped on drop.
+struct Prometheus {
+    child: Child,
+    url: String,
+    dir: tempfile::TempDir,
+}
+
+/// `text` with the one occurrence of `from` replaced by `to`; panics when `from` does not occur
+/// exactly once (the deployed file changed shape: update this test with it).
+fn replace_once(text: &str, from: &str, to: &str) -> String {
+    let n = text.matches(from).count();
+    assert_eq!(
+        n, 1,
+        "deploy/prometheus/prometheus.yml: expected {from:?} exactly once, found {n} times"
+    );
+    text.replacen(from, to, 1)
+}
+
+impl Prometheus {
+    async fn start(targets: &[String]) -> Prometheus {
+        let dir = tempfile::tempdir().unwrap();
+        let deploy = root().join("deploy/prometheus");
+        let deployed = std::fs::read_to_string(deploy.join("prometheus.yml")).unwrap();
+        let mut config = replace_once(
+            &deployed,
+            "      - targets: [collector-a:8080, collector-b:8080]",
+            &format!("      - targets: [{}]", targets.join(", ")),
+        );
+        for (from, to) in [
+            ("  scrape_interval: 15s", "  scrape_interval: 1s"),
+            ("  evaluation_interval: 15s", "  evaluation_interval: 1s"),
+            ("  scrape_timeout: 10s", "  scrape_timeout: 1s"),
+            (
+                "  - alerts.yml",
+                &format!("  - {}", deploy.join("alerts.yml").display()),
+            ),
+        ] {
+            config = replace_once(&config, from, to);
+        }
+        let config_path = dir.path().join("prometheus.yml");
+        std::fs::write(&config_path, config).unwrap();
+        let port = free_port();
+        let log = dir.path().join("prometheus.log");
+        let child = Command::new("prometheus")
+            .arg(format!("--config.file={}", config_path.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.path().join("data").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("start prometheus (scripts/stack.sh install installs Debian's package)");
+        let mut prom = Prometheus {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+            dir,
+        };
+        let start = Instant::now();
+        loop {
+            if let Ok(r) = http().get(format!("{}/-/ready", prom.url)).send().await {
+                if r.status().is_success() {
+                    return prom;
+                }
+            }
+            if let Some(status) = prom.child.try_wait().unwrap() {
+                panic!("prometheus exited with {status}:\n{}", prom.logs());
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "prometheus not ready after 60 s:\n{}",
+                prom.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    fn logs(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("prometheus.log")).unwrap_or_default()
+    }
+
+    /// `GET /api/v1/<path>` with `query` parameters; its `data`. Panics unless the API
+    /// answers `"status": "success"`.
+    async fn api(&self, path: &str, query: &[(&str, &str)]) -> Value {
+        let resp = http()
+            .get(format!("{}/api/v1/{path}", self.url))
+            .query(query)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("prometheus /api/v1/{path}: {e}"));
+        let body: Value = resp.json().await.expect("prometheus answers JSON");
+        assert_eq!(
+            body["status"], "success",
+            "prometheus /api/v1/{path} {query:?}: {body}"
+        );
+        body["data"].clone()
+    }
+
+    /// An instant query's result vector.
+    async fn query(&self, promql: &str) -> Vec<Value> {
+        let data = self.api("query", &[("query", promql)]).await;
+        data["result"].as_array().cloned().unwrap_or_default()
+    }
+
+    /// Active (pending or firing) alerts named `name`.
+    async fn alerts(&self, name: &str) -> Vec<Value> {
+        let data = self.api("alerts", &[]).await;
+        data["alerts"]
+            .as_array()
+            .expect("alerts list")
+            .iter()
+            .filter(|a| a["labels"]["alertname"] == name)
+            .cloned()
+            .collect()
+    }
+
+    /// Waits until alert `name` is firing (at most `limit`); returns it.
+    async fn wait_firing(&self, name: &str, limit: Duration) -> Value {
+        let start = Instant::now();
+        loop {
+            let alerts = self.alerts(name).await;
+            if let Some(a) = alerts.iter().find(|a| a["state"] == "firing") {
+                return a.clone();
+            }
+            assert!(
+                start.elapsed() < limit,
+                "alert {name} not firing after {limit:?}; active: {alerts:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    /// Waits until alert `name` is neither pending nor firing (at most `limit`).
+    async fn wait_resolved(&self, name: &str, limit: Duration) {
+        let start = Instant::now();
+        loop {
+            let alerts = self.alerts(name).await;
+            if alerts.is_empty() {
+                return;
+            }
+            assert!(
+                start.elapsed() < limit,
+                "alert {name} still active after {limit:?}: {alerts:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    /// Waits until `promql` returns at least one series (at most `limit`); returns them.
+    async fn wait_query(&self, promql: &str, limit: Duration) -> Vec<Value> {
+        let start = Instant::now();
+        loop {
+            let result = self.query(promql).await;
+            if !result.is_empty() {
+                return result;
+            }
+            assert!(
+                start.elapsed() < limit,
+                "{promql} returned nothing for {limit:?}; targets: {}",
+                self.api("targets", &[]).await
+            );
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        // SIGTERM lets it close its TSDB; SIGKILL only if it hangs.
+        terminate(&mut self.child, Duration::from_secs(10));
+    }
+}
+
+/// The value of an unlabelled metric in `/metrics` of `collector`; panics, showing what was
+/// there, when it is missing (a missing metric is not 0).
+async fn metric_value(collector: &Collector, name: &str) -> f64 {
+    let text = metrics_text(collector).await;
+    text.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' ')))
+        .unwrap_or_else(|| panic!("{name} not in /metrics:\n{text}"))
+        .trim()
+        .parse()
+        .unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+async fn metrics_text(collector: &Collector) -> String {
+    let resp = http()
+        .get(format!("{}/metrics", collector.url))
+        .send()
+        .await
+        .expect("GET /metrics");
+    assert!(resp.status().is_success(), "/metrics: {}", resp.status());
+    resp.text().await.unwrap()
+}
+
+/// The series names a collector's `/metrics` can hold: every `# TYPE` family with the
+/// suffixes of its type (OpenMetrics: a counter's samples end in `_total`, a histogram's in
+/// `_bucket`, `_sum`, `_count`, an info metric's in `_info`).
+fn exported_series(text: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("# TYPE ") else {
+            continue;
+        };
+        let (name, kind) = rest.split_once(' ').expect("# TYPE name type");
+        match kind.trim() {
+            "counter" => {
+                names.insert(format!("{name}_total"));
+                names.insert(format!("{name}_created"));
+            }
+            "histogram" => {
+                for s in ["_bucket", "_sum", "_count", "_created"] {
+                    names.insert(format!("{name}{s}"));
+                }
+            }
+            "info" => {
+                names.insert(format!("{name}_info"));
+            }
+            _ => {
+                names.insert(name.to_owned());
+            }
+        }
+    }
+    names
+}
+
+/// Metric names a PromQL expression selects: identifiers outside label matchers, strings,
+/// range brackets and grouping label lists, that are neither functions, aggregations (an
+/// identifier followed by `(`), keywords nor Grafana variables.
+fn metric_names(expr: &str) -> BTreeSet<String> {
+    const KEYWORDS: &[&str] = &[
+        "by",
+        "without",
+        "on",
+        "ignoring",
+        "group_left",
+        "group_right",
+        "bool",
+        "and",
+        "or",
+        "unless",
+        "offset",
+        "atan2",
+        "inf",
+        "nan",
+        // Aggregations, which may stand before `by (...)` rather than before their `(`.
+        "sum",
+        "min",
+        "max",
+        "avg",
+        "group",
+        "stddev",
+        "stdvar",
+        "count",
+        "count_values",
+        "bottomk",
+        "topk",
+        "quantile",
+    ];
+    const GROUPING: &[&str] = &[
+        "by",
+        "without",
+        "on",
+        "ignoring",
+        "group_left",
+        "group_right",
+    ];
+    let chars: Vec<char> = expr.chars().collect();
+    let (mut names, mut i, mut last_word) = (BTreeSet::new(), 0, String::new());
+    let skip_to = |i: usize, close: char| -> usize {
+        let mut j = i + 1;
+        let mut quote = None;
+        while j < chars.len() {
+            match (quote, chars[j]) {
+                (Some(q), c) if c == q => quote = None,
+                (Some(_), '\\') => j += 1,
+                (Some(_), _) => {}
+                (None, '"' | '\'' | '`') => quote = Some(chars[j]),
+                (None, c) if c == close => return j + 1,
+                _ => {}
+            }
+            j += 1;
+        }
+        panic!("unclosed {close:?} in {expr}");
+    };
+    while i < chars.len() {
+        let c = chars[i];
+        if c == '{' {
+            i = skip_to(i, '}');
+        } else if c == '[' {
+            i = skip_to(i, ']');
+        } else if c == '"' || c == '\'' || c == '`' {
+            let mut j = i + 1;
+            while chars[j] != c {
+                j += if chars[j] == '\\' { 2 } else { 1 };
+            }
+            i = j + 1;
+        } else if c == '(' && GROUPING.contains(&last_word.as_str()) {
+            i = skip_to(i, ')');
+            last_word.clear();
+        } else if c == '$' {
+            i += 1;
+            while i < chars.len() && (chars[i].is_ascii_alphanumeric() || chars[i] == '_') {
+                i += 1;
+            }
+        } else if c.is_ascii_alphabetic() || c == '_' || c == ':' {
+            let start = i;
+            while i < chars.len()
+                && (chars[i].is_ascii_alphanumeric() || chars[i] == '_' || chars[i] == ':')
+            {
+                i += 1;
+            }
+            let word: String = chars[start..i].iter().collect();
+            let mut j = i;
+            while j < chars.len() && chars[j].is_whitespace() {
+                j += 1;
+            }
+            let call = j < chars.len() && chars[j] == '(';
+            if !call && !KEYWORDS.contains(&word.to_ascii_lowercase().as_str()) {
+                names.insert(word.clone());
+            }
+            last_word = word;
+        } else if c.is_ascii_digit() || c == '.' {
+            // A number or a duration such as 5m.
+            while i < chars.len() && (chars[i].is_ascii_alphanumeric() || chars[i] == '.') {
+                i += 1;
+            }
+        } else {
+            if !c.is_whitespace() {
+                last_word.clear();
+            }
+            i += 1;
+        }
+    }
+    names
+}
+
+fn dashboard_path() -> PathBuf {
+    root().join("deploy/grafana/collector.json")
+}
+
+/// Every query of the dashboard: (panel title, expression).
+fn dashboard_queries() -> Vec<(String, String)> {
+    let text = std::fs::read_to_string(dashboard_path()).unwrap();
+    let dash: Value = serde_json::from_str(&text)
+        .unwrap_or_else(|e| panic!("deploy/grafana/collector.json is not valid JSON: {e}"));
+    let mut queries = Vec::new();
+    for panel in dash["panels"].as_array().expect("panels") {
+        let title = panel["title"].as_str().expect("panel title").to_owned();
+        let targets = panel["targets"].as_array().expect("panel targets");
+        assert!(!targets.is_empty(), "panel {title:?} has no query");
+        for t in targets {
+            let expr = t["expr"]
+                .as_str()
+                .unwrap_or_else(|| panic!("panel {title:?}: a target without expr"));
+            queries.push((title.clone(), expr.to_owned()));
+        }
+    }
+    for var in dash["templating"]["list"].as_array().expect("templating") {
+        let q = var["query"]["query"].as_str().expect("variable query");
+        // label_values(SELECTOR, label): the selector is PromQL.
+        let selector = q
+            .strip_prefix("label_values(")
+            .and_then(|r| r.rsplit_once(','))
+            .map(|(s, _)| s)
+            .unwrap_or_else(|| panic!("variable query {q:?} is not label_values(...)"));
+        queries.push((format!("variable {}", var["name"]), selector.to_owned()));
+    }
+    queries
+}
+
+/// A dashboard expression as Prometheus would get it from Grafana with every collector
+/// selected.
+fn grafana_expanded(expr: &str) -> String {
+    expr.replace("$__rate_interval", "1m")
+        .replace("$__interval", "15s")
+        .replace("$instance", ".*")
+}
+
+#[test]
+fn metric_names_are_read_from_promql() {
+    let names = metric_names(
+        "histogram_quantile(0.99, sum by (le) (rate(a_bucket{route=\"/x\", i=~\"$instance\"}[$__rate_interval]))) \
+         / on (instance) group_left (replica) b_total > bool 0.5 and up{job='c'} offset 5m",
+    );
+    assert_eq!(
+        names.into_iter().collect::<Vec<_>>(),
+        ["a_bucket", "b_total", "up"]
+    );
+}
+
+#[tokio::test]
+async fn dashboard_queries_name_metrics_the_collector_exports() {
+    let stack = Stack::shared();
+    let env = TestEnv::new(stack).await;
+    let collector = env.collector(&[]).await;
+    // One request, so that the labelled families are not all empty (they are checked by
+    // their `# TYPE` line either way).
+    let (_, m) = measurement(&env.site);
+    assert_eq!(collector.post_json(&m).await.0, 202);
+    let exported = exported_series(&metrics_text(&collector).await);
+    assert!(
+        exported.contains("collector_spool_oldest_record_age_seconds"),
+        "{exported:?}"
+    );
+    let queries = dashboard_queries();
+    assert!(queries.len() >= 10, "{queries:?}");
+    let mut missing = Vec::new();
+    for (panel, expr) in &queries {
+        let names = metric_names(expr);
+        assert!(!names.is_empty(), "panel {panel:?}: no metric in {expr}");
+        for name in names {
+            // `up` is made by Prometheus for every target, not by the collector.
+            if name != "up" && !exported.contains(&name) {
+                missing.push(format!("{panel}: {name}"));
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "dashboard metrics not in /metrics: {missing:?}\nexported: {exported:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prometheus_scrapes_the_collector_and_alerts_on_no_healthy_replica() {
+    let stack = Stack::own(2);
+    let env = TestEnv::new(&stack).await;
+    let mut collector = env.collector(&[]).await;
+    let instance = format!("127.0.0.1:{}", collector.port);
+    let prom = Prometheus::start(std::slice::from_ref(&instance)).await;
+    let long = Duration::from_secs(240);
+
+    // The target is up, and what it exports arrives with its labels.
+    prom.wait_query("up{job=\"collector\"} == 1", Duration::from_secs(60))
+        .await;
+    let info = prom
+        .wait_query("collector_build_info", Duration::from_secs(30))
+        .await;
+    assert_eq!(info.len(), 1, "{info:?}");
+    assert_eq!(info[0]["metric"]["instance"], instance.as_str());
+    assert!(
+        info[0]["metric"]["revision"]
+            .as_str()
+            .is_some_and(|r| !r.is_empty()),
+        "{info:?}"
+    );
+    let states = prom
+        .wait_query(
+            "collector_clickhouse_replica_state == 2",
+            Duration::from_secs(30),
+        )
+        .await;
+    assert_eq!(states.len(), 2, "both replicas healthy: {states:?}");
+
+    // Every rule evaluates without error on the real series, and a healthy collector has
+    // nothing pending or firing. Wait for an evaluation that saw the target.
+    let start = Instant::now();
+    let rules = loop {
+        let groups = prom.api("rules", &[]).await["groups"].clone();
+        let rules: Vec<Value> = groups
+            .as_array()
+            .expect("rule groups")
+            .iter()
+            .flat_map(|g| g["rules"].as_array().cloned().unwrap_or_default())
+            .collect();
+        if rules.len() >= 10 && rules.iter().all(|r| r["health"] == "ok") {
+            break rules;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "rules not all evaluated ok: {rules:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    tokio::time::sleep(Duration::from_secs(3)).await; // a few more evaluations
+    let active = prom.api("alerts", &[]).await["alerts"].clone();
+    assert_eq!(
+        active.as_array().map(Vec::len),
+        Some(0),
+        "a healthy collector raised alerts: {active}\nrules: {rules:?}"
+    );
+
+    // Every dashboard query is valid PromQL for this Prometheus.
+    let mut with_data = 0;
+    for (_, expr) in dashboard_queries() {
+        let data = prom
+            .api("query", &[("query", &grafana_expanded(&expr))])
+            .await;
+        with_data += usize::from(data["result"].as_array().is_some_and(|r| !r.is_empty()));
+    }
+    assert!(
+        with_data >= 10,
+        "only {with_data} dashboard queries had data"
+    );
+
+    // Every replica stops: the alert goes pending, then fires after its minute.
+    let (id0, m0) = measurement(&env.site);
+    assert_eq!(collector.post_json(&m0).await.0, 202);
+    let stopped = Instant::now();
+    for i in 1..=2 {
+        stack.replica(i, "stop");
+    }
+    let (id1, m1) = measurement(&env.site);
+    assert_eq!(collector.post_json(&m1).await.0, 202, "intake goes on");
+    let sent = Instant::now();
+    let alert = prom.wait_firing("CollectorNoHealthyReplica", long).await;
+    let to_fire = stopped.elapsed();
+    assert_eq!(alert["labels"]["instance"], instance.as_str(), "{alert}");
+    assert_eq!(alert["labels"]["severity"], "page", "{alert}");
+    assert_eq!(
+        alert["annotations"]["summary"],
+        format!("Collector {instance} has no healthy ClickHouse replica"),
+    );
+    assert!(
+        to_fire >= Duration::from_secs(60),
+        "fired before its `for: 1m`: {to_fire:?}"
+    );
+    eprintln!("CollectorNoHealthyReplica fired {to_fire:?} after the replicas were stopped");
+
+    // The measurement sent meanwhile is late, and says so through Prometheus ...
+    let late = prom
+        .wait_query(
+            "collector_spool_oldest_record_age_seconds > 30",
+            Duration::from_secs(30),
+        )
+        .await;
+    assert_eq!(late.len(), 1, "{late:?}");
+    // ... and after a restart, from what the spool holds.
+    collector.restart().await;
+    let age = metric_value(&collector, "collector_spool_oldest_record_age_seconds").await;
+    let waited = sent.elapsed().as_secs_f64();
+    assert!(
+        age >= waited - 1.0 && age <= stopped.elapsed().as_secs_f64() + 2.0,
+        "age after restart {age} s, sent {waited} s ago"
+    );
+
+    // The replicas return: the alert resolves, the spool empties.
+    let returned = Instant::now();
+    for i in 1..=2 {
+        stack.replica(i, "start");
+    }
+    prom.wait_resolved("CollectorNoHealthyReplica", long).await;
+    eprintln!(
+        "CollectorNoHealthyReplica resolved {:?} after the replicas were started",
+        returned.elapsed()
+    );
+    env.assert_stored_once(&[id0, id1], long).await;
+    collector
+        .wait_metric(
+            "collector_spool_oldest_record_age_seconds 0.0",
+            Duration::from_secs(30),
+        )
+        .await;
+
+    // The collector goes away: CollectorDown fires after its minute.
+    collector.kill().await;
+    let gone = Instant::now();
+    let down = prom.wait_firing("CollectorDown", long).await;
+    assert_eq!(down["labels"]["instance"], instance.as_str(), "{down}");
+    assert!(
+        gone.elapsed() >= Duration::from_secs(60),
+        "{:?}",
+        gone.elapsed()
+    );
+    eprintln!(
+        "CollectorDown fired {:?} after the collector was killed",
+        gone.elapsed()
+    );
+    drop(prom);
+}
