@@ -907,6 +907,7 @@ mod tests {
             viewport_width: None,
             effective_connection_type: None,
             user_agent: String::new(),
+            sample_rate: 1.0,
         }
     }
 
