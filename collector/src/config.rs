@@ -496,6 +496,11 @@ mod tests {
         assert_eq!(s.settings_backoff, Duration::from_secs(10));
         assert_eq!(s.clickhouse_urls.len(), 1);
         assert!(s.trusted_proxies.is_empty());
+        assert_eq!(
+            s.client_rate, 0,
+            "per-client rate off by default (contract v2 §1)"
+        );
+        assert_eq!(s.site_rate, 2000, "site rates stay on");
     }
 
     #[test]
