@@ -205,6 +205,16 @@ async fn receive(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok());
     if announced.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
+        // A client told to wait (`Expect: 100-continue`) sends nothing more; any other may be
+        // sending still, and closing on unread bytes makes the kernel reset the connection,
+        // which can destroy the 413 before the client reads it ("lingering close", as nginx
+        // does it): so the rest is read and thrown away, bounded, after the answer.
+        if !headers
+            .get(header::EXPECT)
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"))
+        {
+            tokio::spawn(discard(body, state.body_timeout));
+        }
         return Err(IntakeError::TooLarge);
     }
     // While draining, intake goes on until the listener closes: /readyz already turned 503 so
@@ -223,6 +233,25 @@ async fn receive(
         Err(_) => return Err(IntakeError::Malformed("body not received in time".into())),
     };
     Ok((raw, encoding))
+}
+
+/// Most bytes of a refused body read and thrown away after its 413 ([`discard`]).
+pub const DISCARD_MAX_BYTES: usize = 1024 * 1024;
+
+/// Reads and drops a body, at most [`DISCARD_MAX_BYTES`] of it and for at most `limit`.
+async fn discard(mut body: Body, limit: Duration) {
+    use http_body_util::BodyExt;
+    let mut left = DISCARD_MAX_BYTES;
+    let _ = tokio::time::timeout(limit, async {
+        while let Some(Ok(frame)) = body.frame().await {
+            let n = frame.data_ref().map_or(0, |d| d.len());
+            if n >= left {
+                return;
+            }
+            left -= n;
+        }
+    })
+    .await;
 }
 
 /// What the 202 reports besides the count accepted, gathered station by station.

@@ -344,7 +344,7 @@ pub async fn clickhouse_query(url: &str, sql: &str) -> Result<Vec<Value>, String
         .body(body)
         .send()
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| format!("{e:?}"))?;
     let status = resp.status();
     let text = resp.text().await.map_err(|e| e.to_string())?;
     if !status.is_success() {
@@ -369,14 +369,16 @@ pub async fn clickhouse_exec(url: &str, sql: &str) -> Result<(), String> {
     }
 }
 
-/// A shared HTTP client for tests (no pooling surprises: short idle timeout).
+/// A shared HTTP client for tests, without a connection pool: each test has its own tokio
+/// runtime, and a pooled connection's task dies with the runtime that opened it, so reusing
+/// it from another test fails ("runtime dropped the dispatch task").
 pub fn http() -> reqwest::Client {
     static CLIENT: OnceLock<reqwest::Client> = OnceLock::new();
     CLIENT
         .get_or_init(|| {
             reqwest::Client::builder()
                 .timeout(Duration::from_secs(30))
-                .pool_idle_timeout(Duration::from_secs(1))
+                .pool_max_idle_per_host(0)
                 .no_gzip()
                 .build()
                 .unwrap()
