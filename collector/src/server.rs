@@ -151,8 +151,14 @@ async fn shed(
 ) -> Response {
     let Some(_permit) = state.limits.enter() else {
         state.metrics.shed.inc();
-        return crate::error::IntakeError::Unavailable("overloaded", Duration::from_secs(1))
-            .into_response();
+        let mut response =
+            crate::error::IntakeError::Unavailable("overloaded", Duration::from_secs(1))
+                .into_response();
+        // With CORS headers, a cross-origin script can read the 503 and its Retry-After.
+        if let Some(origin) = req.headers().get(axum::http::header::ORIGIN) {
+            endpoints::intake::cors(response.headers_mut(), origin.clone());
+        }
+        return response;
     };
     next.run(req).await
 }

@@ -103,7 +103,7 @@ pub async fn post(
 
 /// Echoes an origin (never `*`: `sendBeacon` sends credentials, and a wildcard would be
 /// refused for credentialed requests by the CORS rules of the Fetch Standard).
-fn cors(headers: &mut HeaderMap, origin: HeaderValue) {
+pub(crate) fn cors(headers: &mut HeaderMap, origin: HeaderValue) {
     headers.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
     headers.insert(
         header::ACCESS_CONTROL_ALLOW_CREDENTIALS,
