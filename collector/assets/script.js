@@ -1,10 +1,17 @@
 /* Collector tracking script: one measurement per page view. Definitions: README, "The tracking script". */
 (function () {
   try {
-    var doc = document, perf = performance, script = doc.currentScript;
+    // Loaders (Rocket Loader, fetch-and-eval) leave currentScript null: find our tag.
+    var doc = document, perf = performance,
+      script = doc.currentScript || doc.querySelector('script[data-site][src*="/script.js"]');
     var site = script && script.getAttribute('data-site');
     if (!site || !perf || !window.PerformanceObserver) return;
-    var endpoint = script.src.replace(/\/script\.js(\?.*)?$/, '') + '/api/v1/measurements';
+    var base = script.src.replace(/\/script\.js(\?.*)?$/, ''), endpoint = base + '/api/v1/measurements';
+    // The site's sample_rate: unknown until this answer, 0 for an unknown site, 1 if unreachable.
+    var rate, settings = fetch(base + '/api/v1/sites/' + site, { credentials: 'omit' })
+      .then(function (r) { return r.status == 404 ? { sample_rate: 0 } : r.json(); })
+      .then(function (s) { rate = s.sample_rate; }, function () {})
+      .then(function () { if (typeof rate != 'number') rate = 1; });
 
     var uuid = function () {
       if (crypto.randomUUID) return crypto.randomUUID();
@@ -20,19 +27,23 @@
         opts = opts || {}; opts.type = type; opts.buffered = true;
         o.observe(opts);
         return o;
-      } catch (e) { /* unsupported entry type */ }
+      } catch (e) {
+        // An entry type this browser does not support: nothing to observe.
+      }
     };
 
     var nav = perf.getEntriesByType('navigation')[0] || {};
     var activation = nav.activationStart || 0;
     var since = function (t) { return Math.max(0, t - activation); };
-    var m, attempts, delivered, lcpDone, clsSession, clsStart, clsLast, interactions;
+    var m, draw, attempts, delivered, lcpDone, clsSession, clsStart, clsLast, interactions;
 
     var start = function (restored) {
       m = { id: uuid(), site: site, url: location.href, referrer: doc.referrer || undefined,
         navigation_type: restored ? 'restore' : activation > 0 || doc.prerendering ? 'prerender' : nav.type,
         effective_connection_type: navigator.connection && navigator.connection.effectiveType,
         viewport_width: innerWidth };
+      // One sampling decision per page view: it sends when draw < rate.
+      draw = Math.random();
       attempts = 0; delivered = false; lcpDone = false;
       clsSession = 0; clsStart = 0; clsLast = 0; interactions = {};
     };
@@ -61,10 +72,16 @@
     observe('event', onEvent, { durationThreshold: 16 });
     observe('first-input', onEvent);
 
-    // First send at the first hide by fetch (its answer can be read); at pagehide, unless
-    // delivered, once more by sendBeacon. At most two sends, one id.
+    // First send at the first hide by fetch (its answer can be read); a 429 or 503 is retried
+    // after Retry-After, another failure after 0.5-1.5 s; at pagehide, unless delivered, once
+    // more by sendBeacon. At most two sends, one id, one sampling decision.
+    var later = function (r) {
+      var s = r && parseInt(r.headers.get('Retry-After'), 10);
+      return s >= 0 ? Math.min(s, 60) * 1000 : 500 + Math.random() * 1000;
+    };
     var send = function (beacon) {
-      if (delivered || attempts > 1) return;
+      if (rate === undefined) return settings.then(function () { send(beacon); });
+      if (delivered || attempts > 1 || !(draw < rate)) return;
       attempts++;
       if (!m.dom_content_loaded_ms && nav.domContentLoadedEventEnd) m.dom_content_loaded_ms = since(nav.domContentLoadedEventEnd);
       if (!m.load_ms && nav.loadEventEnd) m.load_ms = since(nav.loadEventEnd);
@@ -73,9 +90,11 @@
       if (beacon && navigator.sendBeacon && navigator.sendBeacon(endpoint, body)) return;
       try {
         fetch(endpoint, { method: 'POST', body: body, keepalive: true, headers: { 'Content-Type': 'text/plain' } })
-          .then(function (r) { if (r.ok) delivered = true; else if (r.status >= 500 && retry) setTimeout(send, 500 + Math.random() * 1000); })
-          .catch(function () { if (retry) setTimeout(send, 500 + Math.random() * 1000); });
-      } catch (e) { /* nothing more to do */ }
+          .then(function (r) { if (r.ok) delivered = true; else if ((r.status == 429 || r.status >= 500) && retry) setTimeout(send, later(r)); })
+          .catch(function () { if (retry) setTimeout(send, later()); });
+      } catch (e) {
+        // Nothing more to do.
+      }
     };
     addEventListener('visibilitychange', function () { if (doc.visibilityState === 'hidden') send(false); }, true);
     addEventListener('pagehide', function () { send(true); }, true);
@@ -86,5 +105,7 @@
       var t = e.timeStamp;
       requestAnimationFrame(function () { requestAnimationFrame(function () { m.fcp_ms = m.lcp_ms = perf.now() - t; }); });
     }, true);
-  } catch (e) { /* never break the page */ }
+  } catch (e) {
+    // Never break the page.
+  }
 })();

@@ -7,7 +7,8 @@
 //! is not trusted is the client. A hop that cannot be parsed (`unknown`, an obfuscated
 //! `_identifier`, garbage, empty) ends the walk: nothing left of it can be believed, so the
 //! last address known good is used. Addresses are compared in canonical form (an
-//! IPv4-mapped IPv6 address is its IPv4 address).
+//! IPv4-mapped IPv6 address is its IPv4 address). A trusted peer that sends neither header
+//! is logged (at most once a second): all its clients then count as one.
 
 use std::net::{IpAddr, SocketAddr};
 
@@ -23,6 +24,17 @@ fn is_trusted(ip: IpAddr, trusted: &[IpNet]) -> bool {
 pub fn client_ip(peer: IpAddr, headers: &HeaderMap, trusted: &[IpNet]) -> IpAddr {
     let peer = peer.to_canonical();
     if trusted.is_empty() || !is_trusted(peer, trusted) {
+        return peer;
+    }
+    if !headers.contains_key("forwarded") && !headers.contains_key("x-forwarded-for") {
+        // Every client of that proxy now shares its address (and its rate bucket): say why.
+        crate::logging::warn_limited("trusted_proxy_without_forwarding", || {
+            tracing::warn!(
+                %peer,
+                "a trusted proxy (COLLECTOR_TRUSTED_PROXIES) sent neither Forwarded nor \
+                 X-Forwarded-For: its clients share its address for the per-client rate"
+            )
+        });
         return peer;
     }
     let chain: Vec<Option<IpAddr>> = if headers.contains_key("forwarded") {

@@ -52,8 +52,10 @@ pub const DEFAULT_BATCH_MAX_AGE: &str = "800ms";
 pub const DEFAULT_DEDUP_WINDOW: &str = "10m";
 /// How many ids the dedup window holds at most (about 150 bytes each).
 pub const DEFAULT_DEDUP_CAPACITY: &str = "100000";
-/// Intake requests per second per client address (bursts of twice); 0 turns it off.
-pub const DEFAULT_CLIENT_RATE: &str = "50";
+/// Intake requests per second per site and client address (bursts of twice); 0 turns it off.
+/// Off by default (contract v2 §1): behind a shop's proxy, a NAT or a carrier's CGNAT many
+/// visitors share one address.
+pub const DEFAULT_CLIENT_RATE: &str = "0";
 /// Measurements per second per site (bursts of twice); 0 turns it off.
 pub const DEFAULT_SITE_RATE: &str = "2000";
 /// Intake requests worked on at once; more are answered 503 at once.
@@ -191,7 +193,8 @@ pub struct RawArgs {
     /// How many measurement ids the dedup window holds at most.
     #[arg(long, env = "COLLECTOR_DEDUP_CAPACITY", default_value = DEFAULT_DEDUP_CAPACITY, global = true)]
     pub dedup_capacity: String,
-    /// Intake requests per second per client address; 0: off.
+    /// Intake requests per second per site and client address, for a collector exposed
+    /// directly to browsers; 0: off.
     #[arg(long, env = "COLLECTOR_CLIENT_RATE", default_value = DEFAULT_CLIENT_RATE, global = true)]
     pub client_rate: String,
     /// Measurements per second per site; 0: off.
@@ -257,7 +260,7 @@ pub struct Settings {
     pub dedup_window: Duration,
     /// Dedup window capacity in ids.
     pub dedup_capacity: u64,
-    /// Intake requests per second per client address (0: off).
+    /// Intake requests per second per site and client address (0: off).
     pub client_rate: u32,
     /// Measurements per second per site (0: off).
     pub site_rate: u32,
@@ -493,6 +496,11 @@ mod tests {
         assert_eq!(s.settings_backoff, Duration::from_secs(10));
         assert_eq!(s.clickhouse_urls.len(), 1);
         assert!(s.trusted_proxies.is_empty());
+        assert_eq!(
+            s.client_rate, 0,
+            "per-client rate off by default (contract v2 §1)"
+        );
+        assert_eq!(s.site_rate, 2000, "site rates stay on");
     }
 
     #[test]

@@ -86,6 +86,19 @@ impl IntakeError {
     }
 }
 
+/// An error answer outside the intake: `status` with the JSON body `{"error": error}` that
+/// every error answer has (contract §2).
+pub fn error_response(status: StatusCode, error: &str) -> Response {
+    (
+        status,
+        axum::Json(ErrorBody {
+            error: error.to_owned(),
+            rejected: &[],
+        }),
+    )
+        .into_response()
+}
+
 #[derive(Serialize)]
 struct ErrorBody<'a> {
     error: String,
@@ -140,5 +153,21 @@ mod tests {
             .headers()
             .get(header::RETRY_AFTER)
             .is_none());
+    }
+
+    #[tokio::test]
+    async fn every_error_has_a_json_body() {
+        for response in [
+            IntakeError::TooLarge.into_response(),
+            IntakeError::UnsupportedMedia("Content-Type").into_response(),
+            error_response(StatusCode::NOT_FOUND, "not found"),
+        ] {
+            assert_eq!(response.headers()[header::CONTENT_TYPE], "application/json");
+            let body = axum::body::to_bytes(response.into_body(), 1024)
+                .await
+                .unwrap();
+            let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            assert!(v["error"].is_string(), "{v}");
+        }
     }
 }

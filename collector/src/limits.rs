@@ -2,8 +2,12 @@
 //!
 //! - **In flight**: at most `COLLECTOR_MAX_IN_FLIGHT` intake requests are worked on at once;
 //!   one more is answered 503 with `Retry-After` at once (never queued without bound).
-//! - **Per client**: `COLLECTOR_CLIENT_RATE` requests per second per client address
-//!   ([`crate::client_ip`]), bursts of twice that; over it, 429 with `Retry-After`.
+//! - **Per client**: `COLLECTOR_CLIENT_RATE` requests per second per site and client address
+//!   ([`crate::client_ip`]), bursts of twice that; over it, 429 with `Retry-After`. Off by
+//!   default (contract v2 §1): every visitor behind a shop's own proxy, a corporate NAT or a
+//!   carrier's CGNAT shares one address, so it suits only a collector exposed directly to
+//!   browsers. Keyed by site too, so that one busy shop behind a shared address does not
+//!   use up another's requests.
 //! - **Per site**: `COLLECTOR_SITE_RATE` measurements per second per site, bursts of twice
 //!   that; over it, 429 with `Retry-After`.
 //!
@@ -25,7 +29,7 @@ pub const PRUNE_INTERVAL: Duration = Duration::from_secs(10);
 /// The intake's limits. Cheap to clone.
 #[derive(Clone)]
 pub struct Limits {
-    clients: Option<Arc<DefaultKeyedRateLimiter<IpAddr>>>,
+    clients: Option<Arc<DefaultKeyedRateLimiter<(String, IpAddr)>>>,
     sites: Option<Arc<DefaultKeyedRateLimiter<String>>>,
     in_flight: Arc<Semaphore>,
 }
@@ -55,13 +59,19 @@ impl Limits {
         self.in_flight.clone().try_acquire_owned().ok()
     }
 
-    /// Counts one request of `client`; `Err(wait)` when it is over its rate.
-    pub fn check_client(&self, client: IpAddr) -> Result<(), Duration> {
+    /// Whether the per-client rate is on (`COLLECTOR_CLIENT_RATE` above 0): only then is the
+    /// client address worth working out.
+    pub fn client_rate_on(&self) -> bool {
+        self.clients.is_some()
+    }
+
+    /// Counts one request of `client` for `site`; `Err(wait)` when it is over its rate.
+    pub fn check_client(&self, site: &str, client: IpAddr) -> Result<(), Duration> {
         let Some(limiter) = &self.clients else {
             return Ok(());
         };
         limiter
-            .check_key(&client)
+            .check_key(&(site.to_owned(), client))
             .map_err(|not_until| not_until.wait_time_from(DefaultClock::default().now()))
     }
 
@@ -106,20 +116,34 @@ mod tests {
     use super::*;
 
     #[test]
-    fn client_rate_allows_a_burst_then_limits() {
+    fn client_rate_allows_a_burst_then_limits_per_site_and_client() {
         let limits = Limits::new(5, 0, 10);
+        assert!(limits.client_rate_on());
         let ip: IpAddr = "192.0.2.1".parse().unwrap();
-        let allowed = (0..100).filter(|_| limits.check_client(ip).is_ok()).count();
+        let allowed = (0..100)
+            .filter(|_| limits.check_client("a", ip).is_ok())
+            .count();
         assert_eq!(allowed, 10, "burst of twice the rate");
-        let wait = limits.check_client(ip).unwrap_err();
+        let wait = limits.check_client("a", ip).unwrap_err();
         assert!(
             wait > Duration::ZERO && wait <= Duration::from_millis(200),
             "{wait:?}"
         );
         assert!(
-            limits.check_client("192.0.2.2".parse().unwrap()).is_ok(),
+            limits
+                .check_client("a", "192.0.2.2".parse().unwrap())
+                .is_ok(),
             "per client"
         );
+        assert!(limits.check_client("b", ip).is_ok(), "per site");
+    }
+
+    #[test]
+    fn client_rate_zero_is_off() {
+        let limits = Limits::new(0, 10, 10);
+        assert!(!limits.client_rate_on());
+        let ip: IpAddr = "192.0.2.1".parse().unwrap();
+        assert!((0..1000).all(|_| limits.check_client("a", ip).is_ok()));
     }
 
     #[test]
@@ -133,7 +157,9 @@ mod tests {
             "more than a burst at once"
         );
         assert!(
-            limits.check_client("192.0.2.1".parse().unwrap()).is_ok(),
+            limits
+                .check_client("s", "192.0.2.1".parse().unwrap())
+                .is_ok(),
             "client rate off"
         );
     }

@@ -1,6 +1,11 @@
 //! `collector migrate`: applies `schema/` to PostgreSQL and to every ClickHouse replica.
 //!
-//! Idempotent (every statement is `IF NOT EXISTS`) and safe to run on every start. The
+//! Idempotent and safe to run on every start: every `CREATE` is `IF NOT EXISTS`, and an
+//! `ALTER TABLE ... ADD COLUMN` (for a table created by an older release) counts as applied
+//! when ClickHouse answers that the column already exists, because ClickHouse 18.16 does not
+//! know `ADD COLUMN IF NOT EXISTS` (its parser fails at `EXISTS`; measured on Debian's
+//! 18.16.1). On a replicated table the `ALTER` reaches every replica through ZooKeeper, so
+//! the next replica usually answers "already exists" too. The
 //! ClickHouse files contain the placeholder `{database}`, replaced with
 //! `COLLECTOR_CLICKHOUSE_DATABASE` (a checked identifier) before sending; `{shard}` and
 //! `{replica}` are server macros and are left to ClickHouse, so the same DDL runs unchanged on
@@ -25,7 +30,23 @@ pub const CLICKHOUSE: &[(&str, &str)] = &[
         "002_measurements.sql",
         include_str!("../../schema/clickhouse/002_measurements.sql"),
     ),
+    (
+        "003_sample_rate.sql",
+        include_str!("../../schema/clickhouse/003_sample_rate.sql"),
+    ),
 ];
+
+/// ClickHouse's ILLEGAL_COLUMN (`src/Common/ErrorCodes.cpp`), which `ADD COLUMN` answers, with
+/// "column with this name already exists", for a column that is there (18.16 and current).
+const ILLEGAL_COLUMN: u32 = 44;
+
+/// Whether a failed statement was an `ADD COLUMN` whose column exists already: applied.
+fn already_applied(sql: &str, error: &clickhouse::error::Error) -> bool {
+    let text = error.to_string();
+    sql.contains(" ADD COLUMN ")
+        && crate::writer::exception_code(&text) == Some(ILLEGAL_COLUMN)
+        && text.contains("already exists")
+}
 
 /// The ClickHouse statements for `database`, in order.
 pub fn clickhouse_statements(database: &str) -> Vec<String> {
@@ -48,11 +69,12 @@ pub const REPLICA_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(
 /// set, must exist: use `system`). Errors name the file and carry ClickHouse's message.
 pub async fn apply_clickhouse(client: &clickhouse::Client, database: &str) -> Result<(), String> {
     for ((name, _), sql) in CLICKHOUSE.iter().zip(clickhouse_statements(database)) {
-        client
-            .query(&sql)
-            .execute()
-            .await
-            .map_err(|e| format!("{name}: {}", crate::logging::chain(&e)))?;
+        match client.query(&sql).execute().await {
+            Err(e) if !already_applied(&sql, &e) => {
+                return Err(format!("{name}: {}", crate::logging::chain(&e)))
+            }
+            _ => {}
+        }
     }
     Ok(())
 }

@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::extract::MatchedPath;
-use axum::http::{Request, StatusCode};
+use axum::http::uri::PathAndQuery;
+use axum::http::{Request, StatusCode, Uri};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -24,6 +25,7 @@ use ipnet::IpNet;
 
 use crate::dedup::Dedup;
 use crate::endpoints;
+use crate::error::error_response;
 use crate::limits::Limits;
 use crate::metrics::{Metrics, RouteLabel, RouteOnly};
 use crate::script::Script;
@@ -117,10 +119,12 @@ impl AppState {
     }
 }
 
-/// The routes.
+/// The routes. Every error answer, 404 and 405 included, has a JSON body; no route
+/// redirects (a browser would replay a redirected POST as a bodiless GET).
 pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/script.js", get(endpoints::script::get))
+        .route("/api/v1/sites/{key}", get(endpoints::sites::get))
         .route(
             "/api/v1/measurements",
             axum::routing::post(endpoints::intake::post)
@@ -130,6 +134,10 @@ pub fn router(state: AppState) -> Router {
         .route("/healthz", get(endpoints::ops::healthz))
         .route("/readyz", get(endpoints::ops::readyz))
         .route("/metrics", get(endpoints::ops::metrics))
+        .fallback(|| async { error_response(StatusCode::NOT_FOUND, "not found") })
+        .method_not_allowed_fallback(|| async {
+            error_response(StatusCode::METHOD_NOT_ALLOWED, "method not allowed")
+        })
         .layer(middleware::from_fn_with_state(state.clone(), observe))
         .with_state(state)
 }
@@ -143,8 +151,14 @@ async fn shed(
 ) -> Response {
     let Some(_permit) = state.limits.enter() else {
         state.metrics.shed.inc();
-        return crate::error::IntakeError::Unavailable("overloaded", Duration::from_secs(1))
-            .into_response();
+        let mut response =
+            crate::error::IntakeError::Unavailable("overloaded", Duration::from_secs(1))
+                .into_response();
+        // With CORS headers, a cross-origin script can read the 503 and its Retry-After.
+        if let Some(origin) = req.headers().get(axum::http::header::ORIGIN) {
+            endpoints::intake::cors(response.headers_mut(), origin.clone());
+        }
+        return response;
     };
     next.run(req).await
 }
@@ -161,6 +175,7 @@ async fn observe(
         .map(MatchedPath::as_str)
     {
         Some("/script.js") => "/script.js",
+        Some("/api/v1/sites/{key}") => "/api/v1/sites",
         Some("/api/v1/measurements") => "/api/v1/measurements",
         Some("/healthz") => "/healthz",
         Some("/readyz") => "/readyz",
@@ -245,8 +260,12 @@ pub async fn serve(
             let mut router = router.clone();
             async move {
                 if header_bytes(&req) > MAX_HEADER_BYTES {
-                    return Ok(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE.into_response());
+                    return Ok(error_response(
+                        StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                        "request headers larger than 16 KiB",
+                    ));
                 }
+                normalise_path(req.uri_mut());
                 router.call(req.map(Body::new)).await
             }
         });
@@ -267,9 +286,61 @@ pub async fn serve(
     }
 }
 
+/// Collapses repeated slashes and drops a trailing one (`//api/v1/measurements/` is
+/// `/api/v1/measurements`), before routing: proxies and hand-written URLs produce both, and
+/// the contract (§2) wants them to reach the endpoint rather than a 404 or a redirect.
+fn normalise_path(uri: &mut Uri) {
+    let path = uri.path();
+    if !path.contains("//") && (path.len() == 1 || !path.ends_with('/')) {
+        return;
+    }
+    let mut normal = String::with_capacity(path.len());
+    for segment in path.split('/').filter(|s| !s.is_empty()) {
+        normal.push('/');
+        normal.push_str(segment);
+    }
+    if normal.is_empty() {
+        normal.push('/');
+    }
+    if let Some(query) = uri.query() {
+        normal.push('?');
+        normal.push_str(query);
+    }
+    let mut parts = std::mem::take(uri).into_parts();
+    // Made of the pieces of a valid path and query: it parses.
+    parts.path_and_query = PathAndQuery::from_maybe_shared(normal).ok();
+    *uri = Uri::from_parts(parts).unwrap_or_default();
+}
+
 fn header_bytes<B>(req: &Request<B>) -> usize {
     req.headers()
         .iter()
         .map(|(k, v)| k.as_str().len() + v.len() + 4)
         .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_with_repeated_and_trailing_slashes_are_normalised() {
+        for (sent, routed) in [
+            ("/api/v1/measurements", "/api/v1/measurements"),
+            ("//api/v1/measurements", "/api/v1/measurements"),
+            ("/api/v1/measurements/", "/api/v1/measurements"),
+            ("//api//v1///measurements//", "/api/v1/measurements"),
+            ("/script.js?v=2", "/script.js?v=2"),
+            ("//script.js/?v=2", "/script.js?v=2"),
+            ("/", "/"),
+            ("//", "/"),
+        ] {
+            let mut uri: Uri = sent.parse().unwrap();
+            normalise_path(&mut uri);
+            assert_eq!(uri.to_string(), routed, "{sent}");
+        }
+        let mut absolute: Uri = "http://collector.example//readyz/".parse().unwrap();
+        normalise_path(&mut absolute);
+        assert_eq!(absolute.to_string(), "http://collector.example/readyz");
+    }
 }

@@ -1131,6 +1131,7 @@ mod tests {
             viewport_width: None,
             effective_connection_type: None,
             user_agent: String::new(),
+            sample_rate: 1.0,
         }
     }
 
@@ -1238,14 +1239,16 @@ mod tests {
         assert_eq!(recs.len(), ok);
         let (end, bytes) = (recs.last().unwrap().end, recs.iter().map(|r| r.bytes).sum());
         reader.confirm(end, ok as u64, bytes);
-        // Confirmed bytes stay in the active segment until it is sealed, so rotate by filling.
-        assert!(
-            spool
-                .append(&[m(1000)], Duration::from_secs(5))
-                .await
-                .is_err()
-                || spool.has_room(0)
-        );
+        // Confirming frees the bound: the spool accepts again (the confirmed bytes may stay
+        // on disk in the active segment, but they no longer count against the bound).
+        assert!(spool.has_room(400), "confirmed records still count");
+        spool
+            .append(&[m(1000)], Duration::from_secs(5))
+            .await
+            .expect("an append after confirming everything");
+        let after = read_all(&mut reader);
+        assert_eq!(after.len(), 1);
+        assert_eq!(after[0].measurements, [m(1000)]);
     }
 
     #[tokio::test]

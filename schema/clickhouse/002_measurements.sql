@@ -16,7 +16,8 @@ CREATE TABLE IF NOT EXISTS {database}.measurements
     cls Nullable(Float64),
     viewport_width Nullable(UInt32),
     effective_connection_type Nullable(String),
-    user_agent String
+    user_agent String,
+    sample_rate Float64 DEFAULT 1
 )
 ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/{database}/measurements', '{replica}')
 PARTITION BY toYYYYMM(received_at)

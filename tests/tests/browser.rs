@@ -97,25 +97,34 @@ impl Drop for Browser {
 
 /// The demo shop page for `site`, as the shop serves it: script from `/perf/`, plus a
 /// recorder of uncaught errors so that the test sees whether the page broke.
-fn shop_page(site: &str) -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
+fn shop_html(site: &str) -> String {
     let page = std::fs::read_to_string(root().join("demo/index.html")).unwrap();
     let recorder = "<script>window.__errors=[];addEventListener('error',function(e){__errors.push(String(e.message))});\
                     addEventListener('unhandledrejection',function(e){__errors.push(String(e.reason))});</script>";
-    let page = page
-        .replace("__COLLECTOR__", "/perf")
+    page.replace("__COLLECTOR__", "/perf")
         .replace("data-site=\"demo\"", &format!("data-site=\"{site}\""))
         .replace(
             "<meta charset=\"utf-8\">",
             &format!("<meta charset=\"utf-8\">\n  {recorder}"),
-        );
-    std::fs::write(dir.path().join("index.html"), page).unwrap();
+        )
+}
+
+/// A folder holding `pages` (file name, HTML) and the demo page's image, readable by nginx.
+fn page_dir(pages: &[(&str, String)]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, html) in pages {
+        std::fs::write(dir.path().join(name), html).unwrap();
+    }
     std::fs::copy(root().join("demo/hero.svg"), dir.path().join("hero.svg")).unwrap();
-    // chmod so that nginx workers (nobody) can read the page.
+    // chmod so that nginx workers (nobody) can read the pages.
     let _ = Command::new("chmod")
         .args(["-R", "a+rX", dir.path().to_str().unwrap()])
         .status();
     dir
+}
+
+fn shop_page(site: &str) -> tempfile::TempDir {
+    page_dir(&[("index.html", shop_html(site))])
 }
 
 /// Loads the shop page, waits for the late layout shift, clicks "Add to cart", and leaves.
@@ -157,6 +166,7 @@ async fn visit(browser: &Browser, page_url: &str) -> f64 {
     shift
 }
 
+/// Rows of `site`; waits until there are at least `want` (panics after [`SETTLE`]).
 async fn rows_for_site(env: &TestEnv<'_>, site: &str, want: usize) -> Vec<Value> {
     let sql = format!(
         "SELECT {ROW_COLUMNS} FROM {}.measurements FINAL WHERE site = '{site}'",
@@ -165,9 +175,14 @@ async fn rows_for_site(env: &TestEnv<'_>, site: &str, want: usize) -> Vec<Value>
     let start = Instant::now();
     loop {
         let rows = env.query(0, &sql).await;
-        if rows.len() >= want || start.elapsed() > SETTLE {
+        if rows.len() >= want {
             return rows;
         }
+        assert!(
+            start.elapsed() < SETTLE,
+            "{} of {want} rows of {site} after {SETTLE:?}",
+            rows.len()
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
@@ -259,19 +274,253 @@ async fn an_unknown_site_stores_nothing_and_breaks_nothing() {
     let proxy = Nginx::start_with(c.port, &shop, "").await;
     let browser = Browser::start().await;
     visit(&browser, &format!("{}/shop/", proxy.url)).await;
-    // The beacon was answered 403; wait for it to have been answered, then check.
+    // The script asked for its site's settings, got 404, and so sent nothing at all.
     let start = Instant::now();
     while c
-        .metric("collector_http_requests_total{route=\"/api/v1/measurements\",status=\"403\"}")
+        .metric_if_present("collector_http_requests_total{route=\"/api/v1/sites\",status=\"404\"}")
         .await
-        < 1.0
+        .is_none()
     {
-        assert!(start.elapsed() < SETTLE, "the beacon never arrived");
+        assert!(
+            start.elapsed() < SETTLE,
+            "the script never asked for its settings"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let (marker, m) = measurement(&env.site);
     assert_eq!(c.post_json(&m).await.0, 202);
     env.wait_rows(&[marker], SETTLE).await;
     assert!(rows_for_site(&env, "no-such-site", 0).await.is_empty());
+    let text = http()
+        .get(format!("{}/metrics", c.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let posts: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("collector_http_requests_total{route=\"/api/v1/measurements\""))
+        .collect();
+    assert_eq!(
+        posts,
+        ["collector_http_requests_total{route=\"/api/v1/measurements\",status=\"202\"} 1"],
+        "only the marker was posted"
+    );
+    browser.quit().await;
+}
+
+/// A shop behind nginx whose intake location logs every beacon (`$msec $status`) and can
+/// send the first beacon to a stand-in server that answers with `fail` (nginx directives,
+/// e.g. `return 503;`), round robin with the collector.
+struct Shop {
+    proxy: Nginx,
+    log: std::path::PathBuf,
+    _pages: tempfile::TempDir,
+    _logs: tempfile::TempDir,
+}
+
+impl Shop {
+    async fn start(c: &Collector, pages: &[(&str, String)], fail: Option<&str>) -> Shop {
+        let pages = page_dir(pages);
+        let logs = tempfile::tempdir().unwrap();
+        let log = logs.path().join("beacons.log");
+        let upstream = match fail {
+            Some(_) => "http://flaky",
+            None => "http://collector",
+        };
+        let fail_port = free_port();
+        let server_extra = format!(
+            "location /shop/ {{ alias {}/; }}\n\
+             location = /perf/api/v1/measurements {{ access_log {} beacons; \
+             proxy_pass {upstream}/api/v1/measurements; proxy_next_upstream off; }}",
+            pages.path().display(),
+            log.display()
+        );
+        let http_extra = format!(
+            "log_format beacons '$msec $status';\n\
+             upstream collector {{ server 127.0.0.1:{port}; }}\n\
+             upstream flaky {{ server 127.0.0.1:{fail_port}; server 127.0.0.1:{port}; }}\n\
+             server {{ listen 127.0.0.1:{fail_port}; location / {{ {fail} }} }}",
+            port = c.port,
+            fail = fail.unwrap_or("return 503;"),
+        );
+        let proxy = Nginx::start_with(c.port, &server_extra, &http_extra).await;
+        Shop {
+            proxy,
+            log,
+            _pages: pages,
+            _logs: logs,
+        }
+    }
+
+    /// `(seconds since the epoch, status)` of every beacon nginx answered so far.
+    fn beacons(&self) -> Vec<(f64, u16)> {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| {
+                let (t, s) = l.split_once(' ').expect("'$msec $status'");
+                (t.parse().unwrap(), s.parse().unwrap())
+            })
+            .collect()
+    }
+}
+
+/// Makes the page hidden as a tab switch does, while it stays alive to read answers and run
+/// timers (navigating away would end it).
+const HIDE: &str = "Object.defineProperty(document, 'visibilityState', {configurable: true, get: function () { return 'hidden'; }});\
+                    document.dispatchEvent(new Event('visibilitychange'));";
+
+/// Loads `url`, waits for the page to settle, and checks that it has no errors.
+async fn load(browser: &Browser, url: &str) {
+    browser.client.goto(url).await.unwrap();
+    browser
+        .wait_for("document.readyState === 'complete' && document.body.firstChild.textContent === 'Free shipping this week!'")
+        .await;
+    assert_eq!(browser.eval("return window.__errors;").await, json!([]));
+}
+
+/// Issue 13, kind 8: behind a script loader (Rocket Loader rewrites the tag's type; a
+/// fetch-and-eval loader runs the code with `document.currentScript` null), the script finds
+/// its own tag and sends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_script_finds_its_tag_without_current_script() {
+    let env = TestEnv::new(Stack::shared()).await;
+    let c = env.collector(&[]).await;
+    let loader = "<script type=\"text/rocketscript\" data-site=\"shop-loaded\" src=\"/perf/script.js\"></script>\n  \
+                  <script>fetch('/perf/script.js').then(function (r) { return r.text(); }).then(function (code) {\
+                  window.__currentScript = document.currentScript; (0, eval)(code); });</script>";
+    let html = shop_html("shop-loaded").replace(
+        "<script defer src=\"/perf/script.js\" data-site=\"shop-loaded\"></script>",
+        loader,
+    );
+    assert!(
+        html.contains("text/rocketscript"),
+        "the demo page's tag was replaced"
+    );
+    let shop = Shop::start(&c, &[("index.html", html)], None).await;
+    env.cli(&[
+        "sites",
+        "add",
+        "--key",
+        "shop-loaded",
+        "--origin",
+        &shop.proxy.url,
+    ])
+    .success();
+    let browser = Browser::start().await;
+    let page_url = format!("{}/shop/", shop.proxy.url);
+    visit(&browser, &page_url).await;
+    let rows = rows_for_site(&env, "shop-loaded", 1).await;
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0]["url"], page_url.as_str());
+    assert!(rows[0]["lcp_ms"].as_f64().unwrap() > 0.0, "{}", rows[0]);
+    assert!(rows[0]["inp_ms"].as_f64().unwrap() > 0.0, "{}", rows[0]);
+    // The condition under test held: the code ran without a current script.
+    browser.client.goto(&page_url).await.unwrap();
+    browser.wait_for("'__currentScript' in window").await;
+    assert_eq!(
+        browser.eval("return window.__currentScript;").await,
+        Value::Null
+    );
+    browser.quit().await;
+}
+
+/// Issue 13, kind 8: the site's `sample_rate` is applied once per page view: a page view not
+/// drawn sends nothing, one drawn sends, and its retry follows the same draw even when later
+/// draws would say no; the rate is stored with the row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sample_rate_is_decided_once_per_page_view_and_stored() {
+    let env = TestEnv::new(Stack::shared()).await;
+    let c = env.collector(&[]).await;
+    let site = "shop-sampled";
+    // Math.random is the script's draw; it is stubbed before the script runs.
+    let with_draws = |draws: &str| {
+        shop_html(site).replace(
+            "<meta charset=\"utf-8\">",
+            &format!("<meta charset=\"utf-8\">\n  <script>{draws}</script>"),
+        )
+    };
+    let pages = [
+        // Every draw 0.99: not sampled at a rate of 0.5.
+        ("out.html", with_draws("Math.random = function () { return 0.99; };")),
+        // The first draw 0.3 (sampled), every later one 0.99.
+        (
+            "in.html",
+            with_draws("(function () { var n = 0; Math.random = function () { return n++ ? 0.99 : 0.3; }; })();"),
+        ),
+    ];
+    let shop = Shop::start(&c, &pages, Some("return 503;")).await;
+    env.cli(&[
+        "sites",
+        "add",
+        "--key",
+        site,
+        "--origin",
+        &shop.proxy.url,
+        "--sample-rate",
+        "0.5",
+    ])
+    .success();
+    let browser = Browser::start().await;
+
+    // Not drawn: hidden, then left; nothing is sent.
+    load(&browser, &format!("{}/shop/out.html", shop.proxy.url)).await;
+    browser.eval(HIDE).await;
+    browser.client.goto("about:blank").await.unwrap();
+
+    // Drawn: hidden while alive, so that the first send's 503 is read and retried by timer.
+    let page_url = format!("{}/shop/in.html", shop.proxy.url);
+    load(&browser, &page_url).await;
+    browser.eval(HIDE).await;
+    let rows = rows_for_site(&env, site, 1).await;
+    browser.client.goto("about:blank").await.unwrap();
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0]["url"], page_url.as_str());
+    assert_eq!(rows[0]["sample_rate"], 0.5);
+    let statuses: Vec<u16> = shop.beacons().iter().map(|(_, s)| *s).collect();
+    assert_eq!(
+        statuses,
+        [503, 202],
+        "the page view not drawn sent nothing; the drawn one sent twice"
+    );
+    browser.quit().await;
+}
+
+/// Issue 13, kind 9: a 429 is retried once, after `Retry-After`, with the same id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_429_is_retried_once_after_retry_after() {
+    let env = TestEnv::new(Stack::shared()).await;
+    let c = env.collector(&[]).await;
+    let site = "shop-limited";
+    let shop = Shop::start(
+        &c,
+        &[("index.html", shop_html(site))],
+        Some("add_header Retry-After 2 always; return 429;"),
+    )
+    .await;
+    env.cli(&["sites", "add", "--key", site, "--origin", &shop.proxy.url])
+        .success();
+    let browser = Browser::start().await;
+    load(&browser, &format!("{}/shop/", shop.proxy.url)).await;
+    browser.eval(HIDE).await;
+    let rows = rows_for_site(&env, site, 1).await;
+    browser.client.goto("about:blank").await.unwrap();
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    let beacons = shop.beacons();
+    let statuses: Vec<u16> = beacons.iter().map(|(_, s)| *s).collect();
+    assert_eq!(statuses, [429, 202], "{beacons:?}");
+    let waited = beacons[1].0 - beacons[0].0;
+    assert!(
+        waited >= 1.95,
+        "retried {waited:.3} s after a Retry-After of 2 s"
+    );
+    assert_eq!(c.metric("collector_measurements_accepted_total").await, 1.0);
+    assert_eq!(
+        c.metric("collector_measurements_duplicate_total").await,
+        0.0
+    );
     browser.quit().await;
 }

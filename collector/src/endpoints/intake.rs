@@ -1,26 +1,26 @@
 //! `POST /api/v1/measurements` and its `OPTIONS` preflight (contract §2).
 //!
-//! The one way through: headers → body (bounded) → decode → validate → site settings and
-//! origin → dedup claim → spool append (durable) → 202. Nothing is stored unless the request
-//! as a whole is answered 202, and a 202 is only sent once the spool holds every measurement
-//! it counts as accepted.
+//! The one way through, one station per function of [`accept`]: receive (headers, bounded
+//! body) → decode → validate → site settings and origin → rates → dedup claim → spool append
+//! (durable) → 202. Nothing is stored unless the request as a whole is answered 202, and a
+//! 202 is only sent once the spool holds every measurement it counts as accepted.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use axum::body::Body;
-use std::net::SocketAddr;
-
+use axum::body::{Body, Bytes};
 use axum::extract::{ConnectInfo, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 
-use crate::beacon::{self, Context, Valid, MAX_BODY_BYTES};
+use crate::beacon::{self, Context, Encoding, Item, Valid, MAX_BODY_BYTES};
 use crate::client_ip::client_ip;
 use crate::dedup::{Claim, ClaimGuard};
 use crate::error::{IntakeError, Rejected};
+use crate::measurement::Measurement;
 use crate::server::AppState;
 use crate::settings::{Lookup, Site};
 use crate::spool::AppendError;
@@ -77,11 +77,7 @@ pub async fn post(
     body: Body,
 ) -> Response {
     let origin = headers.get(header::ORIGIN).cloned();
-    let client = client_ip(peer.ip(), &headers, &state.trusted_proxies);
-    let result = match state.limits.check_client(client) {
-        Ok(()) => accept(&state, &headers, body).await,
-        Err(wait) => Err(IntakeError::RateLimited(wait)),
-    };
+    let result = accept(&state, peer.ip(), &headers, body).await;
     if matches!(result, Err(IntakeError::RateLimited(_))) {
         state.metrics.rate_limited.inc();
     }
@@ -107,13 +103,20 @@ pub async fn post(
 
 /// Echoes an origin (never `*`: `sendBeacon` sends credentials, and a wildcard would be
 /// refused for credentialed requests by the CORS rules of the Fetch Standard).
-fn cors(headers: &mut HeaderMap, origin: HeaderValue) {
+pub(crate) fn cors(headers: &mut HeaderMap, origin: HeaderValue) {
     headers.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
     headers.insert(
         header::ACCESS_CONTROL_ALLOW_CREDENTIALS,
         HeaderValue::from_static("true"),
     );
     headers.append(header::VARY, HeaderValue::from_static("Origin"));
+    // The script waits `Retry-After` before its one retry of a 429 or 503; a cross-origin
+    // script can read only the headers listed here (Fetch Standard, CORS-safelisted
+    // response-header names).
+    headers.insert(
+        header::ACCESS_CONTROL_EXPOSE_HEADERS,
+        HeaderValue::from_static("Retry-After"),
+    );
 }
 
 /// `OPTIONS /api/v1/measurements`: answered for allowed origins. Without `?site=` the origin
@@ -133,7 +136,7 @@ pub async fn preflight(
             Lookup::Unavailable => true,
         };
         if !allowed {
-            return StatusCode::FORBIDDEN.into_response();
+            return IntakeError::OriginNotAllowed(site.to_owned()).into_response();
         }
     }
     let mut response = StatusCode::NO_CONTENT.into_response();
@@ -154,11 +157,40 @@ pub async fn preflight(
     response
 }
 
+/// The stations of an intake request, in order; each returns what the next one needs or the
+/// answer that ends the request.
 async fn accept(
     state: &AppState,
+    peer: IpAddr,
     headers: &HeaderMap,
     body: Body,
 ) -> Result<Accepted, IntakeError> {
+    let (raw, encoding) = receive(state, headers, body).await?;
+    let inflated = beacon::inflate(&raw, encoding)?;
+    let text = beacon::text(&inflated);
+    let items = beacon::parse(&text)?;
+    let mut report = Report::default();
+    let user_agent = beacon::user_agent(headers.get(header::USER_AGENT).map(HeaderValue::as_bytes));
+    let valid = validate(items, &user_agent, &mut report);
+    let origin = headers.get(header::ORIGIN).and_then(|v| v.to_str().ok());
+    let valid = judge_sites(state, origin, valid, &mut report).await?;
+    check_rates(state, peer, headers, &valid)?;
+    let (to_store, guards) = claim(state, valid, &mut report).await;
+    append(state, &to_store).await?;
+    for guard in guards {
+        guard.commit();
+    }
+    Ok(report.finish(state, to_store.len()))
+}
+
+/// Judges the headers and reads the body, at most [`MAX_BODY_BYTES`] of it, within the body
+/// timeout. A `Content-Length` over the limit is answered 413 before any of the
+/// body is read: a client announcing a large body is not kept waiting for it.
+async fn receive(
+    state: &AppState,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<(Bytes, Encoding), IntakeError> {
     if !beacon::content_type_ok(headers.get(header::CONTENT_TYPE).map(HeaderValue::as_bytes)) {
         return Err(IntakeError::UnsupportedMedia("Content-Type"));
     }
@@ -168,6 +200,23 @@ async fn accept(
             .map(HeaderValue::as_bytes),
     )
     .ok_or(IntakeError::UnsupportedMedia("Content-Encoding"))?;
+    let announced = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if announced.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
+        // A client told to wait (`Expect: 100-continue`) sends nothing more; any other may be
+        // sending still, and closing on unread bytes makes the kernel reset the connection,
+        // which can destroy the 413 before the client reads it ("lingering close", as nginx
+        // does it): so the rest is read and thrown away, bounded, after the answer.
+        if !headers
+            .get(header::EXPECT)
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"))
+        {
+            tokio::spawn(discard(body, state.body_timeout));
+        }
+        return Err(IntakeError::TooLarge);
+    }
     // While draining, intake goes on until the listener closes: /readyz already turned 503 so
     // that load balancers move traffic away, and a beacon refused now would not be resent.
 
@@ -183,33 +232,96 @@ async fn accept(
         Ok(Err(_)) => return Err(IntakeError::Malformed("body could not be read".into())),
         Err(_) => return Err(IntakeError::Malformed("body not received in time".into())),
     };
-    let inflated = beacon::inflate(&raw, encoding)?;
-    let items = beacon::parse(&inflated)?;
+    Ok((raw, encoding))
+}
 
-    let received_at_ms = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64);
-    let user_agent = headers
-        .get(header::USER_AGENT)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
+/// Most bytes of a refused body read and thrown away after its 413 ([`discard`]).
+pub const DISCARD_MAX_BYTES: usize = 1024 * 1024;
+
+/// Reads and drops a body, at most [`DISCARD_MAX_BYTES`] of it and for at most `limit`.
+async fn discard(mut body: Body, limit: Duration) {
+    use http_body_util::BodyExt;
+    let mut left = DISCARD_MAX_BYTES;
+    let _ = tokio::time::timeout(limit, async {
+        while let Some(Ok(frame)) = body.frame().await {
+            let n = frame.data_ref().map_or(0, |d| d.len());
+            if n >= left {
+                return;
+            }
+            left -= n;
+        }
+    })
+    .await;
+}
+
+/// What the 202 reports besides the count accepted, gathered station by station.
+#[derive(Default)]
+struct Report {
+    rejected: Vec<Rejected>,
+    dropped_fields: Vec<DroppedField>,
+    clock_skewed: u64,
+    duplicates: usize,
+}
+
+impl Report {
+    /// Counts everything in the metrics and makes the 202 body.
+    fn finish(mut self, state: &AppState, accepted: usize) -> Accepted {
+        self.rejected.sort_by_key(|r| r.index);
+        let m = &state.metrics;
+        m.accepted.inc_by(accepted as u64);
+        m.duplicate.inc_by(self.duplicates as u64);
+        m.clock_skew.inc_by(self.clock_skewed);
+        for r in &self.rejected {
+            m.reject(r.error);
+        }
+        for d in &self.dropped_fields {
+            m.drop_field(&d.field);
+        }
+        Accepted {
+            accepted,
+            duplicates: self.duplicates,
+            rejected: self
+                .rejected
+                .into_iter()
+                .map(|r| RejectedItem {
+                    index: r.index,
+                    error: r.error.to_owned(),
+                })
+                .collect(),
+            dropped_fields: self.dropped_fields,
+        }
+    }
+}
+
+/// Validates every item; the rejected ones go to the report.
+fn validate(items: Vec<Item<'_>>, user_agent: &str, report: &mut Report) -> Vec<(usize, Valid)> {
     let ctx = Context {
-        received_at_ms,
+        received_at_ms: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64),
         user_agent,
     };
-
-    let mut rejected: Vec<Rejected> = Vec::new();
-    let mut valid: Vec<(usize, Valid)> = Vec::with_capacity(items.len());
+    let mut valid = Vec::with_capacity(items.len());
     for (index, item) in items.into_iter().enumerate() {
         match beacon::validate(item, &ctx) {
             Ok(v) => valid.push((index, v)),
-            Err(error) => rejected.push(Rejected { index, error }),
+            Err(error) => report.rejected.push(Rejected { index, error }),
         }
     }
+    valid
+}
 
-    // Site settings, once per distinct site in the request.
-    let origin = headers.get(header::ORIGIN).and_then(|v| v.to_str().ok());
-    let mut sites: HashMap<&str, Option<Arc<Site>>> = HashMap::new();
+/// Looks up each distinct site once: measurements of unknown or disabled sites are rejected,
+/// an `Origin` a known site does not allow refuses the whole request (403), and each kept
+/// measurement gets its site's `sample_rate`. With nothing left, the request is answered 403
+/// (a site was the reason) or 400.
+async fn judge_sites(
+    state: &AppState,
+    origin: Option<&str>,
+    valid: Vec<(usize, Valid)>,
+    report: &mut Report,
+) -> Result<Vec<(usize, Valid)>, IntakeError> {
+    let mut sites: HashMap<String, Option<Arc<Site>>> = HashMap::new();
     for (_, v) in &valid {
         let key = v.measurement.site.as_str();
         if sites.contains_key(key) {
@@ -230,27 +342,28 @@ async fn accept(
                 return Err(IntakeError::OriginNotAllowed(site.key.clone()));
             }
         }
-        sites.insert(key, site);
+        sites.insert(key.to_owned(), site);
     }
-    let known: Vec<bool> = valid
-        .iter()
-        .map(|(_, v)| sites[v.measurement.site.as_str()].is_some())
-        .collect();
+    let mut kept = Vec::with_capacity(valid.len());
     let mut site_rejected = false;
-    let mut keep = known.iter();
-    valid.retain(|(index, _)| {
-        let ok = *keep.next().expect("same length");
-        if !ok {
-            rejected.push(Rejected {
-                index: *index,
-                error: "unknown or disabled site",
-            });
-            site_rejected = true;
+    for (index, mut v) in valid {
+        match &sites[&v.measurement.site] {
+            Some(site) => {
+                v.measurement.sample_rate = site.sample_rate;
+                kept.push((index, v));
+            }
+            None => {
+                report.rejected.push(Rejected {
+                    index,
+                    error: "unknown or disabled site",
+                });
+                site_rejected = true;
+            }
         }
-        ok
-    });
-    rejected.sort_by_key(|r| r.index);
-    if valid.is_empty() {
+    }
+    if kept.is_empty() {
+        report.rejected.sort_by_key(|r| r.index);
+        let rejected = std::mem::take(&mut report.rejected);
         for r in &rejected {
             state.metrics.reject(r.error);
         }
@@ -260,36 +373,60 @@ async fn accept(
             IntakeError::NoValidMeasurement(rejected)
         });
     }
+    Ok(kept)
+}
 
-    // Per-site rates, counted in measurements.
+/// Per-site rates, counted in measurements, and, when `COLLECTOR_CLIENT_RATE` is on, one
+/// request per site for this client.
+fn check_rates(
+    state: &AppState,
+    peer: IpAddr,
+    headers: &HeaderMap,
+    valid: &[(usize, Valid)],
+) -> Result<(), IntakeError> {
     let mut per_site: HashMap<&String, u32> = HashMap::new();
-    for (_, v) in &valid {
+    for (_, v) in valid {
         *per_site.entry(&v.measurement.site).or_default() += 1;
     }
+    let client = state
+        .limits
+        .client_rate_on()
+        .then(|| client_ip(peer, headers, &state.trusted_proxies));
     for (site, n) in per_site {
+        if let Some(client) = client {
+            state
+                .limits
+                .check_client(site, client)
+                .map_err(IntakeError::RateLimited)?;
+        }
         state
             .limits
             .check_site(site, n)
             .map_err(IntakeError::RateLimited)?;
     }
+    Ok(())
+}
 
-    // Dedup: claim each id; within one request a repeated id is a duplicate of the first.
-    let mut duplicates = 0;
-    let mut guards: Vec<ClaimGuard> = Vec::with_capacity(valid.len());
+/// Claims each id in the dedup window; within one request a repeated id is a duplicate of the
+/// first. Returns the measurements to store and the claims to commit once they are durable.
+async fn claim(
+    state: &AppState,
+    valid: Vec<(usize, Valid)>,
+    report: &mut Report,
+) -> (Vec<Measurement>, Vec<ClaimGuard>) {
+    let mut guards = Vec::with_capacity(valid.len());
     let mut to_store = Vec::with_capacity(valid.len());
-    let mut seen = std::collections::HashSet::with_capacity(valid.len());
-    let mut dropped_fields = Vec::new();
-    let mut skewed = 0;
+    let mut seen = HashSet::with_capacity(valid.len());
     for (index, v) in valid {
         for field in &v.dropped {
-            dropped_fields.push(DroppedField {
+            report.dropped_fields.push(DroppedField {
                 index,
                 field: (*field).to_owned(),
             });
         }
-        skewed += v.clock_skewed as u64;
+        report.clock_skewed += v.clock_skewed as u64;
         if !seen.insert(v.measurement.id) {
-            duplicates += 1;
+            report.duplicates += 1;
             continue;
         }
         match state.dedup.claim(v.measurement.id) {
@@ -297,58 +434,33 @@ async fn accept(
                 guards.push(guard);
                 to_store.push(v.measurement);
             }
-            Claim::Duplicate => duplicates += 1,
+            Claim::Duplicate => report.duplicates += 1,
             Claim::InFlight(other) => {
                 if other.wait(CLAIM_WAIT).await {
-                    duplicates += 1;
+                    report.duplicates += 1;
                 } else {
                     to_store.push(v.measurement);
                 }
             }
         }
     }
+    (to_store, guards)
+}
 
-    if !to_store.is_empty() {
-        match state.spool.append(&to_store, APPEND_TIMEOUT).await {
-            Ok(()) => {}
-            Err(AppendError::Full) => {
-                return Err(IntakeError::Unavailable("spool full", RETRY_AFTER))
-            }
-            Err(AppendError::Overloaded) => {
-                state.metrics.shed.inc();
-                return Err(IntakeError::Unavailable("overloaded", RETRY_AFTER));
-            }
-            Err(AppendError::Io) => {
-                return Err(IntakeError::Unavailable("spool write failed", RETRY_AFTER))
-            }
+/// Appends to the spool and waits until it is durable.
+async fn append(state: &AppState, to_store: &[Measurement]) -> Result<(), IntakeError> {
+    if to_store.is_empty() {
+        return Ok(());
+    }
+    match state.spool.append(to_store, APPEND_TIMEOUT).await {
+        Ok(()) => Ok(()),
+        Err(AppendError::Full) => Err(IntakeError::Unavailable("spool full", RETRY_AFTER)),
+        Err(AppendError::Overloaded) => {
+            state.metrics.shed.inc();
+            Err(IntakeError::Unavailable("overloaded", RETRY_AFTER))
         }
+        Err(AppendError::Io) => Err(IntakeError::Unavailable("spool write failed", RETRY_AFTER)),
     }
-    for guard in guards {
-        guard.commit();
-    }
-
-    let m = &state.metrics;
-    m.accepted.inc_by(to_store.len() as u64);
-    m.duplicate.inc_by(duplicates as u64);
-    m.clock_skew.inc_by(skewed);
-    for r in &rejected {
-        m.reject(r.error);
-    }
-    for d in &dropped_fields {
-        m.drop_field(&d.field);
-    }
-    Ok(Accepted {
-        accepted: to_store.len(),
-        duplicates,
-        rejected: rejected
-            .into_iter()
-            .map(|r| RejectedItem {
-                index: r.index,
-                error: r.error.to_owned(),
-            })
-            .collect(),
-        dropped_fields,
-    })
 }
 
 fn is_length_limit(e: &axum::Error) -> bool {

@@ -4,3 +4,4 @@
 pub mod intake;
 pub mod ops;
 pub mod script;
+pub mod sites;

@@ -2,7 +2,9 @@
 
 use axum::extract::State;
 use axum::http::{header, StatusCode};
-use axum::response::IntoResponse;
+use axum::response::{IntoResponse, Response};
+
+use crate::error::error_response;
 
 use crate::server::AppState;
 
@@ -11,12 +13,12 @@ pub async fn healthz() -> &'static str {
     "ok\n"
 }
 
-/// 200 while the collector accepts traffic; 503 while draining or unable to accept durably
-/// (spool full).
-pub async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
+/// 200 while the collector accepts traffic; 503 (with the JSON error body every error answer
+/// has) while draining or unable to accept durably (spool full).
+pub async fn readyz(State(state): State<AppState>) -> Response {
     match state.not_ready_reason() {
-        None => (StatusCode::OK, "ready\n"),
-        Some(reason) => (StatusCode::SERVICE_UNAVAILABLE, reason),
+        None => (StatusCode::OK, "ready\n").into_response(),
+        Some(reason) => error_response(StatusCode::SERVICE_UNAVAILABLE, reason.trim_end()),
     }
 }
 

@@ -223,8 +223,6 @@ impl<'a> TestEnv<'a> {
                 self.stack.clickhouse_urls().join(","),
             ),
             ("COLLECTOR_CLICKHOUSE_DATABASE".into(), self.db.clone()),
-            // Every test client is 127.0.0.1: the per-client rate is tested on its own.
-            ("COLLECTOR_CLIENT_RATE".into(), "0".into()),
         ]
     }
 
@@ -281,16 +279,27 @@ impl<'a> TestEnv<'a> {
     }
 
     /// Waits (up to `limit`) until `ids` are all visible under FINAL on replica 0, then
-    /// returns their rows.
+    /// returns their rows; panics naming the missing ids after `limit`.
     pub async fn wait_rows(&self, ids: &[String], limit: Duration) -> Vec<Value> {
         let start = Instant::now();
         loop {
             let rows = self.rows(ids).await;
-            let mut found: Vec<&str> = rows.iter().filter_map(|r| r["id"].as_str()).collect();
-            found.dedup();
-            if found.len() >= ids.len() || start.elapsed() > limit {
+            let found: std::collections::HashSet<&str> =
+                rows.iter().filter_map(|r| r["id"].as_str()).collect();
+            let missing: Vec<&String> = ids
+                .iter()
+                .filter(|id| !found.contains(id.as_str()))
+                .collect();
+            if missing.is_empty() {
                 return rows;
             }
+            assert!(
+                start.elapsed() < limit,
+                "{} of {} ids not visible in {}.measurements after {limit:?}: {missing:?}",
+                missing.len(),
+                ids.len(),
+                self.db
+            );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
@@ -299,7 +308,7 @@ impl<'a> TestEnv<'a> {
 /// Columns selected by [`TestEnv::rows`]: ids as text, `received_at` as Unix seconds.
 pub const ROW_COLUMNS: &str = "toString(id) AS id, site, url, toUInt32(received_at) AS received_at, ts, referrer, \
     navigation_type, ttfb_ms, fcp_ms, lcp_ms, inp_ms, dom_content_loaded_ms, load_ms, cls, viewport_width, \
-    effective_connection_type, user_agent";
+    effective_connection_type, user_agent, sample_rate";
 
 /// A JSON number or a quoted number (ClickHouse quotes 64-bit integers) as i64.
 pub fn as_i64(v: &Value) -> Option<i64> {
@@ -337,7 +346,7 @@ pub async fn clickhouse_query(url: &str, sql: &str) -> Result<Vec<Value>, String
         .body(body)
         .send()
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| format!("{e:?}"))?;
     let status = resp.status();
     let text = resp.text().await.map_err(|e| e.to_string())?;
     if !status.is_success() {
@@ -362,14 +371,16 @@ pub async fn clickhouse_exec(url: &str, sql: &str) -> Result<(), String> {
     }
 }
 
-/// A shared HTTP client for tests (no pooling surprises: short idle timeout).
+/// A shared HTTP client for tests, without a connection pool: each test has its own tokio
+/// runtime, and a pooled connection's task dies with the runtime that opened it, so reusing
+/// it from another test fails ("runtime dropped the dispatch task").
 pub fn http() -> reqwest::Client {
     static CLIENT: OnceLock<reqwest::Client> = OnceLock::new();
     CLIENT
         .get_or_init(|| {
             reqwest::Client::builder()
                 .timeout(Duration::from_secs(30))
-                .pool_idle_timeout(Duration::from_secs(1))
+                .pool_max_idle_per_host(0)
                 .no_gzip()
                 .build()
                 .unwrap()
@@ -522,24 +533,51 @@ impl Collector {
         (s, v)
     }
 
-    /// The value of a metric line (exact name with labels), or 0.
+    /// The value of a metric line (exact name with labels); panics naming it when `/metrics`
+    /// has no such line (a misspelt name is not 0).
     pub async fn metric(&self, name: &str) -> f64 {
-        let text = http()
+        let text = self.metrics_text().await;
+        metric_value(&text, name).unwrap_or_else(|| {
+            let family = name.split('{').next().unwrap_or(name);
+            panic!(
+                "no metric line {name:?} in /metrics; lines of {family}:\n{}",
+                text.lines()
+                    .filter(|l| l.starts_with(family))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            )
+        })
+    }
+
+    /// The value of a metric line, `None` while it is absent (a labelled series appears with
+    /// its first event): for waiting on one.
+    pub async fn metric_if_present(&self, name: &str) -> Option<f64> {
+        metric_value(&self.metrics_text().await, name)
+    }
+
+    async fn metrics_text(&self) -> String {
+        http()
             .get(format!("{}/metrics", self.url))
             .send()
             .await
-            .unwrap()
+            .expect("GET /metrics")
             .text()
             .await
-            .unwrap();
-        text.lines()
-            .find_map(|l| {
-                l.strip_prefix(name)
-                    .and_then(|rest| rest.strip_prefix(' '))
-                    .and_then(|v| v.trim().parse().ok())
-            })
-            .unwrap_or(0.0)
+            .expect("/metrics body")
     }
+}
+
+/// The value on the line of `name` (exact name with labels) in a metrics text.
+pub fn metric_value(text: &str, name: &str) -> Option<f64> {
+    text.lines().find_map(|l| {
+        l.strip_prefix(name)
+            .and_then(|rest| rest.strip_prefix(' '))
+            .map(|v| {
+                v.trim()
+                    .parse()
+                    .unwrap_or_else(|e| panic!("metric {name}: {v:?}: {e}"))
+            })
+    })
 }
 
 impl Drop for Collector {

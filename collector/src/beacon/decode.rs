@@ -1,0 +1,493 @@
+//! From body bytes to one [`RawBeacon`] per measurement, each field still undecoded.
+//!
+//! The body is read as `JSON.parse` in a browser would read it (contract §2), so that every
+//! fault costs only what it touches:
+//!
+//! - **Text**: the bytes are decoded as the WHATWG "UTF-8 decode" does (a leading byte-order
+//!   mark skipped, an invalid byte replaced by U+FFFD), and bare `NaN`, `Infinity` and
+//!   `-Infinity` tokens in value position, which some JSON encoders write, are quoted so that
+//!   they reach their field as an invalid value.
+//! - **Syntax**: broken JSON syntax (unbalanced brackets, bad tokens, trailing bytes) makes
+//!   the whole body malformed.
+//! - **Values**: each array item, field name and field value is kept as a borrowed
+//!   [`RawValue`], which serde_json skips over without decoding: it checks the number grammar
+//!   but not the range, and a `\u` escape's hex digits but not whether a surrogate is paired
+//!   (`ignore_value`, `ignore_integer`, `ignore_escape` in serde_json 1.0's `de.rs` and
+//!   `read.rs`). So `1e400` or `"\ud83d"` fail only when their own field is decoded
+//!   ([`string`], [`number`], [`integer`]), and that field alone is invalid. Skipping is
+//!   iterative, so an unknown field nested as deep as 64 KiB allow is ignored too.
+//! - **Shape**: only objects are measurements; an array item that is not one is rejected
+//!   alone. A duplicated key takes its last value, as `JSON.parse` does.
+
+use std::borrow::Cow;
+use std::fmt;
+
+use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+use super::{DecodeError, Rejection, MAX_BATCH};
+
+/// The rejection of an array item that is not a JSON object.
+pub const NOT_AN_OBJECT: Rejection = "not a measurement object";
+
+/// The body as text (see the module doc): borrowed unless a byte had to be replaced or a
+/// non-finite token quoted.
+pub fn text(body: &[u8]) -> Cow<'_, str> {
+    let body = body.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(body);
+    let text = String::from_utf8_lossy(body);
+    // Most bodies hold neither token: one search spares them the rewrite's copy.
+    if !text.contains("NaN") && !text.contains("Infinity") {
+        return text;
+    }
+    match non_finite_as_strings(&text) {
+        Some(fixed) => Cow::Owned(fixed),
+        None => text,
+    }
+}
+
+/// Rewrites bare `NaN`, `Infinity` and `-Infinity` tokens outside strings, in value position
+/// (after `:`, `[`, or `,` inside an array; never as an object key), as JSON strings.
+/// `None` when there is none.
+fn non_finite_as_strings(text: &str) -> Option<String> {
+    let body = text.as_bytes();
+    let mut out = Vec::with_capacity(body.len() + 16);
+    let (mut in_string, mut escaped, mut changed, mut i) = (false, false, false, 0);
+    let mut containers = Vec::new();
+    let mut last = 0u8;
+    while i < body.len() {
+        let b = body[i];
+        if in_string {
+            out.push(b);
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => {
+                    in_string = false;
+                    last = b'"';
+                }
+                _ => {}
+            }
+            i += 1;
+            continue;
+        }
+        let rest = &body[i..];
+        let value_position =
+            last == b':' || last == b'[' || (last == b',' && containers.last() == Some(&b'['));
+        if let Some(token) = [&b"-Infinity"[..], b"Infinity", b"NaN"]
+            .into_iter()
+            .find(|t| value_position && rest.starts_with(t))
+        {
+            out.push(b'"');
+            out.extend_from_slice(token);
+            out.push(b'"');
+            i += token.len();
+            changed = true;
+            last = b'"';
+            continue;
+        }
+        match b {
+            b'{' | b'[' => containers.push(b),
+            b'}' | b']' => {
+                containers.pop();
+            }
+            _ => {}
+        }
+        if !b.is_ascii_whitespace() {
+            last = b;
+        }
+        in_string = b == b'"';
+        out.push(b);
+        i += 1;
+    }
+    // Only ASCII tokens were inserted between whole UTF-8 sequences.
+    changed.then(|| String::from_utf8(out).expect("still UTF-8"))
+}
+
+/// One measurement object with its known fields undecoded; unknown fields are skipped.
+/// A field sent as `null` is absent.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct RawBeacon<'a> {
+    /// `id`.
+    pub id: Option<&'a RawValue>,
+    /// `site`.
+    pub site: Option<&'a RawValue>,
+    /// `url`.
+    pub url: Option<&'a RawValue>,
+    /// `ts`.
+    pub ts: Option<&'a RawValue>,
+    /// `referrer`.
+    pub referrer: Option<&'a RawValue>,
+    /// `navigation_type`.
+    pub navigation_type: Option<&'a RawValue>,
+    /// `ttfb_ms`.
+    pub ttfb_ms: Option<&'a RawValue>,
+    /// `fcp_ms`.
+    pub fcp_ms: Option<&'a RawValue>,
+    /// `lcp_ms`.
+    pub lcp_ms: Option<&'a RawValue>,
+    /// `inp_ms`.
+    pub inp_ms: Option<&'a RawValue>,
+    /// `dom_content_loaded_ms`.
+    pub dom_content_loaded_ms: Option<&'a RawValue>,
+    /// `load_ms`.
+    pub load_ms: Option<&'a RawValue>,
+    /// `cls`.
+    pub cls: Option<&'a RawValue>,
+    /// `viewport_width`.
+    pub viewport_width: Option<&'a RawValue>,
+    /// `effective_connection_type`.
+    pub effective_connection_type: Option<&'a RawValue>,
+}
+
+impl<'a> RawBeacon<'a> {
+    /// Keeps `value` under `key` when the key names a known field (the last duplicate wins).
+    fn set(&mut self, key: &str, value: &'a RawValue) {
+        let slot = match key {
+            "id" => &mut self.id,
+            "site" => &mut self.site,
+            "url" => &mut self.url,
+            "ts" => &mut self.ts,
+            "referrer" => &mut self.referrer,
+            "navigation_type" => &mut self.navigation_type,
+            "ttfb_ms" => &mut self.ttfb_ms,
+            "fcp_ms" => &mut self.fcp_ms,
+            "lcp_ms" => &mut self.lcp_ms,
+            "inp_ms" => &mut self.inp_ms,
+            "dom_content_loaded_ms" => &mut self.dom_content_loaded_ms,
+            "load_ms" => &mut self.load_ms,
+            "cls" => &mut self.cls,
+            "viewport_width" => &mut self.viewport_width,
+            "effective_connection_type" => &mut self.effective_connection_type,
+            _ => return,
+        };
+        *slot = (value.get() != "null").then_some(value);
+    }
+
+    fn from_map<A: MapAccess<'a>>(mut map: A) -> Result<Self, A::Error> {
+        let mut beacon = RawBeacon::default();
+        while let Some(key) = map.next_key::<&'a RawValue>()? {
+            let value = map.next_value::<&'a RawValue>()?;
+            // A key that does not decode (a lone surrogate) is no known field's name.
+            if let Field::Valid(key) = string(key) {
+                beacon.set(&key, value);
+            }
+        }
+        Ok(beacon)
+    }
+}
+
+impl<'de> Deserialize<'de> for RawBeacon<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct ObjectVisitor;
+        impl<'de> Visitor<'de> for ObjectVisitor {
+            type Value = RawBeacon<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a measurement object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+                RawBeacon::from_map(map)
+            }
+        }
+        d.deserialize_map(ObjectVisitor)
+    }
+}
+
+/// A decoded body element: a measurement object, or the reason it is not one.
+pub type Item<'a> = Result<RawBeacon<'a>, Rejection>;
+
+/// Parses body text (from [`text`]) into at most [`MAX_BATCH`] items.
+///
+/// Errors: empty body, broken JSON syntax, trailing bytes, a top level that is neither object
+/// nor array, an empty array, or more than [`MAX_BATCH`] elements.
+pub fn parse(text: &str) -> Result<Vec<Item<'_>>, DecodeError> {
+    if text.trim_start().is_empty() {
+        return Err(DecodeError::Malformed("empty body".into()));
+    }
+    let top = serde_json::from_str::<Top>(text)
+        .map_err(|e| DecodeError::Malformed(format!("invalid JSON: {e}")))?;
+    match top {
+        Top::Items(items) => Ok(items),
+        Top::EmptyArray => Err(DecodeError::Malformed("empty array".into())),
+        Top::TooMany => Err(DecodeError::Malformed(format!(
+            "more than {MAX_BATCH} measurements"
+        ))),
+    }
+}
+
+/// The top-level value of a body.
+enum Top<'a> {
+    /// One object, or an array of 1 to [`MAX_BATCH`] items.
+    Items(Vec<Item<'a>>),
+    EmptyArray,
+    TooMany,
+}
+
+impl<'de> Deserialize<'de> for Top<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct TopVisitor;
+        impl<'de> Visitor<'de> for TopVisitor {
+            type Value = Top<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a measurement object or an array of them")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Top<'de>, A::Error> {
+                RawBeacon::from_map(map).map(|b| Top::Items(vec![Ok(b)]))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Top<'de>, A::Error> {
+                let mut items = Vec::new();
+                // Each item is skipped first: a number item beyond f64 or a string item with
+                // a lone surrogate must cost only that item, and only a skipped value can.
+                while let Some(raw) = seq.next_element::<&'de RawValue>()? {
+                    if items.len() == MAX_BATCH {
+                        // Still consume the rest so that broken syntax is reported first.
+                        while seq.next_element::<&'de RawValue>()?.is_some() {}
+                        return Ok(Top::TooMany);
+                    }
+                    let item = if raw.get().starts_with('{') {
+                        // Syntax was checked while skipping: this cannot fail.
+                        Ok(serde_json::from_str::<RawBeacon>(raw.get())
+                            .map_err(de::Error::custom)?)
+                    } else {
+                        Err(NOT_AN_OBJECT)
+                    };
+                    items.push(item);
+                }
+                Ok(if items.is_empty() {
+                    Top::EmptyArray
+                } else {
+                    Top::Items(items)
+                })
+            }
+        }
+        d.deserialize_any(TopVisitor)
+    }
+}
+
+/// One field's value after decoding.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Field<T> {
+    /// Not sent, or `null`.
+    Absent,
+    /// Of the field's JSON type and decodable.
+    Valid(T),
+    /// Of another type, or a fault inside the value (beyond f64, a lone surrogate).
+    Invalid,
+}
+
+impl<T> Field<T> {
+    /// Keeps a valid value only if `ok` holds for it.
+    pub fn check(self, ok: impl FnOnce(&T) -> bool) -> Field<T> {
+        match self {
+            Field::Valid(v) if !ok(&v) => Field::Invalid,
+            other => other,
+        }
+    }
+
+    /// Turns a valid value into another, or into an invalid field where `f` gives `None`.
+    pub fn then<U>(self, f: impl FnOnce(T) -> Option<U>) -> Field<U> {
+        match self {
+            Field::Valid(v) => f(v).map_or(Field::Invalid, Field::Valid),
+            Field::Absent => Field::Absent,
+            Field::Invalid => Field::Invalid,
+        }
+    }
+}
+
+/// Decodes a JSON string, borrowing it when it has no escape.
+pub fn string(raw: &RawValue) -> Field<Cow<'_, str>> {
+    let text = raw.get();
+    if !text.starts_with('"') {
+        return Field::Invalid;
+    }
+    if !text.contains('\\') {
+        return Field::Valid(Cow::Borrowed(&text[1..text.len() - 1]));
+    }
+    match serde_json::from_str::<String>(text) {
+        Ok(s) => Field::Valid(Cow::Owned(s)),
+        Err(_) => Field::Invalid,
+    }
+}
+
+/// Decodes a JSON number as f64; a number beyond f64's range is invalid.
+pub fn number(raw: &RawValue) -> Field<f64> {
+    let text = raw.get();
+    if !text.starts_with(|c: char| c == '-' || c.is_ascii_digit()) {
+        return Field::Invalid;
+    }
+    match serde_json::from_str::<f64>(text) {
+        Ok(x) if x.is_finite() => Field::Valid(x),
+        _ => Field::Invalid,
+    }
+}
+
+/// Decodes a JSON number with no fractional part, in any spelling (`1280`, `1280.0`,
+/// `1.28e3`): JavaScript has one number type, and `Number.isInteger(1280.0)` holds.
+pub fn integer(raw: &RawValue) -> Field<i64> {
+    // Exact first, so that integers beyond 2^53 written as such are not rounded.
+    if let Ok(n) = serde_json::from_str::<i64>(raw.get()) {
+        return Field::Valid(n);
+    }
+    match number(raw) {
+        // i64::MAX as f64 is 2^63, itself out of range: the bound is exclusive.
+        Field::Valid(x) if x.fract() == 0.0 && x >= i64::MIN as f64 && x < i64::MAX as f64 => {
+            Field::Valid(x as i64)
+        }
+        Field::Absent => Field::Absent,
+        _ => Field::Invalid,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raw(json: &str) -> Box<RawValue> {
+        RawValue::from_string(json.to_owned()).unwrap()
+    }
+
+    #[test]
+    fn text_is_read_as_a_browser_reads_it() {
+        assert_eq!(text(b"\xEF\xBB\xBF{}"), "{}");
+        assert!(matches!(text(b"{\"a\":1}"), Cow::Borrowed(_)));
+        assert_eq!(text(b"{\"a\":\"x\xffy\"}"), "{\"a\":\"x\u{FFFD}y\"}");
+        assert_eq!(
+            text(b"{\"a\":NaN,\"b\":[Infinity,-Infinity],\"NaN\":\"NaN\"}"),
+            "{\"a\":\"NaN\",\"b\":[\"Infinity\",\"-Infinity\"],\"NaN\":\"NaN\"}"
+        );
+        assert!(matches!(text(b"{\"u\":\"/NaN\"}"), Cow::Borrowed(_)));
+    }
+
+    #[test]
+    fn strings() {
+        assert_eq!(string(&raw(r#""abc""#)), Field::Valid("abc".into()));
+        assert_eq!(
+            string(&raw(r#""a\"b\u00fc""#)),
+            Field::Valid("a\"bü".into())
+        );
+        assert_eq!(
+            string(&raw(r#""\ud83d\ude00""#)),
+            Field::Valid("\u{1F600}".into())
+        );
+        assert_eq!(string(&raw(r#""cut \ud83d""#)), Field::Invalid);
+        assert_eq!(string(&raw(r#""\ude00 alone""#)), Field::Invalid);
+        assert_eq!(string(&raw("12")), Field::Invalid);
+        assert_eq!(string(&raw("[\"a\"]")), Field::Invalid);
+    }
+
+    #[test]
+    fn numbers() {
+        assert_eq!(number(&raw("12.5")), Field::Valid(12.5));
+        assert_eq!(number(&raw("-0")), Field::Valid(0.0));
+        assert_eq!(number(&raw("1e400")), Field::Invalid);
+        assert_eq!(number(&raw("-1e400")), Field::Invalid);
+        assert_eq!(number(&raw("1e-400")), Field::Valid(0.0));
+        assert_eq!(number(&raw("\"12\"")), Field::Invalid);
+        assert_eq!(number(&raw("\"NaN\"")), Field::Invalid);
+        assert_eq!(number(&raw("true")), Field::Invalid);
+    }
+
+    #[test]
+    fn integers_in_any_spelling() {
+        for spelling in ["1280", "1280.0", "1.28e3", "128000e-2", "1280.000"] {
+            assert_eq!(integer(&raw(spelling)), Field::Valid(1280), "{spelling}");
+        }
+        assert_eq!(integer(&raw("-0.0")), Field::Valid(0));
+        assert_eq!(
+            integer(&raw("9007199254740993")),
+            Field::Valid(9_007_199_254_740_993),
+            "exact beyond 2^53"
+        );
+        for bad in ["1280.5", "1e400", "1e19", "\"1280\"", "[1280]"] {
+            assert_eq!(integer(&raw(bad)), Field::Invalid, "{bad}");
+        }
+    }
+
+    #[test]
+    fn keys_last_duplicate_wins_and_null_is_absent() {
+        let items = parse(r#"{"lcp_ms":1,"lcp_ms":2,"fcp_ms":3,"fcp_ms":null}"#).unwrap();
+        let b = items[0].as_ref().unwrap();
+        assert_eq!(b.lcp_ms.unwrap().get(), "2");
+        assert!(b.fcp_ms.is_none());
+        let items = parse(r#"{"lcp\u005fms":4,"\ud800":1}"#).unwrap();
+        assert_eq!(
+            items[0].as_ref().unwrap().lcp_ms.unwrap().get(),
+            "4",
+            "an escaped key names its field"
+        );
+    }
+
+    #[test]
+    fn faults_inside_values_do_not_break_the_body() {
+        let items =
+            parse(r#"[{"lcp_ms":1e400,"referrer":"\ud83d"}, 1e400, "\udc00", [1], {}]"#).unwrap();
+        assert_eq!(items.len(), 5);
+        let first = items[0].as_ref().unwrap();
+        assert_eq!(first.lcp_ms.unwrap().get(), "1e400");
+        assert_eq!(first.referrer.unwrap().get(), r#""\ud83d""#);
+        for item in &items[1..4] {
+            assert_eq!(item.as_ref().unwrap_err(), &NOT_AN_OBJECT);
+        }
+        assert!(items[4].is_ok());
+    }
+
+    #[test]
+    fn deep_unknown_fields_are_skipped() {
+        let depth = 20_000;
+        let deep = format!(
+            "{{\"x\":{}{},\"lcp_ms\":5}}",
+            "[".repeat(depth),
+            "]".repeat(depth)
+        );
+        let items = parse(&deep).unwrap();
+        assert_eq!(items[0].as_ref().unwrap().lcp_ms.unwrap().get(), "5");
+        let deep_item = format!("[{}{},{{}}]", "[".repeat(depth), "]".repeat(depth));
+        let items = parse(&deep_item).unwrap();
+        assert_eq!(items[0].as_ref().unwrap_err(), &NOT_AN_OBJECT);
+        assert!(items[1].is_ok());
+    }
+
+    #[test]
+    fn broken_syntax_is_malformed() {
+        for bad in [
+            "",
+            "  \n",
+            "[]",
+            "{} x",
+            "{}{}",
+            "{\"a\":",
+            "[{}",
+            "{\"a\":1,}",
+            "{\"a\" 1}",
+            "{'a':1}",
+            "{\"a\":tru}",
+            "{\"a\":01}",
+            "{\"a\":\"\\x\"}",
+            "{\"a\":\"raw\ncontrol\"}",
+            "{\"a\":1,NaN:1}",
+            "{NaN:1}",
+            "42",
+            "\"x\"",
+            "null",
+        ] {
+            assert!(
+                matches!(parse(&text(bad.as_bytes())), Err(DecodeError::Malformed(_))),
+                "{bad:?}"
+            );
+        }
+        assert!(parse("{} \n").is_ok(), "trailing whitespace is not garbage");
+    }
+
+    #[test]
+    fn at_most_fifty() {
+        let fifty = format!("[{}]", vec!["{}"; MAX_BATCH].join(","));
+        assert_eq!(parse(&fifty).unwrap().len(), MAX_BATCH);
+        let fifty_one = format!("[{}]", vec!["{}"; MAX_BATCH + 1].join(","));
+        assert!(matches!(parse(&fifty_one), Err(DecodeError::Malformed(_))));
+        let fifty_one_broken = format!("[{},]", vec!["{}"; MAX_BATCH + 1].join(","));
+        assert!(parse(&fifty_one_broken)
+            .unwrap_err()
+            .to_string()
+            .contains("invalid JSON"));
+    }
+}

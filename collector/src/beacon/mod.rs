@@ -1,0 +1,702 @@
+//! Beacon decoding and validation: request body bytes in, [`Measurement`]s out.
+//!
+//! Pure functions with no I/O, so every rule of the contract (§2, `POST /api/v1/measurements`)
+//! is unit-tested here:
+//! - [`media`]: the content type and coding, and gzip inflated with the [`MAX_BODY_BYTES`]
+//!   limit enforced while inflating, so a gzip bomb costs at most that much memory;
+//! - [`decode`]: the body as `JSON.parse` reads it, one object or an array of at most
+//!   [`MAX_BATCH`], each field kept undecoded so that a fault inside one value (beyond f64, a
+//!   lone surrogate) costs only that field;
+//! - [`validate`]: a missing or invalid required field rejects that measurement; an invalid
+//!   optional field is dropped and listed, and the rest of the measurement is kept.
+
+pub mod decode;
+pub mod media;
+
+use std::borrow::Cow;
+
+use serde_json::value::RawValue;
+use url::Url;
+use uuid::Uuid;
+
+use crate::measurement::{Measurement, MAX_USER_AGENT_BYTES};
+pub use decode::{parse, text, Field, Item, RawBeacon};
+pub use media::{content_type_ok, encoding, inflate, Encoding};
+
+/// Largest accepted body, in bytes, after decompression (contract §2: 64 KiB).
+pub const MAX_BODY_BYTES: usize = 64 * 1024;
+/// Most measurements in one array body (contract §2).
+pub const MAX_BATCH: usize = 50;
+/// Longest stored `url` and `referrer`, in bytes (contract §2).
+pub const MAX_URL_BYTES: usize = 2048;
+/// Upper bound of every `*_ms` metric: one hour, in milliseconds (contract §2).
+pub const MAX_MS: f64 = 3_600_000.0;
+/// Upper bound of `cls` (contract §2).
+pub const MAX_CLS: f64 = 100.0;
+/// Upper bound of `viewport_width`, CSS pixels (contract §2).
+pub const MAX_VIEWPORT_WIDTH: i64 = 100_000;
+/// A `ts` this far ahead of `received_at` is skewed: 5 minutes, in milliseconds (contract §2).
+pub const MAX_TS_AHEAD_MS: i64 = 5 * 60 * 1000;
+/// A `ts` this far behind `received_at` is skewed: 7 days, in milliseconds (contract §2).
+pub const MAX_TS_BEHIND_MS: i64 = 7 * 24 * 60 * 60 * 1000;
+
+/// Stored `navigation_type` values (contract §2): the Navigation Timing `type` values plus
+/// `back_forward_cache`, `prerender` and `restore`, as the `web-vitals` library reports them.
+pub const NAVIGATION_TYPES: [&str; 6] = [
+    "navigate",
+    "reload",
+    "back_forward",
+    "back_forward_cache",
+    "prerender",
+    "restore",
+];
+/// Spellings of the `web-vitals` library (its `navigationType`) and what is stored for them.
+pub const NAVIGATION_TYPE_ALIASES: [(&str, &str); 2] = [
+    ("back-forward", "back_forward"),
+    ("back-forward-cache", "back_forward_cache"),
+];
+/// Allowed `effective_connection_type` values (Network Information API, WICG).
+pub const CONNECTION_TYPES: [&str; 4] = ["slow-2g", "2g", "3g", "4g"];
+
+/// Why a body could not be decoded at all. Each maps to one HTTP status in `error`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    /// More than [`MAX_BODY_BYTES`] (after inflating): 413.
+    #[error("body larger than {MAX_BODY_BYTES} bytes")]
+    TooLarge,
+    /// Broken JSON syntax, empty, trailing bytes, broken gzip, more than [`MAX_BATCH`]: 400.
+    #[error("{0}")]
+    Malformed(String),
+}
+
+/// Request context a measurement is completed with.
+#[derive(Debug, Clone, Copy)]
+pub struct Context<'a> {
+    /// Server receive time, milliseconds since the Unix epoch.
+    pub received_at_ms: i64,
+    /// The user agent as stored ([`user_agent`]).
+    pub user_agent: &'a str,
+}
+
+/// A measurement that passed validation, with what was dropped on the way.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Valid {
+    /// The row to store. Its `sample_rate` is 1 until intake sets the site's.
+    pub measurement: Measurement,
+    /// Names of the optional fields that were present but invalid, and dropped.
+    pub dropped: Vec<&'static str>,
+    /// Whether a present `ts` was outside the accepted skew and stored as NULL.
+    pub clock_skewed: bool,
+}
+
+/// Why a measurement was rejected; the `&'static str` is the error listed in `rejected`
+/// and the `reason` label of `collector_measurements_rejected_total`.
+pub type Rejection = &'static str;
+
+/// Validates one body element against the field rules of the contract (§2).
+///
+/// Errors (rejections): `not a measurement object`, `missing id`, `invalid id`, `missing site`,
+/// `invalid site`, `missing url`, `invalid url`.
+pub fn validate(item: Item<'_>, ctx: &Context<'_>) -> Result<Valid, Rejection> {
+    let raw = item?;
+    let id = required(raw.id, "missing id", "invalid id")?;
+    let id = match Uuid::try_parse(&id) {
+        Ok(id) if !id.is_nil() => id,
+        _ => return Err("invalid id"),
+    };
+    let site = required(raw.site, "missing site", "invalid site")?;
+    if !is_site_key(&site) {
+        return Err("invalid site");
+    }
+    let url = required(raw.url, "missing url", "invalid url")?;
+    let url = normalise_url(&url).ok_or("invalid url")?;
+
+    let mut dropped = Dropped(Vec::new());
+    let integer = |value: Option<&RawValue>| value.map_or(Field::Absent, decode::integer);
+    let number = |value: Option<&RawValue>, max: f64| {
+        value
+            .map_or(Field::Absent, decode::number)
+            .check(|x| (0.0..=max).contains(x))
+    };
+
+    let ts = dropped.keep("ts", integer(raw.ts));
+    let referrer = dropped.keep(
+        "referrer",
+        optional_text(raw.referrer).then(|r| normalise_url(&r)),
+    );
+    let navigation_type = dropped.keep(
+        "navigation_type",
+        optional_text(raw.navigation_type).then(|t| navigation_type(&t)),
+    );
+    let ttfb_ms = dropped.keep("ttfb_ms", number(raw.ttfb_ms, MAX_MS));
+    let fcp_ms = dropped.keep("fcp_ms", number(raw.fcp_ms, MAX_MS));
+    let lcp_ms = dropped.keep("lcp_ms", number(raw.lcp_ms, MAX_MS));
+    let inp_ms = dropped.keep("inp_ms", number(raw.inp_ms, MAX_MS));
+    let dom_content_loaded_ms = dropped.keep(
+        "dom_content_loaded_ms",
+        number(raw.dom_content_loaded_ms, MAX_MS),
+    );
+    let load_ms = dropped.keep("load_ms", number(raw.load_ms, MAX_MS));
+    let cls = dropped.keep("cls", number(raw.cls, MAX_CLS));
+    let viewport_width = dropped
+        .keep(
+            "viewport_width",
+            integer(raw.viewport_width).check(|x| (0..=MAX_VIEWPORT_WIDTH).contains(x)),
+        )
+        .map(|x| x as u32);
+    let effective_connection_type = dropped.keep(
+        "effective_connection_type",
+        optional_text(raw.effective_connection_type).check(|t| CONNECTION_TYPES.contains(&&**t)),
+    );
+
+    let skewed = |t: i64| {
+        t > ctx.received_at_ms.saturating_add(MAX_TS_AHEAD_MS)
+            || t < ctx.received_at_ms.saturating_sub(MAX_TS_BEHIND_MS)
+    };
+    let clock_skewed = ts.is_some_and(skewed);
+    let ts = ts.filter(|t| !skewed(*t));
+
+    Ok(Valid {
+        measurement: Measurement {
+            id,
+            site: site.into_owned(),
+            received_at: (ctx.received_at_ms.max(0) / 1000).min(u32::MAX as i64) as u32,
+            url,
+            ts,
+            referrer,
+            navigation_type: navigation_type.map(str::to_owned),
+            ttfb_ms,
+            fcp_ms,
+            lcp_ms,
+            inp_ms,
+            dom_content_loaded_ms,
+            load_ms,
+            cls,
+            viewport_width,
+            effective_connection_type: effective_connection_type.map(Cow::into_owned),
+            user_agent: ctx.user_agent.to_owned(),
+            sample_rate: 1.0,
+        },
+        dropped: dropped.0,
+        clock_skewed,
+    })
+}
+
+/// A required string field: missing when absent or `null`.
+fn required<'a>(
+    value: Option<&'a RawValue>,
+    missing: Rejection,
+    invalid: Rejection,
+) -> Result<Cow<'a, str>, Rejection> {
+    match optional_text(value) {
+        Field::Absent => Err(missing),
+        Field::Valid(s) => Ok(s),
+        Field::Invalid => Err(invalid),
+    }
+}
+
+/// An optional string field.
+fn optional_text(value: Option<&RawValue>) -> Field<Cow<'_, str>> {
+    value.map_or(Field::Absent, decode::string)
+}
+
+/// The optional fields dropped so far, in the order they were judged.
+struct Dropped(Vec<&'static str>);
+
+impl Dropped {
+    /// The value of a valid field; an invalid one is listed under `name`.
+    fn keep<T>(&mut self, name: &'static str, field: Field<T>) -> Option<T> {
+        match field {
+            Field::Absent => None,
+            Field::Valid(v) => Some(v),
+            Field::Invalid => {
+                self.0.push(name);
+                None
+            }
+        }
+    }
+}
+
+/// The stored form of a `navigation_type` value (see [`NAVIGATION_TYPE_ALIASES`]), if it is
+/// one.
+pub fn navigation_type(value: &str) -> Option<&'static str> {
+    NAVIGATION_TYPES
+        .into_iter()
+        .find(|t| *t == value)
+        .or_else(|| {
+            NAVIGATION_TYPE_ALIASES
+                .into_iter()
+                .find_map(|(alias, stored)| (alias == value).then_some(stored))
+        })
+}
+
+/// A site key: an opaque, case-sensitive string of 1 to 64 characters from `A-Za-z0-9._-`
+/// (contract §2).
+pub fn is_site_key(s: &str) -> bool {
+    (1..=64).contains(&s.len())
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+/// Normalises a page URL (also a referrer) by the WHATWG URL Standard (the `url` crate
+/// implements it), so that a raw UTF-8 path and its percent-encoded form are one URL; drops
+/// the fragment and any `user:password@`. `None` unless it is an absolute `http`/`https` URL
+/// with a host whose stored form fits [`MAX_URL_BYTES`] (what was sent may be longer, e.g. by
+/// a long fragment: the limit is on what is stored).
+pub fn normalise_url(s: &str) -> Option<String> {
+    let mut url = Url::parse(s).ok()?;
+    if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none_or(str::is_empty) {
+        return None;
+    }
+    url.set_fragment(None);
+    url.set_username("").ok()?;
+    url.set_password(None).ok()?;
+    let url: String = url.into();
+    (url.len() <= MAX_URL_BYTES).then_some(url)
+}
+
+/// The user agent as stored (contract §2): the `User-Agent` header's bytes as UTF-8, an invalid
+/// byte replaced by U+FFFD, cut at [`MAX_USER_AGENT_BYTES`] on a character boundary; empty
+/// without the header.
+pub fn user_agent(header: Option<&[u8]>) -> String {
+    let Some(bytes) = header else {
+        return String::new();
+    };
+    // Cut the bytes first so that a huge header is not decoded whole; the lossy form can
+    // only be longer, so it is cut again.
+    let head = &bytes[..bytes.len().min(MAX_USER_AGENT_BYTES)];
+    truncate(&String::from_utf8_lossy(head), MAX_USER_AGENT_BYTES).to_owned()
+}
+
+fn truncate(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NOW: i64 = 1_780_000_000_000;
+    const ID: &str = "7f1c2a3e-9b4d-4c6e-8f00-123456789abc";
+
+    fn ctx() -> Context<'static> {
+        Context {
+            received_at_ms: NOW,
+            user_agent: "UA/1.0",
+        }
+    }
+
+    fn one(json: &str) -> Result<Valid, Rejection> {
+        let text = text(json.as_bytes());
+        let mut items = parse(&text).expect("parses");
+        assert_eq!(items.len(), 1);
+        validate(items.remove(0), &ctx())
+    }
+
+    fn with(extra: &str) -> String {
+        format!(r#"{{"id":"{ID}","site":"shop-1","url":"https://shop.example/p?x=1"{extra}}}"#)
+    }
+
+    #[test]
+    fn full_measurement_keeps_every_value() {
+        let v = one(&with(
+            r#","ts":1779999999000,"referrer":"https://google.com/","navigation_type":"reload",
+            "ttfb_ms":12.5,"fcp_ms":100,"lcp_ms":250.25,"inp_ms":40,"dom_content_loaded_ms":300,
+            "load_ms":900,"cls":0.12,"viewport_width":390,"effective_connection_type":"4g","extra":[1]"#,
+        ))
+        .unwrap();
+        let m = v.measurement;
+        assert_eq!(m.id.to_string(), ID);
+        assert_eq!(m.site, "shop-1");
+        assert_eq!(m.url, "https://shop.example/p?x=1");
+        assert_eq!(m.received_at, (NOW / 1000) as u32);
+        assert_eq!(m.ts, Some(1_779_999_999_000));
+        assert_eq!(m.referrer.as_deref(), Some("https://google.com/"));
+        assert_eq!(m.navigation_type.as_deref(), Some("reload"));
+        assert_eq!(
+            (m.ttfb_ms, m.fcp_ms, m.lcp_ms, m.inp_ms),
+            (Some(12.5), Some(100.0), Some(250.25), Some(40.0))
+        );
+        assert_eq!(
+            (m.dom_content_loaded_ms, m.load_ms, m.cls),
+            (Some(300.0), Some(900.0), Some(0.12))
+        );
+        assert_eq!(m.viewport_width, Some(390));
+        assert_eq!(m.effective_connection_type.as_deref(), Some("4g"));
+        assert_eq!(m.user_agent, "UA/1.0");
+        assert!(v.dropped.is_empty());
+        assert!(!v.clock_skewed);
+    }
+
+    #[test]
+    fn required_fields() {
+        assert_eq!(
+            one(r#"{"site":"s","url":"https://a.b/"}"#),
+            Err("missing id")
+        );
+        assert_eq!(
+            one(&format!(r#"{{"id":"{ID}","url":"https://a.b/"}}"#)),
+            Err("missing site")
+        );
+        assert_eq!(
+            one(&format!(r#"{{"id":"{ID}","site":"s"}}"#)),
+            Err("missing url")
+        );
+        assert_eq!(
+            one(r#"{"id":"nope","site":"s","url":"https://a.b/"}"#),
+            Err("invalid id")
+        );
+        assert_eq!(
+            one(r#"{"id":12,"site":"s","url":"https://a.b/"}"#),
+            Err("invalid id")
+        );
+        assert_eq!(
+            one(r#"{"id":"00000000-0000-0000-0000-000000000000","site":"s","url":"https://a.b/"}"#),
+            Err("invalid id")
+        );
+        for site in ["", "has space", "ü", &"x".repeat(65)] {
+            assert_eq!(
+                one(&format!(
+                    r#"{{"id":"{ID}","site":"{site}","url":"https://a.b/"}}"#
+                )),
+                Err("invalid site")
+            );
+        }
+        for url in [
+            "/relative",
+            "ftp://a.b/",
+            "javascript:alert(1)",
+            "https://",
+            &format!("https://a.b/{}", "x".repeat(2048)),
+        ] {
+            assert_eq!(
+                one(&format!(r#"{{"id":"{ID}","site":"s","url":"{url}"}}"#)),
+                Err("invalid url"),
+                "{url}"
+            );
+        }
+    }
+
+    #[test]
+    fn id_is_stored_canonical() {
+        let upper = ID.to_uppercase();
+        let v = one(&format!(
+            r#"{{"id":"{upper}","site":"s","url":"https://a.b/"}}"#
+        ))
+        .unwrap();
+        assert_eq!(v.measurement.id.to_string(), ID);
+    }
+
+    #[test]
+    fn url_normalisation() {
+        assert_eq!(
+            normalise_url("HTTPS://User:Pw@Shop.Example:443/a b/ü?q=1#frag").unwrap(),
+            "https://shop.example/a%20b/%C3%BC?q=1"
+        );
+        assert_eq!(
+            normalise_url("https://shop.example/%C3%BC").unwrap(),
+            normalise_url("https://shop.example/ü").unwrap()
+        );
+        assert_eq!(
+            normalise_url("http://shop.example").unwrap(),
+            "http://shop.example/"
+        );
+        assert_eq!(
+            normalise_url("https://shop.example/a/../b").unwrap(),
+            "https://shop.example/b"
+        );
+    }
+
+    #[test]
+    fn invalid_optional_fields_are_dropped_and_listed() {
+        let v = one(&with(
+            r#","lcp_ms":-1,"fcp_ms":1e20,"ttfb_ms":"12","cls":101,"viewport_width":1.5,
+            "navigation_type":"teleport","effective_connection_type":"5g","referrer":7,"inp_ms":3600000,
+            "ts":"1779999999000""#,
+        ))
+        .unwrap();
+        assert_eq!(
+            v.dropped,
+            [
+                "ts",
+                "referrer",
+                "navigation_type",
+                "ttfb_ms",
+                "fcp_ms",
+                "lcp_ms",
+                "cls",
+                "viewport_width",
+                "effective_connection_type"
+            ]
+        );
+        assert_eq!(v.measurement.lcp_ms, None);
+        assert_eq!(
+            v.measurement.inp_ms,
+            Some(3_600_000.0),
+            "the bound itself is allowed"
+        );
+    }
+
+    #[test]
+    fn epoch_sized_lcp_is_dropped() {
+        let v = one(&with(r#","lcp_ms":1780000000000,"fcp_ms":5"#)).unwrap();
+        assert_eq!(v.dropped, ["lcp_ms"]);
+        assert_eq!(v.measurement.fcp_ms, Some(5.0));
+    }
+
+    #[test]
+    fn nan_and_infinity_tokens_cost_only_their_field() {
+        let v = one(&with(r#","lcp_ms":NaN,"fcp_ms":Infinity,"inp_ms":-Infinity,"referrer":"https://ref.example/NaN?Infinity","ttfb_ms":3"#)).unwrap();
+        assert_eq!(v.dropped, ["fcp_ms", "lcp_ms", "inp_ms"]);
+        assert_eq!(
+            v.measurement.referrer.as_deref(),
+            Some("https://ref.example/NaN?Infinity")
+        );
+        assert_eq!(v.measurement.ttfb_ms, Some(3.0));
+        let v = one(&with(r#","lcp_ms":[NaN, Infinity],"navigation_type":NaN"#)).unwrap();
+        assert_eq!(v.dropped, ["navigation_type", "lcp_ms"]);
+    }
+
+    #[test]
+    fn null_optional_is_absent_not_dropped() {
+        let v = one(&with(r#","lcp_ms":null"#)).unwrap();
+        assert!(v.dropped.is_empty());
+        assert_eq!(v.measurement.lcp_ms, None);
+    }
+
+    #[test]
+    fn clock_skew() {
+        let ahead = one(&with(&format!(r#","ts":{}"#, NOW + MAX_TS_AHEAD_MS + 1))).unwrap();
+        assert!(ahead.clock_skewed);
+        assert_eq!(ahead.measurement.ts, None);
+        let seconds = one(&with(&format!(r#","ts":{}"#, NOW / 1000))).unwrap();
+        assert!(
+            seconds.clock_skewed,
+            "a ts in seconds is 1970 in milliseconds"
+        );
+        assert_eq!(seconds.measurement.ts, None);
+        assert!(seconds.dropped.is_empty());
+        let edge = one(&with(&format!(r#","ts":{}"#, NOW - MAX_TS_BEHIND_MS))).unwrap();
+        assert_eq!(edge.measurement.ts, Some(NOW - MAX_TS_BEHIND_MS));
+        let float = one(&with(r#","ts":1.5"#)).unwrap();
+        assert_eq!(float.dropped, ["ts"]);
+    }
+
+    /// Issue 13, kind 1: a fault that JSON parsers report inside one value (beyond f64, a lone
+    /// surrogate escape) costs that field, or the measurement if the field is required.
+    #[test]
+    fn a_fault_inside_a_value_costs_only_its_field() {
+        let v = one(&with(
+            r#","lcp_ms":1e400,"cls":-1e400,"referrer":"https://ref.example/q=\ud83d","fcp_ms":7,
+            "effective_connection_type":"\udc00","ts":1e400"#,
+        ))
+        .unwrap();
+        assert_eq!(
+            v.dropped,
+            [
+                "ts",
+                "referrer",
+                "lcp_ms",
+                "cls",
+                "effective_connection_type"
+            ]
+        );
+        assert_eq!(v.measurement.fcp_ms, Some(7.0));
+        assert_eq!(v.measurement.url, "https://shop.example/p?x=1");
+        assert_eq!(
+            one(&format!(
+                r#"{{"id":"{ID}","site":"s","url":"https://a.example/\ud83d"}}"#
+            )),
+            Err("invalid url"),
+            "a required field with a fault rejects its measurement"
+        );
+        assert_eq!(
+            one(&format!(
+                r#"{{"id":"{ID}","site":"s\ud83d","url":"https://a.b/"}}"#
+            )),
+            Err("invalid site")
+        );
+        // A paired surrogate is a character, not a fault.
+        let v = one(&with(r#","referrer":"https://ref.example/\ud83d\ude00""#)).unwrap();
+        assert_eq!(
+            v.measurement.referrer.as_deref(),
+            Some("https://ref.example/%F0%9F%98%80")
+        );
+    }
+
+    /// Issue 13, kind 1: a duplicated key takes its last value, as `JSON.parse` does.
+    #[test]
+    fn a_duplicated_key_takes_its_last_value() {
+        let v = one(&with(
+            r#","lcp_ms":1,"lcp_ms":2,"url":"https://shop.example/last""#,
+        ))
+        .unwrap();
+        assert_eq!(v.measurement.lcp_ms, Some(2.0));
+        assert_eq!(v.measurement.url, "https://shop.example/last");
+        let v = one(&with(r#","fcp_ms":"bad","fcp_ms":3"#)).unwrap();
+        assert!(v.dropped.is_empty(), "the first value is forgotten");
+        assert_eq!(v.measurement.fcp_ms, Some(3.0));
+    }
+
+    /// Issue 13, kind 2: only objects are measurements.
+    #[test]
+    fn only_objects_are_measurements() {
+        let body = format!(
+            r#"[["{ID}","shop-1","https://shop.example/"], {}, "x", 1, null, true]"#,
+            with("")
+        );
+        let text = text(body.as_bytes());
+        let items = parse(&text).unwrap();
+        let results: Vec<_> = items
+            .into_iter()
+            .map(|i| validate(i, &ctx()).map(|v| v.measurement.site))
+            .collect();
+        assert_eq!(
+            results,
+            [
+                Err("not a measurement object"),
+                Ok("shop-1".to_owned()),
+                Err("not a measurement object"),
+                Err("not a measurement object"),
+                Err("not a measurement object"),
+                Err("not a measurement object"),
+            ]
+        );
+    }
+
+    /// Issue 13, kind 3: JavaScript has one number type; an integral float is an integer.
+    #[test]
+    fn integer_fields_take_integral_floats() {
+        let v = one(&with(&format!(
+            r#","viewport_width":1280.0,"ts":{}.0"#,
+            NOW - 1000
+        )))
+        .unwrap();
+        assert_eq!(v.measurement.viewport_width, Some(1280));
+        assert_eq!(v.measurement.ts, Some(NOW - 1000));
+        assert!(v.dropped.is_empty());
+        assert_eq!(
+            one(&with(r#","viewport_width":1.28e3"#))
+                .unwrap()
+                .measurement
+                .viewport_width,
+            Some(1280)
+        );
+        let v = one(&with(r#","viewport_width":1280.5"#)).unwrap();
+        assert_eq!(v.dropped, ["viewport_width"]);
+        let v = one(&with(r#","viewport_width":100001"#)).unwrap();
+        assert_eq!(v.dropped, ["viewport_width"]);
+    }
+
+    /// Issue 13, kind 5: the referrer follows the rules of `url`.
+    #[test]
+    fn referrer_follows_the_url_rules() {
+        let stored = |r: &str| {
+            let v = one(&with(&format!(
+                r#","referrer":{}"#,
+                serde_json::to_string(r).unwrap()
+            )))
+            .unwrap();
+            (v.measurement.referrer, v.dropped)
+        };
+        assert_eq!(
+            stored("https://user:secret@Ref.Example/x#frag"),
+            (Some("https://ref.example/x".to_owned()), vec![])
+        );
+        assert_eq!(
+            stored("https://ref.example/ü"),
+            (Some("https://ref.example/%C3%BC".to_owned()), vec![])
+        );
+        for bad in [
+            "javascript:alert(1)",
+            "data:text/html,x",
+            "ftp://ref.example/",
+            "/relative",
+            "",
+            &format!("https://ref.example/{}", "x".repeat(2048)),
+        ] {
+            assert_eq!(stored(bad), (None, vec!["referrer"]), "{bad}");
+        }
+    }
+
+    /// Issue 13, kind 10: the web-vitals library's spellings, and `back_forward_cache`.
+    #[test]
+    fn navigation_type_spellings() {
+        for (sent, kept) in [
+            ("back-forward", "back_forward"),
+            ("back-forward-cache", "back_forward_cache"),
+            ("back_forward_cache", "back_forward_cache"),
+            ("back_forward", "back_forward"),
+            ("prerender", "prerender"),
+            ("restore", "restore"),
+        ] {
+            let v = one(&with(&format!(r#","navigation_type":"{sent}""#))).unwrap();
+            assert_eq!(
+                v.measurement.navigation_type.as_deref(),
+                Some(kept),
+                "{sent}"
+            );
+        }
+        for bad in ["Navigate", "back forward", "bfcache"] {
+            let v = one(&with(&format!(r#","navigation_type":"{bad}""#))).unwrap();
+            assert_eq!(v.dropped, ["navigation_type"], "{bad}");
+        }
+    }
+
+    /// Issue 13, kind 11: the 2048-byte limit applies to the stored form only.
+    #[test]
+    fn url_limit_applies_to_the_stored_form() {
+        let long_fragment = format!("https://shop.example/p#{}", "f".repeat(5000));
+        assert_eq!(
+            normalise_url(&long_fragment).as_deref(),
+            Some("https://shop.example/p")
+        );
+        let exact = format!("https://shop.example/{}", "x".repeat(2048 - 21));
+        assert_eq!(normalise_url(&exact).map(|u| u.len()), Some(2048));
+        let over = format!("https://shop.example/{}", "x".repeat(2048 - 20));
+        assert_eq!(normalise_url(&over), None);
+        // Growing by normalisation counts: each ü is stored as 6 bytes.
+        let grows = format!("https://shop.example/{}", "ü".repeat(400));
+        assert!(grows.len() < 2048);
+        assert_eq!(normalise_url(&grows), None);
+    }
+
+    /// Issue 13, kind 4: a header byte outside ASCII is kept, as UTF-8 (lossy).
+    #[test]
+    fn user_agent_is_lossy_utf8_cut_at_512_bytes() {
+        assert_eq!(user_agent(None), "");
+        assert_eq!(user_agent(Some(b"Mozilla/5.0 (X11)")), "Mozilla/5.0 (X11)");
+        assert_eq!(
+            user_agent(Some(b"Caf\xe9 Browser/1")),
+            "Caf\u{FFFD} Browser/1"
+        );
+        assert_eq!(user_agent(Some("Café/1".as_bytes())), "Café/1");
+        let mut long = vec![b'a'; 511];
+        long.extend_from_slice("é".as_bytes());
+        assert_eq!(
+            user_agent(Some(&long)),
+            "a".repeat(511),
+            "cut on a char boundary"
+        );
+        let long = [b'a'; 2000];
+        assert_eq!(user_agent(Some(&long)).len(), MAX_USER_AGENT_BYTES);
+        let mut invalid_first = vec![0xff];
+        invalid_first.extend_from_slice(&[b'a'; 600]);
+        let ua = user_agent(Some(&invalid_first));
+        assert_eq!(ua.len(), 512);
+        assert!(ua.starts_with('\u{FFFD}'));
+    }
+
+    #[test]
+    fn user_agent_is_truncated_on_a_char_boundary() {
+        assert_eq!(truncate("aé", 2), "a");
+        assert_eq!(truncate("abc", 5), "abc");
+    }
+}

@@ -1,0 +1,1 @@
+ALTER TABLE {database}.measurements ADD COLUMN sample_rate Float64 DEFAULT 1
