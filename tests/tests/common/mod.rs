@@ -979,3 +979,45 @@ pub fn terminate(child: &mut Child, grace: Duration) {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+/// A TCP listener on a free loopback port that accepts connections and never answers: a
+/// frozen server or a half-dead host, as a client sees it. Stops when dropped.
+pub struct Hang {
+    /// Its port.
+    pub port: u16,
+    accepted: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Hang {
+    /// Starts listening.
+    pub async fn start() -> Hang {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = accepted.clone();
+        let task = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((stream, _)) = listener.accept().await {
+                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                held.push(stream);
+            }
+        });
+        Hang {
+            port,
+            accepted,
+            task,
+        }
+    }
+
+    /// Connections accepted so far.
+    pub fn accepted(&self) -> usize {
+        self.accepted.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Drop for Hang {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}

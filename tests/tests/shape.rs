@@ -1,0 +1,461 @@
+//! The shape users run (issue 11): several collectors on one replicated table, ClickHouse
+//! behaviour of current releases, and servers that hang instead of refusing.
+//!
+//! Real servers throughout (PostgreSQL 15, ZooKeeper, ClickHouse 18.16 replicas). What 18.16
+//! cannot show (a current `version()`, `insert_deduplication_token`, an exception after a
+//! `200`) comes from the test-only stand-in of `common::standin`, an HTTP proxy in front of a
+//! real replica whose doc comment cites the ClickHouse documentation for each behaviour.
+//!
+//! Tests that stop a replica use the failover stack (one at a time, `SERIAL`); the others use
+//! the shared stack and leave its servers alone.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::standin::{InsertMode, StandIn, TokenMemory};
+use common::*;
+use serde_json::Value;
+use tokio::sync::Mutex;
+
+static SERIAL: Mutex<()> = Mutex::const_new(());
+
+/// How long acknowledged rows may take to appear.
+const STORED: Duration = Duration::from_secs(60);
+
+/// `collector_clickhouse_{metric}{replica="url"}`.
+fn replica_metric(metric: &str, url: &str) -> String {
+    format!("collector_clickhouse_{metric}{{replica=\"{url}\"}}")
+}
+
+/// Posts one measurement to `c` and asserts 202; its id.
+async fn post_one(c: &Collector, site: &str) -> String {
+    let (id, m) = measurement(site);
+    let (status, body) = c.post_json(&m).await;
+    assert_eq!(status, 202, "{body}");
+    id
+}
+
+/// Every measurement written by [`measurement`] has the same size (a UUID id, the same
+/// fields), so two fresh spools hold their records at the same positions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_collectors_with_fresh_spools_store_every_same_sized_beacon_once() {
+    let stack = Stack::shared();
+    let env = TestEnv::new(stack).await;
+    let urls = stack.clickhouse_urls();
+    let tokens = TokenMemory::new();
+    let s1 = StandIn::start(&urls[0], tokens.clone()).await;
+    let s2 = StandIn::start(&urls[1], tokens.clone()).await;
+    let replicas = format!("{},{}", s1.url, s2.url);
+    // Short batches, so that each batch holds the one measurement just sent.
+    let settings = [
+        ("COLLECTOR_CLICKHOUSE_URLS", replicas.as_str()),
+        ("COLLECTOR_BATCH_MAX_AGE", "50ms"),
+    ];
+    let a = env.collector(&settings).await;
+    let b = env.collector(&settings).await;
+    for c in [&a, &b] {
+        c.wait_metric(
+            &format!("{} 2", replica_metric("replica_state", &s1.url)),
+            STORED,
+        )
+        .await;
+    }
+
+    let mut acked = Vec::new();
+    for round in 0..15 {
+        // The same position in both spools: a token made of positions alone is the same.
+        let ida = post_one(&a, &env.site).await;
+        let idb = post_one(&b, &env.site).await;
+        let pair = [ida, idb];
+        // Each pair is stored before the next is sent, so the batches line up.
+        let start = Instant::now();
+        loop {
+            if env.rows(&pair).await.len() == 2 {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "round {round}: only {:?} of {pair:?} stored; stand-ins {:?} {:?}",
+                env.rows(&pair).await,
+                s1.stats(),
+                s2.stats()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        acked.extend(pair);
+    }
+    env.assert_stored_once(&acked, STORED).await;
+
+    let (t1, t2) = (s1.stats(), s2.stats());
+    assert!(
+        t1.version_rewrites > 0,
+        "the collectors never asked for version(): {t1:?}"
+    );
+    let with_token = t1.inserts_with_token + t2.inserts_with_token;
+    let written = t1.inserts_written + t2.inserts_written;
+    assert!(
+        with_token >= 30 && written >= 30,
+        "30 measurements in one-row batches: {t1:?} {t2:?}"
+    );
+    assert_eq!(
+        t1.inserts_deduplicated + t2.inserts_deduplicated,
+        0,
+        "no batch of one collector may carry another's token"
+    );
+}
+
+/// Current releases can fail an INSERT after the status line: `200 OK` with the error in
+/// `X-ClickHouse-Exception-Code` (the stand-in's doc comment has the sources).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_insert_answered_200_with_an_exception_header_is_a_failure() {
+    let stack = Stack::shared();
+    let env = TestEnv::new(stack).await;
+    let urls = stack.clickhouse_urls();
+    let tokens = TokenMemory::new();
+    let s1 = StandIn::start(&urls[0], tokens.clone()).await;
+    let s2 = StandIn::start(&urls[1], tokens.clone()).await;
+    // 999: KEEPER_EXCEPTION, a transient failure of a replicated INSERT.
+    s1.set_insert_mode(InsertMode::ExceptionHeader(999));
+    let replicas = format!("{},{}", s1.url, s2.url);
+    let c = env
+        .collector(&[("COLLECTOR_CLICKHOUSE_URLS", replicas.as_str())])
+        .await;
+
+    let mut acked = Vec::new();
+    for _ in 0..20 {
+        acked.push(post_one(&c, &env.site).await);
+    }
+    env.assert_stored_once(&acked, STORED).await;
+
+    let (t1, t2) = (s1.stats(), s2.stats());
+    assert!(
+        t1.inserts_failed_after_status >= 1,
+        "the preferred replica was never tried: {t1:?}"
+    );
+    assert_eq!(t1.inserts_written, 0, "{t1:?}");
+    assert!(t2.inserts_written >= 1, "{t2:?}");
+    let errors = format!(
+        "collector_clickhouse_insert_errors_total{{replica=\"{}\",kind=\"transient\"}}",
+        s1.url
+    );
+    assert!(c.metric(&errors).await >= 1.0);
+    assert!(c.metric(&replica_metric("inserts_total", &s2.url)).await >= 1.0);
+    assert_eq!(c.metric("collector_spool_kept_aside_rows_total").await, 0.0);
+    assert!(c.metric("collector_clickhouse_failovers_total").await >= 1.0);
+    // Nothing confirmed on the strength of the 200 alone: the spool is empty only because
+    // the rows reached the second replica.
+    c.wait_metric("collector_spool_records 0", STORED).await;
+}
+
+/// ClickHouse closes an idle keep-alive connection after `keep_alive_timeout` (3 s by
+/// default); a batch sent on a connection the server just closed must be sent again on a new
+/// one, not count as a replica failure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_keep_alive_connection_is_not_a_failover() {
+    let stack = Stack::shared();
+    let env = TestEnv::new(stack).await;
+    let urls = stack.clickhouse_urls();
+    let c = env.collector(&[]).await;
+    c.wait_metric(
+        &format!("{} 1", replica_metric("active_replica", &urls[0])),
+        STORED,
+    )
+    .await;
+
+    let mut acked = Vec::new();
+    let start = Instant::now();
+    let mut i = 0u64;
+    while start.elapsed() < Duration::from_secs(60) {
+        acked.push(post_one(&c, &env.site).await);
+        // Around the server's 3 s, where a reused connection meets the server's close.
+        tokio::time::sleep(Duration::from_millis(2900 + (i % 5) * 200)).await;
+        i += 1;
+        assert_eq!(
+            c.metric(&replica_metric("active_replica", &urls[0])).await,
+            1.0,
+            "after {i} beacons the preferred replica is not active:\n{}",
+            c.logs()
+        );
+        assert_eq!(
+            c.metric(&replica_metric("replica_state", &urls[0])).await,
+            2.0
+        );
+    }
+    env.assert_stored_once(&acked, STORED).await;
+    assert_eq!(c.metric("collector_clickhouse_failovers_total").await, 0.0);
+    let errors = format!(
+        "collector_clickhouse_insert_errors_total{{replica=\"{}\",kind=\"transient\"}}",
+        urls[0]
+    );
+    assert_eq!(c.metric_if_present(&errors).await.unwrap_or(0.0), 0.0);
+    assert!(
+        !c.logs().contains("WARN"),
+        "warnings on a healthy replica:\n{}",
+        c.logs()
+    );
+}
+
+/// A settings host that accepts connections and never answers (a frozen primary) listed
+/// first: the collector gets ready from the next host and serves a site added after it
+/// started.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_settings_host_listed_first_costs_only_its_timeout() {
+    let stack = Stack::shared();
+    let env = TestEnv::new(stack).await;
+    let hang = Hang::start().await;
+    let url = format!(
+        "postgres://postgres@127.0.0.1:{},127.0.0.1:{}/{}",
+        hang.port, stack.env["PG_PORT"], env.db
+    );
+    let c = env
+        .collector(&[("COLLECTOR_DATABASE_URL", url.as_str())])
+        .await;
+    let start = Instant::now();
+    while c.status_of("/readyz").await != 200 {
+        assert!(
+            start.elapsed() < Duration::from_secs(15),
+            "not ready:\n{}",
+            c.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(hang.accepted() >= 1, "the hung host was never tried");
+
+    env.cli(&["sites", "add", "--key", "late-site"]).success();
+    let asked = Instant::now();
+    let (id, m) = measurement("late-site");
+    let (status, body) = c.post_json(&m).await;
+    assert_eq!(status, 202, "{body}");
+    assert!(
+        asked.elapsed() < Duration::from_secs(5),
+        "the first beacon of a new site took {:?}",
+        asked.elapsed()
+    );
+    env.wait_rows(&[id], STORED).await;
+    let ids = [post_one(&c, &env.site).await];
+    env.wait_rows(&ids, STORED).await;
+}
+
+/// `collector` with this test's databases but the replicas in the order `urls`.
+fn cli_with_urls(env: &TestEnv, urls: &str, args: &[&str]) -> CliOutput {
+    let out = std::process::Command::new(collector_bin())
+        .args(args)
+        .envs(env.collector_env())
+        .env("COLLECTOR_CLICKHOUSE_URLS", urls)
+        .output()
+        .expect("run collector");
+    CliOutput {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// A count from a `SELECT count() AS n` on replica `url`, `None` while the replica or the
+/// table is not there.
+async fn count_on(url: &str, sql: &str) -> Option<i64> {
+    clickhouse_query(url, sql)
+        .await
+        .ok()
+        .and_then(|rows| rows.first().and_then(|r| as_i64(&r["n"])))
+}
+
+/// A deploy while one replica is down: `migrate` succeeds naming it, the collector never
+/// writes to it while it lacks the table, and when it returns it gets the table and every row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_with_a_replica_down_and_the_replica_gets_the_table_when_it_returns() {
+    let _turn = SERIAL.lock().await;
+    let stack = Stack::failover();
+    for i in 1..=3 {
+        stack.replica(i, "thaw");
+    }
+    stack.repair();
+    let urls = stack.clickhouse_urls();
+    stack.replica(3, "kill");
+    // The down replica first: the collector's preferred one.
+    let order = format!("{},{},{}", urls[2], urls[0], urls[1]);
+
+    let db = format!("t_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    let (client, conn) =
+        tokio_postgres::connect(&stack.database_url("postgres"), tokio_postgres::NoTls)
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    client
+        .batch_execute(&format!("CREATE DATABASE {db}"))
+        .await
+        .unwrap();
+    let env = TestEnv {
+        stack,
+        db,
+        site: "site-1".into(),
+    };
+    let out = cli_with_urls(&env, &order, &["migrate"]);
+    assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
+    assert!(
+        out.stderr
+            .contains(&urls[2].trim_end_matches('/').to_string()),
+        "migrate does not name the replica it could not reach:\n{}",
+        out.stderr
+    );
+    cli_with_urls(&env, &order, &["sites", "add", "--key", "site-1"]).success();
+
+    let c = env
+        .collector(&[("COLLECTOR_CLICKHOUSE_URLS", order.as_str())])
+        .await;
+    let mut acked = Vec::new();
+    for _ in 0..20 {
+        acked.push(post_one(&c, &env.site).await);
+    }
+    env.assert_stored_once(&acked, STORED).await;
+    assert_eq!(
+        c.metric_if_present(&replica_metric("inserts_total", &urls[2]))
+            .await
+            .unwrap_or(0.0),
+        0.0
+    );
+
+    stack.replica(3, "start");
+    let sql = format!("SELECT count() AS n FROM {}.measurements FINAL", env.db);
+    let start = Instant::now();
+    loop {
+        if count_on(&urls[2], &sql).await == Some(20) {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(90),
+            "replica 3 has {:?} of 20 rows:\n{}",
+            count_on(&urls[2], &sql).await,
+            c.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    // Caught up, it is the preferred replica again and takes the next batches.
+    c.wait_metric(
+        &format!("{} 2", replica_metric("replica_state", &urls[2])),
+        Duration::from_secs(60),
+    )
+    .await;
+    for _ in 0..5 {
+        acked.push(post_one(&c, &env.site).await);
+    }
+    c.wait_metric(
+        &format!("{} 1", replica_metric("active_replica", &urls[2])),
+        Duration::from_secs(30),
+    )
+    .await;
+    env.assert_stored_once(&acked, STORED).await;
+    assert!(c.metric(&replica_metric("inserts_total", &urls[2])).await >= 1.0);
+    assert_eq!(c.metric("collector_spool_kept_aside_rows_total").await, 0.0);
+    let permanent = format!(
+        "collector_clickhouse_insert_errors_total{{replica=\"{}\",kind=\"permanent\"}}",
+        urls[2]
+    );
+    assert_eq!(c.metric_if_present(&permanent).await.unwrap_or(0.0), 0.0);
+}
+
+/// Two collectors on one table; one is SIGKILLed mid-stream and the clients resend what it
+/// did not answer to the other, as an edge does. The killed one restarts on its spool. Every
+/// acknowledged id is stored, once under FINAL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_collector_killed_mid_stream_while_clients_resend_to_the_other_loses_nothing() {
+    let stack = Stack::shared();
+    let env = TestEnv::new(stack).await;
+    let mut a = env.collector(&[]).await;
+    let b = env.collector(&[]).await;
+    let url_a = format!("{}/api/v1/measurements", a.url);
+    let url_b = format!("{}/api/v1/measurements", b.url);
+
+    let acked = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let resent = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let mut senders = Vec::new();
+    for _ in 0..4 {
+        let (url_a, url_b, acked, resent, stopped) = (
+            url_a.clone(),
+            url_b.clone(),
+            acked.clone(),
+            resent.clone(),
+            stopped.clone(),
+        );
+        let site = env.site.clone();
+        senders.push(tokio::spawn(async move {
+            let client = reqwest::Client::builder()
+                .timeout(Duration::from_secs(5))
+                .build()
+                .unwrap();
+            while !*stopped.borrow() {
+                let (id, m) = measurement(&site);
+                let body = m.to_string();
+                let first = client
+                    .post(&url_a)
+                    .header("content-type", "application/json")
+                    .body(body.clone())
+                    .send()
+                    .await;
+                let mut ok = matches!(&first, Ok(r) if r.status().as_u16() == 202);
+                if !ok {
+                    resent.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    for _ in 0..5 {
+                        let r = client
+                            .post(&url_b)
+                            .header("content-type", "application/json")
+                            .body(body.clone())
+                            .send()
+                            .await;
+                        if matches!(&r, Ok(r) if r.status().as_u16() == 202) {
+                            ok = true;
+                            break;
+                        }
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                    assert!(ok, "the second collector did not take {id}");
+                }
+                acked.lock().unwrap().push(id);
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }));
+    }
+    let wait_acked = |n: usize| {
+        let acked = acked.clone();
+        async move {
+            let start = Instant::now();
+            let target = acked.lock().unwrap().len() + n;
+            while acked.lock().unwrap().len() < target {
+                assert!(start.elapsed() < Duration::from_secs(30), "traffic stalled");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    wait_acked(200).await;
+    a.kill().await;
+    wait_acked(200).await;
+    let _ = stop.send(true);
+    for s in senders {
+        s.await.unwrap();
+    }
+    assert!(
+        resent.load(std::sync::atomic::Ordering::SeqCst) >= 100,
+        "the clients hardly resent anything"
+    );
+    // What the killed collector spooled (acknowledged or not) it delivers after a restart.
+    a.restart().await;
+    let acked = acked.lock().unwrap().clone();
+    env.assert_stored_once(&acked, STORED).await;
+    let counts: Vec<Value> = env
+        .query(
+            0,
+            &format!(
+                "SELECT count() AS n, uniqExact(id) AS u FROM {}.measurements FINAL",
+                env.db
+            ),
+        )
+        .await;
+    assert_eq!(
+        as_i64(&counts[0]["n"]),
+        as_i64(&counts[0]["u"]),
+        "one row per id under FINAL: {counts:?}"
+    );
+    a.wait_metric("collector_spool_records 0", STORED).await;
+}
