@@ -814,7 +814,7 @@ main() {
     install_missing
     if [[ ${1:-} == --engine ]]; then
         SHOW_OK=1
-        printf '%s\n' POSTGRES_PASSWORD=check COLLECTOR_DB_PASSWORD=check REPLICATION_PASSWORD=check >"$TMP/env"
+        printf '%s\n' POSTGRES_PASSWORD=check COLLECTOR_DB_PASSWORD=check REPLICATION_PASSWORD=check GRAFANA_ADMIN_PASSWORD=check >"$TMP/env"
         compose "$TMP/env" config >"$TMP/compose.yaml"
         engine_main
         return

@@ -398,3 +398,39 @@ async fn sigterm_with_every_replica_down_drains_and_exits_0() {
     c.restart().await;
     env.assert_stored_once(&ids, SETTLE).await;
 }
+
+/// SIGTERM while every replica hangs (SIGSTOP: connections accepted by the kernel, never
+/// answered), the shape a frozen cluster or a black-holed address has: the drain still ends
+/// within compose.yaml's `stop_grace_period` (40 s) with exit 0, and the next start delivers
+/// everything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_with_every_replica_frozen_drains_and_exits_0() {
+    let _turn = SERIAL.lock().await;
+    let stack = Stack::failover();
+    let env = setup(stack).await;
+    let mut c = env.collector(&[("COLLECTOR_DRAIN_GRACE", "1s")]).await;
+    for i in 1..=3 {
+        stack.replica(i, "freeze");
+    }
+    let mut ids = Vec::new();
+    for _ in 0..20 {
+        let (id, m) = measurement(&env.site);
+        assert_eq!(c.post_json(&m).await.0, 202);
+        ids.push(id);
+    }
+    c.signal("TERM");
+    let waited = std::time::Instant::now();
+    let status = c.wait_exit(Duration::from_secs(40)).await;
+    for i in 1..=3 {
+        stack.replica(i, "thaw");
+    }
+    let status =
+        status.unwrap_or_else(|| panic!("still running 40 s after SIGTERM:\n{}", c.logs()));
+    assert!(status.success(), "exit {status:?}:\n{}", c.logs());
+    eprintln!(
+        "figures: every replica frozen: exit 0 {:?} after SIGTERM",
+        waited.elapsed()
+    );
+    c.restart().await;
+    env.assert_stored_once(&ids, SETTLE).await;
+}

@@ -103,6 +103,11 @@ async fn two_collectors_with_fresh_spools_store_every_same_sized_beacon_once() {
         0,
         "no batch of one collector may carry another's token"
     );
+    eprintln!(
+        "figures: two collectors: {} acked, {} stored once, 0 lost; inserts with a token {with_token}, dropped as seen 0",
+        acked.len(),
+        acked.len()
+    );
 }
 
 /// Current releases can fail an INSERT after the status line: `200 OK` with the error in
@@ -146,6 +151,13 @@ async fn an_insert_answered_200_with_an_exception_header_is_a_failure() {
     // Nothing confirmed on the strength of the 200 alone: the spool is empty only because
     // the rows reached the second replica.
     c.wait_metric("collector_spool_records 0", STORED).await;
+    eprintln!(
+        "figures: exception after 200: {} acked, {} stored once; {} inserts answered 200 with the header, {} written to the next replica",
+        acked.len(),
+        acked.len(),
+        t1.inserts_failed_after_status,
+        t2.inserts_written
+    );
 }
 
 /// ClickHouse closes an idle keep-alive connection after `keep_alive_timeout` (3 s by
@@ -194,6 +206,12 @@ async fn a_closed_keep_alive_connection_is_not_a_failover() {
         "warnings on a healthy replica:\n{}",
         c.logs()
     );
+    eprintln!(
+        "figures: keep-alive: {} beacons over {:?}, {} acked and stored once, 0 failovers",
+        i,
+        start.elapsed(),
+        acked.len()
+    );
 }
 
 /// A settings host that accepts connections and never answers (a frozen primary) listed
@@ -221,20 +239,24 @@ async fn a_hung_settings_host_listed_first_costs_only_its_timeout() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(hang.accepted() >= 1, "the hung host was never tried");
+    let ready_after = start.elapsed();
 
     env.cli(&["sites", "add", "--key", "late-site"]).success();
     let asked = Instant::now();
     let (id, m) = measurement("late-site");
     let (status, body) = c.post_json(&m).await;
     assert_eq!(status, 202, "{body}");
+    let answered = asked.elapsed();
     assert!(
-        asked.elapsed() < Duration::from_secs(5),
-        "the first beacon of a new site took {:?}",
-        asked.elapsed()
+        answered < Duration::from_secs(5),
+        "the first beacon of a new site took {answered:?}"
     );
     env.wait_rows(&[id], STORED).await;
     let ids = [post_one(&c, &env.site).await];
     env.wait_rows(&ids, STORED).await;
+    eprintln!(
+        "figures: hung settings host: ready {ready_after:?} after /healthz, a site added later answered 202 in {answered:?}"
+    );
 }
 
 /// `collector` with this test's databases but the replicas in the order `urls`.
@@ -317,6 +339,7 @@ async fn migrate_with_a_replica_down_and_the_replica_gets_the_table_when_it_retu
     );
 
     stack.replica(3, "start");
+    let returned = Instant::now();
     let sql = format!("SELECT count() AS n FROM {}.measurements FINAL", env.db);
     let start = Instant::now();
     loop {
@@ -331,6 +354,7 @@ async fn migrate_with_a_replica_down_and_the_replica_gets_the_table_when_it_retu
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+    let rows_after = returned.elapsed();
     // Caught up, it is the preferred replica again and takes the next batches.
     c.wait_metric(
         &format!("{} 2", replica_metric("replica_state", &urls[2])),
@@ -353,6 +377,10 @@ async fn migrate_with_a_replica_down_and_the_replica_gets_the_table_when_it_retu
         urls[2]
     );
     assert_eq!(c.metric_if_present(&permanent).await.unwrap_or(0.0), 0.0);
+    eprintln!(
+        "figures: migrate with a replica down: exit 0 naming it; {} acked, all stored once; the returned replica had all 20 earlier rows {rows_after:?} after its start",
+        acked.len()
+    );
 }
 
 /// Two collectors on one table; one is SIGKILLed mid-stream and the clients resend what it
@@ -458,4 +486,17 @@ async fn a_collector_killed_mid_stream_while_clients_resend_to_the_other_loses_n
         "one row per id under FINAL: {counts:?}"
     );
     a.wait_metric("collector_spool_records 0", STORED).await;
+    let raw = env
+        .query(
+            0,
+            &format!("SELECT count() AS n FROM {}.measurements", env.db),
+        )
+        .await;
+    eprintln!(
+        "figures: collector killed mid-stream: {} acked, {} resent to the other, all stored; {:?} rows before FINAL, {:?} under FINAL (one per id)",
+        acked.len(),
+        resent.load(std::sync::atomic::Ordering::SeqCst),
+        as_i64(&raw[0]["n"]),
+        as_i64(&counts[0]["n"])
+    );
 }

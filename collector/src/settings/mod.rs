@@ -284,7 +284,10 @@ impl SiteSettings {
                     .first_fetches
                     .try_acquire()
                     .map_err(|_| StoreError::Backoff)?;
-                let site = store.fetch(key).await?;
+                let asked = Instant::now();
+                let site = store.fetch(key).await;
+                tracing::debug!(key, took = ?asked.elapsed(), ok = site.is_ok(), "settings: first fetch of a site");
+                let site = site?;
                 inner.loaded.store(true, Ordering::Release);
                 Ok::<_, StoreError>(Arc::new(Entry {
                     site: site.map(Arc::new),

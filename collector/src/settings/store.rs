@@ -253,6 +253,7 @@ impl managed::Manager for HostsManager {
                         }
                     });
                     self.last_good.store(i, Ordering::Relaxed);
+                    tracing::debug!(host = %host_name(config), tried = k + 1, "settings store: connected");
                     return Ok(client);
                 }
                 Ok(Err(e)) => failures.push(format!("{}: {}", host_name(config), describe(&e))),

@@ -151,7 +151,22 @@ pub async fn run(
                 metrics.batches_retried.inc();
             }
             let target = replicas.pick();
-            match replicas.insert(target, &batch).await {
+            // An insert into a replica that hangs (frozen, black-holed) can take up to the
+            // insert timeout per replica: the drain deadline must cut it, not wait for it. A
+            // cut insert may still complete on the server: the batch stays in the spool and
+            // is sent again after the restart with the same token (see `INFLIGHT`).
+            let result = tokio::select! {
+                r = replicas.insert(target, &batch) => r,
+                () = drain_deadline(&mut shutdown, &mut draining_since) => {
+                    tracing::warn!(
+                        rows = batch.rows.len(),
+                        replica = %replicas.url(target),
+                        "drain deadline passed during an insert; the batch stays in the spool"
+                    );
+                    return;
+                }
+            };
+            match result {
                 Ok(()) => {
                     confirm(&mut reader, &batch);
                     break;
@@ -187,12 +202,37 @@ pub async fn run(
                         );
                         return;
                     }
-                    tokio::time::sleep(backoff(attempt)).await;
+                    tokio::select! {
+                        () = tokio::time::sleep(backoff(attempt)) => {}
+                        () = drain_deadline(&mut shutdown, &mut draining_since) => {
+                            tracing::warn!(
+                                rows = batch.rows.len(),
+                                "drain deadline passed; the batch stays in the spool"
+                            );
+                            return;
+                        }
+                    }
                     attempt = attempt.saturating_add(1);
                 }
             }
         }
     }
+}
+
+/// Completes once shutdown has been asked for and [`DRAIN_DEADLINE`] has passed since the
+/// drain began (`since`, set here when this future first sees the shutdown). Never completes
+/// while no shutdown is asked for, nor when no one can ask for one any more.
+async fn drain_deadline(shutdown: &mut watch::Receiver<bool>, since: &mut Option<Instant>) {
+    let began = match *since {
+        Some(t) => t,
+        None => {
+            if shutdown.wait_for(|stop| *stop).await.is_err() {
+                std::future::pending::<()>().await;
+            }
+            *since.insert(Instant::now())
+        }
+    };
+    tokio::time::sleep_until((began + DRAIN_DEADLINE).into()).await;
 }
 
 fn confirm(reader: &mut SpoolReader, batch: &Batch) {
