@@ -617,6 +617,46 @@ mod tests {
     }
 
     #[test]
+    fn an_outage_lasts_until_the_replica_is_healthy_again() {
+        let r = replicas(2);
+        let down_since = |r: &Replicas| r.inner.lock().unwrap().health[0].down_since.map(|d| d.0);
+        for _ in 0..PROBE_FAILURES_TO_DOWN {
+            r.probed(0, Err("refused".into()), false);
+        }
+        let since = down_since(&r).expect("down");
+        r.probed(0, passed(false), false);
+        assert_eq!(r.state(0), State::CatchingUp);
+        for _ in 0..PROBE_FAILURES_TO_DOWN {
+            r.probed(0, Err("refused".into()), false);
+        }
+        assert_eq!(r.state(0), State::Down);
+        assert_eq!(
+            down_since(&r),
+            Some(since),
+            "down again while catching up: same outage"
+        );
+        for _ in 0..PASSES_TO_HEALTHY {
+            r.probed(0, passed(true), false);
+        }
+        assert_eq!(r.state(0), State::Healthy);
+        assert_eq!(down_since(&r), None, "back: the outage is over");
+    }
+
+    #[test]
+    fn a_down_replica_keeps_the_cause_that_took_it_down() {
+        let r = replicas(2);
+        for _ in 0..FAILURES_TO_DOWN {
+            r.insert_failed(0, "Code: 252. DB::Exception: Too many parts");
+        }
+        assert_eq!(r.state(0), State::Down);
+        r.insert_failed(0, "replica marked down during the insert: ...");
+        assert_eq!(
+            r.inner.lock().unwrap().health[0].last_error,
+            "insert: Code: 252. DB::Exception: Too many parts"
+        );
+    }
+
+    #[test]
     fn catching_up_is_used_when_nothing_is_healthy() {
         let r = replicas(2);
         r.probed(0, Err("down".into()), true);
