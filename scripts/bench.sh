@@ -582,8 +582,9 @@ put health "$(printf '%s answers other than 202 on intake, %s shed, %s rejected,
     "${H_failovers%.*}" "${H_kept_aside%.*}" "$warns")"
 grep -E ' (WARN|ERROR) ' "$logs/collector.log" | sed 's/^[^ ]* *//; s/127\.0\.0\.1:[0-9]*/127.0.0.1:PORT/g' |
     sort | uniq -c | sort -rn | head -n 5 >"$logs/collector-warnings.txt" || true
-# When the writer switched replicas (there is no failure in this benchmark to switch for).
-grep -E 'switching replica' "$logs/collector.log" | awk '{print $1}' | tr '\n' ' ' >"$logs/failover-times.txt" || true
+# When a replica changed state (there is no failure in this benchmark to switch for); the
+# writer's own "switching replica" lines are debug level.
+grep -E 'replica state|replica down|replica back' "$logs/collector.log" | awk '{print $1}' | tr '\n' ' ' >"$logs/failover-times.txt" || true
 stop_collector
 
 # --------------------------------------------------------- (e) idle connections ---

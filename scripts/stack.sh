@@ -15,7 +15,7 @@
 #       apt-get installs clickhouse-server, clickhouse-client, zookeeper, nginx, caddy,
 #       chromium, chromium-driver, haproxy, keepalived, iproute2, socat, iptables,
 #       apache2, systemd, prometheus (promtool and the server of the observability
-#       tests), postgresql-15, curl and procps if any is missing (apt-get update only
+#       tests), pgbouncer (the pooler tests), postgresql-15, curl and procps if any is missing (apt-get update only
 #       then), without letting their maintainer scripts start services.
 #       Quiet when everything is present. Needs root (or sudo).
 #   stack.sh up DIR [--replicas N]
@@ -121,8 +121,9 @@ cmd_install() {
     # never as services). apache2, systemd: the tests load docs/proxy/apache-dns.conf and verify the
     # edge's systemd units (neither is started).
     # prometheus: promtool (rule tests) and the server the observability test scrapes with.
+    # pgbouncer: the transaction-mode pooler of the pooler tests (run by them, never as a service).
     for p in clickhouse-server clickhouse-client zookeeper curl nginx caddy chromium chromium-driver \
-             haproxy keepalived iproute2 socat iptables apache2 systemd prometheus; do
+             haproxy keepalived iproute2 socat iptables apache2 systemd prometheus pgbouncer; do
         pkg_installed "$p" || need+=("$p")
     done
     [[ -x $PG_BIN/postgres && -x $PG_BIN/initdb && -x $PG_BIN/psql ]] || need+=(postgresql-15)

@@ -203,9 +203,9 @@ pub struct RawArgs {
     /// Intake requests worked on at once.
     #[arg(long, env = "COLLECTOR_MAX_IN_FLIGHT", default_value = DEFAULT_MAX_IN_FLIGHT, global = true)]
     pub max_in_flight: String,
-    /// Open connections at most.
-    #[arg(long, env = "COLLECTOR_MAX_CONNECTIONS", default_value = DEFAULT_MAX_CONNECTIONS, global = true)]
-    pub max_connections: String,
+    /// Open connections at most [default: 20000, lowered to what the open-files limit holds].
+    #[arg(long, env = "COLLECTOR_MAX_CONNECTIONS", global = true)]
+    pub max_connections: Option<String>,
     /// Time to send complete request headers; also the keep-alive idle timeout.
     #[arg(long, env = "COLLECTOR_HEADER_TIMEOUT", default_value = DEFAULT_HEADER_TIMEOUT, global = true)]
     pub header_timeout: String,
@@ -268,6 +268,9 @@ pub struct Settings {
     pub max_in_flight: usize,
     /// Open connections at most (≥ 1).
     pub max_connections: usize,
+    /// Whether `max_connections` was set (flag or environment) rather than defaulted: a set
+    /// value the open-files limit cannot hold is warned about, the default is quietly lowered.
+    pub max_connections_set: bool,
     /// Header read and keep-alive idle timeout.
     pub header_timeout: Duration,
     /// Body read timeout.
@@ -379,7 +382,12 @@ impl Settings {
         let batch_max_bytes = positive("BATCH_MAX_BYTES", &raw.batch_max_bytes);
         let dedup_capacity = positive("DEDUP_CAPACITY", &raw.dedup_capacity);
         let max_in_flight = positive("MAX_IN_FLIGHT", &raw.max_in_flight);
-        let max_connections = positive("MAX_CONNECTIONS", &raw.max_connections);
+        let max_connections = positive(
+            "MAX_CONNECTIONS",
+            raw.max_connections
+                .as_deref()
+                .unwrap_or(DEFAULT_MAX_CONNECTIONS),
+        );
         let mut rate = |name: &str, value: &str| -> u32 {
             value.trim().parse::<u32>().unwrap_or_else(|_| {
                 check(
@@ -435,6 +443,7 @@ impl Settings {
             site_rate,
             max_in_flight: max_in_flight as usize,
             max_connections: max_connections as usize,
+            max_connections_set: raw.max_connections.is_some(),
             header_timeout,
             body_timeout,
         })

@@ -99,23 +99,63 @@ impl RunError {
     }
 }
 
+/// File descriptors kept for the collector's own use besides client connections: standard
+/// streams, the runtime's epoll, event and signal descriptors, the listener, the spool's files
+/// (lock, the segments being written and read, cursor, identity, settings snapshot, kept-aside
+/// batches), the settings store's pool ([`settings::store::POOL_SIZE`] connections plus those
+/// being opened) and the ClickHouse connections (per replica: pooled and fresh ones for
+/// inserts, probes and schema checks). About 50 with three replicas; the reserve is five times
+/// that, so that client connections can never take the descriptors the spool and the
+/// databases need (an `EMFILE` there would answer 503 or stall the writer).
+pub const RESERVED_FDS: usize = 256;
+
+/// The open-connection cap to serve with: `COLLECTOR_MAX_CONNECTIONS`, lowered to what the
+/// open-files limit holds once [`RESERVED_FDS`] are set aside. The soft limit is first raised
+/// to the hard limit. Lowering the default (20,000) is logged at info level, as it is the
+/// normal case on a host whose hard limit is about 20,000 (this project's CI VM: 20,000);
+/// lowering a value that was set explicitly is a warning.
+fn connection_limit(settings: &Settings) -> usize {
+    let nofile = match rlimit::increase_nofile_limit(u64::MAX) {
+        Ok(n) => n,
+        Err(e) => {
+            let soft = rlimit::getrlimit(rlimit::Resource::NOFILE).map_or(0, |(soft, _)| soft);
+            tracing::warn!(error = %logging::chain(&e), nofile = soft, "cannot raise the open-files limit");
+            soft
+        }
+    };
+    let holds = usize::try_from(nofile)
+        .unwrap_or(usize::MAX)
+        .saturating_sub(RESERVED_FDS);
+    let wanted = settings.max_connections;
+    if wanted <= holds {
+        return wanted;
+    }
+    let cap = holds.max(1);
+    if settings.max_connections_set {
+        tracing::warn!(
+            nofile,
+            reserved = RESERVED_FDS,
+            max_connections = wanted,
+            serving = cap,
+            "COLLECTOR_MAX_CONNECTIONS does not fit the open-files limit less the descriptors the collector keeps for itself; raise the hard limit (LimitNOFILE, ulimit -n, a container's nofile) or lower the setting"
+        );
+    } else {
+        tracing::info!(
+            nofile,
+            reserved = RESERVED_FDS,
+            serving = cap,
+            "open connections capped to fit the open-files limit"
+        );
+    }
+    cap
+}
+
 fn failed(e: impl std::fmt::Display) -> RunError {
     RunError::Failed(e.to_string())
 }
 
 async fn serve(settings: Settings) -> Result<(), RunError> {
-    // Every open connection is a file descriptor: allow as many as the hard limit permits.
-    match rlimit::increase_nofile_limit(u64::MAX) {
-        Ok(n) if (n as usize) < settings.max_connections + 256 => {
-            tracing::warn!(
-                nofile = n,
-                max_connections = settings.max_connections,
-                "the open-files limit is below COLLECTOR_MAX_CONNECTIONS"
-            )
-        }
-        Ok(_) => {}
-        Err(e) => tracing::warn!(error = %e, "cannot raise the open-files limit"),
-    }
+    let max_connections = connection_limit(&settings);
     // Listen first: a taken address is reported before anything else starts.
     let listener = tokio::net::TcpListener::bind(settings.listen)
         .await
@@ -221,7 +261,7 @@ async fn serve(settings: Settings) -> Result<(), RunError> {
         }
     };
     let connection_limits = server::ConnectionLimits {
-        max_connections: settings.max_connections,
+        max_connections,
         header_timeout: settings.header_timeout,
     };
     server::serve(

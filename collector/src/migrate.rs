@@ -89,8 +89,11 @@ pub async fn run(settings: &Settings) -> Result<(), RunError> {
     let mut postgres = Ok(());
     for (name, sql) in POSTGRES {
         // "already exists, skipping" notices are the normal case of an idempotent migration.
+        // `SET LOCAL`: one simple-protocol message runs as one implicit transaction, and the
+        // setting ends with it instead of staying on a server connection that a
+        // transaction-mode pooler (PgBouncer) then hands to other clients.
         if let Err(e) = store
-            .apply(&format!("SET client_min_messages = warning;\n{sql}"))
+            .apply(&format!("SET LOCAL client_min_messages = warning;\n{sql}"))
             .await
         {
             postgres = Err(format!("postgres {name}: {e}"));

@@ -531,7 +531,11 @@ fn recover_segment(
     let path = segment_path(dir, n);
     let data = fs::read(&path)?;
     if data.len() <= MAGIC.len() {
-        if !data.is_empty() {
+        // Just the magic is an empty segment, what a clean stop leaves: normal. Less than the
+        // magic is a torn segment start.
+        if data.len() == MAGIC.len() {
+            tracing::debug!(segment = %path.display(), "spool: removing an empty segment");
+        } else if !data.is_empty() {
             tracing::warn!(segment = %path.display(), bytes = data.len(), "spool: removing a segment too short to hold a record");
         }
         fs::remove_file(&path)?;

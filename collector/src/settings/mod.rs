@@ -202,7 +202,7 @@ impl SiteSettings {
             if let Err(e) = snapshot::write(path, &sites) {
                 crate::logging::warn_limited(
                     "settings_snapshot",
-                    || tracing::warn!(error = %e, path = %path.display(), "cannot write the settings snapshot"),
+                    || tracing::warn!(error = %crate::logging::chain(&e), path = %path.display(), "cannot write the settings snapshot"),
                 );
             }
         }

@@ -177,7 +177,7 @@ pub async fn run(
                             tracing::error!(rows = batch.rows.len(), file = %path.display(), %reason, "clickhouse refused a batch as bad data; kept aside")
                         }
                         Err(e) => {
-                            tracing::error!(error = %e, "cannot keep a refused batch aside; retrying later");
+                            tracing::error!(error = %crate::logging::chain(&e), "cannot keep a refused batch aside; retrying later");
                             tokio::time::sleep(backoff(attempt)).await;
                             attempt += 1;
                             continue;
@@ -188,16 +188,17 @@ pub async fn run(
                     break;
                 }
                 Err(InsertError::Transient(reason)) => {
-                    crate::logging::warn_limited(
-                        "clickhouse_insert",
-                        || tracing::warn!(replica = %replicas.url(target), %reason, "clickhouse insert failed; will retry"),
-                    );
+                    // Not a warning: every attempt counts against its replica, and a replica
+                    // that keeps failing is logged once when it goes down, with this cause
+                    // (`Replicas::set_state`), then once a minute while it stays down.
+                    tracing::debug!(replica = %replicas.url(target), %reason, attempt, "clickhouse insert failed; will retry");
                     if draining_since.is_none() && *shutdown.borrow() {
                         draining_since = Some(Instant::now());
                     }
                     if draining_since.is_some_and(|t| t.elapsed() >= DRAIN_DEADLINE) {
                         tracing::warn!(
                             rows = batch.rows.len(),
+                            last_error = %reason,
                             "drain deadline passed; the batch stays in the spool"
                         );
                         return;

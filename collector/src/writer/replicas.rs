@@ -80,7 +80,8 @@ struct Health {
     lags: u32,
     /// Whether the server knows `insert_deduplication_token` (ClickHouse 22.2 and later).
     dedup_token: bool,
-    /// Since when it is down, and when the last "still down" summary was logged.
+    /// Since when it is down, and when the last "still down" summary was logged; kept while
+    /// it catches up, until it is healthy again.
     down_since: Option<(Instant, Instant)>,
     /// The last failure seen (probe or insert), with its causes.
     last_error: String,
@@ -217,9 +218,11 @@ impl Replicas {
         self.changed.send_modify(|n| *n += 1);
     }
 
-    /// Changes the state of `i`, logging the change: a replica going down is one warning
-    /// with its cause, one coming back one line with how long it was down; while it stays down
-    /// [`Replicas::probed`] adds one summary a [`DOWN_SUMMARY_INTERVAL`].
+    /// Changes the state of `i`, logging the change. An outage is one warning when the
+    /// replica goes down (with its cause) and one line when it is back (healthy again, with how
+    /// long it was out); while it is out, down or catching up, [`Replicas::probed`] adds one
+    /// summary a [`DOWN_SUMMARY_INTERVAL`]. Going down again while still catching up is part of
+    /// the same outage: no new line.
     fn set_state(&self, inner: &mut Inner, i: usize, state: State) {
         let h = &mut inner.health[i];
         if h.state == state {
@@ -227,6 +230,9 @@ impl Replicas {
         }
         let url = &self.urls[i];
         match (h.state, state) {
+            (_, State::Down) if h.down_since.is_some() => {
+                tracing::debug!(replica = %url, cause = %h.last_error, "clickhouse: replica down again while catching up");
+            }
             (_, State::Down) => {
                 let now = Instant::now();
                 h.down_since = Some((now, now));
@@ -236,9 +242,12 @@ impl Replicas {
                     tracing::warn!(replica = %url, "clickhouse: replica lacks the schema; applying it, not written to until it has caught up");
                 }
             }
-            (State::Down, to) => {
+            (from, State::Healthy) if h.down_since.is_some() => {
                 let down_for = h.down_since.take().map(|(t, _)| t.elapsed());
-                tracing::info!(replica = %url, to = ?to, down_for = ?down_for, "clickhouse: replica answering again");
+                tracing::info!(replica = %url, from = ?from, down_for = ?down_for, "clickhouse: replica back: answering and caught up, written to again");
+            }
+            (State::Down, to) => {
+                tracing::debug!(replica = %url, to = ?to, "clickhouse: replica answering again; catching up");
             }
             (from, to) => {
                 tracing::info!(replica = %url, from = ?from, to = ?to, "clickhouse: replica state")
@@ -272,10 +281,9 @@ impl Replicas {
         };
         if chosen != inner.active {
             if inner.health[inner.active].state != State::Healthy || chosen < inner.active {
-                crate::logging::warn_limited(
-                    "replica_switch",
-                    || tracing::warn!(from = %self.urls[inner.active], to = %self.urls[chosen], "clickhouse: switching replica"),
-                );
+                // The state change that caused the switch has its own line (`set_state`);
+                // while every replica is down the writer rotates at each retry.
+                tracing::debug!(from = %self.urls[inner.active], to = %self.urls[chosen], "clickhouse: switching replica");
                 self.metrics.failovers.inc();
             }
             inner.active = chosen;
@@ -291,7 +299,11 @@ impl Replicas {
         let mut inner = self.inner.lock().unwrap();
         let now = Instant::now();
         let h = &mut inner.health[i];
-        h.last_error = format!("insert: {cause}");
+        // A replica already down keeps the cause that took it down, refreshed by its probes
+        // (an insert abandoned because it is down would only repeat that cause).
+        if h.state != State::Down {
+            h.last_error = format!("insert: {cause}");
+        }
         h.insert_failures
             .retain(|t| now.duration_since(*t) < FAILURE_WINDOW);
         h.insert_failures.push(now);
@@ -327,12 +339,6 @@ impl Replicas {
                 h.passes = 0;
                 tracing::debug!(replica = %self.urls[i], %cause, "clickhouse: probe failed");
                 h.last_error = format!("probe: {cause}");
-                if let Some((since, summary)) = &mut h.down_since {
-                    if summary.elapsed() >= DOWN_SUMMARY_INTERVAL {
-                        *summary = Instant::now();
-                        tracing::warn!(replica = %self.urls[i], down_for = ?since.elapsed(), cause = %h.last_error, "clickhouse: replica still down");
-                    }
-                }
                 if h.probe_failures >= PROBE_FAILURES_TO_DOWN || initial {
                     self.set_state(&mut inner, i, State::Down);
                 }
@@ -369,6 +375,17 @@ impl Replicas {
                     if h.passes >= PASSES_TO_HEALTHY || initial {
                         self.set_state(&mut inner, i, State::Healthy);
                     }
+                }
+            }
+        }
+        let h = &mut inner.health[i];
+        if let Some((since, summary)) = &mut h.down_since {
+            if h.state != State::Healthy && summary.elapsed() >= DOWN_SUMMARY_INTERVAL {
+                *summary = Instant::now();
+                if h.state == State::Down {
+                    tracing::warn!(replica = %self.urls[i], down_for = ?since.elapsed(), cause = %h.last_error, "clickhouse: replica still down");
+                } else {
+                    tracing::warn!(replica = %self.urls[i], down_for = ?since.elapsed(), "clickhouse: replica still catching up after being down");
                 }
             }
         }
@@ -417,7 +434,10 @@ impl Replicas {
         };
         let result = tokio::select! {
             r = attempt => r,
-            () = self.wait_down(i) => Err(InsertError::Transient("replica marked down during the insert (its probes failed meanwhile)".into())),
+            () = self.wait_down(i) => {
+                let cause = self.inner.lock().unwrap().health[i].last_error.clone();
+                Err(InsertError::Transient(format!("replica marked down during the insert: {cause}")))
+            }
         };
         match &result {
             Ok(()) => self.insert_succeeded(i),
@@ -594,6 +614,46 @@ mod tests {
         r.probed(0, passed(true), false);
         r.probed(0, passed(true), false);
         assert_eq!(r.pick(), 0, "caught up: preferred again");
+    }
+
+    #[test]
+    fn an_outage_lasts_until_the_replica_is_healthy_again() {
+        let r = replicas(2);
+        let down_since = |r: &Replicas| r.inner.lock().unwrap().health[0].down_since.map(|d| d.0);
+        for _ in 0..PROBE_FAILURES_TO_DOWN {
+            r.probed(0, Err("refused".into()), false);
+        }
+        let since = down_since(&r).expect("down");
+        r.probed(0, passed(false), false);
+        assert_eq!(r.state(0), State::CatchingUp);
+        for _ in 0..PROBE_FAILURES_TO_DOWN {
+            r.probed(0, Err("refused".into()), false);
+        }
+        assert_eq!(r.state(0), State::Down);
+        assert_eq!(
+            down_since(&r),
+            Some(since),
+            "down again while catching up: same outage"
+        );
+        for _ in 0..PASSES_TO_HEALTHY {
+            r.probed(0, passed(true), false);
+        }
+        assert_eq!(r.state(0), State::Healthy);
+        assert_eq!(down_since(&r), None, "back: the outage is over");
+    }
+
+    #[test]
+    fn a_down_replica_keeps_the_cause_that_took_it_down() {
+        let r = replicas(2);
+        for _ in 0..FAILURES_TO_DOWN {
+            r.insert_failed(0, "Code: 252. DB::Exception: Too many parts");
+        }
+        assert_eq!(r.state(0), State::Down);
+        r.insert_failed(0, "replica marked down during the insert: ...");
+        assert_eq!(
+            r.inner.lock().unwrap().health[0].last_error,
+            "insert: Code: 252. DB::Exception: Too many parts"
+        );
     }
 
     #[test]

@@ -1021,3 +1021,78 @@ impl Drop for Hang {
         self.task.abort();
     }
 }
+
+/// A real PgBouncer (Debian's `pgbouncer`, installed by `scripts/stack.sh install`) in
+/// `pool_mode = transaction` in front of a PostgreSQL on 127.0.0.1: consecutive transactions
+/// of one client may run on different server connections, so anything that outlives one
+/// round trip (a named prepared statement) breaks through it. Killed on drop.
+pub struct PgBouncer {
+    child: Child,
+    /// Port it listens on (127.0.0.1).
+    pub port: u16,
+    dir: tempfile::TempDir,
+}
+
+impl PgBouncer {
+    /// Starts PgBouncer on a free loopback port, serving database `db` of the PostgreSQL on
+    /// `pg_port` (user `postgres`, trust), at most 3 server connections for the pool (fewer
+    /// than a collector's 4 client connections, so that clients share server connections).
+    /// PgBouncer refuses to run as root: as root it is started with `-u postgres` (it reads
+    /// its files first, then drops to that user).
+    pub async fn start(pg_port: u16, db: &str) -> PgBouncer {
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let p = dir.path().display();
+        std::fs::write(dir.path().join("userlist.txt"), "\"postgres\" \"\"\n").unwrap();
+        let ini = format!(
+            "[databases]\n{db} = host=127.0.0.1 port={pg_port} dbname={db} user=postgres\n\n\
+             [pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n\
+             auth_type = trust\nauth_file = {p}/userlist.txt\npool_mode = transaction\n\
+             default_pool_size = 3\nmin_pool_size = 0\nreserve_pool_size = 0\nmax_client_conn = 100\n\
+             server_lifetime = 3600\nserver_idle_timeout = 600\nadmin_users = postgres\n"
+        );
+        std::fs::write(dir.path().join("pgbouncer.ini"), ini).unwrap();
+        let mut cmd = Command::new("pgbouncer");
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } == 0 {
+            cmd.args(["-u", "postgres"]);
+        }
+        let child = cmd
+            .arg(dir.path().join("pgbouncer.ini"))
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.path().join("pgbouncer.log")).unwrap())
+            .spawn()
+            .expect("start pgbouncer (scripts/stack.sh install installs it)");
+        let mut bouncer = PgBouncer { child, port, dir };
+        let start = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if let Ok(Some(status)) = bouncer.child.try_wait() {
+                panic!("pgbouncer exited with {status}:\n{}", bouncer.log());
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "pgbouncer did not listen on {port}:\n{}",
+                bouncer.log()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        bouncer
+    }
+
+    /// `postgres://postgres@127.0.0.1:PORT/db` through the pooler.
+    pub fn database_url(&self, db: &str) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/{db}", self.port)
+    }
+
+    /// PgBouncer's own log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("pgbouncer.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for PgBouncer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

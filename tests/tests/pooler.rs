@@ -1,0 +1,222 @@
+//! The settings store behind a transaction-mode connection pooler: Debian's PgBouncer 1.18
+//! with `pool_mode = transaction` in front of the test PostgreSQL. Consecutive statements of
+//! one client may run on different server connections there, and a server connection passes
+//! from client to client with whatever was prepared on it, so a named prepared statement
+//! breaks (`prepared statement "s0" already exists` / `... does not exist`). `collector
+//! migrate`, the `sites` commands and `collector serve` must all work through it.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// `collector ARGS` on `env`'s databases with the settings store reached through `url`.
+fn cli_via(env: &TestEnv, url: &str, args: &[&str]) -> CliOutput {
+    let out = std::process::Command::new(collector_bin())
+        .args(args)
+        .envs(env.collector_env())
+        .env("COLLECTOR_DATABASE_URL", url)
+        .output()
+        .expect("run collector");
+    CliOutput {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// A fresh, empty database `db` on the stack's PostgreSQL (made directly: the pooler serves
+/// only databases that exist).
+async fn create_database(stack: &Stack, db: &str) {
+    let (client, conn) =
+        tokio_postgres::connect(&stack.database_url("postgres"), tokio_postgres::NoTls)
+            .await
+            .expect("connect to postgres");
+    tokio::spawn(conn);
+    client
+        .batch_execute(&format!("CREATE DATABASE {db}"))
+        .await
+        .unwrap();
+}
+
+/// `SHOW name` on PgBouncer's admin console (simple protocol, which it requires): the rows.
+async fn admin(bouncer: &PgBouncer, command: &str) -> Vec<Vec<String>> {
+    let (client, conn) =
+        tokio_postgres::connect(&bouncer.database_url("pgbouncer"), tokio_postgres::NoTls)
+            .await
+            .expect("connect to the pgbouncer admin console");
+    tokio::spawn(conn);
+    client
+        .simple_query(command)
+        .await
+        .unwrap_or_else(|e| panic!("{command}: {e}"))
+        .into_iter()
+        .filter_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => Some(
+                (0..r.len())
+                    .map(|i| r.get(i).unwrap_or("").to_owned())
+                    .collect(),
+            ),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Lines of `logs` at WARN or ERROR level.
+fn warnings(logs: &str) -> Vec<&str> {
+    logs.lines()
+        .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_sites_and_serve_work_through_pgbouncer_in_transaction_mode() {
+    let stack = Stack::shared();
+    let db = format!("t_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    create_database(stack, &db).await;
+    let pg_port: u16 = stack.env["PG_PORT"].parse().unwrap();
+    let bouncer = PgBouncer::start(pg_port, &db).await;
+    let mode = admin(&bouncer, "SHOW CONFIG").await;
+    assert!(
+        mode.iter()
+            .any(|r| r[0] == "pool_mode" && r[1] == "transaction"),
+        "pgbouncer is not in transaction mode: {mode:?}"
+    );
+    let url = bouncer.database_url(&db);
+    let env = TestEnv {
+        stack,
+        db: db.clone(),
+        site: "site-1".into(),
+    };
+
+    // migrate through the pooler, twice (idempotent: the second finds everything there).
+    for run in 1..=2 {
+        let out = cli_via(&env, &url, &["migrate"]);
+        assert_eq!(
+            out.code,
+            0,
+            "migrate run {run} through pgbouncer:\nstdout: {}\nstderr: {}\npgbouncer: {}",
+            out.stdout,
+            out.stderr,
+            bouncer.log()
+        );
+        assert!(
+            out.stdout.contains("postgres: schema applied"),
+            "{}",
+            out.stdout
+        );
+    }
+
+    // 20 consecutive `sites` commands, each a new client of the pooler: every one succeeds.
+    cli_via(&env, &url, &["sites", "add", "--key", &env.site]).success();
+    let mut failures = Vec::new();
+    for i in 0..20 {
+        let key = format!("pool-{}", i / 4);
+        let out = match i % 4 {
+            0 => cli_via(
+                &env,
+                &url,
+                &["sites", "add", "--key", &key, "--sample-rate", "0.5"],
+            ),
+            1 => cli_via(&env, &url, &["sites", "disable", &key]),
+            2 => cli_via(&env, &url, &["sites", "enable", &key]),
+            _ => cli_via(&env, &url, &["sites", "list"]),
+        };
+        if out.code != 0 || (i % 4 == 3 && !out.stdout.contains(&key)) {
+            failures.push(format!(
+                "call {i} ({key}): exit {}: {}{}",
+                out.code,
+                out.stdout.trim(),
+                out.stderr.trim()
+            ));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of 20 sites commands failed through pgbouncer:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+
+    // A running collector whose settings store is the pooler.
+    let c = env
+        .collector(&[
+            ("COLLECTOR_DATABASE_URL", url.as_str()),
+            ("COLLECTOR_SETTINGS_TTL", "2s"),
+        ])
+        .await;
+    let start = Instant::now();
+    while c.status_of("/readyz").await != 200 {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "collector behind pgbouncer never ready:\n{}",
+            c.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        c.logs().contains("settings: loaded every site"),
+        "no full load at start:\n{}",
+        c.logs()
+    );
+    let mut acked = Vec::new();
+    let (id, m) = measurement(&env.site);
+    assert_eq!(c.post_json(&m).await.0, 202);
+    acked.push(id);
+
+    // A site added after the start is served (first fetched on demand, then in the reloads).
+    cli_via(&env, &url, &["sites", "add", "--key", "late-site"]).success();
+    let (id, m) = measurement("late-site");
+    let (status, body) = c.post_json(&m).await;
+    assert_eq!(status, 202, "{body}\n{}", c.logs());
+    acked.push(id);
+
+    // Through several reloads (TTL 2 s) the store stays up and its queries keep flowing.
+    let queries = "collector_settings_store_queries_total";
+    let q0 = c.metric(queries).await;
+    let start = Instant::now();
+    let mut samples = 0;
+    loop {
+        assert_eq!(
+            c.metric("collector_settings_store_up").await,
+            1.0,
+            "settings store marked down behind pgbouncer after {samples} samples:\n{}",
+            c.logs()
+        );
+        samples += 1;
+        let q = c.metric(queries).await;
+        if q >= q0 + 3.0 {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{queries} moved from {q0} to {q} only in 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Beacons of both sites after the reloads, every one accepted.
+    for site in [env.site.as_str(), "late-site", "pool-0"] {
+        let (id, m) = measurement(site);
+        let (status, body) = c.post_json(&m).await;
+        assert_eq!(status, 202, "{site}: {body}");
+        acked.push(id);
+    }
+    env.assert_stored_once(&acked, Duration::from_secs(30))
+        .await;
+
+    // The pooler really shared server connections among more clients than it has.
+    let servers = admin(&bouncer, "SHOW SERVERS").await.len();
+    assert!(servers <= 3, "{servers} server connections (pool size 3)");
+
+    let logs = c.logs();
+    assert!(
+        !logs.contains("settings store failed"),
+        "store errors behind pgbouncer:\n{logs}"
+    );
+    assert_eq!(
+        warnings(&logs),
+        Vec::<&str>::new(),
+        "warnings while serving through pgbouncer"
+    );
+}
