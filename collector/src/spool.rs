@@ -2034,6 +2034,208 @@ mod tests {
         assert_eq!(t.oldest(), None);
     }
 
+    /// Makes writes under `dir` fail with `ENOSPC` (or succeed again).
+    fn set_full(dir: &Path, full: bool) {
+        let mut disks = FULL_DISKS.lock().unwrap();
+        disks.retain(|d| d != dir);
+        if full {
+            disks.push(dir.to_owned());
+        }
+    }
+
+    /// Waits until the spool can write again; panics after 10 s.
+    async fn wait_writable(spool: &Spool) {
+        let start = Instant::now();
+        while let Some(why) = spool.unwritable() {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "still unwritable after 10 s: {why}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn segment_numbers(dir: &Path) -> Vec<u64> {
+        let mut n: Vec<u64> = fs::read_dir(dir.join("segments"))
+            .unwrap()
+            .map(|e| {
+                let name = e.unwrap().file_name();
+                name.to_str()
+                    .unwrap()
+                    .strip_suffix(".seg")
+                    .unwrap()
+                    .parse()
+                    .unwrap()
+            })
+            .collect();
+        n.sort_unstable();
+        n
+    }
+
+    #[tokio::test]
+    async fn a_full_disk_refuses_appends_until_space_returns() {
+        let dir = tempfile::tempdir().unwrap();
+        let metrics = Arc::new(Metrics::new());
+        let (spool, mut reader) = open(dir.path(), 1 << 20, metrics.clone()).unwrap();
+        let limit = Duration::from_secs(5);
+        spool.append(&[m(1)], limit).await.unwrap();
+        assert_eq!(spool.unwritable(), None);
+        assert_eq!(metrics.spool_disk_full.get(), 0);
+
+        set_full(dir.path(), true);
+        assert_eq!(
+            spool.append(&[m(2)], limit).await,
+            Err(AppendError::DiskFull)
+        );
+        assert_eq!(spool.unwritable(), Some("spool cannot write: disk full"));
+        assert_eq!(metrics.spool_disk_full.get(), 1);
+        // Refused at once while the state lasts, and it lasts past several probes.
+        tokio::time::sleep(PROBE_INTERVAL * 3).await;
+        assert_eq!(
+            spool.append(&[m(3)], limit).await,
+            Err(AppendError::DiskFull)
+        );
+        assert_eq!(metrics.spool_disk_full.get(), 1);
+
+        set_full(dir.path(), false);
+        wait_writable(&spool).await;
+        assert_eq!(metrics.spool_disk_full.get(), 0);
+        spool.append(&[m(4)], limit).await.unwrap();
+        let recs = read_all(&mut reader);
+        assert_eq!(ids(&recs), [1, 4], "nothing refused was kept");
+        assert_eq!(recs[0].end.segment, 1);
+        assert_eq!(
+            recs[1].end.segment, 2,
+            "the segment whose write failed takes no more: a new one"
+        );
+        assert_eq!(metrics.spool_records.get(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_sealed_segment_goes_once_confirmed_and_numbering_goes_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let metrics = Arc::new(Metrics::new());
+        let limit = Duration::from_secs(5);
+        {
+            let (spool, mut reader) = open(dir.path(), 1 << 20, metrics.clone()).unwrap();
+            spool.append(&[m(1)], limit).await.unwrap();
+            set_full(dir.path(), true);
+            assert!(spool.append(&[m(2)], limit).await.is_err());
+            let recs = read_all(&mut reader);
+            assert_eq!(ids(&recs), [1]);
+            // Still full: confirming needs no space and deletes the sealed, newest segment.
+            reader.confirm(recs[0].end, 1, recs[0].bytes);
+            assert_eq!(segment_numbers(dir.path()), [] as [u64; 0]);
+            assert_eq!(metrics.spool_disk_bytes.get(), 0);
+            assert!(spool.unwritable().is_some());
+        }
+        // Reopened on the still full disk: opens, unwritable, then writes after the cursor.
+        let (spool, mut reader) = open(dir.path(), 1 << 20, metrics.clone()).unwrap();
+        assert_eq!(spool.unwritable(), Some("spool cannot write: disk full"));
+        assert_eq!(metrics.spool_disk_full.get(), 1);
+        set_full(dir.path(), false);
+        wait_writable(&spool).await;
+        spool.append(&[m(3)], limit).await.unwrap();
+        assert_eq!(
+            segment_numbers(dir.path()),
+            [2],
+            "a new number, never one whose ranges were sent"
+        );
+        assert_eq!(ids(&read_all(&mut reader)), [3]);
+    }
+
+    #[tokio::test]
+    async fn opening_on_a_full_disk_delivers_what_the_spool_holds() {
+        let dir = tempfile::tempdir().unwrap();
+        spool_with(dir.path(), 3).await;
+        set_full(dir.path(), true);
+        let metrics = Arc::new(Metrics::new());
+        let (spool, mut reader) = open(dir.path(), 1 << 20, metrics.clone()).unwrap();
+        assert_eq!(spool.unwritable(), Some("spool cannot write: disk full"));
+        assert_eq!(
+            spool.append(&[m(9)], Duration::from_secs(5)).await,
+            Err(AppendError::DiskFull)
+        );
+        let recs = read_all(&mut reader);
+        assert_eq!(ids(&recs), [1, 2, 3]);
+        reader.confirm(recs[2].end, 3, recs.iter().map(|r| r.bytes).sum());
+        assert_eq!(metrics.spool_records.get(), 0);
+        assert_eq!(
+            segment_numbers(dir.path()),
+            [] as [u64; 0],
+            "delivered and deleted"
+        );
+        set_full(dir.path(), false);
+        wait_writable(&spool).await;
+        spool.append(&[m(4)], Duration::from_secs(5)).await.unwrap();
+        assert_eq!(ids(&read_all(&mut reader)), [4]);
+        assert_eq!(segment_numbers(dir.path()), [2]);
+    }
+
+    #[tokio::test]
+    async fn cursor_and_in_flight_are_rewritten_in_place() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let metrics = Arc::new(Metrics::new());
+        let (spool, mut reader) = open(dir.path(), 1 << 20, metrics.clone()).unwrap();
+        let cursor = dir.path().join(CURSOR_FILE);
+        let in_flight = dir.path().join(INFLIGHT_FILE);
+        let inodes = || {
+            (
+                fs::metadata(&cursor).unwrap().ino(),
+                fs::metadata(&in_flight).unwrap().ino(),
+            )
+        };
+        let before = inodes();
+        for n in 1..=3 {
+            spool.append(&[m(n)], Duration::from_secs(5)).await.unwrap();
+            let start = reader.position();
+            let recs = read_all(&mut reader);
+            reader.record_in_flight(start, recs[0].end);
+            reader.confirm(recs[0].end, 1, recs[0].bytes);
+        }
+        assert_eq!(inodes(), before, "no new file, no rename");
+        assert_eq!(fs::metadata(&cursor).unwrap().len(), 2 * SLOT_BYTES as u64);
+        let end = reader.position();
+        drop((spool, reader));
+        // A write torn by a crash: the newest slot damaged, the one before it holds.
+        let mut data = fs::read(&cursor).unwrap();
+        let (seq, body) = parse_slots(&data).unwrap();
+        assert_eq!(parse_cursor(&body), Some(end));
+        let newest = (seq % 2) as usize * SLOT_BYTES;
+        data[newest + 2] ^= 0x55;
+        fs::write(&cursor, &data).unwrap();
+        let (older_seq, older) = parse_slots(&data).unwrap();
+        assert_eq!(older_seq, seq - 1);
+        assert!(parse_cursor(&older).unwrap() < end);
+        let (_spool, mut reader) = open(dir.path(), 1 << 20, metrics).unwrap();
+        assert_eq!(
+            ids(&read_all(&mut reader)),
+            [3],
+            "replayed from the older slot"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_cursor_of_the_one_line_format_is_read_and_turned_into_slots() {
+        let dir = tempfile::tempdir().unwrap();
+        spool_with(dir.path(), 3).await;
+        let data = fs::read(segment_path(dir.path(), 1)).unwrap();
+        let first_end = frame_at(&data, HEADER_LEN as usize).unwrap().1;
+        let cursor = dir.path().join(CURSOR_FILE);
+        fs::write(&cursor, format!("1 {first_end}\n")).unwrap();
+        let (_spool, mut reader) = open(dir.path(), 1 << 20, Arc::new(Metrics::new())).unwrap();
+        let recs = read_all(&mut reader);
+        assert_eq!(ids(&recs), [2, 3]);
+        reader.confirm(recs[0].end, 1, recs[0].bytes);
+        let data = fs::read(&cursor).unwrap();
+        assert_eq!(data.len(), 2 * SLOT_BYTES);
+        assert_eq!(
+            parse_cursor(&parse_slots(&data).unwrap().1),
+            Some(recs[0].end)
+        );
+    }
+
     #[tokio::test]
     async fn kept_aside_rows_are_counted() {
         let dir = tempfile::tempdir().unwrap();
