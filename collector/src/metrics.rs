@@ -107,6 +107,9 @@ pub struct Metrics {
     /// `collector_spool_max_bytes`: the spool's bound (`COLLECTOR_SPOOL_MAX_BYTES`), so that
     /// `collector_spool_bytes / collector_spool_max_bytes` is how full it is.
     pub spool_max_bytes: Gauge<i64, AtomicI64>,
+    /// `collector_spool_disk_full`: 1 while the spool cannot write (a full disk or a quota, or
+    /// another write error the log names; `/readyz` answers 503 meanwhile), else 0.
+    pub spool_disk_full: Gauge<i64, AtomicI64>,
     /// `received_at` (Unix seconds) of the oldest measurement the spool holds that ClickHouse
     /// has not confirmed; 0 when there is none. Kept by the spool; exported as an age.
     pub spool_oldest_received_at: AtomicI64,
@@ -196,6 +199,7 @@ impl Metrics {
             kept_aside: Counter::default(),
             kept_aside_rows: Counter::default(),
             spool_max_bytes: Gauge::default(),
+            spool_disk_full: Gauge::default(),
             spool_oldest_received_at: AtomicI64::new(0),
             spool_oldest_age: Gauge::default(),
             spool_damaged_bytes: Counter::default(),
@@ -288,6 +292,11 @@ impl Metrics {
             "collector_spool_max_bytes",
             "The spool's bound on unconfirmed bytes",
             m.spool_max_bytes.clone(),
+        );
+        r.register(
+            "collector_spool_disk_full",
+            "1 while the spool cannot write (full disk, quota or another write error), else 0",
+            m.spool_disk_full.clone(),
         );
         r.register(
             "collector_spool_oldest_record_age_seconds",
@@ -530,6 +539,7 @@ mod tests {
             "collector_clickhouse_replica_preference{replica=\"http://a:8123\"} 0",
             "collector_spool_kept_aside_rows_total 0",
             "collector_spool_max_bytes 0",
+            "collector_spool_disk_full 0",
             "collector_spool_oldest_record_age_seconds 0.0",
             &format!(
                 "collector_build_info{{version=\"{}\",revision=\"{REVISION}\"}} 1",

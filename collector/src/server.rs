@@ -106,6 +106,8 @@ impl AppState {
     pub fn not_ready_reason(&self) -> Option<&'static str> {
         if self.draining() {
             Some("draining\n")
+        } else if let Some(reason) = self.spool.unwritable() {
+            Some(reason)
         } else if !self
             .spool
             .has_room(READY_SPOOL_HEADROOM.min(self.spool.max_bytes() / 4))

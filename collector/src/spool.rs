@@ -11,8 +11,8 @@
 //! SPOOL_DIR/
 //!   LOCK                      advisory exclusive lock (fs4): one collector per folder
 //!   IDENTITY                  this spool's random identity (32 hex digits), made once
-//!   CURSOR                    "<segment> <offset>\n": everything before it is confirmed
-//!   INFLIGHT                  "<identity> <seg> <off> <seg> <off>\n": the batch last sent
+//!   CURSOR                    "<segment> <offset>": everything before it is confirmed
+//!   INFLIGHT                  "<identity> <seg> <off> <seg> <off>": the batch last sent
 //!   segments/<20 digits>.seg  the log, in order of the number
 //!   kept-aside/*.json         batches ClickHouse refused as bad data, for an operator
 //! ```
@@ -24,6 +24,14 @@
 //! u32 LE  CRC-32C (Castagnoli) of the payload
 //! [u8]    payload: a JSON array of `Measurement` (one request's accepted measurements)
 //! ```
+//!
+//! `CURSOR` and `INFLIGHT` are slot files ([`SlotFile`]): 512 bytes written in full once, when
+//! the file is made, then rewritten in place (`pwrite`, and `fdatasync` for the cursor), never
+//! through a new file and a rename, so that recording progress never needs free space. Each
+//! holds two 256-byte slots written in turn; a slot is one line, `<seq> <body> <crc32c hex>`
+//! padded with spaces, and the valid slot with the higher sequence number is the file's value,
+//! so a write torn by a crash leaves the previous value. (A shorter file is the one-line format
+//! of earlier versions, read as it is and turned into slots by its first rewrite.)
 //!
 //! JSON keeps the spool and kept-aside batches readable with ordinary tools; CRC-32C (the
 //! `crc32c` crate, hardware-accelerated) detects torn and corrupted records. At start every
@@ -55,6 +63,23 @@
 //! if the first attempt had landed. Losing `INFLIGHT` only costs that folding: the table's
 //! `ReplacingMergeTree` still folds duplicate ids.
 //!
+//! # A full disk
+//!
+//! The spool's bound ([`crate::config::DEFAULT_SPOOL_MAX_BYTES`]) says nothing about the free
+//! space of the filesystem under it. When a write, a sync or the start of a new segment fails
+//! (`ENOSPC`, `EDQUOT`, or any other error), the spool turns *unwritable*: the segment is cut
+//! back to its last durable length and sealed, every append is refused at once
+//! ([`AppendError::DiskFull`] or [`AppendError::Io`]: 503 with `Retry-After`),
+//! [`Spool::unwritable`] says why (`/readyz` answers 503 with it) and
+//! `collector_spool_disk_full` is 1. Reading, delivering and confirming go on, and need no free
+//! space: the cursor is rewritten in place, and a sealed segment is deleted as soon as the
+//! durable cursor has passed it (even the newest one: numbering goes on from the cursor). Every
+//! [`PROBE_INTERVAL`] the appender tries to leave the state: start a new segment if it has none
+//! and reserve [`RESUME_ROOM_BYTES`] in it (`fallocate` with `FALLOC_FL_KEEP_SIZE`); once both
+//! succeed, appends are taken again. So the state ends by itself when space returns or when the
+//! drain of the spool frees it. Opening needs no free space either when the spool's files exist:
+//! if no new segment can be made, the spool opens unwritable and still delivers what it holds.
+//!
 //! # Group commit
 //!
 //! One appender thread takes every request queued while the previous sync was in flight,
@@ -76,9 +101,10 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use fs4::fs_std::FileExt as _;
 use tokio::sync::{oneshot, watch};
@@ -106,6 +132,16 @@ const GROUP_MAX_BYTES: usize = 8 * 1024 * 1024;
 pub const IDENTITY_FILE: &str = "IDENTITY";
 /// File recording the range of the batch last handed to ClickHouse.
 pub const INFLIGHT_FILE: &str = "INFLIGHT";
+/// File recording the cursor: everything before it is confirmed by ClickHouse.
+pub const CURSOR_FILE: &str = "CURSOR";
+/// Size of one slot of a [`SlotFile`], in bytes; the file holds two.
+const SLOT_BYTES: usize = 256;
+/// While the spool is unwritable, how often it tries to write again.
+pub const PROBE_INTERVAL: Duration = Duration::from_millis(500);
+/// Room the spool must be able to reserve in its segment before it takes appends again after
+/// a write failed, in bytes: a typical request's group several times over, small enough for a
+/// small volume. It keeps a disk with a few KiB free from flapping between ready and not.
+pub const RESUME_ROOM_BYTES: u64 = 64 * 1024;
 
 /// A place in the spool: a segment number and a byte offset in it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
@@ -125,6 +161,10 @@ pub enum AppendError {
     /// The append queue is full.
     #[error("spool overloaded")]
     Overloaded,
+    /// The spool cannot write for lack of space (a full disk or a quota): refused until
+    /// space returns (see the module doc).
+    #[error("spool disk full")]
+    DiskFull,
     /// The disk refused the write or sync, or the appender has stopped.
     #[error("spool write failed")]
     Io,
@@ -153,8 +193,14 @@ struct AppendRequest {
 struct State {
     /// Segment number to its durable length in bytes.
     segments: BTreeMap<u64, u64>,
-    /// The segment being appended to.
+    /// The segment being appended to (or, while `sealed`, the last one made).
     active: u64,
+    /// The active segment takes no more appends: a write to it failed, or no new segment could
+    /// be made at start. Once confirmed, it is deleted like any older segment.
+    sealed: bool,
+    /// What the cursor file durably holds: a sealed active segment before it may be deleted
+    /// (numbering goes on from the cursor when no segment is left).
+    durable: Position,
     /// Sum of the segments' lengths: what the bound is checked against.
     disk_bytes: u64,
     /// Frame bytes appended and not yet confirmed.
@@ -208,12 +254,27 @@ struct Shared {
     state: Mutex<State>,
     committed: watch::Sender<Position>,
     metrics: Arc<Metrics>,
+    /// 0 while the spool can write; else why not ([`UNWRITABLE_DISK_FULL`] or
+    /// [`UNWRITABLE_IO`]).
+    unwritable: AtomicU8,
     _lock: File,
 }
+
+const UNWRITABLE_DISK_FULL: u8 = 1;
+const UNWRITABLE_IO: u8 = 2;
 
 impl Shared {
     fn segment_path(&self, n: u64) -> PathBuf {
         segment_path(&self.dir, n)
+    }
+
+    fn unwritable(&self) -> u8 {
+        self.unwritable.load(Ordering::Acquire)
+    }
+
+    fn set_unwritable(&self, why: u8) {
+        self.unwritable.store(why, Ordering::Release);
+        self.metrics.spool_disk_full.set(i64::from(why != 0));
     }
 
     fn publish(&self, st: &State) {
@@ -223,10 +284,9 @@ impl Shared {
             .set(st.unconfirmed_records as i64);
         self.metrics.spool_disk_bytes.set(st.disk_bytes as i64);
         self.metrics.spool_max_bytes.set(self.max_bytes as i64);
-        self.metrics.spool_oldest_received_at.store(
-            st.received.oldest().map_or(0, i64::from),
-            std::sync::atomic::Ordering::Relaxed,
-        );
+        self.metrics
+            .spool_oldest_received_at
+            .store(st.received.oldest().map_or(0, i64::from), Ordering::Relaxed);
     }
 }
 
@@ -261,6 +321,9 @@ pub struct SpoolReader {
     replay_bound: Option<Position>,
     committed: watch::Receiver<Position>,
     open: Option<(u64, File)>,
+    cursor: Cursor,
+    /// The in-flight file; `None` while it is missing and cannot be made.
+    in_flight: Option<SlotFile>,
 }
 
 /// Records read from the spool, in order.
@@ -281,7 +344,9 @@ fn segment_path(dir: &Path, n: u64) -> PathBuf {
 /// Opens (creating if needed) the spool in `dir`, recovers it, and starts the appender thread.
 ///
 /// Recovery cuts torn tails, deletes confirmed segments, and leaves every unconfirmed record
-/// for the reader, which starts at the cursor.
+/// for the reader, which starts at the cursor. Opening an existing spool needs no free space:
+/// when no new segment can be made (a full disk), the spool opens unwritable (see the module
+/// doc) and the reader still delivers what it holds.
 pub fn open(
     dir: &Path,
     max_bytes: u64,
@@ -305,7 +370,7 @@ pub fn open(
         Err(e) => return Err(err(e)),
     }
 
-    let cursor = read_cursor(dir);
+    let (mut cursor_file, cursor) = Cursor::open(dir).map_err(err)?;
     let mut state = State::default();
     let mut numbers: Vec<u64> = fs::read_dir(dir.join("segments"))
         .map_err(err)?
@@ -319,6 +384,10 @@ pub fn open(
         })
         .collect();
     numbers.sort_unstable();
+    // Numbering goes on past every segment seen, even one deleted below, and past the cursor:
+    // a new segment numbered like an earlier one would repeat positions, and with them the
+    // insert tokens of batches already sent.
+    let last_seen = numbers.last().copied().unwrap_or(0);
     let mut cursor = cursor;
     let mut rewritten = false;
     for n in numbers {
@@ -329,8 +398,15 @@ pub fn open(
             fs::remove_file(&path).map_err(err)?;
             continue;
         }
-        let Some(recovered) =
-            recover_segment(dir, n, &mut cursor, &metrics, &mut state.received).map_err(err)?
+        let Some(recovered) = recover_segment(
+            dir,
+            n,
+            &mut cursor,
+            &mut cursor_file,
+            &metrics,
+            &mut state.received,
+        )
+        .map_err(err)?
         else {
             continue;
         };
@@ -350,16 +426,22 @@ pub fn open(
     }
 
     let identity = identity(dir, rewritten).map_err(err)?;
-    let replay_bound = read_in_flight(dir, &identity);
+    let (in_flight_file, in_flight) = match SlotFile::open(dir, INFLIGHT_FILE) {
+        Ok((file, body)) => (Some(file), body),
+        Err(e) => {
+            tracing::debug!(error = %e, "spool: no in-flight file yet");
+            (None, None)
+        }
+    };
+    let replay_bound = in_flight.and_then(|body| parse_in_flight(&body, &identity));
 
-    // Numbering goes on past the cursor even when no segment is left: a new segment numbered
-    // below the cursor would be taken for a confirmed one at the next start.
-    let last = state.segments.keys().next_back().copied().unwrap_or(0);
-    let active = last.max(cursor.segment) + 1;
-    let file = create_segment(dir, active).map_err(err)?;
-    state.segments.insert(active, HEADER_LEN);
-    state.disk_bytes += HEADER_LEN;
+    // The last segment made: the appender starts sealed on it and makes the next one below
+    // (or, if it cannot, stays unwritable while the reader delivers what is here).
+    let active = last_seen.max(cursor.segment);
+    let active_len = state.segments.get(&active).copied().unwrap_or(HEADER_LEN);
     state.active = active;
+    state.sealed = true;
+    state.durable = cursor_file.durable;
 
     let start = match state.segments.range(cursor.segment..).next() {
         Some((&n, _)) if n == cursor.segment => Position {
@@ -370,14 +452,15 @@ pub fn open(
             segment: n,
             offset: HEADER_LEN,
         },
+        // Nothing to replay: reading starts in the segment the appender makes next.
         None => Position {
-            segment: active,
+            segment: active + 1,
             offset: HEADER_LEN,
         },
     };
     let (committed, committed_rx) = watch::channel(Position {
         segment: active,
-        offset: HEADER_LEN,
+        offset: active_len,
     });
     // Only a bound that recovery left reachable: it starts where reading starts and ends on
     // a record boundary inside what was kept.
@@ -399,16 +482,24 @@ pub fn open(
         state: Mutex::new(state),
         committed,
         metrics,
+        unwritable: AtomicU8::new(0),
         _lock: lock,
     });
+    shared.set_unwritable(0);
     shared.publish(&shared.state.lock().unwrap());
 
-    let (tx, rx) = mpsc::sync_channel(APPEND_QUEUE);
-    let appender = Appender {
+    let mut appender = Appender {
         shared: shared.clone(),
-        file,
-        size: HEADER_LEN,
+        file: None,
+        size: active_len,
+        last_probe: Instant::now(),
+        unwritable_since: None,
     };
+    // A fresh segment with room reserved; on a full disk the spool opens unwritable.
+    if let Err(e) = appender.resume() {
+        appender.enter_unwritable(&e, "cannot start a segment at open");
+    }
+    let (tx, rx) = mpsc::sync_channel(APPEND_QUEUE);
     let thread = std::thread::Builder::new()
         .name("spool-appender".into())
         .spawn(move || appender.run(rx))
@@ -424,6 +515,8 @@ pub fn open(
         replay_bound,
         committed: committed_rx,
         open: None,
+        cursor: cursor_file,
+        in_flight: in_flight_file,
     };
     Ok((Spool { shared, appender }, reader))
 }
@@ -431,6 +524,10 @@ pub fn open(
 /// The spool's identity: read from [`IDENTITY_FILE`], or made (a UUID v4) and stored durably
 /// when the file is missing or unreadable, or when `renew` (recovery rewrote a segment, so
 /// ranges of earlier tokens may now hold other records).
+///
+/// Only made at open. When a new identity cannot be stored (a full disk), it is used in memory
+/// all the same, which is safe: the next start makes another, never an earlier one (a stale
+/// file is removed first, since removing needs no space).
 fn identity(dir: &Path, renew: bool) -> io::Result<String> {
     let path = dir.join(IDENTITY_FILE);
     if !renew {
@@ -444,12 +541,24 @@ fn identity(dir: &Path, renew: bool) -> io::Result<String> {
         }
     }
     let id = uuid::Uuid::new_v4().simple().to_string();
-    let tmp = dir.join("IDENTITY.tmp");
-    let mut f = File::create(&tmp)?;
-    f.write_all(format!("{id}\n").as_bytes())?;
-    f.sync_all()?;
-    fs::rename(&tmp, &path)?;
-    File::open(dir)?.sync_all()?;
+    let stored = (|| {
+        let tmp = dir.join("IDENTITY.tmp");
+        let mut f = File::create(&tmp)?;
+        f.write_all(format!("{id}\n").as_bytes())?;
+        f.sync_all()?;
+        fs::rename(&tmp, &path)?;
+        File::open(dir)?.sync_all()
+    })();
+    if let Err(e) = stored {
+        match fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(gone) if gone.kind() == io::ErrorKind::NotFound => {}
+            // Neither stored nor removed: the old identity would come back with moved ranges.
+            Err(_) => return Err(e),
+        }
+        let _ = fs::remove_file(dir.join("IDENTITY.tmp"));
+        tracing::warn!(error = %e, "spool: cannot store the spool identity; using it unstored (the next start makes a new one)");
+    }
     Ok(id)
 }
 
@@ -457,10 +566,9 @@ fn is_identity(s: &str) -> bool {
     s.len() == 32 && s.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
-/// The range in [`INFLIGHT_FILE`], if it was written by a spool of this identity.
-fn read_in_flight(dir: &Path, identity: &str) -> Option<(Position, Position)> {
-    let text = fs::read_to_string(dir.join(INFLIGHT_FILE)).ok()?;
-    let mut parts = text.split_whitespace();
+/// The range in an [`INFLIGHT_FILE`] body, if it was written by a spool of this identity.
+fn parse_in_flight(body: &str, identity: &str) -> Option<(Position, Position)> {
+    let mut parts = body.split_whitespace();
     if parts.next()? != identity {
         return None;
     }
@@ -478,25 +586,200 @@ fn read_in_flight(dir: &Path, identity: &str) -> Option<(Position, Position)> {
     ))
 }
 
-fn read_cursor(dir: &Path) -> Position {
-    let Ok(text) = fs::read_to_string(dir.join("CURSOR")) else {
-        return Position::default();
-    };
-    let mut parts = text.split_whitespace().map(str::parse::<u64>);
+/// A [`CURSOR_FILE`] body: `<segment> <offset>`.
+fn parse_cursor(body: &str) -> Option<Position> {
+    let mut parts = body.split_whitespace().map(str::parse::<u64>);
     match (parts.next(), parts.next()) {
-        (Some(Ok(segment)), Some(Ok(offset))) => Position { segment, offset },
-        _ => Position::default(),
+        (Some(Ok(segment)), Some(Ok(offset))) => Some(Position { segment, offset }),
+        _ => None,
     }
 }
 
+/// A small file of the spool rewritten in place (see the module doc): two fixed slots written
+/// in turn, each `<seq> <body> <crc32c of "<seq> <body>", 8 hex digits>` padded with spaces to
+/// [`SLOT_BYTES`] and ended by a newline. Made in full once, so a rewrite needs no free space
+/// (the blocks or pages are already allocated) and no rename.
+struct SlotFile {
+    file: File,
+    /// Sequence number of the newest valid slot (0 when none).
+    seq: u64,
+}
+
+impl SlotFile {
+    /// Opens `dir/name` as it is when it exists (needing no space) and returns the body of its
+    /// newest valid slot (or, for a file of the earlier one-line format, its first line); makes
+    /// it when it is missing (which needs space).
+    fn open(dir: &Path, name: &str) -> io::Result<(SlotFile, Option<String>)> {
+        let path = dir.join(name);
+        match OpenOptions::new().read(true).write(true).open(&path) {
+            Ok(mut file) => {
+                let mut data = Vec::new();
+                io::Read::read_to_end(&mut file, &mut data)?;
+                let (seq, body) = if data.len() == 2 * SLOT_BYTES {
+                    parse_slots(&data).map_or((0, None), |(seq, body)| (seq, Some(body)))
+                } else {
+                    // The one-line format of earlier versions, written by rename (never torn).
+                    let text = String::from_utf8_lossy(&data);
+                    (0, text.lines().next().map(|l| l.trim().to_owned()))
+                };
+                Ok((SlotFile { file, seq }, body))
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                let tmp = dir.join(format!("{name}.tmp"));
+                let made = (|| {
+                    let mut file = OpenOptions::new()
+                        .read(true)
+                        .write(true)
+                        .create(true)
+                        .truncate(true)
+                        .open(&tmp)?;
+                    // Written bytes, not a sparse hole: a rewrite must find its blocks there.
+                    let mut data = vec![b' '; 2 * SLOT_BYTES];
+                    data[SLOT_BYTES - 1] = b'\n';
+                    data[2 * SLOT_BYTES - 1] = b'\n';
+                    file.write_all(&data)?;
+                    file.sync_all()?;
+                    fs::rename(&tmp, &path)?;
+                    File::open(dir)?.sync_all()?;
+                    Ok(SlotFile { file, seq: 0 })
+                })();
+                if made.is_err() {
+                    let _ = fs::remove_file(&tmp);
+                }
+                made.map(|f| (f, None))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Writes `body` (one line, at most about 200 bytes) into the older slot, then
+    /// `fdatasync`s when `sync`.
+    fn write(&mut self, body: &str, sync: bool) -> io::Result<()> {
+        let seq = self.seq + 1;
+        let slot = slot_line(seq, body);
+        let at = (seq % 2) * SLOT_BYTES as u64;
+        self.file.write_all_at(&slot, at)?;
+        if sync {
+            self.file.sync_data()?;
+        }
+        self.seq = seq;
+        Ok(())
+    }
+}
+
+fn slot_line(seq: u64, body: &str) -> Vec<u8> {
+    let text = format!("{seq} {body}");
+    let mut line = format!("{text} {:08x}", crc32c::crc32c(text.as_bytes())).into_bytes();
+    assert!(line.len() < SLOT_BYTES, "slot body too long: {body:?}");
+    line.resize(SLOT_BYTES - 1, b' ');
+    line.push(b'\n');
+    line
+}
+
+/// The newest valid slot of a slot file's bytes: its sequence number and body.
+fn parse_slots(data: &[u8]) -> Option<(u64, String)> {
+    data.chunks(SLOT_BYTES)
+        .filter_map(|slot| {
+            let text = std::str::from_utf8(slot).ok()?.trim_end();
+            let (covered, crc) = text.rsplit_once(' ')?;
+            if u32::from_str_radix(crc, 16).ok()? != crc32c::crc32c(covered.as_bytes()) {
+                return None;
+            }
+            let (seq, body) = covered.split_once(' ')?;
+            Some((seq.parse().ok()?, body.to_owned()))
+        })
+        .max_by_key(|(seq, _)| *seq)
+}
+
+/// The cursor file and the position it durably holds.
+struct Cursor {
+    dir: PathBuf,
+    /// `None` while the file is missing and cannot be made (a full disk at a spool's first
+    /// start): made at the next [`Cursor::persist`].
+    file: Option<SlotFile>,
+    /// What the file holds, synced (the default position when nothing was recorded yet).
+    durable: Position,
+}
+
+impl Cursor {
+    /// Opens (or makes) the cursor file; returns it and the position it holds. A cursor file
+    /// that cannot be read or made counts as none (everything is replayed; storage folds it)
+    /// and is tried again at the next [`Cursor::persist`].
+    fn open(dir: &Path) -> io::Result<(Cursor, Position)> {
+        let (file, at) = match SlotFile::open(dir, CURSOR_FILE) {
+            Ok((file, body)) => (Some(file), body.as_deref().and_then(parse_cursor)),
+            Err(e) => {
+                if !is_no_space(&e) {
+                    tracing::warn!(error = %e, "spool: cannot open the cursor file; replaying from the first segment");
+                }
+                (None, None)
+            }
+        };
+        let at = at.unwrap_or_default();
+        let cursor = Cursor {
+            dir: dir.to_owned(),
+            file,
+            durable: at,
+        };
+        Ok((cursor, at))
+    }
+
+    /// Records `at` durably (in place: needs no free space once the file exists).
+    fn persist(&mut self, at: Position) -> io::Result<()> {
+        if self.file.is_none() {
+            self.file = Some(SlotFile::open(&self.dir, CURSOR_FILE)?.0);
+        }
+        let file = self.file.as_mut().expect("just made");
+        file.write(&format!("{} {}", at.segment, at.offset), true)?;
+        self.durable = at;
+        Ok(())
+    }
+}
+
+/// Whether `e` means no space is left for this process: a full filesystem or a quota.
+fn is_no_space(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded
+    )
+}
+
+/// Spool folders whose writes fail with `ENOSPC`, for unit tests of the full disk.
+#[cfg(test)]
+static FULL_DISKS: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+/// `Err(ENOSPC)` when a unit test made `dir` full.
+fn fault(dir: &Path) -> io::Result<()> {
+    #[cfg(test)]
+    if FULL_DISKS
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|d| dir.starts_with(d))
+    {
+        return Err(io::Error::from(io::ErrorKind::StorageFull));
+    }
+    let _ = dir;
+    Ok(())
+}
+
 fn create_segment(dir: &Path, n: u64) -> io::Result<File> {
+    let path = segment_path(dir, n);
     let mut f = OpenOptions::new()
         .create_new(true)
         .append(true)
-        .open(segment_path(dir, n))?;
-    f.write_all(MAGIC)?;
-    f.sync_all()?;
-    File::open(dir.join("segments"))?.sync_all()?;
+        .open(&path)?;
+    // A segment that was made but could not be written is removed, so that the next attempt
+    // can make it again.
+    let written = fault(dir)
+        .and_then(|()| f.write_all(MAGIC))
+        .and_then(|()| f.sync_all())
+        .and_then(|()| File::open(dir.join("segments"))?.sync_all());
+    if let Err(e) = written {
+        drop(f);
+        let _ = fs::remove_file(&path);
+        return Err(e);
+    }
     Ok(f)
 }
 
@@ -525,6 +808,7 @@ fn recover_segment(
     dir: &Path,
     n: u64,
     cursor: &mut Position,
+    cursor_file: &mut Cursor,
     metrics: &Metrics,
     received: &mut ReceivedTimes,
 ) -> io::Result<Option<Recovered>> {
@@ -580,7 +864,7 @@ fn recover_segment(
         }
         if n == cursor.segment {
             cursor.offset = new_cursor.unwrap_or(out.len() as u64);
-            write_cursor(dir, *cursor)?;
+            cursor_file.persist(*cursor)?;
         }
         let tmp = path.with_extension("seg.tmp");
         let mut f = File::create(&tmp)?;
@@ -638,14 +922,6 @@ fn recover_segment(
     Ok(Some(result))
 }
 
-/// Persists the cursor (write and rename; without fsync: a lost cursor only replays
-/// confirmed records, which storage folds).
-fn write_cursor(dir: &Path, at: Position) -> io::Result<()> {
-    let tmp = dir.join("CURSOR.tmp");
-    fs::write(&tmp, format!("{} {}\n", at.segment, at.offset))?;
-    fs::rename(&tmp, dir.join("CURSOR"))
-}
-
 /// The payload of the whole, checksummed record at `off`, and the offset after it.
 fn frame_at(data: &[u8], off: usize) -> Option<(&[u8], usize)> {
     let header = data.get(off..off + FRAME_LEN as usize)?;
@@ -684,15 +960,39 @@ fn frame(out: &mut Vec<u8>, payload: &[u8]) {
 
 struct Appender {
     shared: Arc<Shared>,
-    file: File,
+    /// The active segment, open for appending; `None` while sealed (see [`State::sealed`]).
+    file: Option<File>,
+    /// Length of the active segment.
     size: u64,
+    /// When the appender last tried to leave the unwritable state.
+    last_probe: Instant,
+    /// Since when the spool has been unwritable.
+    unwritable_since: Option<Instant>,
 }
 
 impl Appender {
     fn run(mut self, rx: Receiver<AppendRequest>) {
         let mut buf = Vec::with_capacity(1 << 20);
         let mut group = Vec::with_capacity(256);
-        while let Ok(first) = rx.recv() {
+        loop {
+            // While unwritable, wake up every probe interval to try again: no request may come
+            // (load balancers follow /readyz), and readiness must return by itself.
+            let first = if self.unwritable_since.is_some() {
+                match rx.recv_timeout(PROBE_INTERVAL) {
+                    Ok(req) => Some(req),
+                    Err(mpsc::RecvTimeoutError::Timeout) => None,
+                    Err(mpsc::RecvTimeoutError::Disconnected) => break,
+                }
+            } else {
+                match rx.recv() {
+                    Ok(req) => Some(req),
+                    Err(_) => break,
+                }
+            };
+            if self.unwritable_since.is_some() && self.last_probe.elapsed() >= PROBE_INTERVAL {
+                self.probe();
+            }
+            let Some(first) = first else { continue };
             group.push(first);
             let mut bytes = group[0].payload.len();
             while bytes < GROUP_MAX_BYTES {
@@ -711,15 +1011,30 @@ impl Appender {
         tracing::debug!("spool: appender stopped");
     }
 
+    /// The error an append gets while the spool is unwritable.
+    fn refusal(&self) -> AppendError {
+        match self.shared.unwritable() {
+            UNWRITABLE_DISK_FULL => AppendError::DiskFull,
+            _ => AppendError::Io,
+        }
+    }
+
     fn commit_group(&mut self, group: &mut Vec<AppendRequest>, buf: &mut Vec<u8>) {
-        if self.size >= self.shared.segment_target {
+        if self.unwritable_since.is_some() {
+            let refusal = self.refusal();
+            for req in group.drain(..) {
+                let _ = req.ack.send(Err(refusal));
+            }
+            return;
+        }
+        if self.file.is_none() || self.size >= self.shared.segment_target {
             if let Err(e) = self.rotate() {
-                crate::logging::warn_limited(
-                    "spool_write",
-                    || tracing::error!(error = %e, "spool: cannot start a new segment"),
-                );
+                // No new segment: the full one takes no more either.
+                self.seal();
+                self.enter_unwritable(&e, "cannot start a new segment");
+                let refusal = self.refusal();
                 for req in group.drain(..) {
-                    let _ = req.ack.send(Err(AppendError::Io));
+                    let _ = req.ack.send(Err(refusal));
                 }
                 return;
             }
@@ -745,10 +1060,10 @@ impl Appender {
         if accepted.is_empty() {
             return;
         }
-        let result = self
-            .file
-            .write_all(buf)
-            .and_then(|()| self.file.sync_data());
+        let file = self.file.as_mut().expect("rotated above");
+        let result = fault(&self.shared.dir)
+            .and_then(|()| file.write_all(buf))
+            .and_then(|()| file.sync_data());
         match result {
             Ok(()) => {
                 self.size += buf.len() as u64;
@@ -778,22 +1093,118 @@ impl Appender {
                 }
             }
             Err(e) => {
-                crate::logging::warn_limited(
-                    "spool_write",
-                    || tracing::error!(error = %e, "spool: write or sync failed; answering 503 and starting a new segment"),
-                );
+                // Back to the last durable length; after a failed sync the page cache cannot
+                // be trusted, so this segment takes no more and the next write starts a new one.
+                let _ = file.set_len(self.size);
+                self.seal();
+                self.enter_unwritable(&e, "write or sync failed");
+                let refusal = self.refusal();
                 for ack in accepted {
-                    let _ = ack.send(Err(AppendError::Io));
-                }
-                let _ = self.file.set_len(self.size);
-                if let Err(e) = self.rotate() {
-                    crate::logging::warn_limited(
-                        "spool_write",
-                        || tracing::error!(error = %e, "spool: cannot start a new segment"),
-                    );
+                    let _ = ack.send(Err(refusal));
                 }
             }
         }
+    }
+
+    /// Closes the active segment for good: it is deleted once confirmed, even if no new one
+    /// can be made (see [`State::sealed`]).
+    fn seal(&mut self) {
+        self.file = None;
+        self.shared.state.lock().unwrap().sealed = true;
+    }
+
+    /// Turns the spool unwritable (appends refused, `/readyz` 503) after `e`; one warning.
+    fn enter_unwritable(&mut self, e: &io::Error, what: &str) {
+        let why = if is_no_space(e) {
+            UNWRITABLE_DISK_FULL
+        } else {
+            UNWRITABLE_IO
+        };
+        self.last_probe = Instant::now();
+        if self.unwritable_since.is_some() {
+            self.shared.set_unwritable(why);
+            return;
+        }
+        self.unwritable_since = Some(Instant::now());
+        self.shared.set_unwritable(why);
+        let error = crate::logging::chain(e);
+        let dir = self.shared.dir.display();
+        crate::logging::warn_limited(
+            "spool_unwritable",
+            || tracing::warn!(%error, spool = %dir, "spool: {what}; intake and /readyz answer 503 until it can write again (free space on the spool's filesystem, or let the spool drain to ClickHouse)"),
+        );
+    }
+
+    /// One attempt to leave the unwritable state.
+    fn probe(&mut self) {
+        match self.resume() {
+            Ok(()) => {
+                let since = self.unwritable_since.take();
+                self.shared.set_unwritable(0);
+                let dir = self.shared.dir.display();
+                let after = since.map(|t| t.elapsed()).unwrap_or_default();
+                crate::logging::warn_limited(
+                    "spool_writable",
+                    || tracing::info!(spool = %dir, after = ?after, "spool: writing again; intake and /readyz accept traffic"),
+                );
+            }
+            Err(e) => {
+                // Stays unwritable; the reason may have changed (space back, another error).
+                self.enter_unwritable(&e, "still cannot write");
+            }
+        }
+    }
+
+    /// Makes the spool writable: a new segment if the active one is sealed, and
+    /// [`RESUME_ROOM_BYTES`] reserved after its end, so that a disk with a few KiB free does
+    /// not count as writable.
+    fn resume(&mut self) -> io::Result<()> {
+        self.last_probe = Instant::now();
+        if self.file.is_none() {
+            self.delete_confirmed_active();
+            self.rotate()?;
+        }
+        let file = self.file.as_ref().expect("rotated above");
+        fault(&self.shared.dir)?;
+        match rustix::fs::fallocate(
+            file,
+            rustix::fs::FallocateFlags::KEEP_SIZE,
+            self.size,
+            RESUME_ROOM_BYTES,
+        ) {
+            Ok(()) => Ok(()),
+            // A filesystem without fallocate: the new segment's header was written, take that.
+            Err(e) if e == rustix::io::Errno::OPNOTSUPP || e == rustix::io::Errno::NOSYS => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Deletes the sealed active segment if the durable cursor has passed it: on a full disk
+    /// its confirmed records may be what holds the space a new segment needs.
+    fn delete_confirmed_active(&mut self) {
+        let mut st = self.shared.state.lock().unwrap();
+        let active = st.active;
+        let Some(&len) = st.segments.get(&active) else {
+            return;
+        };
+        let end = Position {
+            segment: active,
+            offset: len,
+        };
+        if !st.sealed || st.durable < end {
+            return;
+        }
+        match fs::remove_file(self.shared.segment_path(active)) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => {
+                tracing::debug!(segment = active, error = %e, "spool: cannot delete a confirmed segment");
+                return;
+            }
+        }
+        st.segments.remove(&active);
+        st.disk_bytes -= len;
+        self.shared.publish(&st);
     }
 
     fn rotate(&mut self) -> io::Result<()> {
@@ -804,8 +1215,10 @@ impl Appender {
             st.segments.insert(next, HEADER_LEN);
             st.disk_bytes += HEADER_LEN;
             st.active = next;
+            st.sealed = false;
+            self.shared.publish(&st);
         }
-        self.file = file;
+        self.file = Some(file);
         self.size = HEADER_LEN;
         self.shared.committed.send_replace(Position {
             segment: next,
@@ -858,6 +1271,16 @@ impl Spool {
         self.shared.state.lock().unwrap().unconfirmed_bytes + headroom <= self.shared.max_bytes
     }
 
+    /// Why the spool cannot write now (see the module doc), or `None` while it can: the text
+    /// `/readyz` answers with.
+    pub fn unwritable(&self) -> Option<&'static str> {
+        match self.shared.unwritable() {
+            0 => None,
+            UNWRITABLE_DISK_FULL => Some("spool cannot write: disk full"),
+            _ => Some("spool cannot write: write error (the log names it)"),
+        }
+    }
+
     /// The spool's bound in bytes.
     pub fn max_bytes(&self) -> u64 {
         self.shared.max_bytes
@@ -889,17 +1312,22 @@ impl SpoolReader {
         self.replay_bound
     }
 
-    /// Records that the batch `start..end` is about to be sent (see the module doc). Not
-    /// synced: losing it costs only ClickHouse's folding of a retry. Errors are ignored
+    /// Records that the batch `start..end` is about to be sent (see the module doc), in place.
+    /// Not synced: losing it costs only ClickHouse's folding of a retry. Errors are ignored
     /// (a full disk must not stop delivery), apart from a rate-limited warning.
-    pub fn record_in_flight(&self, start: Position, end: Position) {
-        let tmp = self.shared.dir.join("INFLIGHT.tmp");
-        let line = format!(
-            "{} {} {} {} {}\n",
+    pub fn record_in_flight(&mut self, start: Position, end: Position) {
+        let body = format!(
+            "{} {} {} {} {}",
             self.shared.identity, start.segment, start.offset, end.segment, end.offset
         );
-        let result = fs::write(&tmp, line)
-            .and_then(|()| fs::rename(&tmp, self.shared.dir.join(INFLIGHT_FILE)));
+        let result = match &mut self.in_flight {
+            Some(file) => file.write(&body, false),
+            None => SlotFile::open(&self.shared.dir, INFLIGHT_FILE).and_then(|(mut file, _)| {
+                let written = file.write(&body, false);
+                self.in_flight = Some(file);
+                written
+            }),
+        };
         if let Err(e) = result {
             crate::logging::warn_limited(
                 "spool_inflight",
@@ -924,6 +1352,11 @@ impl SpoolReader {
             }
             let committed = *self.committed.borrow();
             if self.pos >= committed {
+                // Read to the end of a sealed segment: let go of it, so that deleting it frees
+                // its space (an open file keeps its blocks).
+                if self.shared.state.lock().unwrap().sealed {
+                    self.open = None;
+                }
                 return;
             }
             let end = if self.pos.segment == committed.segment {
@@ -1030,56 +1463,89 @@ impl SpoolReader {
     }
 
     /// Marks everything before `upto` as confirmed by ClickHouse (`records` measurements and
-    /// `bytes` spool bytes since the last confirmation): persists the cursor and deletes every
-    /// segment that holds nothing unconfirmed.
+    /// `bytes` spool bytes since the last confirmation): persists the cursor (in place, synced)
+    /// and deletes every segment that holds nothing unconfirmed: older ones, and the active one
+    /// too once it is sealed and the cursor is durably past it.
     pub fn confirm(&mut self, upto: Position, records: u64, bytes: u64) {
         // The replayed batch is the first one confirmed after opening.
         self.replay_bound = None;
         // The counts first: the rows are in ClickHouse whatever happens to the files below.
+        {
+            let mut st = self.shared.state.lock().unwrap();
+            st.unconfirmed_records = st.unconfirmed_records.saturating_sub(records);
+            st.unconfirmed_bytes = st.unconfirmed_bytes.saturating_sub(bytes);
+            st.received.confirmed(upto);
+            self.shared.publish(&st);
+        }
+        // The cursor before any deletion: a stale cursor replays confirmed records after a
+        // restart (storage folds them), but no segment may go that a durable cursor has not
+        // passed if it is the last one left (numbering would restart below it).
+        let mut durable = self.persist_cursor(upto);
+        let deleted = self.delete_confirmed(upto, false);
+        if !durable && deleted {
+            // Space may have returned with the deleted segments.
+            durable = self.persist_cursor(upto);
+        }
+        if durable {
+            self.delete_confirmed(upto, true);
+        }
+    }
+
+    fn persist_cursor(&mut self, upto: Position) -> bool {
+        match self.cursor.persist(upto) {
+            Ok(()) => {
+                self.shared.state.lock().unwrap().durable = upto;
+                true
+            }
+            Err(e) => {
+                crate::logging::warn_limited(
+                    "spool_cursor",
+                    || tracing::warn!(error = %crate::logging::chain(&e), "spool: cannot record the cursor"),
+                );
+                false
+            }
+        }
+    }
+
+    /// Deletes the segments wholly before `upto` other than the active one, and the active one
+    /// too when `with_sealed` and it is sealed; whether any was deleted.
+    fn delete_confirmed(&mut self, upto: Position, with_sealed: bool) -> bool {
         let mut st = self.shared.state.lock().unwrap();
-        st.unconfirmed_records = st.unconfirmed_records.saturating_sub(records);
-        st.unconfirmed_bytes = st.unconfirmed_bytes.saturating_sub(bytes);
-        st.received.confirmed(upto);
-        let active = st.active;
+        let (active, sealed) = (st.active, st.sealed);
         let done: Vec<(u64, u64)> = st
             .segments
             .iter()
             .filter(|(&n, &len)| {
-                n < upto.segment || (n == upto.segment && n != active && upto.offset >= len)
+                n < upto.segment
+                    || (n == upto.segment
+                        && upto.offset >= len
+                        && (n != active || (with_sealed && sealed)))
             })
             .map(|(&n, &len)| (n, len))
             .collect();
+        let mut deleted = false;
         for (n, len) in done {
             if self.open.as_ref().is_some_and(|(o, _)| *o == n) {
                 self.open = None;
             }
             match fs::remove_file(self.shared.segment_path(n)) {
-                Ok(()) => {
-                    st.segments.remove(&n);
-                    st.disk_bytes -= len;
-                }
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                    st.segments.remove(&n);
-                    st.disk_bytes -= len;
-                }
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
                 // Tried again at the next confirmation; meanwhile it only takes disk space.
                 Err(e) => {
                     crate::logging::warn_limited(
                         "spool_delete",
                         || tracing::warn!(segment = n, error = %e, "spool: cannot delete a confirmed segment"),
                     );
+                    continue;
                 }
             }
+            st.segments.remove(&n);
+            st.disk_bytes -= len;
+            deleted = true;
         }
         self.shared.publish(&st);
-        drop(st);
-        // A stale cursor replays confirmed records after a restart; storage folds them.
-        if let Err(e) = write_cursor(&self.shared.dir, upto) {
-            crate::logging::warn_limited(
-                "spool_cursor",
-                || tracing::warn!(error = %e, "spool: cannot record the cursor"),
-            );
-        }
+        deleted
     }
 
     /// Writes a batch ClickHouse refused as bad data to `kept-aside/` for inspection.
@@ -1361,7 +1827,11 @@ mod tests {
         let metrics = Arc::new(Metrics::new());
         let (spool, mut reader) = open(dir.path(), 1 << 20, metrics.clone()).unwrap();
         spool.append(&[m(1)], Duration::from_secs(5)).await.unwrap();
-        fs::create_dir(dir.path().join("CURSOR.tmp")).unwrap();
+        // A cursor that cannot be written (here: a folder where its file should be).
+        let cursor = dir.path().join(CURSOR_FILE);
+        fs::remove_file(&cursor).unwrap();
+        fs::create_dir(&cursor).unwrap();
+        reader.cursor.file = None;
         let recs = read_all(&mut reader);
         reader.confirm(recs[0].end, 1, recs[0].bytes);
         assert_eq!(metrics.spool_records.get(), 0);
@@ -1566,6 +2036,208 @@ mod tests {
         assert_eq!(t.oldest(), Some(20));
         t.confirmed(at(300));
         assert_eq!(t.oldest(), None);
+    }
+
+    /// Makes writes under `dir` fail with `ENOSPC` (or succeed again).
+    fn set_full(dir: &Path, full: bool) {
+        let mut disks = FULL_DISKS.lock().unwrap();
+        disks.retain(|d| d != dir);
+        if full {
+            disks.push(dir.to_owned());
+        }
+    }
+
+    /// Waits until the spool can write again; panics after 10 s.
+    async fn wait_writable(spool: &Spool) {
+        let start = Instant::now();
+        while let Some(why) = spool.unwritable() {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "still unwritable after 10 s: {why}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn segment_numbers(dir: &Path) -> Vec<u64> {
+        let mut n: Vec<u64> = fs::read_dir(dir.join("segments"))
+            .unwrap()
+            .map(|e| {
+                let name = e.unwrap().file_name();
+                name.to_str()
+                    .unwrap()
+                    .strip_suffix(".seg")
+                    .unwrap()
+                    .parse()
+                    .unwrap()
+            })
+            .collect();
+        n.sort_unstable();
+        n
+    }
+
+    #[tokio::test]
+    async fn a_full_disk_refuses_appends_until_space_returns() {
+        let dir = tempfile::tempdir().unwrap();
+        let metrics = Arc::new(Metrics::new());
+        let (spool, mut reader) = open(dir.path(), 1 << 20, metrics.clone()).unwrap();
+        let limit = Duration::from_secs(5);
+        spool.append(&[m(1)], limit).await.unwrap();
+        assert_eq!(spool.unwritable(), None);
+        assert_eq!(metrics.spool_disk_full.get(), 0);
+
+        set_full(dir.path(), true);
+        assert_eq!(
+            spool.append(&[m(2)], limit).await,
+            Err(AppendError::DiskFull)
+        );
+        assert_eq!(spool.unwritable(), Some("spool cannot write: disk full"));
+        assert_eq!(metrics.spool_disk_full.get(), 1);
+        // Refused at once while the state lasts, and it lasts past several probes.
+        tokio::time::sleep(PROBE_INTERVAL * 3).await;
+        assert_eq!(
+            spool.append(&[m(3)], limit).await,
+            Err(AppendError::DiskFull)
+        );
+        assert_eq!(metrics.spool_disk_full.get(), 1);
+
+        set_full(dir.path(), false);
+        wait_writable(&spool).await;
+        assert_eq!(metrics.spool_disk_full.get(), 0);
+        spool.append(&[m(4)], limit).await.unwrap();
+        let recs = read_all(&mut reader);
+        assert_eq!(ids(&recs), [1, 4], "nothing refused was kept");
+        assert_eq!(recs[0].end.segment, 1);
+        assert_eq!(
+            recs[1].end.segment, 2,
+            "the segment whose write failed takes no more: a new one"
+        );
+        assert_eq!(metrics.spool_records.get(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_sealed_segment_goes_once_confirmed_and_numbering_goes_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let metrics = Arc::new(Metrics::new());
+        let limit = Duration::from_secs(5);
+        {
+            let (spool, mut reader) = open(dir.path(), 1 << 20, metrics.clone()).unwrap();
+            spool.append(&[m(1)], limit).await.unwrap();
+            set_full(dir.path(), true);
+            assert!(spool.append(&[m(2)], limit).await.is_err());
+            let recs = read_all(&mut reader);
+            assert_eq!(ids(&recs), [1]);
+            // Still full: confirming needs no space and deletes the sealed, newest segment.
+            reader.confirm(recs[0].end, 1, recs[0].bytes);
+            assert_eq!(segment_numbers(dir.path()), [] as [u64; 0]);
+            assert_eq!(metrics.spool_disk_bytes.get(), 0);
+            assert!(spool.unwritable().is_some());
+        }
+        // Reopened on the still full disk: opens, unwritable, then writes after the cursor.
+        let (spool, mut reader) = open(dir.path(), 1 << 20, metrics.clone()).unwrap();
+        assert_eq!(spool.unwritable(), Some("spool cannot write: disk full"));
+        assert_eq!(metrics.spool_disk_full.get(), 1);
+        set_full(dir.path(), false);
+        wait_writable(&spool).await;
+        spool.append(&[m(3)], limit).await.unwrap();
+        assert_eq!(
+            segment_numbers(dir.path()),
+            [2],
+            "a new number, never one whose ranges were sent"
+        );
+        assert_eq!(ids(&read_all(&mut reader)), [3]);
+    }
+
+    #[tokio::test]
+    async fn opening_on_a_full_disk_delivers_what_the_spool_holds() {
+        let dir = tempfile::tempdir().unwrap();
+        spool_with(dir.path(), 3).await;
+        set_full(dir.path(), true);
+        let metrics = Arc::new(Metrics::new());
+        let (spool, mut reader) = open(dir.path(), 1 << 20, metrics.clone()).unwrap();
+        assert_eq!(spool.unwritable(), Some("spool cannot write: disk full"));
+        assert_eq!(
+            spool.append(&[m(9)], Duration::from_secs(5)).await,
+            Err(AppendError::DiskFull)
+        );
+        let recs = read_all(&mut reader);
+        assert_eq!(ids(&recs), [1, 2, 3]);
+        reader.confirm(recs[2].end, 3, recs.iter().map(|r| r.bytes).sum());
+        assert_eq!(metrics.spool_records.get(), 0);
+        assert_eq!(
+            segment_numbers(dir.path()),
+            [] as [u64; 0],
+            "delivered and deleted"
+        );
+        set_full(dir.path(), false);
+        wait_writable(&spool).await;
+        spool.append(&[m(4)], Duration::from_secs(5)).await.unwrap();
+        assert_eq!(ids(&read_all(&mut reader)), [4]);
+        assert_eq!(segment_numbers(dir.path()), [2]);
+    }
+
+    #[tokio::test]
+    async fn cursor_and_in_flight_are_rewritten_in_place() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let metrics = Arc::new(Metrics::new());
+        let (spool, mut reader) = open(dir.path(), 1 << 20, metrics.clone()).unwrap();
+        let cursor = dir.path().join(CURSOR_FILE);
+        let in_flight = dir.path().join(INFLIGHT_FILE);
+        let inodes = || {
+            (
+                fs::metadata(&cursor).unwrap().ino(),
+                fs::metadata(&in_flight).unwrap().ino(),
+            )
+        };
+        let before = inodes();
+        for n in 1..=3 {
+            spool.append(&[m(n)], Duration::from_secs(5)).await.unwrap();
+            let start = reader.position();
+            let recs = read_all(&mut reader);
+            reader.record_in_flight(start, recs[0].end);
+            reader.confirm(recs[0].end, 1, recs[0].bytes);
+        }
+        assert_eq!(inodes(), before, "no new file, no rename");
+        assert_eq!(fs::metadata(&cursor).unwrap().len(), 2 * SLOT_BYTES as u64);
+        let end = reader.position();
+        drop((spool, reader));
+        // A write torn by a crash: the newest slot damaged, the one before it holds.
+        let mut data = fs::read(&cursor).unwrap();
+        let (seq, body) = parse_slots(&data).unwrap();
+        assert_eq!(parse_cursor(&body), Some(end));
+        let newest = (seq % 2) as usize * SLOT_BYTES;
+        data[newest + 2] ^= 0x55;
+        fs::write(&cursor, &data).unwrap();
+        let (older_seq, older) = parse_slots(&data).unwrap();
+        assert_eq!(older_seq, seq - 1);
+        assert!(parse_cursor(&older).unwrap() < end);
+        let (_spool, mut reader) = open(dir.path(), 1 << 20, metrics).unwrap();
+        assert_eq!(
+            ids(&read_all(&mut reader)),
+            [3],
+            "replayed from the older slot"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_cursor_of_the_one_line_format_is_read_and_turned_into_slots() {
+        let dir = tempfile::tempdir().unwrap();
+        spool_with(dir.path(), 3).await;
+        let data = fs::read(segment_path(dir.path(), 1)).unwrap();
+        let first_end = frame_at(&data, HEADER_LEN as usize).unwrap().1;
+        let cursor = dir.path().join(CURSOR_FILE);
+        fs::write(&cursor, format!("1 {first_end}\n")).unwrap();
+        let (_spool, mut reader) = open(dir.path(), 1 << 20, Arc::new(Metrics::new())).unwrap();
+        let recs = read_all(&mut reader);
+        assert_eq!(ids(&recs), [2, 3]);
+        reader.confirm(recs[0].end, 1, recs[0].bytes);
+        let data = fs::read(&cursor).unwrap();
+        assert_eq!(data.len(), 2 * SLOT_BYTES);
+        assert_eq!(
+            parse_cursor(&parse_slots(&data).unwrap().1),
+            Some(recs[0].end)
+        );
     }
 
     #[tokio::test]

@@ -459,6 +459,10 @@ async fn append(state: &AppState, to_store: &[Measurement]) -> Result<(), Intake
             state.metrics.shed.inc();
             Err(IntakeError::Unavailable("overloaded", RETRY_AFTER))
         }
+        Err(AppendError::DiskFull) => Err(IntakeError::Unavailable(
+            "spool cannot write: disk full",
+            RETRY_AFTER,
+        )),
         Err(AppendError::Io) => Err(IntakeError::Unavailable("spool write failed", RETRY_AFTER)),
     }
 }

@@ -14,7 +14,8 @@ pub async fn healthz() -> &'static str {
 }
 
 /// 200 while the collector accepts traffic; 503 (with the JSON error body every error answer
-/// has) while draining or unable to accept durably (spool full).
+/// has, naming the reason) while draining or unable to accept durably: the spool full, the
+/// spool unable to write (a full disk), the site settings never loaded.
 pub async fn readyz(State(state): State<AppState>) -> Response {
     match state.not_ready_reason() {
         None => (StatusCode::OK, "ready\n").into_response(),
