@@ -85,6 +85,13 @@ struct Health {
     down_since: Option<(Instant, Instant)>,
     /// The last failure seen (probe or insert), with its causes.
     last_error: String,
+    /// When the last "down" warning and the last "back" line were logged: a replica that
+    /// flaps (probes pass, inserts fail) gets at most one of each per
+    /// [`DOWN_SUMMARY_INTERVAL`]; the outages in between are counted in `flaps` and named in
+    /// the next line.
+    down_logged: Option<Instant>,
+    back_logged: Option<Instant>,
+    flaps: u32,
 }
 
 struct Inner {
@@ -138,6 +145,9 @@ impl Replicas {
                 lags: 0,
                 dedup_token: false,
                 down_since: None,
+                down_logged: None,
+                back_logged: None,
+                flaps: 0,
                 last_error: String::new(),
             })
             .collect();
@@ -236,15 +246,31 @@ impl Replicas {
             (_, State::Down) => {
                 let now = Instant::now();
                 h.down_since = Some((now, now));
-                if h.schema {
-                    tracing::warn!(replica = %url, cause = %h.last_error, "clickhouse: replica down; not written to until it answers and has caught up");
+                if h.down_logged
+                    .is_some_and(|t| now.duration_since(t) < DOWN_SUMMARY_INTERVAL)
+                {
+                    h.flaps += 1;
+                    tracing::debug!(replica = %url, cause = %h.last_error, "clickhouse: replica down again (flapping)");
+                } else if h.schema {
+                    h.down_logged = Some(now);
+                    let flaps = std::mem::take(&mut h.flaps);
+                    tracing::warn!(replica = %url, cause = %h.last_error, flaps_in_last_interval = flaps, "clickhouse: replica down; not written to until it answers and has caught up");
                 } else {
+                    h.down_logged = Some(now);
                     tracing::warn!(replica = %url, "clickhouse: replica lacks the schema; applying it, not written to until it has caught up");
                 }
             }
             (from, State::Healthy) if h.down_since.is_some() => {
                 let down_for = h.down_since.take().map(|(t, _)| t.elapsed());
-                tracing::info!(replica = %url, from = ?from, down_for = ?down_for, "clickhouse: replica back: answering and caught up, written to again");
+                let now = Instant::now();
+                if h.back_logged
+                    .is_some_and(|t| now.duration_since(t) < DOWN_SUMMARY_INTERVAL)
+                {
+                    tracing::debug!(replica = %url, down_for = ?down_for, "clickhouse: replica back (flapping)");
+                } else {
+                    h.back_logged = Some(now);
+                    tracing::info!(replica = %url, from = ?from, down_for = ?down_for, "clickhouse: replica back: answering and caught up, written to again");
+                }
             }
             (State::Down, to) => {
                 tracing::debug!(replica = %url, to = ?to, "clickhouse: replica answering again; catching up");
@@ -614,6 +640,27 @@ mod tests {
         r.probed(0, passed(true), false);
         r.probed(0, passed(true), false);
         assert_eq!(r.pick(), 0, "caught up: preferred again");
+    }
+
+    #[test]
+    fn a_flapping_replica_is_logged_down_once_an_interval() {
+        let r = replicas(2);
+        for _ in 0..5 {
+            for _ in 0..FAILURES_TO_DOWN {
+                r.insert_failed(0, "200 with an exception header");
+            }
+            assert_eq!(r.state(0), State::Down);
+            for _ in 0..PASSES_TO_HEALTHY + 1 {
+                r.probed(0, passed(true), false);
+            }
+            assert_eq!(r.state(0), State::Healthy);
+        }
+        let h = &r.inner.lock().unwrap().health[0];
+        assert_eq!(
+            h.flaps, 4,
+            "the first outage logged, the four after it counted"
+        );
+        assert!(h.down_logged.is_some() && h.back_logged.is_some());
     }
 
     #[test]
