@@ -10,22 +10,48 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 
+stack_dir="$root/.stack/demo"
+page_port="${DEMO_PAGE_PORT:-8000}"
+listen="${COLLECTOR_LISTEN:-127.0.0.1:8080}"
+# One demo per checkout: a second one would share (and, on exit, stop) the first one's stack.
+if [[ -f $stack_dir/demo.pid ]] && kill -0 "$(cat "$stack_dir/demo.pid")" 2>/dev/null; then
+  echo "demo: a demo of this checkout is already running (pid $(cat "$stack_dir/demo.pid")); stop it with Ctrl-C first" >&2
+  exit 1
+fi
+# Both ports must be free before anything starts (a taken one would fail out of sight).
+for addr in "127.0.0.1:$page_port" "$listen"; do
+  if python3 - "$addr" <<'PY'
+import socket, sys
+host, port = sys.argv[1].rsplit(":", 1)
+s = socket.socket()
+try:
+    s.bind((host, int(port)))
+except OSError:
+    sys.exit(0)
+sys.exit(1)
+PY
+  then
+    echo "demo: $addr is taken; pick other ports: COLLECTOR_LISTEN=127.0.0.1:18080 DEMO_PAGE_PORT=18000 scripts/demo.sh" >&2
+    exit 1
+  fi
+done
+
 scripts/stack.sh install
-echo "building the collector (release)..."
+echo "building the collector (release; about 5 minutes the first time)..."
 cargo build -q --release -p collector --bin collector
 bin="$root/target/release/collector"
 
-stack_dir="$root/.stack/demo"
+mkdir -p "$stack_dir"
+echo $$ >"$stack_dir/demo.pid"
 scripts/stack.sh up "$stack_dir" --replicas 2 >/dev/null
 # shellcheck disable=SC1091
 source "$stack_dir/stack.env"
 
-export COLLECTOR_LISTEN="${COLLECTOR_LISTEN:-127.0.0.1:8080}"
+export COLLECTOR_LISTEN="$listen"
 export COLLECTOR_DATABASE_URL="$DATABASE_URL"
 export COLLECTOR_CLICKHOUSE_URLS="$(for i in $(seq 1 "$CH_REPLICAS"); do v="CH${i}_URL"; printf '%s,' "${!v}"; done | sed 's/,$//')"
 export COLLECTOR_CLICKHOUSE_DATABASE=collector
 export COLLECTOR_SPOOL_DIR="$stack_dir/spool"
-page_port="${DEMO_PAGE_PORT:-8000}"
 collector_url="http://$COLLECTOR_LISTEN"
 
 "$bin" migrate
@@ -43,6 +69,7 @@ cleanup() {
   kill "$page_pid" 2>/dev/null || true
   echo "stopping the stack..."
   scripts/stack.sh down "$stack_dir" >/dev/null 2>&1 || true
+  rm -f "$stack_dir/demo.pid"
 }
 trap cleanup EXIT
 

@@ -174,7 +174,8 @@ check_binaries() {
 set_dir() {
     DIR=${1:-}
     [[ -n $DIR ]] || usage
-    [[ $DIR == /* ]] || die "DIR must be an absolute path: $DIR"
+    # A relative DIR is taken from the current folder (the configs need it absolute).
+    [[ $DIR == /* ]] || DIR=$PWD/$DIR
     # stack.env values carry no quotes and the XML configs embed DIR as is,
     # so only allow characters that need no escaping anywhere.
     [[ $DIR =~ ^/[A-Za-z0-9._/+-]+$ ]] || die "DIR may only contain [A-Za-z0-9._/+-]: $DIR"

@@ -144,7 +144,7 @@ pub struct RawArgs {
     #[arg(long, env = "COLLECTOR_DATABASE_URL", default_value = DEFAULT_DATABASE_URL, global = true, hide_env_values = true)]
     pub database_url: String,
     /// Comma-separated ClickHouse HTTP URLs, in preference order.
-    #[arg(long, env = "COLLECTOR_CLICKHOUSE_URLS", default_value = DEFAULT_CLICKHOUSE_URLS, global = true)]
+    #[arg(long, env = "COLLECTOR_CLICKHOUSE_URLS", default_value = DEFAULT_CLICKHOUSE_URLS, global = true, hide_env_values = true)]
     pub clickhouse_urls: String,
     /// ClickHouse database.
     #[arg(long, env = "COLLECTOR_CLICKHOUSE_DATABASE", default_value = DEFAULT_CLICKHOUSE_DATABASE, global = true)]
@@ -410,12 +410,49 @@ impl Settings {
             }
         };
 
-        if batch_max_age.is_zero() {
-            check(
+        // Zero would switch a guard off (a timeout) or turn a cache into a busy loop (10
+        // full reloads a second with a TTL of 0): refused, not taken literally.
+        for (name, value, d, min) in [
+            (
                 "BATCH_MAX_AGE",
                 &raw.batch_max_age,
-                Err("must be above 0".into()),
-            );
+                batch_max_age,
+                Duration::from_millis(1),
+            ),
+            (
+                "HEADER_TIMEOUT",
+                &raw.header_timeout,
+                header_timeout,
+                Duration::from_millis(100),
+            ),
+            (
+                "BODY_TIMEOUT",
+                &raw.body_timeout,
+                body_timeout,
+                Duration::from_millis(100),
+            ),
+            (
+                "SETTINGS_TTL",
+                &raw.settings_ttl,
+                settings_ttl,
+                Duration::from_secs(1),
+            ),
+            (
+                "SETTINGS_BACKOFF",
+                &raw.settings_backoff,
+                settings_backoff,
+                Duration::from_millis(100),
+            ),
+        ] {
+            if d < min {
+                check(name, value, Err(format!("must be at least {min:?}")));
+            }
+        }
+        if raw.database_url.trim().is_empty() {
+            check("DATABASE_URL", "", Err("must be set".into()));
+        }
+        if raw.spool_dir.trim().is_empty() {
+            check("SPOOL_DIR", "", Err("must be set".into()));
         }
 
         if !errors.is_empty() {
@@ -536,6 +573,35 @@ mod tests {
             assert!(line.contains(&format!("COLLECTOR_{name}=")), "{line}");
         }
         assert!(!line.contains('\n'));
+    }
+
+    #[test]
+    fn zero_timeouts_and_empty_places_are_refused() {
+        let err = Settings::from_args(&raw(&[
+            "--header-timeout",
+            "0s",
+            "--body-timeout",
+            "0ms",
+            "--settings-ttl",
+            "0s",
+            "--database-url",
+            "",
+            "--spool-dir",
+            " ",
+        ]))
+        .unwrap_err();
+        let names: Vec<&str> = err.0.iter().map(|e| e.split('=').next().unwrap()).collect();
+        assert_eq!(
+            names,
+            [
+                "COLLECTOR_HEADER_TIMEOUT",
+                "COLLECTOR_BODY_TIMEOUT",
+                "COLLECTOR_SETTINGS_TTL",
+                "COLLECTOR_DATABASE_URL",
+                "COLLECTOR_SPOOL_DIR"
+            ],
+            "{err:?}"
+        );
     }
 
     #[test]

@@ -13,7 +13,7 @@ use axum::extract::MatchedPath;
 use axum::http::uri::PathAndQuery;
 use axum::http::{Request, StatusCode, Uri};
 use axum::middleware::{self, Next};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use axum::routing::get;
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -129,9 +129,7 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/sites/{key}", get(endpoints::sites::get))
         .route(
             "/api/v1/measurements",
-            axum::routing::post(endpoints::intake::post)
-                .route_layer(middleware::from_fn_with_state(state.clone(), shed))
-                .options(endpoints::intake::preflight),
+            axum::routing::post(endpoints::intake::post).options(endpoints::intake::preflight),
         )
         .route("/healthz", get(endpoints::ops::healthz))
         .route("/readyz", get(endpoints::ops::readyz))
@@ -142,27 +140,6 @@ pub fn router(state: AppState) -> Router {
         })
         .layer(middleware::from_fn_with_state(state.clone(), observe))
         .with_state(state)
-}
-
-/// Answers 503 at once when `COLLECTOR_MAX_IN_FLIGHT` intake requests are already being
-/// worked on: under overload, accepted requests keep their latency and the rest fail fast.
-async fn shed(
-    axum::extract::State(state): axum::extract::State<AppState>,
-    req: Request<Body>,
-    next: Next,
-) -> Response {
-    let Some(_permit) = state.limits.enter() else {
-        state.metrics.shed.inc();
-        let mut response =
-            crate::error::IntakeError::Unavailable("overloaded", Duration::from_secs(1))
-                .into_response();
-        // With CORS headers, a cross-origin script can read the 503 and its Retry-After.
-        if let Some(origin) = req.headers().get(axum::http::header::ORIGIN) {
-            endpoints::intake::cors(response.headers_mut(), origin.clone());
-        }
-        return response;
-    };
-    next.run(req).await
 }
 
 /// Counts every request by route and status and times it.

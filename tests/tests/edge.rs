@@ -569,3 +569,44 @@ async fn a_warning_repeated_ten_thousand_times_is_logged_about_once_a_second() {
     );
     assert!(c.metric("collector_log_suppressed_total").await >= 9_000.0);
 }
+
+/// Connections that announce a body and send it slowly hold a connection each (bounded by
+/// `COLLECTOR_MAX_CONNECTIONS` and the body timeout), never one of the
+/// `COLLECTOR_MAX_IN_FLIGHT` slots: beacons sent meanwhile are accepted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_senders_do_not_take_the_in_flight_slots() {
+    use tokio::io::AsyncWriteExt;
+    let env = TestEnv::new(Stack::shared()).await;
+    let c = env.collector(&[("COLLECTOR_MAX_IN_FLIGHT", "4")]).await;
+    let mut slow = Vec::new();
+    for _ in 0..20 {
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", c.port))
+            .await
+            .unwrap();
+        s.write_all(
+            b"POST /api/v1/measurements HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\nContent-Length: 1000\r\n\r\n{",
+        )
+        .await
+        .unwrap();
+        slow.push(s);
+    }
+    // Give the server time to read every head and start waiting for the bodies.
+    let start = Instant::now();
+    while c.metric("collector_http_open_connections").await < 20.0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the slow connections were not accepted"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut ids = Vec::new();
+    for _ in 0..10 {
+        let (id, m) = measurement(&env.site);
+        let (status, body) = c.post_json(&m).await;
+        assert_eq!(status, 202, "{body}");
+        ids.push(id);
+    }
+    env.wait_rows(&ids, Duration::from_secs(60)).await;
+    assert_eq!(c.metric("collector_http_shed_total").await, 0.0);
+    drop(slow);
+}

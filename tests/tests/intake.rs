@@ -562,6 +562,16 @@ async fn cli_manages_sites_and_rejects_bad_settings() {
     env.cli(&["sites", "enable", "shop.b"]).success();
     assert_eq!(env.cli(&["sites", "disable", "missing"]).code, 1);
     assert_eq!(env.cli(&["sites", "add", "--key", "bad key"]).code, 2);
+    // A page URL is not an origin (contract §1): refused, not cut to its origin.
+    let page = env.cli(&[
+        "sites",
+        "add",
+        "--key",
+        "shop.c",
+        "--origin",
+        "https://shop.example/path",
+    ]);
+    assert_eq!(page.code, 2, "{}", page.stderr);
     // Migrate is idempotent.
     env.cli(&["migrate"]).success();
 

@@ -320,3 +320,29 @@ async fn intake_goes_on_through_a_failover_to_the_standby() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// Started while the store is down and with no snapshot, the collector is not ready; once the
+/// store is back it is ready within the backoff (10 s by default), not the TTL (60 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_collector_started_without_the_store_is_ready_soon_after_it_returns() {
+    let stack = Stack::own(1);
+    let env = TestEnv::new(&stack).await;
+    stack.pg("stop");
+    let c = env.collector(&[]).await;
+    assert_eq!(c.status_of("/readyz").await, 503);
+    stack.pg("start");
+    let back = Instant::now();
+    while c.status_of("/readyz").await != 200 {
+        assert!(
+            back.elapsed() < Duration::from_secs(40),
+            "not ready 40 s after the store returned (the TTL is 60 s, the backoff 10 s):\n{}",
+            c.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    eprintln!(
+        "figures: ready {:?} after the store returned",
+        back.elapsed()
+    );
+    assert_eq!(beacon(&c, &env.site).await.0, 202);
+}

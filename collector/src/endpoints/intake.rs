@@ -166,6 +166,13 @@ async fn accept(
     body: Body,
 ) -> Result<Accepted, IntakeError> {
     let (raw, encoding) = receive(state, headers, body).await?;
+    // `COLLECTOR_MAX_IN_FLIGHT` bounds the work, not the waiting: a request still sending its
+    // body (bounded by the body timeout and the connection limit) holds no slot, so a few
+    // slow senders cannot make every other beacon a 503. Beyond the bound: 503 at once.
+    let _permit = state.limits.enter().ok_or_else(|| {
+        state.metrics.shed.inc();
+        IntakeError::Unavailable("overloaded", std::time::Duration::from_secs(1))
+    })?;
     let inflated = beacon::inflate(&raw, encoding)?;
     let text = beacon::text(&inflated);
     let items = beacon::parse(&text)?;

@@ -40,6 +40,10 @@ pub const UNKNOWN_TTL: Duration = Duration::from_secs(10);
 pub const CACHE_CAPACITY: u64 = 100_000;
 /// Most first fetches (never-seen keys) in flight at once; more get [`Lookup::Unavailable`].
 pub const FIRST_FETCHES: usize = 8;
+/// How often a collector whose settings were never loaded tries a full load again: each try
+/// passes the store's backoff gate, so the store itself is asked at most once per
+/// `COLLECTOR_SETTINGS_BACKOFF`.
+pub const UNLOADED_RETRY: Duration = Duration::from_secs(1);
 
 /// One site's settings, as stored in the `sites` table.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -76,7 +80,14 @@ pub fn normalise_origin(s: &str) -> Option<String> {
     if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
         return None;
     }
-    Some(url.origin().ascii_serialization())
+    // An origin is scheme, host and port only (RFC 6454 §4): a path, query, fragment or
+    // credentials mean the value is a page URL, refused rather than silently cut.
+    let bare = url.path() == "/"
+        && url.query().is_none()
+        && url.fragment().is_none()
+        && url.username().is_empty()
+        && url.password().is_none();
+    bare.then(|| url.origin().ascii_serialization())
 }
 
 /// The answer to a settings lookup.
@@ -249,14 +260,20 @@ impl SiteSettings {
         }
     }
 
-    /// Reloads every `ttl` until `shutdown` turns true.
+    /// Reloads every `ttl` until `shutdown` turns true. While no load has ever succeeded (the
+    /// collector is not ready), it tries every [`UNLOADED_RETRY`] instead: the store's gate
+    /// still lets one attempt through per `COLLECTOR_SETTINGS_BACKOFF`, so readiness follows
+    /// the store's return within the backoff, not within the TTL.
     pub async fn run_reloader(self, mut shutdown: watch::Receiver<bool>) {
-        let mut tick = tokio::time::interval(self.inner.ttl.max(Duration::from_millis(100)));
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        tick.tick().await;
+        let ttl = self.inner.ttl.max(Duration::from_millis(100));
         loop {
+            let wait = if self.is_loaded() {
+                ttl
+            } else {
+                ttl.min(UNLOADED_RETRY)
+            };
             tokio::select! {
-                _ = tick.tick() => {
+                () = tokio::time::sleep(wait) => {
                     if let Err(e) = self.reload().await {
                         tracing::debug!(error = %e, "settings reload skipped");
                     }
@@ -353,9 +370,16 @@ mod tests {
     #[test]
     fn origin_normalisation() {
         assert_eq!(
-            normalise_origin("HTTPS://Shop.Example:443/path").unwrap(),
+            normalise_origin("HTTPS://Shop.Example:443").unwrap(),
             "https://shop.example"
         );
+        assert_eq!(
+            normalise_origin("https://shop.example/").unwrap(),
+            "https://shop.example"
+        );
+        assert_eq!(normalise_origin("https://shop.example/path"), None);
+        assert_eq!(normalise_origin("https://shop.example/?q"), None);
+        assert_eq!(normalise_origin("https://user@shop.example"), None);
         assert_eq!(
             normalise_origin("http://localhost:8080").unwrap(),
             "http://localhost:8080"

@@ -418,6 +418,14 @@ impl Replicas {
         if inner.health[i].state != before {
             self.publish(&inner);
         }
+        // A more preferred replica healthy again is the active one from now on, not only at
+        // the next batch: on a quiet collector the metric would otherwise name the fallback
+        // for as long as no beacon arrives (and `CollectorPreferredReplicaUnused` would fire).
+        let back = inner.health[i].state == State::Healthy && before != State::Healthy;
+        if back && i < inner.active {
+            drop(inner);
+            self.pick();
+        }
     }
 
     /// Resolves when replica `i` is marked down (used to abandon an insert into a replica that
@@ -640,6 +648,24 @@ mod tests {
         r.probed(0, passed(true), false);
         r.probed(0, passed(true), false);
         assert_eq!(r.pick(), 0, "caught up: preferred again");
+    }
+
+    #[test]
+    fn a_preferred_replica_back_is_active_without_a_batch() {
+        let r = replicas(2);
+        for _ in 0..PROBE_FAILURES_TO_DOWN {
+            r.probed(0, Err("refused".into()), false);
+        }
+        assert_eq!(r.pick(), 1);
+        for _ in 0..PASSES_TO_HEALTHY + 1 {
+            r.probed(0, passed(true), false);
+        }
+        assert_eq!(r.state(0), State::Healthy);
+        assert_eq!(
+            r.inner.lock().unwrap().active,
+            0,
+            "active again before any pick"
+        );
     }
 
     #[test]
