@@ -73,8 +73,9 @@
     observe('first-input', onEvent);
 
     // First send at the first hide by fetch (its answer can be read); a 429 or 503 is retried
-    // after Retry-After, another failure after 0.5-1.5 s; at pagehide, unless delivered, once
-    // more by sendBeacon. At most two sends, one id, one sampling decision.
+    // after Retry-After, another failure after 0.5-1.5 s; any other answer (202, or a 4xx that
+    // a resend cannot change) ends it; at pagehide, unless ended, once more by sendBeacon. At
+    // most two sends, one id, one sampling decision.
     var later = function (r) {
       var s = r && parseInt(r.headers.get('Retry-After'), 10);
       return s >= 0 ? Math.min(s, 60) * 1000 : 500 + Math.random() * 1000;
@@ -90,7 +91,7 @@
       if (beacon && navigator.sendBeacon && navigator.sendBeacon(endpoint, body)) return;
       try {
         fetch(endpoint, { method: 'POST', body: body, keepalive: true, headers: { 'Content-Type': 'text/plain' } })
-          .then(function (r) { if (r.ok) delivered = true; else if ((r.status == 429 || r.status >= 500) && retry) setTimeout(send, later(r)); })
+          .then(function (r) { if (r.status == 429 || r.status >= 500) { if (retry) setTimeout(send, later(r)); } else delivered = true; })
           .catch(function () { if (retry) setTimeout(send, later()); });
       } catch (e) {
         // Nothing more to do.

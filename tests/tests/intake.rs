@@ -314,6 +314,13 @@ async fn bad_requests_get_their_status_and_store_nothing() {
         assert!(resp_headers.get("retry-after").is_none(), "{name}");
     }
 
+    // A refusal is readable by the refused page (CORS on the 403), so its script stops there.
+    let (s, _, h) = c
+        .post(strict.clone(), &[("origin", "https://evil.example")])
+        .await;
+    assert_eq!(s, 403);
+    assert_eq!(h["access-control-allow-origin"], "https://evil.example");
+
     // The allowed origin and no origin both pass for the strict site.
     let (s, _, h) = c
         .post(strict.clone(), &[("origin", "https://shop.example")])

@@ -93,10 +93,11 @@ pub async fn post(
             e.into_response()
         }
     };
+    // Every answer is readable by the page, a 403 too: it says only that the site or origin
+    // is refused, and a script that cannot read it takes it for a network error and sends
+    // again (three requests per page view on a refused origin).
     if let Some(origin) = origin {
-        if response.status() != StatusCode::FORBIDDEN {
-            cors(response.headers_mut(), origin);
-        }
+        cors(response.headers_mut(), origin);
     }
     response
 }
