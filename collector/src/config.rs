@@ -29,6 +29,10 @@ pub const DEFAULT_SPOOL_DIR: &str = "./spool";
 pub const DEFAULT_SETTINGS_TTL: &str = "60s";
 /// How long the settings store is left alone after a failure (contract §1).
 pub const DEFAULT_SETTINGS_BACKOFF: &str = "10s";
+/// The smallest spool bound accepted: below it the spool holds only a few largest requests
+/// (64 KiB each), and readiness (which keeps a quarter of the bound as headroom) could not
+/// tell a full spool from a working one.
+pub const MIN_SPOOL_MAX_BYTES: u64 = 1 << 20;
 /// The spool's bound: 1 GiB holds roughly two million typical measurements, i.e. about half
 /// an hour of a busy collector's intake while every ClickHouse replica is down.
 pub const DEFAULT_SPOOL_MAX_BYTES: &str = "1073741824";
@@ -448,6 +452,13 @@ impl Settings {
                 check(name, value, Err(format!("must be at least {min:?}")));
             }
         }
+        if spool_max_bytes < MIN_SPOOL_MAX_BYTES {
+            check(
+                "SPOOL_MAX_BYTES",
+                &raw.spool_max_bytes,
+                Err(format!("must be at least {MIN_SPOOL_MAX_BYTES} (1 MiB)")),
+            );
+        }
         if raw.database_url.trim().is_empty() {
             check("DATABASE_URL", "", Err("must be set".into()));
         }
@@ -588,6 +599,8 @@ mod tests {
             "",
             "--spool-dir",
             " ",
+            "--spool-max-bytes",
+            "1",
         ]))
         .unwrap_err();
         let names: Vec<&str> = err.0.iter().map(|e| e.split('=').next().unwrap()).collect();
@@ -597,6 +610,7 @@ mod tests {
                 "COLLECTOR_HEADER_TIMEOUT",
                 "COLLECTOR_BODY_TIMEOUT",
                 "COLLECTOR_SETTINGS_TTL",
+                "COLLECTOR_SPOOL_MAX_BYTES",
                 "COLLECTOR_DATABASE_URL",
                 "COLLECTOR_SPOOL_DIR"
             ],

@@ -533,11 +533,12 @@ async fn sigterm_turns_readyz_first_then_drains_and_loses_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_warning_repeated_ten_thousand_times_is_logged_about_once_a_second() {
     let env = TestEnv::new(Stack::shared()).await;
-    // Every intake request is refused by a full spool: each would log a warning.
+    // Every intake request is refused by a full spool: each would log a warning. The spool
+    // (its smallest bound, 1 MiB) is filled first while ClickHouse is unreachable.
     let c = env
         .collector(&[
             ("COLLECTOR_CLICKHOUSE_URLS", "http://127.0.0.1:1"),
-            ("COLLECTOR_SPOOL_MAX_BYTES", "1"),
+            ("COLLECTOR_SPOOL_MAX_BYTES", "1048576"),
             ("COLLECTOR_SITE_RATE", "0"),
         ])
         .await;
@@ -546,6 +547,24 @@ async fn a_warning_repeated_ten_thousand_times_is_logged_about_once_a_second() {
         .pool_max_idle_per_host(64)
         .build()
         .unwrap();
+    let filling = Instant::now();
+    'fill: loop {
+        let batch = (0..100).map(|_| {
+            client
+                .post(&url)
+                .body(measurement(&env.site).1.to_string())
+                .send()
+        });
+        for r in futures::future::join_all(batch).await {
+            if r.unwrap().status() == 503 {
+                break 'fill;
+            }
+        }
+        assert!(
+            filling.elapsed() < Duration::from_secs(60),
+            "the spool never filled"
+        );
+    }
     let body = measurement(&env.site).1.to_string();
     let start = Instant::now();
     let mut sent = 0;
@@ -562,7 +581,8 @@ async fn a_warning_repeated_ten_thousand_times_is_logged_about_once_a_second() {
         .lines()
         .filter(|l| l.contains("intake answered 503"))
         .count();
-    let allowed = elapsed.as_secs() as usize + 2;
+    // One more for the line of the filling phase.
+    let allowed = elapsed.as_secs() as usize + 3;
     assert!(
         lines >= 1 && lines <= allowed,
         "{lines} lines for 10,000 warnings in {elapsed:?}"

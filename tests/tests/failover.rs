@@ -192,7 +192,7 @@ async fn a_full_spool_answers_503_and_keeps_what_it_acknowledged() {
     let stack = Stack::failover();
     let env = setup(stack).await;
     let c = env
-        .collector(&[("COLLECTOR_SPOOL_MAX_BYTES", "300000")])
+        .collector(&[("COLLECTOR_SPOOL_MAX_BYTES", "1048576")])
         .await;
     let urls = stack.clickhouse_urls();
     for i in 1..=3 {
