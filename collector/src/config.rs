@@ -323,7 +323,11 @@ impl Settings {
         let urls = parse_clickhouse_urls(&raw.clickhouse_urls);
         check(
             "CLICKHOUSE_URLS",
-            &raw.clickhouse_urls,
+            if raw.clickhouse_urls.contains('@') {
+                "<hidden>"
+            } else {
+                &raw.clickhouse_urls
+            },
             urls.as_ref().map(|_| ()).map_err(Clone::clone),
         );
 
@@ -513,6 +517,14 @@ fn parse_clickhouse_urls(s: &str) -> Result<Vec<Url>, String> {
         if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
             return Err(format!("{part}: must be an http:// or https:// URL"));
         }
+        // They would be ignored (no ClickHouse authentication is sent) and then shown in
+        // logs and metric labels: refused, without echoing them.
+        if !url.username().is_empty() || url.password().is_some() {
+            return Err(format!(
+                "{}: credentials in the URL are not supported (they would not be sent, and would show in logs and metrics)",
+                url.host_str().unwrap_or("?")
+            ));
+        }
         if urls.contains(&url) {
             return Err(format!("{part}: listed twice"));
         }
@@ -616,6 +628,18 @@ mod tests {
             ],
             "{err:?}"
         );
+    }
+
+    #[test]
+    fn credentials_in_replica_urls_are_refused_and_not_echoed() {
+        let err = Settings::from_args(&raw(&[
+            "--clickhouse-urls",
+            "http://default:secret@ch1:8123",
+        ]))
+        .unwrap_err();
+        assert_eq!(err.0.len(), 1);
+        assert!(err.0[0].contains("credentials"), "{err:?}");
+        assert!(!err.0[0].contains("secret"), "{err:?}");
     }
 
     #[test]

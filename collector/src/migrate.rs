@@ -65,6 +65,9 @@ pub fn clickhouse_statements(database: &str) -> Vec<String> {
 /// deploy).
 pub const REPLICA_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
+/// Pause between two attempts on a replica that did not take the schema yet.
+const RETRY_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Applies the ClickHouse schema for `database` through `client` (whose own database, if
 /// set, must exist: use `system`). Errors name the file and carry ClickHouse's message.
 pub async fn apply_clickhouse(client: &clickhouse::Client, database: &str) -> Result<(), String> {
@@ -104,23 +107,39 @@ pub async fn run(settings: &Settings) -> Result<(), RunError> {
         Ok(()) => println!("postgres: schema applied"),
         Err(e) => eprintln!("collector: {e}"),
     }
-    let mut applied = 0;
-    for url in &settings.clickhouse_urls {
-        let url = url.as_str().trim_end_matches('/');
+    // All replicas at once, each tried again until it answers or REPLICA_TIMEOUT has passed:
+    // in a fresh `docker compose up` the replicas may still be starting (compose does not
+    // wait for them to be healthy, so that one replica down cannot block a deploy).
+    let attempts = settings.clickhouse_urls.iter().map(|url| async move {
+        let url = url.as_str().trim_end_matches('/').to_owned();
         let client = clickhouse::Client::default()
-            .with_url(url)
+            .with_url(&url)
             .with_validation(false);
-        let apply = apply_clickhouse(&client, &settings.clickhouse_database);
-        match tokio::time::timeout(REPLICA_TIMEOUT, apply).await {
-            Ok(Ok(())) => {
+        let deadline = tokio::time::Instant::now() + REPLICA_TIMEOUT;
+        let result = loop {
+            let apply = apply_clickhouse(&client, &settings.clickhouse_database);
+            let result = match tokio::time::timeout_at(deadline, apply).await {
+                Ok(r) => r,
+                Err(_) => Err(format!("no answer within {REPLICA_TIMEOUT:?}")),
+            };
+            match result {
+                Err(_) if tokio::time::Instant::now() + RETRY_EVERY < deadline => {
+                    tokio::time::sleep(RETRY_EVERY).await
+                }
+                done => break done,
+            }
+        };
+        (url, result)
+    });
+    let mut applied = 0;
+    for (url, result) in futures_util::future::join_all(attempts).await {
+        match result {
+            Ok(()) => {
                 applied += 1;
                 println!("clickhouse {url}: schema applied");
             }
-            Ok(Err(e)) => eprintln!(
+            Err(e) => eprintln!(
                 "collector: clickhouse {url}: not applied ({e}); the collector applies it when the replica answers"
-            ),
-            Err(_) => eprintln!(
-                "collector: clickhouse {url}: not applied (no answer within {REPLICA_TIMEOUT:?}); the collector applies it when the replica answers"
             ),
         }
     }

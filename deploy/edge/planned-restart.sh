@@ -16,7 +16,7 @@
 # reaches the other edge, which answers with a reset), so none may be open at that moment.
 #
 # Environment: what keepalived-run.sh reads (EDGE_VIP, EDGE_PEER; EDGE_BIND gives the port,
-# default 443), EDGE_DRAIN_TIMEOUT (seconds, default 10), and how to stop and start the parts
+# default 443), EDGE_DRAIN_TIMEOUT (seconds, default 12), and how to stop and start the parts
 # (defaults: the systemd units of this folder):
 #   EDGE_KEEPALIVED_STOP   systemctl stop collector-edge-keepalived
 #   EDGE_PROXY_RESTART     systemctl restart collector-edge-haproxy
@@ -29,7 +29,9 @@ vip=${vip%/*}
 peer=${EDGE_PEER:?EDGE_PEER is not set}
 bind=${EDGE_BIND:-:443}
 port=${bind##*:}
-drain_timeout=${EDGE_DRAIN_TIMEOUT:-10}
+# Above haproxy.cfg's `timeout http-keep-alive` (10 s), so that HAProxy has closed the idle
+# keep-alive connections before the address moves.
+drain_timeout=${EDGE_DRAIN_TIMEOUT:-12}
 keepalived_stop=${EDGE_KEEPALIVED_STOP:-systemctl stop collector-edge-keepalived}
 proxy_restart=${EDGE_PROXY_RESTART:-systemctl restart collector-edge-haproxy}
 keepalived_start=${EDGE_KEEPALIVED_START:-systemctl start collector-edge-keepalived}
@@ -37,10 +39,12 @@ rule="-d $vip -p tcp --dport $port --syn -m comment --comment collector-edge-dra
 
 say() { echo "planned-restart $(date +%H:%M:%S.%3N): $*" >&2; }
 healthz() { curl --silent --fail --insecure --max-time 2 --output /dev/null "https://$1:$port/edge/healthz"; }
-# open_connections: established or half-open TCP connections to the floating address.
+# open_connections: established or half-open TCP connections to the floating address. With
+# two states `ss` prints a State column first (with one it does not), so the local address is
+# looked for in any column rather than in a fixed one.
 open_connections() {
     ss -Htn state established state syn-recv "( sport = :$port )" |
-        awk -v a="$vip:$port" '$3 == a { n++ } END { print n + 0 }'
+        awk -v a="$vip:$port" '{ for (i = 1; i <= NF; i++) if ($i == a) { n++; break } } END { print n + 0 }'
 }
 holds_address() { ip -o -4 addr show | grep -qF " $vip/"; }
 # wait_for SECONDS WHAT CMD...: polls CMD every 50 ms.
