@@ -11,35 +11,6 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
-/// `collector ARGS` on `env`'s databases with the settings store reached through `url`.
-fn cli_via(env: &TestEnv, url: &str, args: &[&str]) -> CliOutput {
-    let out = std::process::Command::new(collector_bin())
-        .args(args)
-        .envs(env.collector_env())
-        .env("COLLECTOR_DATABASE_URL", url)
-        .output()
-        .expect("run collector");
-    CliOutput {
-        code: out.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
-}
-
-/// A fresh, empty database `db` on the stack's PostgreSQL (made directly: the pooler serves
-/// only databases that exist).
-async fn create_database(stack: &Stack, db: &str) {
-    let (client, conn) =
-        tokio_postgres::connect(&stack.database_url("postgres"), tokio_postgres::NoTls)
-            .await
-            .expect("connect to postgres");
-    tokio::spawn(conn);
-    client
-        .batch_execute(&format!("CREATE DATABASE {db}"))
-        .await
-        .unwrap();
-}
-
 /// `SHOW name` on PgBouncer's admin console (simple protocol, which it requires): the rows.
 async fn admin(bouncer: &PgBouncer, command: &str) -> Vec<Vec<String>> {
     let (client, conn) =
@@ -73,8 +44,8 @@ fn warnings(logs: &str) -> Vec<&str> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrate_sites_and_serve_work_through_pgbouncer_in_transaction_mode() {
     let stack = Stack::shared();
-    let db = format!("t_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
-    create_database(stack, &db).await;
+    let env = TestEnv::empty(stack).await;
+    let db = env.db.clone();
     let pg_port: u16 = stack.env["PG_PORT"].parse().unwrap();
     let bouncer = PgBouncer::start(pg_port, &db).await;
     let mode = admin(&bouncer, "SHOW CONFIG").await;
@@ -84,15 +55,12 @@ async fn migrate_sites_and_serve_work_through_pgbouncer_in_transaction_mode() {
         "pgbouncer is not in transaction mode: {mode:?}"
     );
     let url = bouncer.database_url(&db);
-    let env = TestEnv {
-        stack,
-        db: db.clone(),
-        site: "site-1".into(),
-    };
+    // The settings store reached through the pooler.
+    let via = [("COLLECTOR_DATABASE_URL", url.as_str())];
 
     // migrate through the pooler, twice (idempotent: the second finds everything there).
     for run in 1..=2 {
-        let out = cli_via(&env, &url, &["migrate"]);
+        let out = env.cli_with(&via, &["migrate"]);
         assert_eq!(
             out.code,
             0,
@@ -109,19 +77,19 @@ async fn migrate_sites_and_serve_work_through_pgbouncer_in_transaction_mode() {
     }
 
     // 20 consecutive `sites` commands, each a new client of the pooler: every one succeeds.
-    cli_via(&env, &url, &["sites", "add", "--key", &env.site]).success();
+    env.cli_with(&via, &["sites", "add", "--key", &env.site])
+        .success();
     let mut failures = Vec::new();
     for i in 0..20 {
         let key = format!("pool-{}", i / 4);
         let out = match i % 4 {
-            0 => cli_via(
-                &env,
-                &url,
+            0 => env.cli_with(
+                &via,
                 &["sites", "add", "--key", &key, "--sample-rate", "0.5"],
             ),
-            1 => cli_via(&env, &url, &["sites", "disable", &key]),
-            2 => cli_via(&env, &url, &["sites", "enable", &key]),
-            _ => cli_via(&env, &url, &["sites", "list"]),
+            1 => env.cli_with(&via, &["sites", "disable", &key]),
+            2 => env.cli_with(&via, &["sites", "enable", &key]),
+            _ => env.cli_with(&via, &["sites", "list"]),
         };
         if out.code != 0 || (i % 4 == 3 && !out.stdout.contains(&key)) {
             failures.push(format!(
@@ -166,7 +134,8 @@ async fn migrate_sites_and_serve_work_through_pgbouncer_in_transaction_mode() {
     acked.push(id);
 
     // A site added after the start is served (first fetched on demand, then in the reloads).
-    cli_via(&env, &url, &["sites", "add", "--key", "late-site"]).success();
+    env.cli_with(&via, &["sites", "add", "--key", "late-site"])
+        .success();
     let (id, m) = measurement("late-site");
     let (status, body) = c.post_json(&m).await;
     assert_eq!(status, 202, "{body}\n{}", c.logs());

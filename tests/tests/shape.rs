@@ -273,21 +273,6 @@ async fn a_hung_settings_host_listed_first_costs_only_its_timeout() {
     );
 }
 
-/// `collector` with this test's databases but the replicas in the order `urls`.
-fn cli_with_urls(env: &TestEnv, urls: &str, args: &[&str]) -> CliOutput {
-    let out = std::process::Command::new(collector_bin())
-        .args(args)
-        .envs(env.collector_env())
-        .env("COLLECTOR_CLICKHOUSE_URLS", urls)
-        .output()
-        .expect("run collector");
-    CliOutput {
-        code: out.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
-}
-
 /// A count from a `SELECT count() AS n` on replica `url`, `None` while the replica or the
 /// table is not there.
 async fn count_on(url: &str, sql: &str) -> Option<i64> {
@@ -312,22 +297,8 @@ async fn migrate_with_a_replica_down_and_the_replica_gets_the_table_when_it_retu
     // The down replica first: the collector's preferred one.
     let order = format!("{},{},{}", urls[2], urls[0], urls[1]);
 
-    let db = format!("t_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
-    let (client, conn) =
-        tokio_postgres::connect(&stack.database_url("postgres"), tokio_postgres::NoTls)
-            .await
-            .unwrap();
-    tokio::spawn(conn);
-    client
-        .batch_execute(&format!("CREATE DATABASE {db}"))
-        .await
-        .unwrap();
-    let env = TestEnv {
-        stack,
-        db,
-        site: "site-1".into(),
-    };
-    let out = cli_with_urls(&env, &order, &["migrate"]);
+    let env = TestEnv::empty(stack).await;
+    let out = env.cli_with(&[("COLLECTOR_CLICKHOUSE_URLS", &order)], &["migrate"]);
     assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
     assert!(
         out.stderr
@@ -335,7 +306,11 @@ async fn migrate_with_a_replica_down_and_the_replica_gets_the_table_when_it_retu
         "migrate does not name the replica it could not reach:\n{}",
         out.stderr
     );
-    cli_with_urls(&env, &order, &["sites", "add", "--key", "site-1"]).success();
+    env.cli_with(
+        &[("COLLECTOR_CLICKHOUSE_URLS", &order)],
+        &["sites", "add", "--key", "site-1"],
+    )
+    .success();
 
     let c = env
         .collector(&[("COLLECTOR_CLICKHOUSE_URLS", order.as_str())])

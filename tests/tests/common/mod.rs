@@ -191,6 +191,15 @@ pub struct TestEnv<'a> {
 impl<'a> TestEnv<'a> {
     /// Fresh databases on `stack`, migrated, with site `site-1` (any origin) registered.
     pub async fn new(stack: &'a Stack) -> TestEnv<'a> {
+        let env = TestEnv::empty(stack).await;
+        env.cli(&["migrate"]).success();
+        env.cli(&["sites", "add", "--key", "site-1"]).success();
+        env
+    }
+
+    /// A fresh, empty PostgreSQL database on `stack`, nothing migrated and no site registered
+    /// (for tests that run `migrate` their own way); `site` is `site-1`.
+    pub async fn empty(stack: &'a Stack) -> TestEnv<'a> {
         let db = format!("t_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
         let (client, conn) =
             tokio_postgres::connect(&stack.database_url("postgres"), tokio_postgres::NoTls)
@@ -200,15 +209,12 @@ impl<'a> TestEnv<'a> {
         client
             .batch_execute(&format!("CREATE DATABASE {db}"))
             .await
-            .unwrap();
-        let env = TestEnv {
+            .expect("create the test database");
+        TestEnv {
             stack,
             db,
             site: "site-1".into(),
-        };
-        env.cli(&["migrate"]).success();
-        env.cli(&["sites", "add", "--key", "site-1"]).success();
-        env
+        }
     }
 
     /// Environment for a collector process using this test's databases.
@@ -228,9 +234,15 @@ impl<'a> TestEnv<'a> {
 
     /// Runs `collector ARGS` against this test's databases.
     pub fn cli(&self, args: &[&str]) -> CliOutput {
+        self.cli_with(&[], args)
+    }
+
+    /// Runs `collector ARGS` against this test's databases with some settings replaced.
+    pub fn cli_with(&self, settings: &[(&str, &str)], args: &[&str]) -> CliOutput {
         let out = Command::new(collector_bin())
             .args(args)
             .envs(self.collector_env())
+            .envs(settings.iter().copied())
             .output()
             .expect("run collector");
         CliOutput {
