@@ -142,8 +142,8 @@ pub async fn run(
             return;
         };
         reader.record_in_flight(batch.start, batch.end);
-        // When the drain began, as seen by this batch: set once, at the first failure after
-        // shutdown was asked for (a batch begun before it must give up too, not retry forever).
+        // When the drain began, as seen by this batch: set by `drain_deadline` when shutdown
+        // is asked for (a batch begun before it must give up too, not retry forever).
         let mut draining_since = (*shutdown.borrow()).then(Instant::now);
         let mut attempt = 0u32;
         loop {
@@ -192,22 +192,12 @@ pub async fn run(
                     // that keeps failing is logged once when it goes down, with this cause
                     // (`Replicas::set_state`), then once a minute while it stays down.
                     tracing::debug!(replica = %replicas.url(target), %reason, attempt, "clickhouse insert failed; will retry");
-                    if draining_since.is_none() && *shutdown.borrow() {
-                        draining_since = Some(Instant::now());
-                    }
-                    if draining_since.is_some_and(|t| t.elapsed() >= DRAIN_DEADLINE) {
-                        tracing::warn!(
-                            rows = batch.rows.len(),
-                            last_error = %reason,
-                            "drain deadline passed; the batch stays in the spool"
-                        );
-                        return;
-                    }
                     tokio::select! {
                         () = tokio::time::sleep(backoff(attempt)) => {}
                         () = drain_deadline(&mut shutdown, &mut draining_since) => {
                             tracing::warn!(
                                 rows = batch.rows.len(),
+                                last_error = %reason,
                                 "drain deadline passed; the batch stays in the spool"
                             );
                             return;
