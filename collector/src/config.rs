@@ -104,6 +104,25 @@ pub enum Command {
         #[command(subcommand)]
         command: SitesCommand,
     },
+    /// Inspect the spool folder (`COLLECTOR_SPOOL_DIR`).
+    Spool {
+        /// What to do with the spool.
+        #[command(subcommand)]
+        command: SpoolCommand,
+    },
+}
+
+/// `collector spool ...`.
+#[derive(Debug, Subcommand)]
+pub enum SpoolCommand {
+    /// Print the measurements the spool holds that ClickHouse has not confirmed, one JSON
+    /// line each (`{"segment":N,"offset":N,"row":{...}}`), and a summary on stderr. Reads
+    /// without the folder's lock: safe beside a running collector.
+    Dump {
+        /// Also the confirmed ones still on disk.
+        #[arg(long)]
+        all: bool,
+    },
 }
 
 /// `collector sites ...`.

@@ -47,7 +47,7 @@ use std::sync::Arc;
 
 use tokio::sync::watch;
 
-use config::{Cli, Command, Settings, SitesCommand};
+use config::{Cli, Command, Settings, SitesCommand, SpoolCommand};
 
 /// Exit code for bad configuration or usage (contract §1).
 pub const EXIT_CONFIG: i32 = 2;
@@ -69,6 +69,7 @@ pub async fn run(cli: Cli) -> i32 {
         Command::Migrate => migrate::run(&settings).await,
         Command::Sites { command } => sites(&settings, command).await,
         Command::Probe => probe(&settings).await,
+        Command::Spool { command } => spool_command(&settings, command),
     };
     match result {
         Ok(()) => 0,
@@ -218,33 +219,26 @@ async fn serve(settings: Settings) -> Result<(), RunError> {
         &settings.clickhouse_database,
         metrics.clone(),
     );
-    // One probe round before writing, so that a replica found down or lagging at start is not
-    // written to first.
-    let (db, delay) = (
-        settings.clickhouse_database.clone(),
-        settings.catchup_max_delay,
-    );
-    writer::probe::round(&replicas, &db, delay, true).await;
-    let prober = tokio::spawn(writer::probe::run(
-        replicas.clone(),
-        db,
-        delay,
-        writer_shutdown.clone(),
-    ));
     let batch_limits = writer::BatchLimits {
         max_rows: settings.batch_max_rows,
         max_bytes: settings.batch_max_bytes,
         max_age: settings.batch_max_age,
     };
+    let probing = writer::probe::Settings {
+        database: settings.clickhouse_database.clone(),
+        max_delay: settings.catchup_max_delay,
+    };
     let pruner = tokio::spawn(limits.run_pruner(writer_shutdown.clone()));
     let reloader = tokio::spawn(site_settings_reloader.run_reloader(writer_shutdown.clone()));
-    let writer = tokio::spawn(writer::run(
+    let writer = writer::spawn(
         reader,
         replicas,
         batch_limits,
+        probing,
         metrics.clone(),
         writer_shutdown,
-    ));
+    )
+    .map_err(|e| failed(format!("cannot start the writer thread: {e}")))?;
 
     tracing::info!(listen = %settings.listen, replicas = settings.clickhouse_urls.len(), "collector: serving");
 
@@ -275,11 +269,44 @@ async fn serve(settings: Settings) -> Result<(), RunError> {
     drop(state);
     tracing::info!("listener closed; flushing batches");
     let _ = stop_writer.send(true);
-    let _ = writer.await;
-    let _ = prober.await;
+    // The writer ends within its drain deadline; its thread is joined off the runtime.
+    let _ = tokio::task::spawn_blocking(move || writer.join()).await;
     let _ = reloader.await;
     let _ = pruner.await;
     tracing::info!("collector: stopped");
+    Ok(())
+}
+
+/// `collector spool dump`.
+fn spool_command(settings: &Settings, command: SpoolCommand) -> Result<(), RunError> {
+    let SpoolCommand::Dump { all } = command;
+    let dir = &settings.spool_dir;
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    let summary = match spool::dump::dump(dir, all, &mut out) {
+        Ok(s) => s,
+        // `collector spool dump | head`: the reader has seen enough.
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(()),
+        Err(e) => return Err(failed(format!("spool folder {}: {e}", dir.display()))),
+    };
+    eprintln!(
+        "collector: {} rows in {} frames of {} segments ({}); cursor at segment {} offset {}{}",
+        summary.rows,
+        summary.frames,
+        summary.segments,
+        if all {
+            "all on disk"
+        } else {
+            "not yet confirmed by ClickHouse"
+        },
+        summary.cursor.segment,
+        summary.cursor.offset,
+        if summary.damaged > 0 {
+            format!("; {} frames could not be decoded", summary.damaged)
+        } else {
+            String::new()
+        }
+    );
     Ok(())
 }
 

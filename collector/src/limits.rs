@@ -76,14 +76,15 @@ impl Limits {
     }
 
     /// Counts `n` measurements of `site`; `Err(wait)` when it is over its rate.
-    pub fn check_site(&self, site: &String, n: u32) -> Result<(), Duration> {
+    pub fn check_site(&self, site: &str, n: u32) -> Result<(), Duration> {
         let Some(limiter) = &self.sites else {
             return Ok(());
         };
         let Some(n) = NonZeroU32::new(n) else {
             return Ok(());
         };
-        match limiter.check_key_n(site, n) {
+        // The limiter is keyed by an owned string (governor's keyed state map).
+        match limiter.check_key_n(&site.to_owned(), n) {
             Ok(Ok(())) => Ok(()),
             Ok(Err(not_until)) => Err(not_until.wait_time_from(DefaultClock::default().now())),
             Err(_) => Err(Duration::from_secs(1)),

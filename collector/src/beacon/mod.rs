@@ -19,7 +19,7 @@ use serde_json::value::RawValue;
 use url::Url;
 use uuid::Uuid;
 
-use crate::measurement::{Measurement, MAX_USER_AGENT_BYTES};
+use crate::measurement::{DateTime, Measurement, MAX_USER_AGENT_BYTES};
 pub use decode::{parse, text, Field, Item, RawBeacon};
 pub use media::{content_type_ok, encoding, inflate, Encoding};
 
@@ -78,11 +78,12 @@ pub struct Context<'a> {
     pub user_agent: &'a str,
 }
 
-/// A measurement that passed validation, with what was dropped on the way.
+/// A measurement that passed validation, with what was dropped on the way. It borrows its
+/// strings from the request body and headers where it can (`'a`).
 #[derive(Debug, Clone, PartialEq)]
-pub struct Valid {
+pub struct Valid<'a> {
     /// The row to store. Its `sample_rate` is 1 until intake sets the site's.
-    pub measurement: Measurement,
+    pub measurement: Measurement<'a>,
     /// Names of the optional fields that were present but invalid, and dropped.
     pub dropped: Vec<&'static str>,
     /// Whether a present `ts` was outside the accepted skew and stored as NULL.
@@ -97,7 +98,7 @@ pub type Rejection = &'static str;
 ///
 /// Errors (rejections): `not a measurement object`, `missing id`, `invalid id`, `missing site`,
 /// `invalid site`, `missing url`, `invalid url`.
-pub fn validate(item: Item<'_>, ctx: &Context<'_>) -> Result<Valid, Rejection> {
+pub fn validate<'a>(item: Item<'a>, ctx: &Context<'a>) -> Result<Valid<'a>, Rejection> {
     let raw = item?;
     let id = required(raw.id, "missing id", "invalid id")?;
     let id = match Uuid::try_parse(&id) {
@@ -159,12 +160,12 @@ pub fn validate(item: Item<'_>, ctx: &Context<'_>) -> Result<Valid, Rejection> {
     Ok(Valid {
         measurement: Measurement {
             id,
-            site: site.into_owned(),
-            received_at: (ctx.received_at_ms.max(0) / 1000).min(u32::MAX as i64) as u32,
-            url,
+            site,
+            received_at: DateTime((ctx.received_at_ms.max(0) / 1000).min(u32::MAX as i64) as u32),
+            url: url.into(),
             ts,
-            referrer,
-            navigation_type: navigation_type.map(str::to_owned),
+            referrer: referrer.map(Cow::Owned),
+            navigation_type: navigation_type.map(Cow::Borrowed),
             ttfb_ms,
             fcp_ms,
             lcp_ms,
@@ -173,8 +174,8 @@ pub fn validate(item: Item<'_>, ctx: &Context<'_>) -> Result<Valid, Rejection> {
             load_ms,
             cls,
             viewport_width,
-            effective_connection_type: effective_connection_type.map(Cow::into_owned),
-            user_agent: ctx.user_agent.to_owned(),
+            effective_connection_type,
+            user_agent: Cow::Borrowed(ctx.user_agent),
             sample_rate: 1.0,
         },
         dropped: dropped.0,
@@ -293,11 +294,15 @@ mod tests {
         }
     }
 
-    fn one(json: &str) -> Result<Valid, Rejection> {
+    fn one(json: &str) -> Result<Valid<'static>, Rejection> {
         let text = text(json.as_bytes());
         let mut items = parse(&text).expect("parses");
         assert_eq!(items.len(), 1);
-        validate(items.remove(0), &ctx())
+        validate(items.remove(0), &ctx()).map(|v| Valid {
+            measurement: v.measurement.into_owned(),
+            dropped: v.dropped,
+            clock_skewed: v.clock_skewed,
+        })
     }
 
     fn with(extra: &str) -> String {
@@ -316,7 +321,7 @@ mod tests {
         assert_eq!(m.id.to_string(), ID);
         assert_eq!(m.site, "shop-1");
         assert_eq!(m.url, "https://shop.example/p?x=1");
-        assert_eq!(m.received_at, (NOW / 1000) as u32);
+        assert_eq!(m.received_at.0, (NOW / 1000) as u32);
         assert_eq!(m.ts, Some(1_779_999_999_000));
         assert_eq!(m.referrer.as_deref(), Some("https://google.com/"));
         assert_eq!(m.navigation_type.as_deref(), Some("reload"));
@@ -556,7 +561,7 @@ mod tests {
         let items = parse(&text).unwrap();
         let results: Vec<_> = items
             .into_iter()
-            .map(|i| validate(i, &ctx()).map(|v| v.measurement.site))
+            .map(|i| validate(i, &ctx()).map(|v| v.measurement.site.into_owned()))
             .collect();
         assert_eq!(
             results,
@@ -604,7 +609,7 @@ mod tests {
                 serde_json::to_string(r).unwrap()
             )))
             .unwrap();
-            (v.measurement.referrer, v.dropped)
+            (v.measurement.referrer.map(|r| r.into_owned()), v.dropped)
         };
         assert_eq!(
             stored("https://user:secret@Ref.Example/x#frag"),

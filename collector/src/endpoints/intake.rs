@@ -20,7 +20,7 @@ use crate::beacon::{self, Context, Encoding, Item, Valid, MAX_BODY_BYTES};
 use crate::client_ip::client_ip;
 use crate::dedup::{Claim, ClaimGuard};
 use crate::error::{IntakeError, Rejected};
-use crate::measurement::Measurement;
+use crate::measurement::{EncodedRows, Measurement};
 use crate::server::AppState;
 use crate::settings::{Lookup, Site};
 use crate::spool::AppendError;
@@ -302,7 +302,11 @@ impl Report {
 }
 
 /// Validates every item; the rejected ones go to the report.
-fn validate(items: Vec<Item<'_>>, user_agent: &str, report: &mut Report) -> Vec<(usize, Valid)> {
+fn validate<'a>(
+    items: Vec<Item<'a>>,
+    user_agent: &'a str,
+    report: &mut Report,
+) -> Vec<(usize, Valid<'a>)> {
     let ctx = Context {
         received_at_ms: SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -323,15 +327,15 @@ fn validate(items: Vec<Item<'_>>, user_agent: &str, report: &mut Report) -> Vec<
 /// an `Origin` a known site does not allow refuses the whole request (403), and each kept
 /// measurement gets its site's `sample_rate`. With nothing left, the request is answered 403
 /// (a site was the reason) or 400.
-async fn judge_sites(
+async fn judge_sites<'a>(
     state: &AppState,
     origin: Option<&str>,
-    valid: Vec<(usize, Valid)>,
+    valid: Vec<(usize, Valid<'a>)>,
     report: &mut Report,
-) -> Result<Vec<(usize, Valid)>, IntakeError> {
+) -> Result<Vec<(usize, Valid<'a>)>, IntakeError> {
     let mut sites: HashMap<String, Option<Arc<Site>>> = HashMap::new();
     for (_, v) in &valid {
-        let key = v.measurement.site.as_str();
+        let key: &str = &v.measurement.site;
         if sites.contains_key(key) {
             continue;
         }
@@ -355,7 +359,7 @@ async fn judge_sites(
     let mut kept = Vec::with_capacity(valid.len());
     let mut site_rejected = false;
     for (index, mut v) in valid {
-        match &sites[&v.measurement.site] {
+        match &sites[&*v.measurement.site] {
             Some(site) => {
                 v.measurement.sample_rate = site.sample_rate;
                 kept.push((index, v));
@@ -390,11 +394,11 @@ fn check_rates(
     state: &AppState,
     peer: IpAddr,
     headers: &HeaderMap,
-    valid: &[(usize, Valid)],
+    valid: &[(usize, Valid<'_>)],
 ) -> Result<(), IntakeError> {
-    let mut per_site: HashMap<&String, u32> = HashMap::new();
+    let mut per_site: HashMap<&str, u32> = HashMap::new();
     for (_, v) in valid {
-        *per_site.entry(&v.measurement.site).or_default() += 1;
+        *per_site.entry(&*v.measurement.site).or_default() += 1;
     }
     let client = state
         .limits
@@ -417,11 +421,11 @@ fn check_rates(
 
 /// Claims each id in the dedup window; within one request a repeated id is a duplicate of the
 /// first. Returns the measurements to store and the claims to commit once they are durable.
-async fn claim(
+async fn claim<'a>(
     state: &AppState,
-    valid: Vec<(usize, Valid)>,
+    valid: Vec<(usize, Valid<'a>)>,
     report: &mut Report,
-) -> (Vec<Measurement>, Vec<ClaimGuard>) {
+) -> (Vec<Measurement<'a>>, Vec<ClaimGuard>) {
     let mut guards = Vec::with_capacity(valid.len());
     let mut to_store = Vec::with_capacity(valid.len());
     let mut seen = HashSet::with_capacity(valid.len());
@@ -455,18 +459,24 @@ async fn claim(
     (to_store, guards)
 }
 
-/// Appends to the spool and waits until it is durable.
-async fn append(state: &AppState, to_store: &[Measurement]) -> Result<(), IntakeError> {
+/// Encodes the rows (once: the spool keeps them as the writer sends them), appends them to
+/// the spool and waits until they are durable.
+async fn append(state: &AppState, to_store: &[Measurement<'_>]) -> Result<(), IntakeError> {
     if to_store.is_empty() {
         return Ok(());
     }
-    match state.spool.append(to_store, APPEND_TIMEOUT).await {
+    let rows = EncodedRows::encode(to_store);
+    match state.spool.append(rows, APPEND_TIMEOUT).await {
         Ok(()) => Ok(()),
         Err(AppendError::Full) => Err(IntakeError::Unavailable("spool full", RETRY_AFTER)),
-        Err(AppendError::Overloaded) => {
+        Err(AppendError::QueueFull) => {
             state.metrics.shed.inc();
             Err(IntakeError::Unavailable("overloaded", RETRY_AFTER))
         }
+        Err(AppendError::SyncTimeout) => Err(IntakeError::Unavailable(
+            "spool write timed out",
+            RETRY_AFTER,
+        )),
         Err(AppendError::DiskFull) => Err(IntakeError::Unavailable(
             "spool cannot write: disk full",
             RETRY_AFTER,

@@ -1,26 +1,34 @@
-//! The write path: spool → batch → ClickHouse replica.
+//! The write path: spool → batch → ClickHouse replica, on its own thread.
 //!
-//! One writer task reads durable records from the spool in order, gathers them into a batch
-//! (flushed at [`BatchLimits`]: rows, bytes, or age of its oldest record), inserts the batch
-//! into the active replica and only then confirms it in the spool. A batch is an owned,
-//! immutable value: a failed insert retries the very same rows, on the same or the next replica,
-//! with jittered exponential backoff, until it lands or ClickHouse refuses it as bad data
-//! (then it is kept aside in the spool folder and the pipeline goes on). The writer never
-//! imports HTTP types; it sees only the spool and the replicas.
+//! One writer reads durable frames from the spool in order, joins them into a batch (flushed
+//! at [`BatchLimits`]: rows, bytes, or age of its oldest frame), inserts the batch into the
+//! active replica and only then confirms it in the spool. The frames hold RowBinary rows, the
+//! format of the INSERT, so a batch is their payloads end to end: no row is decoded or
+//! encoded here. A batch is an owned, immutable value: a failed insert retries the very same
+//! bytes, on the same or the next replica, with jittered exponential backoff, until it lands or
+//! ClickHouse refuses it as bad data; a refused batch is bisected ([`refused`]) so that only
+//! the rows ClickHouse refuses are kept aside and the rest is stored. The writer never imports
+//! HTTP types; it sees only the spool and the replicas.
+//!
+//! **Its own thread.** The writer and the replica prober run on a single-threaded tokio
+//! runtime on a thread of their own ([`spawn`]), at a lower scheduling priority
+//! ([`WRITER_NICE`]), never on the runtime that serves requests: the kernel's scheduler then
+//! preempts a batch's work (reading the spool, LZ4, the HTTP exchange) whenever a request
+//! task is ready, on a one-core host too, instead of the request tasks waiting for it.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bytes::{Bytes, BytesMut};
 use rand::Rng;
 use tokio::sync::watch;
 
-use crate::measurement::Measurement;
-
 pub mod probe;
+mod refused;
 pub mod replicas;
 
 use crate::metrics::Metrics;
-use crate::spool::{Position, Record, SpoolReader};
+use crate::spool::{Frame, Position, SpoolReader};
 pub use replicas::Replicas;
 
 /// Flush thresholds of a batch.
@@ -30,7 +38,7 @@ pub struct BatchLimits {
     pub max_rows: usize,
     /// Flush at this many spooled bytes.
     pub max_bytes: usize,
-    /// Flush when the oldest record of the batch has waited this long.
+    /// Flush when the oldest frame of the batch has waited this long.
     pub max_age: Duration,
 }
 
@@ -38,33 +46,42 @@ pub struct BatchLimits {
 pub const BACKOFF_MIN: Duration = Duration::from_millis(100);
 /// Longest backoff between insert attempts while every replica fails.
 pub const BACKOFF_MAX: Duration = Duration::from_secs(5);
-/// Most spool bytes decoded in one go while a batch is gathered.
-const READ_CHUNK_BYTES: u64 = 256 * 1024;
 /// On shutdown, how long the writer may keep trying to flush before leaving the rest in the spool.
 pub const DRAIN_DEADLINE: Duration = Duration::from_secs(10);
+/// The writer thread's nice value (Linux: per thread), above the request threads' 0: under
+/// contention it gets about a tenth of a core against each request thread (CFS weights 110
+/// against 1024, `sched_prio_to_weight` in the kernel's `kernel/sched/core.c`), and the
+/// scheduler runs a woken request task first. It is never starved: idle cores run it, and a
+/// spool that fills answers 503, which lowers the load.
+pub const WRITER_NICE: i32 = 10;
 
-/// A batch: consecutive spool records, from `start` up to `end`.
+/// A batch: consecutive spool frames, from `start` up to `end`.
 #[derive(Debug)]
 pub struct Batch {
     /// The identity of the spool it comes from (32 hex digits, see [`crate::spool`]).
     pub spool: Arc<str>,
-    /// Spool position of its first record.
+    /// Spool position of its first frame.
     pub start: Position,
-    /// Spool position just after its last record.
+    /// Spool position just after its last frame.
     pub end: Position,
-    /// The rows, in spool order.
-    pub rows: Vec<Measurement>,
+    /// The rows, RowBinary, in spool order.
+    pub body: Bytes,
+    /// How many rows `body` holds.
+    pub rows: u64,
     /// Spooled bytes it covers.
     pub bytes: u64,
 }
 
-impl Batch {
-    fn push(&mut self, record: Record) {
-        self.end = record.end;
-        self.bytes += record.bytes;
-        self.rows.extend(record.measurements);
-    }
+/// What one INSERT sends: RowBinary rows and the deduplication token that names them.
+#[derive(Debug, Clone)]
+pub struct InsertBody {
+    /// `insert_deduplication_token`: equal for every retry of these rows, unique otherwise.
+    pub token: String,
+    /// The rows.
+    pub rows: Bytes,
+}
 
+impl Batch {
     /// The batch's `insert_deduplication_token`: `<spool identity>-<start>-<end>`, equal for
     /// every retry of this batch (after a restart too, see [`crate::spool`]'s in-flight
     /// record) and never equal for two different batches, of this spool or any other.
@@ -73,6 +90,14 @@ impl Batch {
             "{}-{}-{}-{}-{}",
             self.spool, self.start.segment, self.start.offset, self.end.segment, self.end.offset
         )
+    }
+
+    /// The whole batch as one INSERT.
+    fn whole(&self) -> InsertBody {
+        InsertBody {
+            token: self.dedup_token(),
+            rows: self.body.clone(),
+        }
     }
 }
 
@@ -124,87 +149,211 @@ pub fn backoff(attempt: u32) -> Duration {
     half + rand::thread_rng().gen_range(Duration::ZERO..=half)
 }
 
+/// Starts the writer and the replica prober on a thread of their own (named `writer`, at
+/// [`WRITER_NICE`]) with a single-threaded runtime: one probe round first, so that a replica
+/// found down or lagging at start is not written to first; then the writer until `shutdown`
+/// turns true and the drain ends ([`run`]). Join the handle to wait for the drain.
+pub fn spawn(
+    reader: SpoolReader,
+    replicas: Replicas,
+    limits: BatchLimits,
+    probing: probe::Settings,
+    metrics: Arc<Metrics>,
+    shutdown: watch::Receiver<bool>,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    std::thread::Builder::new()
+        .name("writer".into())
+        .spawn(move || {
+            lower_priority();
+            runtime.block_on(async move {
+                probe::round(&replicas, &probing.database, probing.max_delay, true).await;
+                let prober = tokio::spawn(probe::run(
+                    replicas.clone(),
+                    probing.database,
+                    probing.max_delay,
+                    shutdown.clone(),
+                ));
+                run(reader, replicas, limits, metrics, shutdown).await;
+                let _ = prober.await;
+            });
+        })
+}
+
+/// Sets this thread's nice value to [`WRITER_NICE`]; a failure (a seccomp profile that
+/// forbids it) costs only the priority.
+fn lower_priority() {
+    let tid = rustix::thread::gettid();
+    if let Err(e) = rustix::process::setpriority_process(Some(tid), WRITER_NICE) {
+        tracing::info!(error = %e, "writer: cannot lower the thread's priority; it runs at the request threads' priority");
+    }
+}
+
 /// Runs the writer until `shutdown` turns true; then flushes what it can within
 /// [`DRAIN_DEADLINE`] and leaves the rest in the spool.
 pub async fn run(
-    mut reader: SpoolReader,
+    reader: SpoolReader,
     replicas: Replicas,
     limits: BatchLimits,
     metrics: Arc<Metrics>,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
 ) {
-    let mut records = Vec::new();
     let spool: Arc<str> = reader.identity().into();
+    let mut writer = Writer {
+        reader,
+        replicas,
+        metrics,
+        shutdown,
+        draining_since: None,
+    };
+    let mut frames = Vec::new();
     loop {
-        let Some(batch) =
-            next_batch(&mut reader, &spool, &mut records, limits, &mut shutdown).await
-        else {
+        let Some(batch) = writer.next_batch(&spool, &mut frames, limits).await else {
             return;
         };
-        reader.record_in_flight(batch.start, batch.end);
+        writer.reader.record_in_flight(batch.start, batch.end);
         // When the drain began, as seen by this batch: set by `drain_deadline` when shutdown
         // is asked for (a batch begun before it must give up too, not retry forever).
-        let mut draining_since = (*shutdown.borrow()).then(Instant::now);
+        writer.draining_since = (*writer.shutdown.borrow()).then(Instant::now);
+        let delivered = match writer.send(&batch.whole()).await {
+            Ok(()) => Ok(()),
+            Err(Failure::Refused(reason)) => writer.deliver_refused(&batch, reason).await,
+            Err(Failure::Abandoned) => Err(Abandoned),
+        };
+        match delivered {
+            Ok(()) => writer.reader.confirm(batch.end, batch.rows, batch.bytes),
+            Err(Abandoned) => {
+                tracing::warn!(
+                    rows = batch.rows,
+                    "drain deadline passed; the batch stays in the spool and is sent after the restart"
+                );
+                return;
+            }
+        }
+    }
+}
+
+/// Why [`Writer::send`] gave up.
+enum Failure {
+    /// ClickHouse refused the rows as bad data (the reason, with its code).
+    Refused(String),
+    /// The drain deadline passed.
+    Abandoned,
+}
+
+/// The drain deadline passed: the rest stays in the spool.
+struct Abandoned;
+
+/// The writer's state between batches.
+struct Writer {
+    reader: SpoolReader,
+    replicas: Replicas,
+    metrics: Arc<Metrics>,
+    shutdown: watch::Receiver<bool>,
+    /// When the drain began, as seen by the current batch.
+    draining_since: Option<Instant>,
+}
+
+impl Writer {
+    /// Inserts `body` into the active replica until it lands, retrying transient failures
+    /// with backoff (on whichever replica is active then), until ClickHouse refuses it as bad
+    /// data or the drain deadline passes.
+    async fn send(&mut self, body: &InsertBody) -> Result<(), Failure> {
         let mut attempt = 0u32;
         loop {
             if attempt > 0 {
-                metrics.batches_retried.inc();
+                self.metrics.batches_retried.inc();
             }
-            let target = replicas.pick();
+            let target = self.replicas.pick();
             // An insert into a replica that hangs (frozen, black-holed) can take up to the
             // insert timeout per replica: the drain deadline must cut it, not wait for it. A
             // cut insert may still complete on the server: the batch stays in the spool and
             // is sent again after the restart with the same token (see `INFLIGHT`).
             let result = tokio::select! {
-                r = replicas.insert(target, &batch) => r,
-                () = drain_deadline(&mut shutdown, &mut draining_since) => {
-                    tracing::warn!(
-                        rows = batch.rows.len(),
-                        replica = %replicas.url(target),
-                        "drain deadline passed during an insert; the batch stays in the spool"
-                    );
-                    return;
+                r = self.replicas.insert(target, body) => r,
+                () = drain_deadline(&mut self.shutdown, &mut self.draining_since) => {
+                    tracing::debug!(replica = %self.replicas.url(target), "drain deadline passed during an insert");
+                    return Err(Failure::Abandoned);
                 }
             };
             match result {
-                Ok(()) => {
-                    confirm(&mut reader, &batch);
-                    break;
-                }
-                Err(InsertError::Permanent(reason)) => {
-                    match reader.keep_aside(batch.start, &batch.rows, &reason) {
-                        Ok(path) => {
-                            tracing::error!(rows = batch.rows.len(), file = %path.display(), %reason, "clickhouse refused a batch as bad data; kept aside")
-                        }
-                        Err(e) => {
-                            tracing::error!(error = %crate::logging::chain(&e), "cannot keep a refused batch aside; retrying later");
-                            tokio::time::sleep(backoff(attempt)).await;
-                            attempt += 1;
-                            continue;
-                        }
-                    }
-                    metrics.kept_aside.inc();
-                    confirm(&mut reader, &batch);
-                    break;
-                }
+                Ok(()) => return Ok(()),
+                Err(InsertError::Permanent(reason)) => return Err(Failure::Refused(reason)),
                 Err(InsertError::Transient(reason)) => {
                     // Not a warning: every attempt counts against its replica, and a replica
                     // that keeps failing is logged once when it goes down, with this cause
                     // (`Replicas::set_state`), then once a minute while it stays down.
-                    tracing::debug!(replica = %replicas.url(target), %reason, attempt, "clickhouse insert failed; will retry");
-                    tokio::select! {
-                        () = tokio::time::sleep(backoff(attempt)) => {}
-                        () = drain_deadline(&mut shutdown, &mut draining_since) => {
-                            tracing::warn!(
-                                rows = batch.rows.len(),
-                                last_error = %reason,
-                                "drain deadline passed; the batch stays in the spool"
-                            );
-                            return;
-                        }
-                    }
+                    tracing::debug!(replica = %self.replicas.url(target), %reason, attempt, "clickhouse insert failed; will retry");
+                    self.pause(attempt).await?;
                     attempt = attempt.saturating_add(1);
                 }
+            }
+        }
+    }
+
+    /// Waits the backoff of `attempt`, or fails once the drain deadline passes.
+    async fn pause(&mut self, attempt: u32) -> Result<(), Failure> {
+        tokio::select! {
+            () = tokio::time::sleep(backoff(attempt)) => Ok(()),
+            () = drain_deadline(&mut self.shutdown, &mut self.draining_since) => Err(Failure::Abandoned),
+        }
+    }
+
+    /// Gathers the next batch; `None` once shutdown is requested and nothing is left to read.
+    /// Reading is blocking I/O from the page cache, on the writer's own thread.
+    async fn next_batch(
+        &mut self,
+        spool: &Arc<str>,
+        frames: &mut Vec<Frame>,
+        limits: BatchLimits,
+    ) -> Option<Batch> {
+        let start = self.reader.position();
+        let mut body = BytesMut::new();
+        let (mut rows, mut bytes, mut end) = (0u64, 0u64, start);
+        let mut deadline: Option<Instant> = None;
+        loop {
+            let room = (limits.max_bytes as u64).saturating_sub(bytes).max(1);
+            self.reader.read_available(room, frames);
+            for frame in frames.drain(..) {
+                body.extend_from_slice(&frame.payload);
+                rows += u64::from(frame.rows);
+                bytes += frame.bytes;
+                end = frame.end;
+            }
+            if rows > 0 && deadline.is_none() {
+                deadline = Some(Instant::now() + limits.max_age);
+            }
+            // A batch replayed after a restart ends where it ended before (same token).
+            let replayed = self
+                .reader
+                .replay_bound()
+                .is_some_and(|b| self.reader.position() >= b);
+            let full =
+                replayed || rows >= limits.max_rows as u64 || bytes >= limits.max_bytes as u64;
+            let draining = *self.shutdown.borrow();
+            let ready = match deadline {
+                Some(d) => full || draining || Instant::now() >= d,
+                None if draining => return None,
+                None => false,
+            };
+            if ready {
+                return Some(Batch {
+                    spool: spool.clone(),
+                    start,
+                    end,
+                    body: body.freeze(),
+                    rows,
+                    bytes,
+                });
+            }
+            let wait = deadline.map_or(Duration::from_secs(1), |d| {
+                d.saturating_duration_since(Instant::now())
+            });
+            tokio::select! {
+                _ = self.reader.wait(wait) => {}
+                _ = self.shutdown.changed() => {}
             }
         }
     }
@@ -224,69 +373,6 @@ async fn drain_deadline(shutdown: &mut watch::Receiver<bool>, since: &mut Option
         }
     };
     tokio::time::sleep_until((began + DRAIN_DEADLINE).into()).await;
-}
-
-fn confirm(reader: &mut SpoolReader, batch: &Batch) {
-    reader.confirm(batch.end, batch.rows.len() as u64, batch.bytes);
-}
-
-/// Gathers the next batch; `None` once shutdown is requested and nothing is left to read.
-async fn next_batch(
-    reader: &mut SpoolReader,
-    spool: &Arc<str>,
-    records: &mut Vec<Record>,
-    limits: BatchLimits,
-    shutdown: &mut watch::Receiver<bool>,
-) -> Option<Batch> {
-    let start = reader.position();
-    let mut batch = Batch {
-        spool: spool.clone(),
-        start,
-        end: start,
-        rows: Vec::new(),
-        bytes: 0,
-    };
-    let mut deadline: Option<Instant> = None;
-    loop {
-        // Read in chunks: decoding a large backlog at once would hold the CPU from intake.
-        let room = (limits.max_bytes as u64)
-            .saturating_sub(batch.bytes)
-            .clamp(1, READ_CHUNK_BYTES);
-        tokio::task::block_in_place(|| reader.read_available(room, records));
-        let got = !records.is_empty();
-        for record in records.drain(..) {
-            batch.push(record);
-        }
-        if !batch.rows.is_empty() && deadline.is_none() {
-            deadline = Some(Instant::now() + limits.max_age);
-        }
-        // A batch replayed after a restart ends where it ended before (same token).
-        let replayed = reader
-            .replay_bound()
-            .is_some_and(|b| reader.position() >= b);
-        let full = replayed
-            || batch.rows.len() >= limits.max_rows
-            || batch.bytes >= limits.max_bytes as u64;
-        let draining = *shutdown.borrow();
-        match deadline {
-            Some(_) if full || draining => return Some(batch),
-            Some(d) if Instant::now() >= d => return Some(batch),
-            Some(_) if got => tokio::task::yield_now().await,
-            Some(d) => {
-                tokio::select! {
-                    _ = reader.wait(d.saturating_duration_since(Instant::now())) => {}
-                    _ = shutdown.changed() => {}
-                }
-            }
-            None if draining => return None,
-            None => {
-                tokio::select! {
-                    _ = reader.wait(Duration::from_secs(1)) => {}
-                    _ = shutdown.changed() => {}
-                }
-            }
-        }
-    }
 }
 
 #[cfg(test)]
@@ -333,7 +419,8 @@ mod tests {
             spool: spool.into(),
             start: at(1, 8),
             end: at(1, end),
-            rows: Vec::new(),
+            body: Bytes::new(),
+            rows: 0,
             bytes: 0,
         };
         let (a, b) = ("a".repeat(32), "b".repeat(32));

@@ -13,7 +13,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use tokio::sync::watch;
 
-use crate::measurement::Measurement;
+use crate::measurement::COLUMNS;
 use crate::writer::replicas::{is_stale_connection, Replicas};
 
 /// Time between probe rounds.
@@ -79,7 +79,7 @@ struct ServerInfo {
 /// `version()` and how many of the writer's columns the replica's `measurements` has, in one
 /// round trip (a scalar subquery, which 18.16 and current releases both accept).
 static INFO_QUERY: LazyLock<String> = LazyLock::new(|| {
-    let names = <Measurement as clickhouse::Row>::COLUMN_NAMES
+    let names = COLUMNS
         .iter()
         .map(|c| format!("'{c}'"))
         .collect::<Vec<_>>()
@@ -105,7 +105,7 @@ async fn check(
 ) -> Result<Probe, clickhouse::error::Error> {
     let info: ServerInfo = client.query(&INFO_QUERY).bind(database).fetch_one().await?;
     let dedup_token = knows_dedup_token(&info.version);
-    if info.columns < <Measurement as clickhouse::Row>::COLUMN_NAMES.len() as u64 {
+    if info.columns < COLUMNS.len() as u64 {
         return Ok(Probe {
             caught_up: false,
             dedup_token,
@@ -170,6 +170,15 @@ pub async fn probe(
         }
     }
     Ok(found)
+}
+
+/// What the prober needs to know.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The ClickHouse database holding `measurements`.
+    pub database: String,
+    /// Most replication delay a replica may have and still count as caught up.
+    pub max_delay: Duration,
 }
 
 /// One round over every replica, concurrently. `initial` trusts a single result.

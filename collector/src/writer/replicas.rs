@@ -32,10 +32,9 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
-use crate::measurement::Measurement;
 use crate::metrics::{Metrics, ReplicaLabel};
 use crate::writer::probe::Probe;
-use crate::writer::{classify, Batch, InsertError};
+use crate::writer::{classify, InsertBody, InsertError};
 
 /// Insert failures within [`FAILURE_WINDOW`] that mark a replica down.
 pub const FAILURES_TO_DOWN: usize = 3;
@@ -50,8 +49,6 @@ pub const PASSES_TO_HEALTHY: u32 = 3;
 /// While a replica stays down, one summary line this often (besides the line when it goes
 /// down and the one when it returns).
 pub const DOWN_SUMMARY_INTERVAL: Duration = Duration::from_secs(60);
-/// Rows encoded between two yields to the scheduler while a batch is sent.
-const YIELD_EVERY_ROWS: usize = 256;
 /// Bound on sending one batch.
 pub const SEND_TIMEOUT: Duration = Duration::from_secs(10);
 /// Bound on ClickHouse finishing one INSERT once sent.
@@ -442,13 +439,13 @@ impl Replicas {
         }
     }
 
-    /// Inserts `batch` into replica `i` once (plus one immediate retry on a fresh connection
+    /// Inserts `body` into replica `i` once (plus one immediate retry on a fresh connection
     /// when the pooled one was found dead), abandoning it if `i` is marked down meanwhile.
-    pub async fn insert(&self, i: usize, batch: &Batch) -> Result<(), InsertError> {
+    pub async fn insert(&self, i: usize, body: &InsertBody) -> Result<(), InsertError> {
         let (token, schema) = {
             let inner = self.inner.lock().unwrap();
             let h = &inner.health[i];
-            (h.dedup_token.then(|| batch.dedup_token()), h.schema)
+            (h.dedup_token.then(|| body.token.clone()), h.schema)
         };
         if !schema {
             return Err(InsertError::Transient(
@@ -457,10 +454,10 @@ impl Replicas {
             ));
         }
         let attempt = async {
-            match insert_rows(self.client(i), &batch.rows, token.clone()).await {
+            match insert_rows(self.client(i), body, token.clone()).await {
                 Err(e) if is_stale_connection(&e) => {
                     tracing::debug!(replica = %self.urls[i], error = %crate::logging::chain(&e), "clickhouse: pooled connection found dead; retrying on a fresh one");
-                    insert_rows(self.fresh_client(i), &batch.rows, token).await
+                    insert_rows(self.fresh_client(i), body, token).await
                 }
                 other => other,
             }
@@ -482,23 +479,36 @@ impl Replicas {
     }
 }
 
+/// Bytes handed to the ClickHouse client per `send` (each is one LZ4 block on the wire).
+const SEND_CHUNK_BYTES: usize = 1024 * 1024;
+
+/// The INSERT statement: every column, in the order of the rows' RowBinary.
+fn insert_sql() -> &'static str {
+    static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    SQL.get_or_init(|| {
+        format!(
+            "INSERT INTO measurements ({}) FORMAT RowBinary",
+            crate::measurement::COLUMNS.join(", ")
+        )
+    })
+}
+
+/// Sends `body`'s rows as they are: the spool holds them in the format of the INSERT.
 async fn insert_rows(
     client: &clickhouse::Client,
-    rows: &[Measurement],
+    body: &InsertBody,
     token: Option<String>,
 ) -> Result<(), clickhouse::error::Error> {
-    let mut insert = client.insert::<Measurement>("measurements").await?;
+    let mut insert = client.insert_formatted_with(insert_sql());
     if let Some(token) = token {
         insert = insert.with_setting("insert_deduplication_token", token);
     }
     let mut insert = insert.with_timeouts(Some(SEND_TIMEOUT), Some(END_TIMEOUT));
-    for (n, row) in rows.iter().enumerate() {
-        insert.write(row).await?;
-        // Encoding a large batch is a burst of CPU; on a small host it would stall intake
-        // for its whole length, so let the request tasks in every few hundred rows.
-        if n % YIELD_EVERY_ROWS == YIELD_EVERY_ROWS - 1 {
-            tokio::task::yield_now().await;
-        }
+    let mut at = 0;
+    while at < body.rows.len() {
+        let end = (at + SEND_CHUNK_BYTES).min(body.rows.len());
+        insert.send(body.rows.slice(at..end)).await?;
+        at = end;
     }
     insert.end().await
 }

@@ -1,0 +1,308 @@
+//! The appender: one thread that takes every append queued while the previous sync was in
+//! flight, writes them with one `write` and makes them durable with one `fdatasync` (group
+//! commit), and the unwritable state a failed write or sync puts the spool in.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::path::Path;
+use std::sync::mpsc::{self, Receiver};
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::files::{fault, is_no_space};
+use super::format::{encode_frame, FRAME_HEADER_LEN, HEADER_LEN, MAGIC};
+use super::{
+    segment_path, AppendError, AppendRequest, Position, Shared, GROUP_MAX_BYTES, PROBE_INTERVAL,
+    RESUME_ROOM_BYTES, UNWRITABLE_DISK_FULL, UNWRITABLE_IO,
+};
+
+pub(super) struct Appender {
+    pub shared: Arc<Shared>,
+    /// The active segment, open for appending; `None` while sealed (see [`State::sealed`]).
+    pub file: Option<File>,
+    /// Length of the active segment.
+    pub size: u64,
+    /// When the appender last tried to leave the unwritable state.
+    pub last_probe: Instant,
+    /// Since when the spool has been unwritable.
+    pub unwritable_since: Option<Instant>,
+}
+
+impl Appender {
+    pub fn run(mut self, rx: Receiver<AppendRequest>) {
+        let mut buf = Vec::with_capacity(1 << 20);
+        let mut group = Vec::with_capacity(256);
+        loop {
+            // While unwritable, wake up every probe interval to try again: no request may come
+            // (load balancers follow /readyz), and readiness must return by itself.
+            let first = if self.unwritable_since.is_some() {
+                match rx.recv_timeout(PROBE_INTERVAL) {
+                    Ok(req) => Some(req),
+                    Err(mpsc::RecvTimeoutError::Timeout) => None,
+                    Err(mpsc::RecvTimeoutError::Disconnected) => break,
+                }
+            } else {
+                match rx.recv() {
+                    Ok(req) => Some(req),
+                    Err(_) => break,
+                }
+            };
+            if self.unwritable_since.is_some() && self.last_probe.elapsed() >= PROBE_INTERVAL {
+                self.probe();
+            }
+            let Some(first) = first else { continue };
+            group.push(first);
+            let mut bytes = group[0].rows.bytes.len();
+            while bytes < GROUP_MAX_BYTES {
+                match rx.try_recv() {
+                    Ok(req) => {
+                        bytes += req.rows.bytes.len();
+                        group.push(req);
+                    }
+                    Err(_) => break,
+                }
+            }
+            self.commit_group(&mut group, &mut buf);
+            group.clear();
+            buf.clear();
+        }
+        tracing::debug!("spool: appender stopped");
+    }
+
+    /// The error an append gets while the spool is unwritable.
+    fn refusal(&self) -> AppendError {
+        match self.shared.unwritable() {
+            UNWRITABLE_DISK_FULL => AppendError::DiskFull,
+            _ => AppendError::Io,
+        }
+    }
+
+    fn commit_group(&mut self, group: &mut Vec<AppendRequest>, buf: &mut Vec<u8>) {
+        if self.unwritable_since.is_some() {
+            let refusal = self.refusal();
+            for req in group.drain(..) {
+                let _ = req.ack.send(Err(refusal));
+            }
+            return;
+        }
+        if self.file.is_none() || self.size >= self.shared.segment_target {
+            if let Err(e) = self.rotate() {
+                // No new segment: the full one takes no more either.
+                self.seal();
+                self.enter_unwritable(&e, "cannot start a new segment");
+                let refusal = self.refusal();
+                for req in group.drain(..) {
+                    let _ = req.ack.send(Err(refusal));
+                }
+                return;
+            }
+        }
+        let held = self.shared.state.lock().unwrap().unconfirmed_bytes;
+        let mut accepted = Vec::with_capacity(group.len());
+        let mut records = 0;
+        let mut earliest: Option<u32> = None;
+        for req in group.drain(..) {
+            let framed = (FRAME_HEADER_LEN + req.rows.bytes.len()) as u64;
+            if held + buf.len() as u64 + framed > self.shared.max_bytes {
+                let _ = req.ack.send(Err(AppendError::Full));
+                continue;
+            }
+            encode_frame(buf, &req.rows);
+            records += u64::from(req.rows.count);
+            earliest = Some(earliest.map_or(req.rows.earliest_received_at, |e: u32| {
+                e.min(req.rows.earliest_received_at)
+            }));
+            accepted.push(req.ack);
+        }
+        if accepted.is_empty() {
+            return;
+        }
+        let file = self.file.as_mut().expect("rotated above");
+        let result = fault(&self.shared.dir)
+            .and_then(|()| file.write_all(buf))
+            .and_then(|()| file.sync_data());
+        match result {
+            Ok(()) => {
+                self.size += buf.len() as u64;
+                {
+                    let mut st = self.shared.state.lock().unwrap();
+                    let active = st.active;
+                    st.segments.insert(active, self.size);
+                    st.disk_bytes += buf.len() as u64;
+                    st.unconfirmed_bytes += buf.len() as u64;
+                    st.unconfirmed_records += records;
+                    if let Some(t) = earliest {
+                        let end = Position {
+                            segment: active,
+                            offset: self.size,
+                        };
+                        st.received.appended(end, t);
+                    }
+                    self.shared.publish(&st);
+                }
+                let active = self.shared.state.lock().unwrap().active;
+                self.shared.committed.send_replace(Position {
+                    segment: active,
+                    offset: self.size,
+                });
+                for ack in accepted {
+                    let _ = ack.send(Ok(()));
+                }
+            }
+            Err(e) => {
+                // Back to the last durable length; after a failed sync the page cache cannot
+                // be trusted, so this segment takes no more and the next write starts a new one.
+                let _ = file.set_len(self.size);
+                self.seal();
+                self.enter_unwritable(&e, "write or sync failed");
+                let refusal = self.refusal();
+                for ack in accepted {
+                    let _ = ack.send(Err(refusal));
+                }
+            }
+        }
+    }
+
+    /// Closes the active segment for good: it is deleted once confirmed, even if no new one
+    /// can be made (see [`State::sealed`]).
+    fn seal(&mut self) {
+        self.file = None;
+        self.shared.state.lock().unwrap().sealed = true;
+    }
+
+    /// Turns the spool unwritable (appends refused, `/readyz` 503) after `e`; one warning.
+    pub fn enter_unwritable(&mut self, e: &io::Error, what: &str) {
+        let why = if is_no_space(e) {
+            UNWRITABLE_DISK_FULL
+        } else {
+            UNWRITABLE_IO
+        };
+        self.last_probe = Instant::now();
+        if self.unwritable_since.is_some() {
+            self.shared.set_unwritable(why);
+            return;
+        }
+        self.unwritable_since = Some(Instant::now());
+        self.shared.set_unwritable(why);
+        let error = crate::logging::chain(e);
+        let dir = self.shared.dir.display();
+        crate::logging::warn_limited(
+            "spool_unwritable",
+            || tracing::warn!(%error, spool = %dir, "spool: {what}; intake and /readyz answer 503 until it can write again (free space on the spool's filesystem, or let the spool drain to ClickHouse)"),
+        );
+    }
+
+    /// One attempt to leave the unwritable state.
+    fn probe(&mut self) {
+        match self.resume() {
+            Ok(()) => {
+                let since = self.unwritable_since.take();
+                self.shared.set_unwritable(0);
+                let dir = self.shared.dir.display();
+                let after = since.map(|t| t.elapsed()).unwrap_or_default();
+                crate::logging::warn_limited(
+                    "spool_writable",
+                    || tracing::info!(spool = %dir, after = ?after, "spool: writing again; intake and /readyz accept traffic"),
+                );
+            }
+            Err(e) => {
+                // Stays unwritable; the reason may have changed (space back, another error).
+                self.enter_unwritable(&e, "still cannot write");
+            }
+        }
+    }
+
+    /// Makes the spool writable: a new segment if the active one is sealed, and
+    /// [`RESUME_ROOM_BYTES`] reserved after its end, so that a disk with a few KiB free does
+    /// not count as writable.
+    pub fn resume(&mut self) -> io::Result<()> {
+        self.last_probe = Instant::now();
+        if self.file.is_none() {
+            self.delete_confirmed_active();
+            self.rotate()?;
+        }
+        let file = self.file.as_ref().expect("rotated above");
+        fault(&self.shared.dir)?;
+        match rustix::fs::fallocate(
+            file,
+            rustix::fs::FallocateFlags::KEEP_SIZE,
+            self.size,
+            RESUME_ROOM_BYTES,
+        ) {
+            Ok(()) => Ok(()),
+            // A filesystem without fallocate: the new segment's header was written, take that.
+            Err(e) if e == rustix::io::Errno::OPNOTSUPP || e == rustix::io::Errno::NOSYS => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Deletes the sealed active segment if the durable cursor has passed it: on a full disk
+    /// its confirmed records may be what holds the space a new segment needs.
+    fn delete_confirmed_active(&mut self) {
+        let (active, len) = {
+            let st = self.shared.state.lock().unwrap();
+            let active = st.active;
+            let Some(&len) = st.segments.get(&active) else {
+                return;
+            };
+            let end = Position {
+                segment: active,
+                offset: len,
+            };
+            if !st.sealed || st.durable < end {
+                return;
+            }
+            (active, len)
+        };
+        // The file is removed outside the lock that intake's `/readyz` and the reader take.
+        match fs::remove_file(self.shared.segment_path(active)) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => {
+                tracing::debug!(segment = active, error = %e, "spool: cannot delete a confirmed segment");
+                return;
+            }
+        }
+        self.shared.forget_segment(active, len);
+    }
+
+    pub fn rotate(&mut self) -> io::Result<()> {
+        let next = self.shared.state.lock().unwrap().active + 1;
+        let file = create_segment(&self.shared.dir, next)?;
+        {
+            let mut st = self.shared.state.lock().unwrap();
+            st.segments.insert(next, HEADER_LEN);
+            st.disk_bytes += HEADER_LEN;
+            st.active = next;
+            st.sealed = false;
+            self.shared.publish(&st);
+        }
+        self.file = Some(file);
+        self.size = HEADER_LEN;
+        self.shared.committed.send_replace(Position {
+            segment: next,
+            offset: HEADER_LEN,
+        });
+        Ok(())
+    }
+}
+
+fn create_segment(dir: &Path, n: u64) -> io::Result<File> {
+    let path = segment_path(dir, n);
+    let mut f = OpenOptions::new()
+        .create_new(true)
+        .append(true)
+        .open(&path)?;
+    // A segment that was made but could not be written is removed, so that the next attempt
+    // can make it again.
+    let written = fault(dir)
+        .and_then(|()| f.write_all(MAGIC))
+        .and_then(|()| f.sync_all())
+        .and_then(|()| File::open(dir.join("segments"))?.sync_all());
+    if let Err(e) = written {
+        drop(f);
+        let _ = fs::remove_file(&path);
+        return Err(e);
+    }
+    Ok(f)
+}

@@ -1,0 +1,237 @@
+//! The segment format and its one frame codec: every byte of a segment is read and written
+//! through [`Version::frame_at`] and [`encode_frame`].
+//!
+//! ```text
+//! segment   = magic (8 bytes) frame*
+//! magic     = "CSPOOL02"                          (this release)
+//!           | "CSPOOL01"                          (earlier releases; read, never written)
+//! frame v2  = u32 LE  payload length, 1 ..= MAX_RECORD_BYTES
+//!             u32 LE  row count, >= 1
+//!             u32 LE  earliest received_at of its rows (Unix seconds)
+//!             u32 LE  CRC-32C (Castagnoli) of the 12 bytes above and the payload
+//!             [u8]    payload: `row count` RowBinary rows (`crate::measurement`)
+//! frame v1  = u32 LE  payload length, u32 LE CRC-32C of the payload,
+//!             [u8]    payload: a JSON array of measurements
+//! ```
+//!
+//! A v2 payload is exactly what the writer sends to ClickHouse (`INSERT … FORMAT RowBinary`),
+//! so the writer joins frames without decoding a row; the header's row count and earliest
+//! time let recovery count what a segment holds without decoding either. A v1 segment, left by
+//! an earlier release, is replayed by decoding its JSON and encoding the rows once
+//! ([`to_rowbinary`]); the appender never writes v1.
+
+use crate::measurement::{EncodedRows, Measurement};
+
+/// Segment header of this release's format.
+pub const MAGIC: &[u8; 8] = b"CSPOOL02";
+/// Segment header of the JSON format of earlier releases (read only).
+pub const MAGIC_V1: &[u8; 8] = b"CSPOOL01";
+/// Length of the segment header, in bytes.
+pub const HEADER_LEN: u64 = MAGIC.len() as u64;
+/// Length of a v2 frame header, in bytes.
+pub const FRAME_HEADER_LEN: usize = 16;
+const V1_FRAME_HEADER_LEN: usize = 8;
+/// Largest record payload accepted when reading, in bytes (a request is at most 64 KiB of
+/// JSON in, so its encoded measurements are far below this).
+pub const MAX_RECORD_BYTES: u32 = 4 * 1024 * 1024;
+
+/// The format of a segment, from its magic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Version {
+    /// JSON payloads (earlier releases).
+    V1,
+    /// RowBinary payloads with a row count (this release).
+    V2,
+}
+
+/// One whole, checksummed frame found in a segment's bytes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FrameRef<'a> {
+    /// The payload, in the segment's format.
+    pub payload: &'a [u8],
+    /// Rows it holds.
+    pub rows: u32,
+    /// Earliest `received_at` of its rows (Unix seconds; 0 when unknown).
+    pub earliest_received_at: u32,
+    /// Offset just after the frame.
+    pub next: usize,
+}
+
+impl Version {
+    /// The version a segment header names, if it names one.
+    pub fn of(magic: &[u8]) -> Option<Version> {
+        match magic {
+            m if m == MAGIC => Some(Version::V2),
+            m if m == MAGIC_V1 => Some(Version::V1),
+            _ => None,
+        }
+    }
+
+    /// The magic of this version.
+    pub fn magic(self) -> &'static [u8; 8] {
+        match self {
+            Version::V1 => MAGIC_V1,
+            Version::V2 => MAGIC,
+        }
+    }
+
+    /// The whole, checksummed frame at `off` of `data`, or `None` (cut short, damaged, or no
+    /// frame starts there). A v1 frame is counted by decoding its JSON.
+    pub fn frame_at(self, data: &[u8], off: usize) -> Option<FrameRef<'_>> {
+        match self {
+            Version::V2 => {
+                let header = data.get(off..off.checked_add(FRAME_HEADER_LEN)?)?;
+                let word = |i: usize| u32::from_le_bytes(header[i..i + 4].try_into().unwrap());
+                let (len, rows, earliest, crc) = (word(0), word(4), word(8), word(12));
+                if len == 0 || len > MAX_RECORD_BYTES || rows == 0 {
+                    return None;
+                }
+                let start = off + FRAME_HEADER_LEN;
+                let payload = data.get(start..start + len as usize)?;
+                let sum = crc32c::crc32c_append(crc32c::crc32c(&header[..12]), payload);
+                (sum == crc).then_some(FrameRef {
+                    payload,
+                    rows,
+                    earliest_received_at: earliest,
+                    next: start + len as usize,
+                })
+            }
+            Version::V1 => {
+                let header = data.get(off..off.checked_add(V1_FRAME_HEADER_LEN)?)?;
+                let len = u32::from_le_bytes(header[..4].try_into().unwrap());
+                let crc = u32::from_le_bytes(header[4..].try_into().unwrap());
+                if len == 0 || len > MAX_RECORD_BYTES {
+                    return None;
+                }
+                let start = off + V1_FRAME_HEADER_LEN;
+                let payload = data.get(start..start + len as usize)?;
+                // Every v1 payload is a JSON array: a cheap check before the checksum, which
+                // keeps the resynchronising scan of a damaged segment fast.
+                if payload.first() != Some(&b'[') || crc32c::crc32c(payload) != crc {
+                    return None;
+                }
+                let (rows, earliest) = scan_v1(payload);
+                Some(FrameRef {
+                    payload,
+                    rows,
+                    earliest_received_at: earliest,
+                    next: start + len as usize,
+                })
+            }
+        }
+    }
+
+    /// The length of the frame whose header starts `data` (header included), if `data` holds
+    /// a plausible header: how much to read for a frame longer than what was read.
+    pub fn frame_len(self, data: &[u8]) -> Option<usize> {
+        let (header_len, len) = match self {
+            Version::V2 => (FRAME_HEADER_LEN, data.get(..4)?),
+            Version::V1 => (V1_FRAME_HEADER_LEN, data.get(..4)?),
+        };
+        let len = u32::from_le_bytes(len.try_into().unwrap());
+        (len > 0 && len <= MAX_RECORD_BYTES).then_some(header_len + len as usize)
+    }
+}
+
+/// Appends one v2 frame holding `rows` to `out`.
+pub fn encode_frame(out: &mut Vec<u8>, rows: &EncodedRows) {
+    let at = out.len();
+    out.extend_from_slice(&(rows.bytes.len() as u32).to_le_bytes());
+    out.extend_from_slice(&rows.count.to_le_bytes());
+    out.extend_from_slice(&rows.earliest_received_at.to_le_bytes());
+    let crc = crc32c::crc32c_append(crc32c::crc32c(&out[at..at + 12]), &rows.bytes);
+    out.extend_from_slice(&crc.to_le_bytes());
+    out.extend_from_slice(&rows.bytes);
+}
+
+/// The rows of a v1 payload (a JSON array of measurements), encoded as RowBinary; `None` when
+/// it is not such an array (checked by its checksum at start, so only a bug gets here).
+pub fn to_rowbinary(v1_payload: &[u8]) -> Option<EncodedRows> {
+    let rows: Vec<Measurement> = serde_json::from_slice(v1_payload).ok()?;
+    Some(EncodedRows::encode(&rows))
+}
+
+/// The number of measurements in a v1 payload and their earliest `received_at` (0 and 0 for
+/// a payload that is not an array of measurements).
+fn scan_v1(payload: &[u8]) -> (u32, u32) {
+    #[derive(serde::Deserialize)]
+    struct ReceivedAt {
+        received_at: u32,
+    }
+    serde_json::from_slice::<Vec<ReceivedAt>>(payload).map_or((0, 0), |v| {
+        (
+            v.len() as u32,
+            v.iter().map(|m| m.received_at).min().unwrap_or(0),
+        )
+    })
+}
+
+/// Encodes a v1 frame, as releases before RowBinary did: for tests of the upgrade path only.
+#[cfg(test)]
+pub fn encode_v1_frame(out: &mut Vec<u8>, rows: &[Measurement<'_>]) {
+    let payload = serde_json::to_vec(rows).unwrap();
+    out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    out.extend_from_slice(&crc32c::crc32c(&payload).to_le_bytes());
+    out.extend_from_slice(&payload);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::measurement::{decode_all, DateTime};
+
+    fn row(n: u128) -> Measurement<'static> {
+        Measurement {
+            id: uuid::Uuid::from_u128(n),
+            site: "s".into(),
+            received_at: DateTime(100 + n as u32),
+            url: "https://a.b/".into(),
+            ts: None,
+            referrer: None,
+            navigation_type: None,
+            ttfb_ms: Some(n as f64),
+            fcp_ms: None,
+            lcp_ms: None,
+            inp_ms: None,
+            dom_content_loaded_ms: None,
+            load_ms: None,
+            cls: None,
+            viewport_width: None,
+            effective_connection_type: None,
+            user_agent: "".into(),
+            sample_rate: 1.0,
+        }
+    }
+
+    #[test]
+    fn a_frame_reads_back_and_any_flipped_bit_is_caught() {
+        let rows = EncodedRows::encode(&[row(2), row(1)]);
+        let mut data = b"CSPOOL02".to_vec();
+        encode_frame(&mut data, &rows);
+        let f = Version::V2.frame_at(&data, 8).unwrap();
+        assert_eq!(
+            (f.rows, f.earliest_received_at, f.next),
+            (2, 101, data.len())
+        );
+        assert_eq!(decode_all(f.payload).unwrap(), [row(2), row(1)]);
+        assert_eq!(Version::V2.frame_len(&data[8..]), Some(data.len() - 8));
+        for i in 8..data.len() {
+            let mut bad = data.clone();
+            bad[i] ^= 0x10;
+            assert_ne!(Version::V2.frame_at(&bad, 8), Some(f), "byte {i}");
+        }
+        assert_eq!(Version::V2.frame_at(&data[..data.len() - 1], 8), None);
+    }
+
+    #[test]
+    fn a_v1_frame_is_counted_and_converted() {
+        let mut data = b"CSPOOL01".to_vec();
+        encode_v1_frame(&mut data, &[row(5), row(3)]);
+        assert_eq!(Version::of(&data[..8]), Some(Version::V1));
+        let f = Version::V1.frame_at(&data, 8).unwrap();
+        assert_eq!((f.rows, f.earliest_received_at), (2, 103));
+        let rows = to_rowbinary(f.payload).unwrap();
+        assert_eq!(decode_all(&rows.bytes).unwrap(), [row(5), row(3)]);
+        assert_eq!(Version::V2.frame_at(&data, 8), None, "not a v2 frame");
+    }
+}

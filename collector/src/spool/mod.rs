@@ -1,0 +1,577 @@
+//! The durable spool: where the request path ends and the write path begins.
+//!
+//! Intake appends the measurements of a request and answers 202 only once they are on disk
+//! (fdatasync). The writer reads them back, inserts them into ClickHouse in batches and
+//! confirms; confirmed segments are deleted. Neither side calls the other: they share only
+//! this log.
+//!
+//! # Modules
+//!
+//! - [`format`]: the segment format and its one frame codec;
+//! - [`files`]: `IDENTITY`, and `CURSOR` and `INFLIGHT` rewritten in place;
+//! - [`recovery`]: each segment checked and repaired at open;
+//! - [`appender`]: the group-commit thread and the unwritable state;
+//! - [`reader`]: frames read in order for the writer, confirmation, dead-letter files;
+//! - [`dump`]: `collector spool dump`, the rows a folder holds, for people.
+//!
+//! # On disk
+//!
+//! ```text
+//! SPOOL_DIR/
+//!   LOCK                      advisory exclusive lock (fs4): one collector per folder
+//!   IDENTITY                  this spool's random identity (32 hex digits), made once
+//!   CURSOR                    "<segment> <offset>": everything before it is confirmed
+//!   INFLIGHT                  "<identity> <seg> <off> <seg> <off>": the batch last sent
+//!   segments/<20 digits>.seg  the log, in order of the number (format: [`format`])
+//!   kept-aside/*.json         rows ClickHouse refused as bad data, for an operator
+//! ```
+//!
+//! A segment is a magic and frames; a frame holds one request's accepted measurements as the
+//! RowBinary rows the writer sends (see [`format`] and [`crate::measurement`]): encoded once,
+//! at intake, and never decoded on the way to ClickHouse. Segments of the JSON format of
+//! earlier releases are still read, and replayed.
+//!
+//! `CURSOR` and `INFLIGHT` are slot files ([`files::SlotFile`]): 512 bytes written in full
+//! once, when the file is made, then rewritten in place (`pwrite`, and `fdatasync` for the
+//! cursor), never through a new file and a rename, so that recording progress never needs
+//! free space. Each holds two 256-byte slots written in turn; a slot is one line,
+//! `<seq> <body> <crc32c hex>` padded with spaces, and the valid slot with the higher sequence
+//! number is the file's value, so a write torn by a crash leaves the previous value. (A
+//! shorter file is the one-line format of earlier versions, read as it is and turned into
+//! slots by its first rewrite.)
+//!
+//! CRC-32C (the `crc32c` crate, hardware-accelerated) detects torn and corrupted frames. At
+//! start every segment is scanned; a frame that is cut short or fails its checksum ends the
+//! segment there (the file is truncated to the last whole frame), so a torn tail after a
+//! crash is never replayed as garbage. A write or sync error truncates the segment back to
+//! its last durable length and continues in a new segment (after a failed fsync the page
+//! cache cannot be trusted, so the data is never re-synced: the affected requests got 503).
+//!
+//! # Identity and the batch in flight
+//!
+//! ClickHouse (22.2 and later) drops, and answers `200` to, any INSERT into a replicated table
+//! whose `insert_deduplication_token` it has seen within its deduplication window, whatever the
+//! rows; that memory is per table, shared by every replica and every collector. A token must
+//! therefore name one batch of one spool and nothing else. Spool positions alone do not:
+//! every fresh spool starts at the same position, so two collectors routinely form batches
+//! with equal ranges. The writer's token is `<identity>-<start>-<end>`: the identity is random
+//! (a UUID v4), made when the spool folder is created and kept in `IDENTITY`, so it survives
+//! restarts and no two spools share it; the range makes it unique within the spool, because
+//! a range, once sent, always holds the same records. The one event that breaks that last
+//! rule, recovery rewriting a segment without a damaged record (which moves the records after
+//! it), gives the spool a new identity, so that no later batch can reuse an earlier token.
+//!
+//! A range rather than a content hash: equally stable, free to compute, and readable in
+//! ClickHouse's `system.query_log`. To keep the token of a batch stable across a crash, the
+//! writer records each batch's range in `INFLIGHT` before sending it ([`SpoolReader::
+//! record_in_flight`]); after a restart the first batch is cut to exactly that range
+//! ([`SpoolReader::replay_bound`]), so its retry carries the same token and ClickHouse folds it
+//! if the first attempt had landed. Losing `INFLIGHT` only costs that folding: the table's
+//! `ReplacingMergeTree` still folds duplicate ids.
+//!
+//! # A full disk
+//!
+//! The spool's bound ([`crate::config::DEFAULT_SPOOL_MAX_BYTES`]) says nothing about the free
+//! space of the filesystem under it. When a write, a sync or the start of a new segment fails
+//! (`ENOSPC`, `EDQUOT`, or any other error), the spool turns *unwritable*: the segment is cut
+//! back to its last durable length and sealed, every append is refused at once
+//! ([`AppendError::DiskFull`] or [`AppendError::Io`]: 503 with `Retry-After`),
+//! [`Spool::unwritable`] says why (`/readyz` answers 503 with it) and
+//! `collector_spool_disk_full` is 1. Reading, delivering and confirming go on, and need no free
+//! space: the cursor is rewritten in place, and a sealed segment is deleted as soon as the
+//! durable cursor has passed it (even the newest one: numbering goes on from the cursor). Every
+//! [`PROBE_INTERVAL`] the appender tries to leave the state: start a new segment if it has none
+//! and reserve [`RESUME_ROOM_BYTES`] in it (`fallocate` with `FALLOC_FL_KEEP_SIZE`); once both
+//! succeed, appends are taken again. So the state ends by itself when space returns or when the
+//! drain of the spool frees it. Opening needs no free space either when the spool's files exist:
+//! if no new segment can be made, the spool opens unwritable and still delivers what it holds.
+//!
+//! # Group commit
+//!
+//! One appender thread takes every request queued while the previous sync was in flight,
+//! writes them with one `write` and makes them durable with one `fdatasync`, so durability
+//! costs one sync per group, not per request.
+//!
+//! # Bounds
+//!
+//! What the spool holds that ClickHouse has not confirmed never exceeds `max_bytes`
+//! ([`crate::config::DEFAULT_SPOOL_MAX_BYTES`]): an append that would cross it is refused
+//! ([`AppendError::Full`], a 503), and nothing already acknowledged is ever dropped. On disk
+//! there may be, in addition, up to about one segment of confirmed records waiting for their
+//! segment to be sealed and deleted; segments are sized `max_bytes / 8` (between 64 KiB and
+//! [`SEGMENT_TARGET_BYTES`]) so that this stays small next to the bound. The append queue holds [`APPEND_QUEUE`] requests;
+//! beyond that intake is shed at once ([`AppendError::QueueFull`]); an append whose sync takes
+//! longer than its caller waits gets [`AppendError::SyncTimeout`].
+
+use std::collections::{BTreeMap, VecDeque};
+use std::fs::{self, File, OpenOptions};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::mpsc::{self, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use fs4::fs_std::FileExt as _;
+use tokio::sync::{oneshot, watch};
+
+use crate::measurement::EncodedRows;
+use crate::metrics::Metrics;
+
+mod appender;
+pub mod dump;
+pub mod files;
+pub mod format;
+mod reader;
+mod recovery;
+#[cfg(test)]
+mod tests;
+
+use appender::Appender;
+use files::{identity, parse_in_flight, Cursor, SlotFile};
+pub use format::{HEADER_LEN, MAGIC, MAX_RECORD_BYTES};
+pub use reader::{Frame, SpoolReader};
+use recovery::recover_segment;
+
+/// Largest segment: one is sealed and a new one started at `max_bytes / 8`, at most this.
+pub const SEGMENT_TARGET_BYTES: u64 = 16 * 1024 * 1024;
+/// Smallest segment target.
+const SEGMENT_MIN_BYTES: u64 = 64 * 1024;
+/// Requests waiting for the appender at most; beyond this intake is shed with 503.
+pub const APPEND_QUEUE: usize = 4096;
+/// Most bytes written by one group commit.
+const GROUP_MAX_BYTES: usize = 8 * 1024 * 1024;
+
+/// File holding the spool's identity (see the module doc).
+pub const IDENTITY_FILE: &str = "IDENTITY";
+/// File recording the range of the batch last handed to ClickHouse.
+pub const INFLIGHT_FILE: &str = "INFLIGHT";
+/// File recording the cursor: everything before it is confirmed by ClickHouse.
+pub const CURSOR_FILE: &str = "CURSOR";
+/// While the spool is unwritable, how often it tries to write again.
+pub const PROBE_INTERVAL: Duration = Duration::from_millis(500);
+/// Room the spool must be able to reserve in its segment before it takes appends again after
+/// a write failed, in bytes: a typical request's group several times over, small enough for a
+/// small volume. It keeps a disk with a few KiB free from flapping between ready and not.
+pub const RESUME_ROOM_BYTES: u64 = 64 * 1024;
+
+/// A place in the spool: a segment number and a byte offset in it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
+pub struct Position {
+    /// Segment number (file name).
+    pub segment: u64,
+    /// Byte offset in that segment.
+    pub offset: u64,
+}
+
+/// Why an append was refused. No part of a refused append is acknowledged, apart from
+/// [`AppendError::SyncTimeout`], after which it may still become durable (a client's retry is
+/// then folded as a duplicate).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum AppendError {
+    /// The spool is at its bound.
+    #[error("spool full")]
+    Full,
+    /// The append queue ([`APPEND_QUEUE`] requests) is full: refused at once.
+    #[error("spool append queue full")]
+    QueueFull,
+    /// Queued, but not durable within the caller's limit (a slow disk).
+    #[error("spool sync timed out")]
+    SyncTimeout,
+    /// The spool cannot write for lack of space (a full disk or a quota): refused until
+    /// space returns (see the module doc).
+    #[error("spool disk full")]
+    DiskFull,
+    /// The disk refused the write or sync, or the appender has stopped.
+    #[error("spool write failed")]
+    Io,
+}
+
+/// Errors opening the spool.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// Another process holds the lock.
+    #[error("spool folder {0} is in use by another collector (lock held on its LOCK file)")]
+    Locked(PathBuf),
+    /// A filesystem error.
+    #[error("spool folder {0}: {1}")]
+    Io(PathBuf, io::Error),
+}
+
+struct AppendRequest {
+    rows: EncodedRows,
+    ack: oneshot::Sender<Result<(), AppendError>>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// Segment number to its durable length in bytes.
+    segments: BTreeMap<u64, u64>,
+    /// The segment being appended to (or, while `sealed`, the last one made).
+    active: u64,
+    /// The active segment takes no more appends: a write to it failed, or no new segment could
+    /// be made at start. Once confirmed, it is deleted like any older segment.
+    sealed: bool,
+    /// What the cursor file durably holds: a sealed active segment before it may be deleted
+    /// (numbering goes on from the cursor when no segment is left).
+    durable: Position,
+    /// Sum of the segments' lengths: what the bound is checked against.
+    disk_bytes: u64,
+    /// Frame bytes appended and not yet confirmed.
+    unconfirmed_bytes: u64,
+    /// Measurements appended and not yet confirmed.
+    unconfirmed_records: u64,
+    /// When the unconfirmed measurements were received, for
+    /// `collector_spool_oldest_record_age_seconds`; see [`ReceivedTimes`].
+    received: ReceivedTimes,
+}
+
+/// When the unconfirmed part of the spool was received, coarsely: entries `(end, t)` in spool
+/// order, where `t` is the earliest `received_at` (Unix seconds) of the records after the
+/// previous entry's end and before `end`. The times strictly increase, so the front holds the
+/// oldest unconfirmed measurement; appends within one second share an entry, so a backlog
+/// of N seconds takes at most N entries (a week: about 10 MiB), whatever the request rate.
+/// Rebuilt at start from the records after the cursor, so the age is right after a restart.
+#[derive(Debug, Default)]
+struct ReceivedTimes(VecDeque<(Position, u32)>);
+
+impl ReceivedTimes {
+    /// Records ending at `end`, the earliest received at `t`, were appended.
+    fn appended(&mut self, end: Position, t: u32) {
+        // Entries at least as late as `t` fold into this one (its time is their minimum).
+        while self.0.back().is_some_and(|&(_, last)| last >= t) {
+            self.0.pop_back();
+        }
+        self.0.push_back((end, t));
+    }
+
+    /// Everything before `upto` is confirmed. An entry partly confirmed stays, so the age may
+    /// read up to about a second high until its last record is confirmed.
+    fn confirmed(&mut self, upto: Position) {
+        while self.0.front().is_some_and(|&(end, _)| end <= upto) {
+            self.0.pop_front();
+        }
+    }
+
+    /// `received_at` of the oldest unconfirmed measurement, if any.
+    fn oldest(&self) -> Option<u32> {
+        self.0.front().map(|&(_, t)| t)
+    }
+}
+
+struct Shared {
+    dir: PathBuf,
+    /// 32 lowercase hex digits; see the module doc.
+    identity: String,
+    max_bytes: u64,
+    segment_target: u64,
+    state: Mutex<State>,
+    committed: watch::Sender<Position>,
+    metrics: Arc<Metrics>,
+    /// 0 while the spool can write; else why not ([`UNWRITABLE_DISK_FULL`] or
+    /// [`UNWRITABLE_IO`]).
+    unwritable: AtomicU8,
+    _lock: File,
+}
+
+const UNWRITABLE_DISK_FULL: u8 = 1;
+const UNWRITABLE_IO: u8 = 2;
+
+impl Shared {
+    fn segment_path(&self, n: u64) -> PathBuf {
+        segment_path(&self.dir, n)
+    }
+
+    fn unwritable(&self) -> u8 {
+        self.unwritable.load(Ordering::Acquire)
+    }
+
+    fn set_unwritable(&self, why: u8) {
+        self.unwritable.store(why, Ordering::Release);
+        self.metrics.spool_disk_full.set(i64::from(why != 0));
+    }
+
+    /// Drops segment `n` (of `len` bytes), whose file was removed, from the state.
+    fn forget_segment(&self, n: u64, len: u64) {
+        let mut st = self.state.lock().unwrap();
+        // The appender and the reader may both remove a sealed, confirmed segment.
+        if st.segments.remove(&n).is_some() {
+            st.disk_bytes -= len;
+        }
+        self.publish(&st);
+    }
+
+    fn publish(&self, st: &State) {
+        self.metrics.spool_bytes.set(st.unconfirmed_bytes as i64);
+        self.metrics
+            .spool_records
+            .set(st.unconfirmed_records as i64);
+        self.metrics.spool_disk_bytes.set(st.disk_bytes as i64);
+        self.metrics.spool_max_bytes.set(self.max_bytes as i64);
+        self.metrics
+            .spool_oldest_received_at
+            .store(st.received.oldest().map_or(0, i64::from), Ordering::Relaxed);
+    }
+}
+
+/// The appending side, held by intake. Cheap to clone.
+#[derive(Clone)]
+pub struct Spool {
+    shared: Arc<Shared>,
+    appender: Arc<AppenderHandle>,
+}
+
+/// Owns the appender thread: when the last [`Spool`] goes, the queue closes, the thread
+/// commits what is queued and is joined, so the spool's lock is released deterministically.
+struct AppenderHandle {
+    tx: Option<SyncSender<AppendRequest>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for AppenderHandle {
+    fn drop(&mut self) {
+        drop(self.tx.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn segment_path(dir: &Path, n: u64) -> PathBuf {
+    dir.join("segments").join(format!("{n:020}.seg"))
+}
+
+/// Opens (creating if needed) the spool in `dir`, recovers it, and starts the appender thread.
+///
+/// Recovery cuts torn tails, deletes confirmed segments, and leaves every unconfirmed record
+/// for the reader, which starts at the cursor. Opening an existing spool needs no free space:
+/// when no new segment can be made (a full disk), the spool opens unwritable (see the module
+/// doc) and the reader still delivers what it holds.
+pub fn open(
+    dir: &Path,
+    max_bytes: u64,
+    metrics: Arc<Metrics>,
+) -> Result<(Spool, SpoolReader), OpenError> {
+    let err = |e| OpenError::Io(dir.to_owned(), e);
+    fs::create_dir_all(dir.join("segments")).map_err(err)?;
+    fs::create_dir_all(dir.join("kept-aside")).map_err(err)?;
+    let lock = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join("LOCK"))
+        .map_err(err)?;
+    match lock.try_lock_exclusive() {
+        Ok(true) => {}
+        Ok(false) => return Err(OpenError::Locked(dir.to_owned())),
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+            return Err(OpenError::Locked(dir.to_owned()))
+        }
+        Err(e) => return Err(err(e)),
+    }
+
+    let (mut cursor_file, cursor) = Cursor::open(dir).map_err(err)?;
+    let mut state = State::default();
+    let mut numbers: Vec<u64> = fs::read_dir(dir.join("segments"))
+        .map_err(err)?
+        .filter_map(|e| {
+            e.ok()?
+                .file_name()
+                .to_str()?
+                .strip_suffix(".seg")?
+                .parse()
+                .ok()
+        })
+        .collect();
+    numbers.sort_unstable();
+    // Numbering goes on past every segment seen, even one deleted below, and past the cursor:
+    // a new segment numbered like an earlier one would repeat positions, and with them the
+    // insert tokens of batches already sent.
+    let last_seen = numbers.last().copied().unwrap_or(0);
+    let mut cursor = cursor;
+    let mut rewritten = false;
+    for n in numbers {
+        let path = segment_path(dir, n);
+        if n < cursor.segment {
+            // Everything in it was confirmed by ClickHouse before the cursor moved past it.
+            tracing::info!(segment = %path.display(), "spool: deleting a confirmed segment");
+            fs::remove_file(&path).map_err(err)?;
+            continue;
+        }
+        let Some(recovered) = recover_segment(
+            dir,
+            n,
+            &mut cursor,
+            &mut cursor_file,
+            &metrics,
+            &mut state.received,
+        )
+        .map_err(err)?
+        else {
+            continue;
+        };
+        rewritten |= recovered.rewritten;
+        state.segments.insert(n, recovered.len);
+        state.disk_bytes += recovered.len;
+        state.unconfirmed_bytes += recovered.bytes_after;
+        state.unconfirmed_records += recovered.records_after;
+    }
+    if !state.segments.is_empty() {
+        tracing::info!(
+            segments = state.segments.len(),
+            records = state.unconfirmed_records,
+            bytes = state.unconfirmed_bytes,
+            "spool: replaying what ClickHouse has not confirmed"
+        );
+    }
+
+    let identity = identity(dir, rewritten).map_err(err)?;
+    let (in_flight_file, in_flight) = match SlotFile::open(dir, INFLIGHT_FILE) {
+        Ok((file, body)) => (Some(file), body),
+        Err(e) => {
+            tracing::debug!(error = %e, "spool: no in-flight file yet");
+            (None, None)
+        }
+    };
+    let replay_bound = in_flight.and_then(|body| parse_in_flight(&body, &identity));
+
+    // The last segment made: the appender starts sealed on it and makes the next one below
+    // (or, if it cannot, stays unwritable while the reader delivers what is here).
+    let active = last_seen.max(cursor.segment);
+    let active_len = state.segments.get(&active).copied().unwrap_or(HEADER_LEN);
+    state.active = active;
+    state.sealed = true;
+    state.durable = cursor_file.durable;
+
+    let start = match state.segments.range(cursor.segment..).next() {
+        Some((&n, _)) if n == cursor.segment => Position {
+            segment: n,
+            offset: cursor.offset.max(HEADER_LEN),
+        },
+        Some((&n, _)) => Position {
+            segment: n,
+            offset: HEADER_LEN,
+        },
+        // Nothing to replay: reading starts in the segment the appender makes next.
+        None => Position {
+            segment: active + 1,
+            offset: HEADER_LEN,
+        },
+    };
+    let (committed, committed_rx) = watch::channel(Position {
+        segment: active,
+        offset: active_len,
+    });
+    // Only a bound that recovery left reachable: it starts where reading starts and ends on
+    // a record boundary inside what was kept.
+    let replay_bound = replay_bound
+        .filter(|(from, to)| {
+            *from == start
+                && to > from
+                && state
+                    .segments
+                    .get(&to.segment)
+                    .is_some_and(|&len| to.offset <= len)
+        })
+        .map(|(_, to)| to);
+    let shared = Arc::new(Shared {
+        dir: dir.to_owned(),
+        identity,
+        max_bytes,
+        segment_target: (max_bytes / 8).clamp(SEGMENT_MIN_BYTES, SEGMENT_TARGET_BYTES),
+        state: Mutex::new(state),
+        committed,
+        metrics,
+        unwritable: AtomicU8::new(0),
+        _lock: lock,
+    });
+    shared.set_unwritable(0);
+    shared.publish(&shared.state.lock().unwrap());
+
+    let mut appender = Appender {
+        shared: shared.clone(),
+        file: None,
+        size: active_len,
+        last_probe: Instant::now(),
+        unwritable_since: None,
+    };
+    // A fresh segment with room reserved; on a full disk the spool opens unwritable.
+    if let Err(e) = appender.resume() {
+        appender.enter_unwritable(&e, "cannot start a segment at open");
+    }
+    let (tx, rx) = mpsc::sync_channel(APPEND_QUEUE);
+    let thread = std::thread::Builder::new()
+        .name("spool-appender".into())
+        .spawn(move || appender.run(rx))
+        .map_err(err)?;
+    let appender = Arc::new(AppenderHandle {
+        tx: Some(tx),
+        thread: Some(thread),
+    });
+
+    let reader = SpoolReader {
+        shared: shared.clone(),
+        pos: start,
+        replay_bound,
+        committed: committed_rx,
+        open: None,
+        cursor: cursor_file,
+        in_flight: in_flight_file,
+    };
+    Ok((Spool { shared, appender }, reader))
+}
+
+impl Spool {
+    /// Appends one request's rows and waits until they are durable, at most `limit`.
+    ///
+    /// Errors: [`AppendError::Full`] at the bound, [`AppendError::QueueFull`] when the queue
+    /// is full (at once), [`AppendError::SyncTimeout`] when the sync takes longer than
+    /// `limit` (the rows may still become durable; a client retry is then folded as a
+    /// duplicate), [`AppendError::DiskFull`] and [`AppendError::Io`] while the spool cannot
+    /// write.
+    pub async fn append(&self, rows: EncodedRows, limit: Duration) -> Result<(), AppendError> {
+        let (ack, done) = oneshot::channel();
+        let req = AppendRequest { rows, ack };
+        match self
+            .appender
+            .tx
+            .as_ref()
+            .expect("open until dropped")
+            .try_send(req)
+        {
+            Ok(()) => {}
+            Err(TrySendError::Full(_)) => return Err(AppendError::QueueFull),
+            Err(TrySendError::Disconnected(_)) => return Err(AppendError::Io),
+        }
+        match tokio::time::timeout(limit, done).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(_)) => Err(AppendError::Io),
+            Err(_) => Err(AppendError::SyncTimeout),
+        }
+    }
+
+    /// Whether the spool has room for at least `headroom` more unconfirmed bytes.
+    pub fn has_room(&self, headroom: u64) -> bool {
+        self.shared.state.lock().unwrap().unconfirmed_bytes + headroom <= self.shared.max_bytes
+    }
+
+    /// Why the spool cannot write now (see the module doc), or `None` while it can: the text
+    /// `/readyz` answers with.
+    pub fn unwritable(&self) -> Option<&'static str> {
+        match self.shared.unwritable() {
+            0 => None,
+            UNWRITABLE_DISK_FULL => Some("spool cannot write: disk full"),
+            _ => Some("spool cannot write: write error (the log names it)"),
+        }
+    }
+
+    /// The spool's bound in bytes.
+    pub fn max_bytes(&self) -> u64 {
+        self.shared.max_bytes
+    }
+
+    /// The spool folder.
+    pub fn dir(&self) -> &Path {
+        &self.shared.dir
+    }
+}

@@ -1,0 +1,149 @@
+//! Recovery at open: each segment checked frame by frame and repaired so that it holds only
+//! whole, checksummed frames, and what is still to be delivered counted from frame headers.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::path::Path;
+
+use super::files::Cursor;
+use super::format::{Version, HEADER_LEN, MAGIC};
+use super::{segment_path, Position, ReceivedTimes};
+use crate::metrics::Metrics;
+
+/// What recovery kept of one segment.
+pub(super) struct Recovered {
+    /// Length of the segment after recovery.
+    pub len: u64,
+    /// Measurements at or after the cursor.
+    pub records_after: u64,
+    /// Frame bytes at or after the cursor.
+    pub bytes_after: u64,
+    /// Whether the segment was rewritten without damaged frames (positions moved).
+    pub rewritten: bool,
+}
+
+/// Checks segment `n` frame by frame and repairs it; returns `None` when nothing of it is left
+/// (it is then removed).
+///
+/// - A frame cut short at the end (a torn write) is cut off.
+/// - A damaged frame in the middle is skipped: the scan resynchronises on the next offset
+///   that holds a whole, checksummed frame, the original file is copied to
+///   `kept-aside/damaged-<n>.seg` for inspection, and the segment is rewritten without the
+///   damage (the cursor is moved to the same frame in the rewritten file).
+/// - A damaged magic does not lose the frames after it: they carry their own checksums, and
+///   the format is the one whose frames are found there.
+pub(super) fn recover_segment(
+    dir: &Path,
+    n: u64,
+    cursor: &mut Position,
+    cursor_file: &mut Cursor,
+    metrics: &Metrics,
+    received: &mut ReceivedTimes,
+) -> io::Result<Option<Recovered>> {
+    let path = segment_path(dir, n);
+    let data = fs::read(&path)?;
+    if data.len() <= MAGIC.len() {
+        // Just the magic is an empty segment, what a clean stop leaves: normal. Less than the
+        // magic is a torn segment start.
+        if data.len() == MAGIC.len() {
+            tracing::debug!(segment = %path.display(), "spool: removing an empty segment");
+        } else if !data.is_empty() {
+            tracing::warn!(segment = %path.display(), bytes = data.len(), "spool: removing a segment too short to hold a record");
+        }
+        fs::remove_file(&path)?;
+        return Ok(None);
+    }
+    let named = Version::of(&data[..MAGIC.len()]);
+    let version = named.unwrap_or_else(|| {
+        tracing::error!(segment = %path.display(), "spool: damaged segment header; reading its records anyway");
+        [Version::V2, Version::V1]
+            .into_iter()
+            .find(|v| v.frame_at(&data, HEADER_LEN as usize).is_some())
+            .unwrap_or(Version::V2)
+    });
+    // Whole frames as (start, end) offsets, skipping damage.
+    let mut frames = Vec::new();
+    let (mut off, mut skipped) = (HEADER_LEN as usize, 0usize);
+    while off < data.len() {
+        if let Some(f) = version.frame_at(&data, off) {
+            frames.push((off, f.next));
+            off = f.next;
+            continue;
+        }
+        match (off + 1..data.len()).find(|&p| version.frame_at(&data, p).is_some()) {
+            Some(p) => {
+                skipped += p - off;
+                off = p;
+            }
+            None => break,
+        }
+    }
+    let valid_end = frames.last().map_or(HEADER_LEN as usize, |f| f.1);
+    let cut = data.len() - valid_end;
+    let rewrite = skipped > 0 || named.is_none();
+    let len = if rewrite {
+        let aside = dir.join("kept-aside").join(format!("damaged-{n:020}.seg"));
+        fs::write(&aside, &data)?;
+        tracing::error!(segment = %path.display(), skipped_bytes = skipped, kept = %aside.display(), "spool: skipped damaged records; the original is kept aside");
+        metrics.spool_damaged_bytes.inc_by((skipped + cut) as u64);
+        // Rewrite with the whole frames only, remapping the cursor if it points in here.
+        let mut out = Vec::with_capacity(data.len());
+        out.extend_from_slice(version.magic());
+        let mut new_cursor = None;
+        for &(start, end) in &frames {
+            if n == cursor.segment && new_cursor.is_none() && start as u64 >= cursor.offset {
+                new_cursor = Some(out.len() as u64);
+            }
+            out.extend_from_slice(&data[start..end]);
+        }
+        if n == cursor.segment {
+            cursor.offset = new_cursor.unwrap_or(out.len() as u64);
+            cursor_file.persist(*cursor)?;
+        }
+        let tmp = path.with_extension("seg.tmp");
+        let mut f = File::create(&tmp)?;
+        f.write_all(&out)?;
+        f.sync_all()?;
+        fs::rename(&tmp, &path)?;
+        File::open(dir.join("segments"))?.sync_all()?;
+        out.len() as u64
+    } else {
+        if cut > 0 {
+            tracing::warn!(segment = %path.display(), cut_bytes = cut, "spool: cut a torn or corrupt tail");
+            metrics.spool_damaged_bytes.inc_by(cut as u64);
+            let f = OpenOptions::new().write(true).open(&path)?;
+            f.set_len(valid_end as u64)?;
+            f.sync_all()?;
+        }
+        valid_end as u64
+    };
+    let mut result = Recovered {
+        len,
+        records_after: 0,
+        bytes_after: 0,
+        rewritten: rewrite,
+    };
+    // Count what is still to be written, in the (possibly rewritten) file, from the frame
+    // headers alone (a v1 frame is decoded to count it).
+    let data = if rewrite { fs::read(&path)? } else { data };
+    let mut off = HEADER_LEN as usize;
+    while let Some(f) = version.frame_at(&data, off) {
+        let at = Position {
+            segment: n,
+            offset: off as u64,
+        };
+        if at >= *cursor {
+            result.records_after += u64::from(f.rows);
+            result.bytes_after += (f.next - off) as u64;
+            if f.rows > 0 {
+                let end = Position {
+                    segment: n,
+                    offset: f.next as u64,
+                };
+                received.appended(end, f.earliest_received_at);
+            }
+        }
+        off = f.next;
+    }
+    Ok(Some(result))
+}

@@ -1,0 +1,800 @@
+//! Unit tests of the spool: format, recovery, group commit, full disk, confirmation.
+
+use std::fs::{self, OpenOptions};
+use std::path::Path;
+
+use super::files::*;
+use super::format::{encode_v1_frame, Version, MAGIC_V1};
+use super::*;
+use crate::measurement::{decode_all, DateTime, Measurement};
+use uuid::Uuid;
+
+fn m(n: u128) -> Measurement<'static> {
+    Measurement {
+        id: Uuid::from_u128(n),
+        site: "s".into(),
+        received_at: DateTime(1),
+        url: "https://a.b/".into(),
+        ts: None,
+        referrer: None,
+        navigation_type: None,
+        ttfb_ms: Some(n as f64),
+        fcp_ms: None,
+        lcp_ms: None,
+        inp_ms: None,
+        dom_content_loaded_ms: None,
+        load_ms: None,
+        cls: None,
+        viewport_width: None,
+        effective_connection_type: None,
+        user_agent: "".into(),
+        sample_rate: 1.0,
+    }
+}
+
+/// One request's rows, encoded as intake encodes them.
+fn rows(ms: &[Measurement<'_>]) -> EncodedRows {
+    EncodedRows::encode(ms)
+}
+
+/// The whole frame at `off` of a v2 segment: its payload and the offset after it.
+fn frame_at(data: &[u8], off: usize) -> Option<(&[u8], usize)> {
+    Version::V2.frame_at(data, off).map(|f| (f.payload, f.next))
+}
+
+fn measurements(frame: &Frame) -> Vec<Measurement<'static>> {
+    decode_all(&frame.payload).unwrap()
+}
+
+fn ids(records: &[Frame]) -> Vec<u128> {
+    records
+        .iter()
+        .flat_map(|r| measurements(r).into_iter().map(|m| m.id.as_u128()))
+        .collect()
+}
+
+fn read_all(r: &mut SpoolReader) -> Vec<Frame> {
+    let mut out = Vec::new();
+    r.read_available(u64::MAX, &mut out);
+    out
+}
+
+#[tokio::test]
+async fn append_read_confirm_and_replay() {
+    let dir = tempfile::tempdir().unwrap();
+    let metrics = Arc::new(Metrics::new());
+    {
+        let (spool, mut reader) = open(dir.path(), 1 << 20, metrics.clone()).unwrap();
+        spool
+            .append(rows(&[m(1), m(2)]), Duration::from_secs(5))
+            .await
+            .unwrap();
+        spool
+            .append(rows(&[m(3)]), Duration::from_secs(5))
+            .await
+            .unwrap();
+        let recs = read_all(&mut reader);
+        assert_eq!(ids(&recs), [1, 2, 3]);
+        assert_eq!(metrics.spool_records.get(), 3);
+        reader.confirm(recs[0].end, 2, recs[0].bytes);
+        assert_eq!(metrics.spool_records.get(), 1);
+    }
+    // Reopen: only the unconfirmed record comes back.
+    let (_spool, mut reader) = open(dir.path(), 1 << 20, metrics.clone()).unwrap();
+    assert_eq!(ids(&read_all(&mut reader)), [3]);
+    assert_eq!(metrics.spool_records.get(), 1);
+}
+
+#[tokio::test]
+async fn torn_tail_is_cut_to_the_last_whole_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let metrics = Arc::new(Metrics::new());
+    {
+        let (spool, _reader) = open(dir.path(), 1 << 20, metrics.clone()).unwrap();
+        for n in 1..=3 {
+            spool
+                .append(rows(&[m(n)]), Duration::from_secs(5))
+                .await
+                .unwrap();
+        }
+    }
+    let seg = segment_path(dir.path(), 1);
+    let len = fs::metadata(&seg).unwrap().len();
+    OpenOptions::new()
+        .write(true)
+        .open(&seg)
+        .unwrap()
+        .set_len(len - 5)
+        .unwrap();
+    let (_spool, mut reader) = open(dir.path(), 1 << 20, metrics).unwrap();
+    assert_eq!(ids(&read_all(&mut reader)), [1, 2]);
+    assert!(
+        fs::metadata(&seg).unwrap().len() < len - 5,
+        "the torn record was cut off"
+    );
+}
+
+#[tokio::test]
+async fn corrupt_record_ends_the_segment() {
+    let dir = tempfile::tempdir().unwrap();
+    let metrics = Arc::new(Metrics::new());
+    {
+        let (spool, _reader) = open(dir.path(), 1 << 20, metrics.clone()).unwrap();
+        for n in 1..=3 {
+            spool
+                .append(rows(&[m(n)]), Duration::from_secs(5))
+                .await
+                .unwrap();
+        }
+    }
+    let seg = segment_path(dir.path(), 1);
+    let mut data = fs::read(&seg).unwrap();
+    let last = data.len() - 3;
+    data[last] ^= 0xff;
+    fs::write(&seg, data).unwrap();
+    let (_spool, mut reader) = open(dir.path(), 1 << 20, metrics).unwrap();
+    assert_eq!(ids(&read_all(&mut reader)), [1, 2]);
+}
+
+#[tokio::test]
+async fn full_spool_refuses_and_keeps_what_it_has() {
+    let dir = tempfile::tempdir().unwrap();
+    let metrics = Arc::new(Metrics::new());
+    let (spool, mut reader) = open(dir.path(), 2048, metrics).unwrap();
+    let mut ok = 0;
+    let mut full = false;
+    for n in 0..100 {
+        match spool.append(rows(&[m(n)]), Duration::from_secs(5)).await {
+            Ok(()) => ok += 1,
+            Err(AppendError::Full) => {
+                full = true;
+                break;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert!(full && ok > 0);
+    assert!(!spool.has_room(400));
+    let recs = read_all(&mut reader);
+    assert_eq!(recs.len(), ok);
+    let (end, bytes) = (recs.last().unwrap().end, recs.iter().map(|r| r.bytes).sum());
+    reader.confirm(end, ok as u64, bytes);
+    // Confirming frees the bound: the spool accepts again (the confirmed bytes may stay
+    // on disk in the active segment, but they no longer count against the bound).
+    assert!(spool.has_room(400), "confirmed records still count");
+    spool
+        .append(rows(&[m(1000)]), Duration::from_secs(5))
+        .await
+        .expect("an append after confirming everything");
+    let after = read_all(&mut reader);
+    assert_eq!(after.len(), 1);
+    assert_eq!(measurements(&after[0]), [m(1000)]);
+}
+
+#[tokio::test]
+async fn segments_rotate_and_confirmed_ones_are_deleted() {
+    let dir = tempfile::tempdir().unwrap();
+    let metrics = Arc::new(Metrics::new());
+    let (spool, mut reader) = open(dir.path(), 1 << 30, metrics.clone()).unwrap();
+    let big: Vec<Measurement> = (0..50)
+        .map(|n| Measurement {
+            user_agent: "x".repeat(8000).into(),
+            ..m(n)
+        })
+        .collect();
+    let mut appended = 0;
+    assert_eq!(spool.shared.segment_target, SEGMENT_TARGET_BYTES);
+    while spool.shared.state.lock().unwrap().active == 1 {
+        spool
+            .append(rows(&big), Duration::from_secs(5))
+            .await
+            .unwrap();
+        appended += 1;
+    }
+    spool
+        .append(rows(&big), Duration::from_secs(5))
+        .await
+        .unwrap();
+    let recs = read_all(&mut reader);
+    assert_eq!(recs.len(), appended + 1);
+    let bytes = recs.iter().map(|r| r.bytes).sum();
+    reader.confirm(recs.last().unwrap().end, 50 * recs.len() as u64, bytes);
+    assert!(
+        !segment_path(dir.path(), 1).exists(),
+        "sealed, confirmed segment deleted"
+    );
+    assert!(segment_path(dir.path(), 2).exists(), "active segment kept");
+    assert_eq!(metrics.spool_records.get(), 0);
+    assert_eq!(metrics.spool_bytes.get(), 0);
+}
+
+async fn spool_with(dir: &Path, n: u128) {
+    let (spool, _reader) = open(dir, 1 << 20, Arc::new(Metrics::new())).unwrap();
+    for i in 1..=n {
+        spool
+            .append(rows(&[m(i)]), Duration::from_secs(5))
+            .await
+            .unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_damaged_record_in_the_middle_costs_only_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    spool_with(dir.path(), 5).await;
+    let seg = segment_path(dir.path(), 1);
+    let mut data = fs::read(&seg).unwrap();
+    // Damage the second record's payload and its length field alike.
+    let second = {
+        let (_, next) = frame_at(&data, HEADER_LEN as usize).unwrap();
+        next
+    };
+    data[second + 12] ^= 0xff;
+    data[second] ^= 0x7f;
+    fs::write(&seg, &data).unwrap();
+    let metrics = Arc::new(Metrics::new());
+    let (_spool, mut reader) = open(dir.path(), 1 << 20, metrics.clone()).unwrap();
+    assert_eq!(ids(&read_all(&mut reader)), [1, 3, 4, 5]);
+    assert!(dir
+        .path()
+        .join("kept-aside/damaged-00000000000000000001.seg")
+        .exists());
+    assert!(metrics.spool_damaged_bytes.get() > 0);
+    assert_eq!(metrics.spool_records.get(), 4);
+}
+
+#[tokio::test]
+async fn a_damaged_magic_loses_no_record() {
+    let dir = tempfile::tempdir().unwrap();
+    spool_with(dir.path(), 3).await;
+    let seg = segment_path(dir.path(), 1);
+    let mut data = fs::read(&seg).unwrap();
+    data[0] ^= 0xff;
+    fs::write(&seg, &data).unwrap();
+    let (_spool, mut reader) = open(dir.path(), 1 << 20, Arc::new(Metrics::new())).unwrap();
+    assert_eq!(ids(&read_all(&mut reader)), [1, 2, 3]);
+}
+
+#[tokio::test]
+async fn numbering_goes_on_past_the_cursor() {
+    let dir = tempfile::tempdir().unwrap();
+    let metrics = Arc::new(Metrics::new());
+    {
+        let (spool, mut reader) = open(dir.path(), 1 << 20, metrics.clone()).unwrap();
+        spool
+            .append(rows(&[m(1)]), Duration::from_secs(5))
+            .await
+            .unwrap();
+        let recs = read_all(&mut reader);
+        reader.confirm(recs[0].end, 1, recs[0].bytes);
+    }
+    for e in fs::read_dir(dir.path().join("segments")).unwrap() {
+        fs::remove_file(e.unwrap().path()).unwrap();
+    }
+    {
+        let (spool, _reader) = open(dir.path(), 1 << 20, metrics.clone()).unwrap();
+        spool
+            .append(rows(&[m(2)]), Duration::from_secs(5))
+            .await
+            .unwrap();
+    }
+    let (_spool, mut reader) = open(dir.path(), 1 << 20, metrics).unwrap();
+    assert_eq!(
+        ids(&read_all(&mut reader)),
+        [2],
+        "acknowledged after the files vanished: kept"
+    );
+}
+
+#[tokio::test]
+async fn a_failed_cursor_write_still_frees_the_room() {
+    let dir = tempfile::tempdir().unwrap();
+    let metrics = Arc::new(Metrics::new());
+    let (spool, mut reader) = open(dir.path(), 1 << 20, metrics.clone()).unwrap();
+    spool
+        .append(rows(&[m(1)]), Duration::from_secs(5))
+        .await
+        .unwrap();
+    // A cursor that cannot be written (here: a folder where its file should be).
+    let cursor = dir.path().join(CURSOR_FILE);
+    fs::remove_file(&cursor).unwrap();
+    fs::create_dir(&cursor).unwrap();
+    reader.cursor.file = None;
+    let recs = read_all(&mut reader);
+    reader.confirm(recs[0].end, 1, recs[0].bytes);
+    assert_eq!(metrics.spool_records.get(), 0);
+    assert_eq!(metrics.spool_bytes.get(), 0);
+}
+
+#[tokio::test]
+async fn identity_survives_restarts_and_no_two_spools_share_one() {
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let metrics = Arc::new(Metrics::new());
+    let first = open(a.path(), 1 << 20, metrics.clone())
+        .unwrap()
+        .1
+        .identity()
+        .to_owned();
+    let again = open(a.path(), 1 << 20, metrics.clone())
+        .unwrap()
+        .1
+        .identity()
+        .to_owned();
+    let other = open(b.path(), 1 << 20, metrics)
+        .unwrap()
+        .1
+        .identity()
+        .to_owned();
+    assert!(is_identity(&first), "{first}");
+    assert_eq!(first, again, "kept across a restart");
+    assert_ne!(first, other, "a fresh spool gets its own");
+}
+
+#[tokio::test]
+async fn the_batch_in_flight_at_a_crash_is_read_again_with_the_same_range() {
+    let dir = tempfile::tempdir().unwrap();
+    let metrics = Arc::new(Metrics::new());
+    let (start, end) = {
+        let (spool, mut reader) = open(dir.path(), 1 << 20, metrics.clone()).unwrap();
+        for n in 1..=2 {
+            spool
+                .append(rows(&[m(n)]), Duration::from_secs(5))
+                .await
+                .unwrap();
+        }
+        let start = reader.position();
+        let recs = read_all(&mut reader);
+        assert_eq!(recs.len(), 2);
+        reader.record_in_flight(start, recs[1].end);
+        // More arrives while the batch is in flight; then the process dies unconfirmed.
+        spool
+            .append(rows(&[m(3)]), Duration::from_secs(5))
+            .await
+            .unwrap();
+        (start, recs[1].end)
+    };
+    let (_spool, mut reader) = open(dir.path(), 1 << 20, metrics.clone()).unwrap();
+    assert_eq!(reader.position(), start);
+    assert_eq!(reader.replay_bound(), Some(end));
+    let recs = read_all(&mut reader);
+    assert_eq!(
+        ids(&recs),
+        [1, 2],
+        "cut at the recorded end, not at what is there"
+    );
+    assert_eq!(recs.last().unwrap().end, end);
+    reader.confirm(end, 2, recs.iter().map(|r| r.bytes).sum());
+    assert_eq!(reader.replay_bound(), None);
+    assert_eq!(ids(&read_all(&mut reader)), [3], "then reading goes on");
+}
+
+#[tokio::test]
+async fn an_in_flight_record_of_another_identity_or_start_is_ignored() {
+    let dir = tempfile::tempdir().unwrap();
+    let metrics = Arc::new(Metrics::new());
+    {
+        let (spool, _reader) = open(dir.path(), 1 << 20, metrics.clone()).unwrap();
+        spool
+            .append(rows(&[m(1)]), Duration::from_secs(5))
+            .await
+            .unwrap();
+    }
+    fs::write(
+        dir.path().join(INFLIGHT_FILE),
+        format!("{} 1 8 1 9\n", "0".repeat(32)),
+    )
+    .unwrap();
+    let (_spool, reader) = open(dir.path(), 1 << 20, metrics).unwrap();
+    assert_eq!(reader.replay_bound(), None);
+}
+
+#[tokio::test]
+async fn rewriting_a_damaged_segment_renews_the_identity() {
+    let dir = tempfile::tempdir().unwrap();
+    spool_with(dir.path(), 3).await;
+    let before = fs::read_to_string(dir.path().join(IDENTITY_FILE)).unwrap();
+    let seg = segment_path(dir.path(), 1);
+    let mut data = fs::read(&seg).unwrap();
+    let second = frame_at(&data, HEADER_LEN as usize).unwrap().1;
+    data[second + 12] ^= 0xff;
+    fs::write(&seg, &data).unwrap();
+    let (_spool, reader) = open(dir.path(), 1 << 20, Arc::new(Metrics::new())).unwrap();
+    assert_ne!(
+        reader.identity(),
+        before.trim(),
+        "positions moved: new tokens"
+    );
+}
+
+#[test]
+fn second_open_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let _guard = rt.enter();
+    let metrics = Arc::new(Metrics::new());
+    let _first = open(dir.path(), 1 << 20, metrics.clone()).unwrap();
+    assert!(matches!(
+        open(dir.path(), 1 << 20, metrics),
+        Err(OpenError::Locked(_))
+    ));
+}
+
+fn received(n: u128, at: u32) -> Measurement<'static> {
+    Measurement {
+        received_at: DateTime(at),
+        ..m(n)
+    }
+}
+
+fn unix_now() -> u32 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as u32
+}
+
+/// The exported value of `collector_spool_oldest_record_age_seconds`.
+fn exported_age(metrics: &Metrics) -> f64 {
+    let text = metrics.encode();
+    text.lines()
+        .find_map(|l| l.strip_prefix("collector_spool_oldest_record_age_seconds "))
+        .unwrap_or_else(|| panic!("no collector_spool_oldest_record_age_seconds in\n{text}"))
+        .parse()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn oldest_unconfirmed_age_follows_confirmations_and_survives_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let metrics = Arc::new(Metrics::new());
+    let oldest = |m: &Metrics| {
+        m.spool_oldest_received_at
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+    let now = unix_now();
+    {
+        let (spool, mut reader) = open(dir.path(), 1 << 20, metrics.clone()).unwrap();
+        assert_eq!(exported_age(&metrics), 0.0, "nothing unconfirmed");
+        let limit = Duration::from_secs(5);
+        spool
+            .append(rows(&[received(1, now - 300)]), limit)
+            .await
+            .unwrap();
+        // Several records in one second share an entry; the earliest of a record counts.
+        spool
+            .append(
+                rows(&[received(2, now - 100), received(3, now - 120)]),
+                limit,
+            )
+            .await
+            .unwrap();
+        spool
+            .append(rows(&[received(4, now - 100)]), limit)
+            .await
+            .unwrap();
+        assert_eq!(oldest(&metrics), i64::from(now - 300));
+        let age = exported_age(&metrics);
+        assert!((300.0..305.0).contains(&age), "age {age}");
+        let recs = read_all(&mut reader);
+        reader.confirm(recs[0].end, 1, recs[0].bytes);
+        assert_eq!(oldest(&metrics), i64::from(now - 120));
+    }
+    // After a restart the age comes from what the spool holds.
+    metrics
+        .spool_oldest_received_at
+        .store(0, std::sync::atomic::Ordering::Relaxed);
+    let (_spool, mut reader) = open(dir.path(), 1 << 20, metrics.clone()).unwrap();
+    assert_eq!(oldest(&metrics), i64::from(now - 120));
+    let age = exported_age(&metrics);
+    assert!((120.0..125.0).contains(&age), "age after restart {age}");
+    let recs = read_all(&mut reader);
+    let last = recs.last().unwrap();
+    reader.confirm(last.end, 3, recs.iter().map(|r| r.bytes).sum());
+    assert_eq!(oldest(&metrics), 0);
+    assert_eq!(exported_age(&metrics), 0.0, "everything confirmed");
+}
+
+#[test]
+fn received_times_stay_increasing_and_bounded() {
+    let at = |offset| Position { segment: 1, offset };
+    let mut t = ReceivedTimes::default();
+    for (i, second) in [10, 10, 10, 11, 11, 12].into_iter().enumerate() {
+        t.appended(at(100 + i as u64), second);
+    }
+    assert_eq!(t.0.len(), 3, "one entry per second: {:?}", t.0);
+    // A late record received earlier than the last entries folds them into itself.
+    t.appended(at(200), 9);
+    assert_eq!(t.oldest(), Some(9));
+    assert_eq!(t.0.len(), 1, "{:?}", t.0);
+    t.appended(at(300), 20);
+    t.confirmed(at(199));
+    assert_eq!(t.oldest(), Some(9), "a partly confirmed entry stays");
+    t.confirmed(at(200));
+    assert_eq!(t.oldest(), Some(20));
+    t.confirmed(at(300));
+    assert_eq!(t.oldest(), None);
+}
+
+/// Makes writes under `dir` fail with `ENOSPC` (or succeed again).
+fn set_full(dir: &Path, full: bool) {
+    let mut disks = FULL_DISKS.lock().unwrap();
+    disks.retain(|d| d != dir);
+    if full {
+        disks.push(dir.to_owned());
+    }
+}
+
+/// Waits until the spool can write again; panics after 10 s.
+async fn wait_writable(spool: &Spool) {
+    let start = Instant::now();
+    while let Some(why) = spool.unwritable() {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "still unwritable after 10 s: {why}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn segment_numbers(dir: &Path) -> Vec<u64> {
+    let mut n: Vec<u64> = fs::read_dir(dir.join("segments"))
+        .unwrap()
+        .map(|e| {
+            let name = e.unwrap().file_name();
+            name.to_str()
+                .unwrap()
+                .strip_suffix(".seg")
+                .unwrap()
+                .parse()
+                .unwrap()
+        })
+        .collect();
+    n.sort_unstable();
+    n
+}
+
+#[tokio::test]
+async fn a_full_disk_refuses_appends_until_space_returns() {
+    let dir = tempfile::tempdir().unwrap();
+    let metrics = Arc::new(Metrics::new());
+    let (spool, mut reader) = open(dir.path(), 1 << 20, metrics.clone()).unwrap();
+    let limit = Duration::from_secs(5);
+    spool.append(rows(&[m(1)]), limit).await.unwrap();
+    assert_eq!(spool.unwritable(), None);
+    assert_eq!(metrics.spool_disk_full.get(), 0);
+
+    set_full(dir.path(), true);
+    assert_eq!(
+        spool.append(rows(&[m(2)]), limit).await,
+        Err(AppendError::DiskFull)
+    );
+    assert_eq!(spool.unwritable(), Some("spool cannot write: disk full"));
+    assert_eq!(metrics.spool_disk_full.get(), 1);
+    // Refused at once while the state lasts, and it lasts past several probes.
+    tokio::time::sleep(PROBE_INTERVAL * 3).await;
+    assert_eq!(
+        spool.append(rows(&[m(3)]), limit).await,
+        Err(AppendError::DiskFull)
+    );
+    assert_eq!(metrics.spool_disk_full.get(), 1);
+
+    set_full(dir.path(), false);
+    wait_writable(&spool).await;
+    assert_eq!(metrics.spool_disk_full.get(), 0);
+    spool.append(rows(&[m(4)]), limit).await.unwrap();
+    let recs = read_all(&mut reader);
+    assert_eq!(ids(&recs), [1, 4], "nothing refused was kept");
+    assert_eq!(recs[0].end.segment, 1);
+    assert_eq!(
+        recs[1].end.segment, 2,
+        "the segment whose write failed takes no more: a new one"
+    );
+    assert_eq!(metrics.spool_records.get(), 2);
+}
+
+#[tokio::test]
+async fn a_sealed_segment_goes_once_confirmed_and_numbering_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let metrics = Arc::new(Metrics::new());
+    let limit = Duration::from_secs(5);
+    {
+        let (spool, mut reader) = open(dir.path(), 1 << 20, metrics.clone()).unwrap();
+        spool.append(rows(&[m(1)]), limit).await.unwrap();
+        set_full(dir.path(), true);
+        assert!(spool.append(rows(&[m(2)]), limit).await.is_err());
+        let recs = read_all(&mut reader);
+        assert_eq!(ids(&recs), [1]);
+        // Still full: confirming needs no space and deletes the sealed, newest segment.
+        reader.confirm(recs[0].end, 1, recs[0].bytes);
+        assert_eq!(segment_numbers(dir.path()), [] as [u64; 0]);
+        assert_eq!(metrics.spool_disk_bytes.get(), 0);
+        assert!(spool.unwritable().is_some());
+    }
+    // Reopened on the still full disk: opens, unwritable, then writes after the cursor.
+    let (spool, mut reader) = open(dir.path(), 1 << 20, metrics.clone()).unwrap();
+    assert_eq!(spool.unwritable(), Some("spool cannot write: disk full"));
+    assert_eq!(metrics.spool_disk_full.get(), 1);
+    set_full(dir.path(), false);
+    wait_writable(&spool).await;
+    spool.append(rows(&[m(3)]), limit).await.unwrap();
+    assert_eq!(
+        segment_numbers(dir.path()),
+        [2],
+        "a new number, never one whose ranges were sent"
+    );
+    assert_eq!(ids(&read_all(&mut reader)), [3]);
+}
+
+#[tokio::test]
+async fn opening_on_a_full_disk_delivers_what_the_spool_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    spool_with(dir.path(), 3).await;
+    set_full(dir.path(), true);
+    let metrics = Arc::new(Metrics::new());
+    let (spool, mut reader) = open(dir.path(), 1 << 20, metrics.clone()).unwrap();
+    assert_eq!(spool.unwritable(), Some("spool cannot write: disk full"));
+    assert_eq!(
+        spool.append(rows(&[m(9)]), Duration::from_secs(5)).await,
+        Err(AppendError::DiskFull)
+    );
+    let recs = read_all(&mut reader);
+    assert_eq!(ids(&recs), [1, 2, 3]);
+    reader.confirm(recs[2].end, 3, recs.iter().map(|r| r.bytes).sum());
+    assert_eq!(metrics.spool_records.get(), 0);
+    assert_eq!(
+        segment_numbers(dir.path()),
+        [] as [u64; 0],
+        "delivered and deleted"
+    );
+    set_full(dir.path(), false);
+    wait_writable(&spool).await;
+    spool
+        .append(rows(&[m(4)]), Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(ids(&read_all(&mut reader)), [4]);
+    assert_eq!(segment_numbers(dir.path()), [2]);
+}
+
+#[tokio::test]
+async fn cursor_and_in_flight_are_rewritten_in_place() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    let metrics = Arc::new(Metrics::new());
+    let (spool, mut reader) = open(dir.path(), 1 << 20, metrics.clone()).unwrap();
+    let cursor = dir.path().join(CURSOR_FILE);
+    let in_flight = dir.path().join(INFLIGHT_FILE);
+    let inodes = || {
+        (
+            fs::metadata(&cursor).unwrap().ino(),
+            fs::metadata(&in_flight).unwrap().ino(),
+        )
+    };
+    let before = inodes();
+    for n in 1..=3 {
+        spool
+            .append(rows(&[m(n)]), Duration::from_secs(5))
+            .await
+            .unwrap();
+        let start = reader.position();
+        let recs = read_all(&mut reader);
+        reader.record_in_flight(start, recs[0].end);
+        reader.confirm(recs[0].end, 1, recs[0].bytes);
+    }
+    assert_eq!(inodes(), before, "no new file, no rename");
+    assert_eq!(fs::metadata(&cursor).unwrap().len(), 2 * SLOT_BYTES as u64);
+    let end = reader.position();
+    drop((spool, reader));
+    // A write torn by a crash: the newest slot damaged, the one before it holds.
+    let mut data = fs::read(&cursor).unwrap();
+    let (seq, body) = parse_slots(&data).unwrap();
+    assert_eq!(parse_cursor(&body), Some(end));
+    let newest = (seq % 2) as usize * SLOT_BYTES;
+    data[newest + 2] ^= 0x55;
+    fs::write(&cursor, &data).unwrap();
+    let (older_seq, older) = parse_slots(&data).unwrap();
+    assert_eq!(older_seq, seq - 1);
+    assert!(parse_cursor(&older).unwrap() < end);
+    let (_spool, mut reader) = open(dir.path(), 1 << 20, metrics).unwrap();
+    assert_eq!(
+        ids(&read_all(&mut reader)),
+        [3],
+        "replayed from the older slot"
+    );
+}
+
+#[tokio::test]
+async fn a_cursor_of_the_one_line_format_is_read_and_turned_into_slots() {
+    let dir = tempfile::tempdir().unwrap();
+    spool_with(dir.path(), 3).await;
+    let data = fs::read(segment_path(dir.path(), 1)).unwrap();
+    let first_end = frame_at(&data, HEADER_LEN as usize).unwrap().1;
+    let cursor = dir.path().join(CURSOR_FILE);
+    fs::write(&cursor, format!("1 {first_end}\n")).unwrap();
+    let (_spool, mut reader) = open(dir.path(), 1 << 20, Arc::new(Metrics::new())).unwrap();
+    let recs = read_all(&mut reader);
+    assert_eq!(ids(&recs), [2, 3]);
+    reader.confirm(recs[0].end, 1, recs[0].bytes);
+    let data = fs::read(&cursor).unwrap();
+    assert_eq!(data.len(), 2 * SLOT_BYTES);
+    assert_eq!(
+        parse_cursor(&parse_slots(&data).unwrap().1),
+        Some(recs[0].end)
+    );
+}
+
+#[tokio::test]
+async fn kept_aside_rows_are_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let metrics = Arc::new(Metrics::new());
+    let (_spool, reader) = open(dir.path(), 1 << 20, metrics.clone()).unwrap();
+    let (path, n) = reader
+        .keep_aside(
+            reader.position(),
+            7,
+            &rows(&[m(1), m(2), m(3)]).bytes,
+            "Code: 117",
+        )
+        .unwrap();
+    assert_eq!(n, 3);
+    assert!(
+        path.ends_with("00000000000000000001-000000000008-000007.json"),
+        "{path:?}"
+    );
+    let kept: serde_json::Value = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
+    assert_eq!(kept["reason"], "Code: 117");
+    let ids: Vec<&str> = kept["measurements"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, [m(1), m(2), m(3)].map(|m| m.id.to_string()));
+    assert_eq!(metrics.kept_aside_rows.get(), 3);
+}
+
+/// A spool folder written by a release before RowBinary (JSON frames behind the `CSPOOL01`
+/// magic) is replayed after the upgrade: its rows come out as RowBinary, the cursor and the
+/// in-flight range of that release still count, and new appends go to a v2 segment after it.
+#[tokio::test]
+async fn a_spool_of_the_json_format_is_replayed() {
+    let dir = tempfile::tempdir().unwrap();
+    // What the earlier release left: segment 1 with three requests, the first confirmed.
+    fs::create_dir_all(dir.path().join("segments")).unwrap();
+    let mut data = MAGIC_V1.to_vec();
+    encode_v1_frame(&mut data, &[m(1), m(2)]);
+    let first_end = data.len();
+    encode_v1_frame(&mut data, &[m(3)]);
+    encode_v1_frame(&mut data, &[m(4), m(5)]);
+    fs::write(segment_path(dir.path(), 1), &data).unwrap();
+    fs::write(dir.path().join(CURSOR_FILE), format!("1 {first_end}\n")).unwrap();
+
+    let metrics = Arc::new(Metrics::new());
+    let (spool, mut reader) = open(dir.path(), 1 << 20, metrics.clone()).unwrap();
+    assert_eq!(
+        metrics.spool_records.get(),
+        3,
+        "counted from the JSON frames"
+    );
+    spool
+        .append(rows(&[m(6)]), Duration::from_secs(5))
+        .await
+        .unwrap();
+    let frames = read_all(&mut reader);
+    assert_eq!(ids(&frames), [3, 4, 5, 6]);
+    assert_eq!(measurements(&frames[1]), [m(4), m(5)], "every value kept");
+    assert_eq!(frames[0].end.segment, 1);
+    assert_eq!(frames[2].end.segment, 2, "new appends go to a new segment");
+    let new = fs::read(segment_path(dir.path(), 2)).unwrap();
+    assert_eq!(&new[..8], MAGIC);
+    let (end, bytes) = (frames[2].end, frames.iter().map(|f| f.bytes).sum());
+    reader.confirm(end, 4, bytes);
+    assert!(
+        !segment_path(dir.path(), 1).exists(),
+        "the old segment goes once delivered"
+    );
+    assert_eq!(metrics.spool_records.get(), 0);
+}
