@@ -174,6 +174,73 @@ async fn an_insert_answered_200_with_an_exception_header_is_a_failure() {
     );
 }
 
+/// A batch ClickHouse refuses as bad data (here a `CHECK` constraint of a current release,
+/// through the stand-in) costs only its refused rows: the writer bisects it, stores every other
+/// row, and keeps aside exactly the refused ones, with the reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_batch_keeps_aside_only_its_refused_rows() {
+    let stack = Stack::shared();
+    let env = TestEnv::new(stack).await;
+    env.cli(&["sites", "add", "--key", "check-refused"]).success();
+    let urls = stack.clickhouse_urls();
+    let tokens = TokenMemory::new();
+    let s1 = StandIn::start(&urls[0], tokens.clone()).await;
+    let s2 = StandIn::start(&urls[1], tokens.clone()).await;
+    for s in [&s1, &s2] {
+        s.set_insert_mode(InsertMode::Constraint("check-refused".into()));
+    }
+    let replicas = format!("{},{}", s1.url, s2.url);
+    // Long batches: every request below lands in one batch, refused as a whole.
+    let c = env
+        .collector(&[
+            ("COLLECTOR_CLICKHOUSE_URLS", replicas.as_str()),
+            ("COLLECTOR_BATCH_MAX_AGE", "3s"),
+        ])
+        .await;
+    let (mut good, mut bad) = (Vec::new(), Vec::new());
+    for request in 0..12 {
+        let mut items = Vec::new();
+        for i in 0..5 {
+            // Three refused rows in 60, in different requests and places.
+            let refused = matches!((request, i), (1, 3) | (6, 0) | (11, 4));
+            let (id, m) = measurement(if refused { "check-refused" } else { &env.site });
+            if refused { &mut bad } else { &mut good }.push(id);
+            items.push(m);
+        }
+        let (status, body) = c.post_json(&Value::Array(items)).await;
+        assert_eq!((status, body["accepted"].as_u64()), (202, Some(5)), "{body}");
+    }
+    c.wait_metric("collector_spool_records 0", STORED).await;
+    env.assert_stored_once(&good, STORED).await;
+    assert!(env.rows(&bad).await.is_empty(), "a refused row was stored");
+
+    // Exactly the refused rows are kept aside, each with ClickHouse's reason.
+    let aside = c.spool.path().join("kept-aside");
+    let mut kept = Vec::new();
+    for entry in std::fs::read_dir(&aside).unwrap() {
+        let path = entry.unwrap().path();
+        let file: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        assert!(
+            file["reason"].as_str().unwrap().contains("Code: 469"),
+            "{path:?}: {file}"
+        );
+        for m in file["measurements"].as_array().unwrap() {
+            kept.push(m["id"].as_str().unwrap().to_owned());
+        }
+    }
+    kept.sort();
+    bad.sort();
+    assert_eq!(kept, bad);
+    assert_eq!(c.metric("collector_spool_kept_aside_rows_total").await, 3.0);
+    let refused = s1.stats().inserts_refused + s2.stats().inserts_refused;
+    eprintln!(
+        "figures: refused batch: {} rows stored, {} kept aside in {} files, {refused} inserts refused",
+        good.len(),
+        kept.len(),
+        std::fs::read_dir(&aside).unwrap().count()
+    );
+}
+
 /// ClickHouse closes an idle keep-alive connection after `keep_alive_timeout` (3 s by
 /// default); a batch sent on a connection the server just closed must be sent again on a new
 /// one, not count as a replica failure.
