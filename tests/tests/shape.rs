@@ -181,7 +181,8 @@ async fn an_insert_answered_200_with_an_exception_header_is_a_failure() {
 async fn a_refused_batch_keeps_aside_only_its_refused_rows() {
     let stack = Stack::shared();
     let env = TestEnv::new(stack).await;
-    env.cli(&["sites", "add", "--key", "check-refused"]).success();
+    env.cli(&["sites", "add", "--key", "check-refused"])
+        .success();
     let urls = stack.clickhouse_urls();
     let tokens = TokenMemory::new();
     let s1 = StandIn::start(&urls[0], tokens.clone()).await;
@@ -208,7 +209,11 @@ async fn a_refused_batch_keeps_aside_only_its_refused_rows() {
             items.push(m);
         }
         let (status, body) = c.post_json(&Value::Array(items)).await;
-        assert_eq!((status, body["accepted"].as_u64()), (202, Some(5)), "{body}");
+        assert_eq!(
+            (status, body["accepted"].as_u64()),
+            (202, Some(5)),
+            "{body}"
+        );
     }
     c.wait_metric("collector_spool_records 0", STORED).await;
     env.assert_stored_once(&good, STORED).await;
@@ -239,6 +244,51 @@ async fn a_refused_batch_keeps_aside_only_its_refused_rows() {
         kept.len(),
         std::fs::read_dir(&aside).unwrap().count()
     );
+}
+
+/// The nice value of each thread of process `pid`, by thread name (`/proc/PID/task/*/stat`,
+/// field 19, proc(5)).
+fn thread_nice(pid: u32) -> Vec<(String, i64)> {
+    let mut out = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let stat = std::fs::read_to_string(task.unwrap().path().join("stat")).unwrap();
+        // `pid (comm) state ...`: the name may hold spaces; fields after the last `)`.
+        let open = stat.find('(').unwrap();
+        let close = stat.rfind(')').unwrap();
+        let name = stat[open + 1..close].to_owned();
+        let fields: Vec<&str> = stat[close + 2..].split(' ').collect();
+        // Field 19 of the whole line is field 17 after `pid (comm)`, index 16.
+        out.push((name, fields[16].parse().unwrap()));
+    }
+    out
+}
+
+/// Issue 14: on a small host the writer's batch work must not hold up request tasks. It runs
+/// on a thread of its own, 10 nice levels below the request runtime's threads (which keep the
+/// process's, whatever `nice` the test itself runs under).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_writer_runs_on_its_own_thread_at_a_lower_priority() {
+    let stack = Stack::shared();
+    let env = TestEnv::new(stack).await;
+    let c = env.collector(&[]).await;
+    let id = post_one(&c, &env.site).await;
+    env.wait_rows(&[id], STORED).await;
+    let threads = thread_nice(c.pid());
+    let of = |name: &str| -> Vec<i64> {
+        threads
+            .iter()
+            .filter(|(n, _)| n == name)
+            .map(|(_, nice)| *nice)
+            .collect()
+    };
+    let process = of("collector");
+    assert_eq!(process.len(), 1, "{threads:?}");
+    let workers = of("tokio-rt-worker");
+    assert!(
+        !workers.is_empty() && workers.iter().all(|n| *n == process[0]),
+        "request threads: {threads:?}"
+    );
+    assert_eq!(of("writer"), [(process[0] + 10).min(19)], "{threads:?}");
 }
 
 /// ClickHouse closes an idle keep-alive connection after `keep_alive_timeout` (3 s by

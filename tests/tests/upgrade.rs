@@ -69,9 +69,7 @@ async fn a_spool_of_the_previous_release_is_delivered_after_the_upgrade() {
     assert_eq!(listed, expected, "{}", dump.stderr);
     assert!(dump.stderr.contains("40 rows"), "{}", dump.stderr);
 
-    let c = env
-        .collector(&[("COLLECTOR_SPOOL_DIR", spool_dir)])
-        .await;
+    let c = env.collector(&[("COLLECTOR_SPOOL_DIR", spool_dir)]).await;
     let rows = env.wait_rows(&ids, Duration::from_secs(60)).await;
     assert_eq!(rows.len(), 40);
     for r in &rows {

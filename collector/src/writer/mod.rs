@@ -48,11 +48,11 @@ pub const BACKOFF_MIN: Duration = Duration::from_millis(100);
 pub const BACKOFF_MAX: Duration = Duration::from_secs(5);
 /// On shutdown, how long the writer may keep trying to flush before leaving the rest in the spool.
 pub const DRAIN_DEADLINE: Duration = Duration::from_secs(10);
-/// The writer thread's nice value (Linux: per thread), above the request threads' 0: under
-/// contention it gets about a tenth of a core against each request thread (CFS weights 110
-/// against 1024, `sched_prio_to_weight` in the kernel's `kernel/sched/core.c`), and the
-/// scheduler runs a woken request task first. It is never starved: idle cores run it, and a
-/// spool that fills answers 503, which lowers the load.
+/// How much higher the writer thread's nice value is than the process's (Linux: per thread; at
+/// most 19): under contention it gets about a tenth of a core against each request thread
+/// (CFS weights 110 against 1024 for nice 10 against 0, `sched_prio_to_weight` in the
+/// kernel's `kernel/sched/core.c`), and the scheduler runs a woken request task first. It is
+/// never starved: idle cores run it, and a spool that fills answers 503, which lowers the load.
 pub const WRITER_NICE: i32 = 10;
 
 /// A batch: consecutive spool frames, from `start` up to `end`.
@@ -183,11 +183,14 @@ pub fn spawn(
         })
 }
 
-/// Sets this thread's nice value to [`WRITER_NICE`]; a failure (a seccomp profile that
-/// forbids it) costs only the priority.
+/// Raises this thread's nice value by [`WRITER_NICE`] (to at most 19); a failure (a seccomp
+/// profile that forbids it) costs only the priority.
 fn lower_priority() {
     let tid = rustix::thread::gettid();
-    if let Err(e) = rustix::process::setpriority_process(Some(tid), WRITER_NICE) {
+    let set = rustix::process::getpriority_process(Some(tid)).and_then(|now| {
+        rustix::process::setpriority_process(Some(tid), (now + WRITER_NICE).min(19))
+    });
+    if let Err(e) = set {
         tracing::info!(error = %e, "writer: cannot lower the thread's priority; it runs at the request threads' priority");
     }
 }

@@ -277,7 +277,11 @@ async fn handle(shared: &Shared, req: Request<Incoming>) -> Answer {
                 Some(body.to_vec())
             };
             let Some(rows) = rows else {
-                return answer(StatusCode::BAD_REQUEST, &[], "stand-in: bad compressed body");
+                return answer(
+                    StatusCode::BAD_REQUEST,
+                    &[],
+                    "stand-in: bad compressed body",
+                );
             };
             let mut needle = vec![site.len() as u8];
             needle.extend_from_slice(site.as_bytes());
