@@ -515,6 +515,25 @@ mod tests {
         assert_eq!(declared, ours);
     }
 
+    /// Every request field is a column, in column order, and the columns that are not request
+    /// fields are exactly those the collector sets.
+    #[test]
+    fn request_fields_are_the_columns_the_client_sends() {
+        let fields = crate::beacon::decode::REQUEST_FIELDS;
+        let sent: Vec<&str> = COLUMNS
+            .iter()
+            .copied()
+            .filter(|c| fields.contains(c))
+            .collect();
+        assert_eq!(sent, fields);
+        let set_here: Vec<&str> = COLUMNS
+            .iter()
+            .copied()
+            .filter(|c| !fields.contains(c))
+            .collect();
+        assert_eq!(set_here, ["received_at", "user_agent", "sample_rate"]);
+    }
+
     /// A spool record written before `sample_rate` existed (the JSON of a row of that
     /// release) still replays, as a row of a page view that was always sent.
     #[test]

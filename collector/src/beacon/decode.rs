@@ -104,66 +104,57 @@ fn non_finite_as_strings(text: &str) -> Option<String> {
     changed.then(|| String::from_utf8(out).expect("still UTF-8"))
 }
 
-/// One measurement object with its known fields undecoded; unknown fields are skipped.
-/// A field sent as `null` is absent.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct RawBeacon<'a> {
-    /// `id`.
-    pub id: Option<&'a RawValue>,
-    /// `site`.
-    pub site: Option<&'a RawValue>,
-    /// `url`.
-    pub url: Option<&'a RawValue>,
-    /// `ts`.
-    pub ts: Option<&'a RawValue>,
-    /// `referrer`.
-    pub referrer: Option<&'a RawValue>,
-    /// `navigation_type`.
-    pub navigation_type: Option<&'a RawValue>,
-    /// `ttfb_ms`.
-    pub ttfb_ms: Option<&'a RawValue>,
-    /// `fcp_ms`.
-    pub fcp_ms: Option<&'a RawValue>,
-    /// `lcp_ms`.
-    pub lcp_ms: Option<&'a RawValue>,
-    /// `inp_ms`.
-    pub inp_ms: Option<&'a RawValue>,
-    /// `dom_content_loaded_ms`.
-    pub dom_content_loaded_ms: Option<&'a RawValue>,
-    /// `load_ms`.
-    pub load_ms: Option<&'a RawValue>,
-    /// `cls`.
-    pub cls: Option<&'a RawValue>,
-    /// `viewport_width`.
-    pub viewport_width: Option<&'a RawValue>,
-    /// `effective_connection_type`.
-    pub effective_connection_type: Option<&'a RawValue>,
+/// Declares the request fields once: [`RawBeacon`], its field setter, and [`REQUEST_FIELDS`].
+macro_rules! request_fields {
+    ($($name:ident),* $(,)?) => {
+        /// One measurement object with its known fields undecoded; unknown fields are skipped.
+        /// A field sent as `null` is absent. Each field is the request field of its name
+        /// (contract §2), which is also the column it is stored in.
+        #[derive(Debug, Default, Clone, Copy)]
+        pub struct RawBeacon<'a> {
+            $(
+                #[doc = concat!("`", stringify!($name), "`.")]
+                pub $name: Option<&'a RawValue>,
+            )*
+        }
+
+        /// The request fields of a measurement object, in column order (contract §2); every
+        /// other column is set by the collector (`received_at`, `user_agent`, `sample_rate`).
+        pub const REQUEST_FIELDS: &[&str] = &[$(stringify!($name)),*];
+
+        impl<'a> RawBeacon<'a> {
+            /// Keeps `value` under `key` when the key names a known field (the last duplicate
+            /// wins).
+            fn set(&mut self, key: &str, value: &'a RawValue) {
+                let slot = match key {
+                    $(stringify!($name) => &mut self.$name,)*
+                    _ => return,
+                };
+                *slot = (value.get() != "null").then_some(value);
+            }
+        }
+    };
 }
 
-impl<'a> RawBeacon<'a> {
-    /// Keeps `value` under `key` when the key names a known field (the last duplicate wins).
-    fn set(&mut self, key: &str, value: &'a RawValue) {
-        let slot = match key {
-            "id" => &mut self.id,
-            "site" => &mut self.site,
-            "url" => &mut self.url,
-            "ts" => &mut self.ts,
-            "referrer" => &mut self.referrer,
-            "navigation_type" => &mut self.navigation_type,
-            "ttfb_ms" => &mut self.ttfb_ms,
-            "fcp_ms" => &mut self.fcp_ms,
-            "lcp_ms" => &mut self.lcp_ms,
-            "inp_ms" => &mut self.inp_ms,
-            "dom_content_loaded_ms" => &mut self.dom_content_loaded_ms,
-            "load_ms" => &mut self.load_ms,
-            "cls" => &mut self.cls,
-            "viewport_width" => &mut self.viewport_width,
-            "effective_connection_type" => &mut self.effective_connection_type,
-            _ => return,
-        };
-        *slot = (value.get() != "null").then_some(value);
-    }
+request_fields!(
+    id,
+    site,
+    url,
+    ts,
+    referrer,
+    navigation_type,
+    ttfb_ms,
+    fcp_ms,
+    lcp_ms,
+    inp_ms,
+    dom_content_loaded_ms,
+    load_ms,
+    cls,
+    viewport_width,
+    effective_connection_type,
+);
 
+impl<'a> RawBeacon<'a> {
     fn from_map<A: MapAccess<'a>>(mut map: A) -> Result<Self, A::Error> {
         let mut beacon = RawBeacon::default();
         while let Some(key) = map.next_key::<&'a RawValue>()? {
