@@ -110,6 +110,9 @@ pub struct Metrics {
     /// `collector_spool_disk_full`: 1 while the spool cannot write (a full disk or a quota, or
     /// another write error the log names; `/readyz` answers 503 meanwhile), else 0.
     pub spool_disk_full: Gauge<i64, AtomicI64>,
+    /// `collector_spool_sync_duration_seconds`: how long one group commit's `write` and
+    /// `fdatasync` took (every 202 waits for one); its count is the number of syncs.
+    pub spool_sync_duration: Histogram,
     /// `received_at` (Unix seconds) of the oldest measurement the spool holds that ClickHouse
     /// has not confirmed; 0 when there is none. Kept by the spool; exported as an age.
     pub spool_oldest_received_at: AtomicI64,
@@ -200,6 +203,8 @@ impl Metrics {
             kept_aside_rows: Counter::default(),
             spool_max_bytes: Gauge::default(),
             spool_disk_full: Gauge::default(),
+            // 100 µs to 3.3 s.
+            spool_sync_duration: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
             spool_oldest_received_at: AtomicI64::new(0),
             spool_oldest_age: Gauge::default(),
             spool_damaged_bytes: Counter::default(),
@@ -297,6 +302,11 @@ impl Metrics {
             "collector_spool_disk_full",
             "1 while the spool cannot write (full disk, quota or another write error), else 0",
             m.spool_disk_full.clone(),
+        );
+        r.register(
+            "collector_spool_sync_duration_seconds",
+            "Time of one group commit: the write and fdatasync every 202 waits for",
+            m.spool_sync_duration.clone(),
         );
         r.register(
             "collector_spool_oldest_record_age_seconds",

@@ -118,9 +118,14 @@ impl Appender {
             return;
         }
         let file = self.file.as_mut().expect("rotated above");
+        let began = Instant::now();
         let result = fault(&self.shared.dir)
             .and_then(|()| file.write_all(buf))
             .and_then(|()| file.sync_data());
+        self.shared
+            .metrics
+            .spool_sync_duration
+            .observe(began.elapsed().as_secs_f64());
         match result {
             Ok(()) => {
                 self.size += buf.len() as u64;
