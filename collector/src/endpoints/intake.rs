@@ -1,8 +1,8 @@
 //! `POST /api/v1/measurements` and its `OPTIONS` preflight (contract §2).
 //!
-//! The one way through, one station per function of [`accept`]: receive (headers, bounded
-//! body) → decode → validate → site settings and origin → rates → dedup claim → spool append
-//! (durable) → 202. Nothing is stored unless the request as a whole is answered 202, and a
+//! The one way through, one station per function of `accept`: receive (headers, bounded
+//! body) → in-flight bound → decode → validate → site settings and origin → rates → dedup
+//! claim → spool append (durable) → 202. Nothing is stored unless the request as a whole is answered 202, and a
 //! 202 is only sent once the spool holds every measurement it counts as accepted.
 //!
 //! Each station returns what the next one needs or the [`IntakeError`] that ends the request.
@@ -279,7 +279,7 @@ async fn receive(
     Ok((raw, encoding))
 }
 
-/// Most bytes of a refused body read and thrown away after its 413 ([`discard`]).
+/// Most bytes of a refused body read and thrown away after its 413 (`discard`).
 pub const DISCARD_MAX_BYTES: usize = 1024 * 1024;
 
 /// Reads and drops a body, at most [`DISCARD_MAX_BYTES`] of it and for at most `limit`.
