@@ -8,7 +8,8 @@ use serde::Serialize;
 
 use crate::beacon::DecodeError;
 
-/// One rejected measurement, as listed in a response body.
+/// One rejected measurement, as listed in the `rejected` array of a 202, 400 or 403 body:
+/// the one type for a rejection, whatever station made it.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub struct Rejected {
     /// Position in the request array (0 for a single object).
@@ -41,8 +42,12 @@ pub enum IntakeError {
     /// 429: a site or client over its rate.
     #[error("rate limit exceeded")]
     RateLimited(Duration),
-    /// 503: the collector cannot accept durably right now (spool full, overloaded, a
-    /// never-seen site while the settings store is unreachable, draining).
+    /// 503: the request was shed for overload (every in-flight place taken, or the spool's
+    /// append queue full); counted in `collector_http_shed_total`.
+    #[error("overloaded")]
+    Overloaded(Duration),
+    /// 503: the collector cannot accept durably right now (spool full or unable to write, a
+    /// never-seen site while the settings store is unreachable).
     #[error("{0}")]
     Unavailable(&'static str, Duration),
 }
@@ -67,7 +72,9 @@ impl IntakeError {
             IntakeError::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             IntakeError::UnsupportedMedia(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             IntakeError::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
-            IntakeError::Unavailable(..) => StatusCode::SERVICE_UNAVAILABLE,
+            IntakeError::Overloaded(_) | IntakeError::Unavailable(..) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
         }
     }
 
@@ -81,6 +88,7 @@ impl IntakeError {
             IntakeError::TooLarge => "too_large",
             IntakeError::UnsupportedMedia(_) => "unsupported_media",
             IntakeError::RateLimited(_) => "rate_limited",
+            IntakeError::Overloaded(_) => "overloaded",
             IntakeError::Unavailable(..) => "unavailable",
         }
     }
@@ -110,9 +118,9 @@ impl IntoResponse for IntakeError {
     fn into_response(self) -> Response {
         let status = self.status();
         let retry_after = match &self {
-            IntakeError::RateLimited(d) | IntakeError::Unavailable(_, d) => {
-                Some(d.as_secs().max(1))
-            }
+            IntakeError::RateLimited(d)
+            | IntakeError::Overloaded(d)
+            | IntakeError::Unavailable(_, d) => Some(d.as_secs().max(1)),
             _ => None,
         };
         let rejected: &[Rejected] = match &self {
@@ -145,6 +153,9 @@ mod tests {
         let r = IntakeError::RateLimited(Duration::from_secs(7)).into_response();
         assert_eq!(r.status(), 429);
         assert_eq!(r.headers()[header::RETRY_AFTER], "7");
+        let r = IntakeError::Overloaded(Duration::from_secs(1)).into_response();
+        assert_eq!(r.status(), 503);
+        assert_eq!(r.headers()[header::RETRY_AFTER], "1");
         assert_eq!(IntakeError::TooLarge.status(), 413);
         assert_eq!(IntakeError::UnsupportedMedia("Content-Type").status(), 415);
         assert_eq!(IntakeError::OriginNotAllowed("s".into()).status(), 403);

@@ -18,11 +18,15 @@
 //! - [`dedup`]: the in-memory dedup window.
 //! - [`spool`]: the durable log where the request path ends and the write path begins.
 //! - [`writer`]: batches from the spool into the preferred healthy replica.
-//! - [`server`], [`endpoints`], [`error`]: HTTP. [`script`]: the tracking script.
+//! - [`server`]: the accept loop, connection and header limits, drain; it serves any router.
+//! - [`endpoints`]: the routes ([`endpoints::router`]) and one handler per file, each reading
+//!   the shared [`state`]; [`error`]: the intake's errors and their statuses.
+//! - [`script`]: the tracking script.
 //! - [`metrics`], [`logging`]: operations. [`migrate`]: schema for `collector migrate`.
 //!
 //! Intake never imports the writer and the writer never imports HTTP types: they meet only
-//! in the spool. [`run`] wires them together.
+//! in the spool. The server and the endpoints do not import each other either: [`run`] builds
+//! the [`state`], hands `endpoints::router(state)` to [`server::serve`], and wires the rest.
 
 #![warn(missing_docs)]
 
@@ -41,6 +45,7 @@ pub mod script;
 pub mod server;
 pub mod settings;
 pub mod spool;
+pub mod state;
 pub mod writer;
 
 use std::sync::Arc;
@@ -201,7 +206,7 @@ async fn serve(settings: Settings) -> Result<(), RunError> {
         settings.site_rate,
         settings.max_in_flight,
     );
-    let state = server::AppState::new(server::Inner {
+    let state = state::AppState::new(state::Inner {
         settings: site_settings,
         dedup,
         spool,
@@ -260,7 +265,7 @@ async fn serve(settings: Settings) -> Result<(), RunError> {
     };
     server::serve(
         listener,
-        server::router(state.clone()),
+        endpoints::router(state.clone()),
         connection_limits,
         metrics.clone(),
         close,

@@ -1,36 +1,22 @@
-//! The HTTP server: shared state, routes, the accept loop with its limits, and drain.
-//!
-//! Only this module wires the stations together; each endpoint gets what it needs through
-//! [`AppState`].
+//! The HTTP server: the accept loop with its connection and header limits, path
+//! normalisation, and drain. It serves whatever [`Router`] it is given
+//! ([`crate::endpoints::router`]) and imports neither the endpoints nor their state.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::body::Body;
-use axum::extract::MatchedPath;
 use axum::http::uri::PathAndQuery;
 use axum::http::{Request, StatusCode, Uri};
-use axum::middleware::{self, Next};
-use axum::response::Response;
-use axum::routing::get;
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tower::Service;
 
-use ipnet::IpNet;
-
-use crate::dedup::Dedup;
-use crate::endpoints;
 use crate::error::error_response;
-use crate::limits::Limits;
-use crate::metrics::{Metrics, RouteLabel, RouteOnly};
-use crate::script::Script;
-use crate::settings::SiteSettings;
-use crate::spool::Spool;
+use crate::metrics::Metrics;
 
 /// Largest request header section accepted, in bytes (contract §2: up to 16 KiB must pass,
 /// more is answered 431).
@@ -45,139 +31,6 @@ const READ_BUFFER_BYTES: usize = MAX_HEAD_BYTES + 8 * 1024;
 pub const MAX_HEADERS: usize = 512;
 /// On shutdown, how long in-flight requests may take to finish.
 pub const CONNECTION_DRAIN: Duration = Duration::from_secs(10);
-/// Spool room below which `/readyz` answers 503: one full request, re-encoded (or a quarter
-/// of a smaller spool).
-pub const READY_SPOOL_HEADROOM: u64 = 256 * 1024;
-
-/// State shared by every endpoint. Cheap to clone.
-#[derive(Clone)]
-pub struct AppState {
-    inner: Arc<Inner>,
-}
-
-/// What [`AppState`] holds.
-pub struct Inner {
-    /// Site settings (cache over the store).
-    pub settings: SiteSettings,
-    /// Dedup window.
-    pub dedup: Dedup,
-    /// Spool appender.
-    pub spool: Spool,
-    /// Tracking script.
-    pub script: Script,
-    /// Metrics.
-    pub metrics: Arc<Metrics>,
-    /// Rate limits and the in-flight bound.
-    pub limits: Limits,
-    /// Peers whose forwarding headers are believed.
-    pub trusted_proxies: Vec<IpNet>,
-    /// Bound on receiving a request body.
-    pub body_timeout: Duration,
-    /// Set once drain begins.
-    pub(crate) draining: AtomicBool,
-}
-
-impl std::ops::Deref for AppState {
-    type Target = Inner;
-    fn deref(&self) -> &Inner {
-        &self.inner
-    }
-}
-
-impl AppState {
-    /// Assembles the shared state.
-    pub fn new(inner: Inner) -> Self {
-        AppState {
-            inner: Arc::new(inner),
-        }
-    }
-
-    /// Whether drain has begun.
-    pub fn draining(&self) -> bool {
-        self.draining.load(Ordering::Acquire)
-    }
-
-    /// Begins drain: `/readyz` answers 503 from now on.
-    pub fn start_draining(&self) {
-        self.draining.store(true, Ordering::Release);
-    }
-
-    /// Why `/readyz` should answer 503, if it should.
-    pub fn not_ready_reason(&self) -> Option<&'static str> {
-        if self.draining() {
-            Some("draining\n")
-        } else if let Some(reason) = self.spool.unwritable() {
-            Some(reason)
-        } else if !self
-            .spool
-            .has_room(READY_SPOOL_HEADROOM.min(self.spool.max_bytes() / 4))
-        {
-            Some("spool full\n")
-        } else if !self.settings.is_loaded() {
-            Some("site settings not loaded\n")
-        } else {
-            None
-        }
-    }
-}
-
-/// The routes. Every error answer, 404 and 405 included, has a JSON body; no route
-/// redirects (a browser would replay a redirected POST as a bodiless GET).
-pub fn router(state: AppState) -> Router {
-    Router::new()
-        .route("/script.js", get(endpoints::script::get))
-        .route("/api/v1/sites/{key}", get(endpoints::sites::get))
-        .route(
-            "/api/v1/measurements",
-            axum::routing::post(endpoints::intake::post).options(endpoints::intake::preflight),
-        )
-        .route("/healthz", get(endpoints::ops::healthz))
-        .route("/readyz", get(endpoints::ops::readyz))
-        .route("/metrics", get(endpoints::ops::metrics))
-        .fallback(|| async { error_response(StatusCode::NOT_FOUND, "not found") })
-        .method_not_allowed_fallback(|| async {
-            error_response(StatusCode::METHOD_NOT_ALLOWED, "method not allowed")
-        })
-        .layer(middleware::from_fn_with_state(state.clone(), observe))
-        .with_state(state)
-}
-
-/// Counts every request by route and status and times it.
-async fn observe(
-    axum::extract::State(state): axum::extract::State<AppState>,
-    req: Request<Body>,
-    next: Next,
-) -> Response {
-    let route: &'static str = match req
-        .extensions()
-        .get::<MatchedPath>()
-        .map(MatchedPath::as_str)
-    {
-        Some("/script.js") => "/script.js",
-        Some("/api/v1/sites/{key}") => "/api/v1/sites",
-        Some("/api/v1/measurements") => "/api/v1/measurements",
-        Some("/healthz") => "/healthz",
-        Some("/readyz") => "/readyz",
-        Some("/metrics") => "/metrics",
-        _ => "other",
-    };
-    let start = Instant::now();
-    let response = next.run(req).await;
-    state
-        .metrics
-        .http_requests
-        .get_or_create(&RouteLabel {
-            route,
-            status: response.status().as_u16(),
-        })
-        .inc();
-    state
-        .metrics
-        .http_duration
-        .get_or_create(&RouteOnly { route })
-        .observe(start.elapsed().as_secs_f64());
-    response
-}
 
 /// Connection-level limits of [`serve`].
 #[derive(Debug, Clone, Copy)]

@@ -1,10 +1,15 @@
 //! `POST /api/v1/measurements` and its `OPTIONS` preflight (contract §2).
 //!
-//! The one way through, one station per function of [`accept`]: receive (headers, bounded
-//! body) → decode → validate → site settings and origin → rates → dedup claim → spool append
-//! (durable) → 202. Nothing is stored unless the request as a whole is answered 202, and a
+//! The one way through, one station per function of `accept`: receive (headers, bounded
+//! body) → in-flight bound → decode → validate → site settings and origin → rates → dedup
+//! claim → spool append (durable) → 202. Nothing is stored unless the request as a whole is answered 202, and a
 //! 202 is only sent once the spool holds every measurement it counts as accepted.
+//!
+//! Each station returns what the next one needs or the [`IntakeError`] that ends the request.
+//! What a request came to, an [`Accepted`] report or that error, is counted in the metrics in
+//! one place (`count`) and answered in one (`answer`).
 
+use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -15,15 +20,17 @@ use axum::extract::{ConnectInfo, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
+use tokio::sync::OwnedSemaphorePermit;
 
-use crate::beacon::{self, Context, Encoding, Item, Valid, MAX_BODY_BYTES};
+use crate::beacon::{self, Context, Encoding, Rejection, Valid, MAX_BODY_BYTES};
 use crate::client_ip::client_ip;
 use crate::dedup::{Claim, ClaimGuard};
 use crate::error::{IntakeError, Rejected};
 use crate::measurement::{EncodedRows, Measurement};
-use crate::server::AppState;
+use crate::metrics::Metrics;
 use crate::settings::{Lookup, Site};
 use crate::spool::AppendError;
+use crate::state::AppState;
 
 /// How long a request waits for its spool append to become durable before answering 503.
 pub const APPEND_TIMEOUT: Duration = Duration::from_secs(5);
@@ -31,36 +38,37 @@ pub const APPEND_TIMEOUT: Duration = Duration::from_secs(5);
 pub const CLAIM_WAIT: Duration = Duration::from_secs(5);
 /// `Retry-After` of a 503.
 pub const RETRY_AFTER: Duration = Duration::from_secs(5);
+/// `Retry-After` of a 503 for a request shed at the in-flight bound: a place frees as soon as
+/// any request in flight is answered, far sooner than the spool drains.
+const SHED_RETRY_AFTER: Duration = Duration::from_secs(1);
+/// The rejection of a measurement whose site is unknown or disabled.
+const UNKNOWN_SITE: Rejection = "unknown or disabled site";
 
-/// The 202 answer.
-#[derive(Debug, Serialize, Deserialize, PartialEq, Eq)]
+/// What a request answered 202 came to, gathered station by station: the 202 body, and what
+/// only the metrics count.
+#[derive(Debug, Default, Serialize, PartialEq, Eq)]
 pub struct Accepted {
     /// Measurements made durable by this request.
     pub accepted: usize,
-    /// Measurements already durable from an earlier request.
+    /// Measurements already durable from an earlier request, or repeated in this one.
     pub duplicates: usize,
-    /// Measurements rejected, with why.
-    pub rejected: Vec<RejectedItem>,
+    /// Measurements rejected, with why, by index.
+    pub rejected: Vec<Rejected>,
     /// Optional fields dropped as invalid.
     pub dropped_fields: Vec<DroppedField>,
-}
-
-/// One rejected measurement in a 202 body.
-#[derive(Debug, Serialize, Deserialize, PartialEq, Eq)]
-pub struct RejectedItem {
-    /// Index in the request array.
-    pub index: usize,
-    /// Reason.
-    pub error: String,
+    /// Measurements whose `ts` was stored as NULL for clock skew: counted in the metrics, not
+    /// listed in the body.
+    #[serde(skip)]
+    pub clock_skewed: u64,
 }
 
 /// One dropped field in a 202 body.
-#[derive(Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Serialize, PartialEq, Eq)]
 pub struct DroppedField {
     /// Index in the request array.
     pub index: usize,
     /// Field name.
-    pub field: String,
+    pub field: &'static str,
 }
 
 /// Query parameters of the preflight: `site` lets it judge the origin by that site's list.
@@ -76,28 +84,14 @@ pub async fn post(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let origin = headers.get(header::ORIGIN).cloned();
-    let result = accept(&state, peer.ip(), &headers, body).await;
-    if matches!(result, Err(IntakeError::RateLimited(_))) {
-        state.metrics.rate_limited.inc();
-    }
-    let mut response = match result {
-        Ok(body) => (StatusCode::ACCEPTED, axum::Json(body)).into_response(),
-        Err(e) => {
-            if e.status().is_server_error() {
-                crate::logging::warn_limited(
-                    "intake_unavailable",
-                    || tracing::warn!(error = %e, "intake answered 503"),
-                );
-            }
-            e.into_response()
-        }
-    };
+    let outcome = accept(&state, peer.ip(), &headers, body).await;
+    count(&state.metrics, &outcome);
+    let mut response = answer(outcome);
     // Every answer is readable by the page, a 403 too: it says only that the site or origin
     // is refused, and a script that cannot read it takes it for a network error and sends
     // again (three requests per page view on a refused origin).
-    if let Some(origin) = origin {
-        cors(response.headers_mut(), origin);
+    if let Some(origin) = headers.get(header::ORIGIN) {
+        cors(response.headers_mut(), origin.clone());
     }
     response
 }
@@ -159,7 +153,7 @@ pub async fn preflight(
 }
 
 /// The stations of an intake request, in order; each returns what the next one needs or the
-/// answer that ends the request.
+/// error that ends the request.
 async fn accept(
     state: &AppState,
     peer: IpAddr,
@@ -167,32 +161,76 @@ async fn accept(
     body: Body,
 ) -> Result<Accepted, IntakeError> {
     let (raw, encoding) = receive(state, headers, body).await?;
-    // `COLLECTOR_MAX_IN_FLIGHT` bounds the work, not the waiting: a request still sending its
-    // body (bounded by the body timeout and the connection limit) holds no slot, so a few
-    // slow senders cannot make every other beacon a 503. Beyond the bound: 503 at once.
-    let _permit = state.limits.enter().ok_or_else(|| {
-        state.metrics.shed.inc();
-        IntakeError::Unavailable("overloaded", std::time::Duration::from_secs(1))
-    })?;
-    let inflated = beacon::inflate(&raw, encoding)?;
-    let text = beacon::text(&inflated);
-    let items = beacon::parse(&text)?;
-    let mut report = Report::default();
+    let _permit = enter(state)?;
+    let text = decode(&raw, encoding)?;
+    let mut report = Accepted::default();
+    // Every measurement of the request borrows the one stored form of its user agent.
     let user_agent = beacon::user_agent(headers.get(header::USER_AGENT).map(HeaderValue::as_bytes));
-    let valid = validate(items, &user_agent, &mut report);
-    let origin = headers.get(header::ORIGIN).and_then(|v| v.to_str().ok());
-    let valid = judge_sites(state, origin, valid, &mut report).await?;
+    let valid = validate(&text, &user_agent, &mut report)?;
+    let valid = judge_sites(state, headers, valid, &mut report).await?;
     check_rates(state, peer, headers, &valid)?;
     let (to_store, guards) = claim(state, valid, &mut report).await;
     append(state, &to_store).await?;
     for guard in guards {
         guard.commit();
     }
-    Ok(report.finish(state, to_store.len()))
+    report.accepted = to_store.len();
+    Ok(report)
 }
 
-/// Judges the headers and reads the body, at most [`MAX_BODY_BYTES`] of it, within the body
-/// timeout. A `Content-Length` over the limit is answered 413 before any of the
+/// Counts what a request came to in the metrics; the only place intake counts (requests by
+/// route and status are counted by the router's `observe`). A 202 counts its measurements
+/// accepted, duplicate, clock-skewed and rejected (by reason), and its dropped fields; a 400
+/// or 403 for want of any valid measurement counts its rejections; a 429 counts as rate
+/// limited and a shed 503 as shed. Any other refusal counts none of its measurements.
+fn count(metrics: &Metrics, outcome: &Result<Accepted, IntakeError>) {
+    match outcome {
+        Ok(report) => {
+            metrics.accepted.inc_by(report.accepted as u64);
+            metrics.duplicate.inc_by(report.duplicates as u64);
+            metrics.clock_skew.inc_by(report.clock_skewed);
+            for r in &report.rejected {
+                metrics.reject(r.error);
+            }
+            for d in &report.dropped_fields {
+                metrics.drop_field(d.field);
+            }
+        }
+        Err(IntakeError::NoValidMeasurement(rejected) | IntakeError::UnknownSite(rejected)) => {
+            for r in rejected {
+                metrics.reject(r.error);
+            }
+        }
+        Err(IntakeError::RateLimited(_)) => {
+            metrics.rate_limited.inc();
+        }
+        Err(IntakeError::Overloaded(_)) => {
+            metrics.shed.inc();
+        }
+        Err(_) => {}
+    }
+}
+
+/// The answer to what a request came to: 202 with the report as its body, or the error's
+/// status, JSON body and `Retry-After`. A 503 is logged (rate-limited): the collector could
+/// not take what it was sent.
+fn answer(outcome: Result<Accepted, IntakeError>) -> Response {
+    match outcome {
+        Ok(report) => (StatusCode::ACCEPTED, axum::Json(report)).into_response(),
+        Err(e) => {
+            if e.status().is_server_error() {
+                crate::logging::warn_limited(
+                    "intake_unavailable",
+                    || tracing::warn!(error = %e, "intake answered 503"),
+                );
+            }
+            e.into_response()
+        }
+    }
+}
+
+/// Receive: judges the headers and reads the body, at most [`MAX_BODY_BYTES`] of it, within
+/// the body timeout. A `Content-Length` over the limit is answered 413 before any of the
 /// body is read: a client announcing a large body is not kept waiting for it.
 async fn receive(
     state: &AppState,
@@ -243,7 +281,7 @@ async fn receive(
     Ok((raw, encoding))
 }
 
-/// Most bytes of a refused body read and thrown away after its 413 ([`discard`]).
+/// Most bytes of a refused body read and thrown away after its 413 (`discard`).
 pub const DISCARD_MAX_BYTES: usize = 1024 * 1024;
 
 /// Reads and drops a body, at most [`DISCARD_MAX_BYTES`] of it and for at most `limit`.
@@ -262,51 +300,35 @@ async fn discard(mut body: Body, limit: Duration) {
     .await;
 }
 
-/// What the 202 reports besides the count accepted, gathered station by station.
-#[derive(Default)]
-struct Report {
-    rejected: Vec<Rejected>,
-    dropped_fields: Vec<DroppedField>,
-    clock_skewed: u64,
-    duplicates: usize,
+/// The in-flight bound, taken once the body has arrived: `COLLECTOR_MAX_IN_FLIGHT` bounds the
+/// work, not the waiting, so a request still sending its body (bounded by the body timeout and
+/// the connection limit) holds no place, and a few slow senders cannot make every other beacon
+/// a 503. Beyond the bound: shed, 503 at once. The place is held until the permit is dropped.
+fn enter(state: &AppState) -> Result<OwnedSemaphorePermit, IntakeError> {
+    state
+        .limits
+        .enter()
+        .ok_or(IntakeError::Overloaded(SHED_RETRY_AFTER))
 }
 
-impl Report {
-    /// Counts everything in the metrics and makes the 202 body.
-    fn finish(mut self, state: &AppState, accepted: usize) -> Accepted {
-        self.rejected.sort_by_key(|r| r.index);
-        let m = &state.metrics;
-        m.accepted.inc_by(accepted as u64);
-        m.duplicate.inc_by(self.duplicates as u64);
-        m.clock_skew.inc_by(self.clock_skewed);
-        for r in &self.rejected {
-            m.reject(r.error);
-        }
-        for d in &self.dropped_fields {
-            m.drop_field(&d.field);
-        }
-        Accepted {
-            accepted,
-            duplicates: self.duplicates,
-            rejected: self
-                .rejected
-                .into_iter()
-                .map(|r| RejectedItem {
-                    index: r.index,
-                    error: r.error.to_owned(),
-                })
-                .collect(),
-            dropped_fields: self.dropped_fields,
-        }
-    }
+/// Decode: inflates the body (at most [`MAX_BODY_BYTES`], else 413; broken gzip: 400) and
+/// reads it as text ([`beacon::text`]), borrowed from `raw` when nothing had to change.
+fn decode(raw: &[u8], encoding: Encoding) -> Result<Cow<'_, str>, IntakeError> {
+    Ok(match beacon::inflate(raw, encoding)? {
+        Cow::Borrowed(bytes) => beacon::text(bytes),
+        Cow::Owned(bytes) => Cow::Owned(beacon::text(&bytes).into_owned()),
+    })
 }
 
-/// Validates every item; the rejected ones go to the report.
+/// Validate: parses the text into items (broken syntax, an empty body or array, or more than
+/// [`beacon::MAX_BATCH`] items: 400) and validates each; the rejected ones go to the report.
+/// With none valid: 400 listing every rejection.
 fn validate<'a>(
-    items: Vec<Item<'a>>,
+    text: &'a str,
     user_agent: &'a str,
-    report: &mut Report,
-) -> Vec<(usize, Valid<'a>)> {
+    report: &mut Accepted,
+) -> Result<Vec<(usize, Valid<'a>)>, IntakeError> {
+    let items = beacon::parse(text)?;
     let ctx = Context {
         received_at_ms: SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -320,21 +342,55 @@ fn validate<'a>(
             Err(error) => report.rejected.push(Rejected { index, error }),
         }
     }
-    valid
+    if valid.is_empty() {
+        let rejected = std::mem::take(&mut report.rejected);
+        return Err(IntakeError::NoValidMeasurement(rejected));
+    }
+    Ok(valid)
 }
 
-/// Looks up each distinct site once: measurements of unknown or disabled sites are rejected,
-/// an `Origin` a known site does not allow refuses the whole request (403), and each kept
-/// measurement gets its site's `sample_rate`. With nothing left, the request is answered 403
-/// (a site was the reason) or 400.
+/// Site settings and origin: measurements of unknown or disabled sites are rejected, and each
+/// kept measurement gets its site's `sample_rate` ([`lookup_sites`] refuses the whole request
+/// first if it must). With nothing left: 403 listing every rejection.
 async fn judge_sites<'a>(
     state: &AppState,
-    origin: Option<&str>,
+    headers: &HeaderMap,
     valid: Vec<(usize, Valid<'a>)>,
-    report: &mut Report,
+    report: &mut Accepted,
 ) -> Result<Vec<(usize, Valid<'a>)>, IntakeError> {
-    let mut sites: HashMap<String, Option<Arc<Site>>> = HashMap::new();
-    for (_, v) in &valid {
+    let origin = headers.get(header::ORIGIN).and_then(|v| v.to_str().ok());
+    let sites = lookup_sites(state, origin, &valid).await?;
+    let mut kept = Vec::with_capacity(valid.len());
+    for (index, mut v) in valid {
+        match &sites[&*v.measurement.site] {
+            Some(site) => {
+                v.measurement.sample_rate = site.sample_rate;
+                kept.push((index, v));
+            }
+            None => report.rejected.push(Rejected {
+                index,
+                error: UNKNOWN_SITE,
+            }),
+        }
+    }
+    report.rejected.sort_by_key(|r| r.index);
+    if kept.is_empty() {
+        let rejected = std::mem::take(&mut report.rejected);
+        return Err(IntakeError::UnknownSite(rejected));
+    }
+    Ok(kept)
+}
+
+/// Looks up each distinct site of the request once: `None` for an unknown or disabled one.
+/// An `Origin` a known site does not allow refuses the whole request (403), and so does a
+/// never-seen site while the settings store is unreachable (503).
+async fn lookup_sites(
+    state: &AppState,
+    origin: Option<&str>,
+    valid: &[(usize, Valid<'_>)],
+) -> Result<HashMap<String, Option<Arc<Site>>>, IntakeError> {
+    let mut sites = HashMap::new();
+    for (_, v) in valid {
         let key: &str = &v.measurement.site;
         if sites.contains_key(key) {
             continue;
@@ -356,40 +412,11 @@ async fn judge_sites<'a>(
         }
         sites.insert(key.to_owned(), site);
     }
-    let mut kept = Vec::with_capacity(valid.len());
-    let mut site_rejected = false;
-    for (index, mut v) in valid {
-        match &sites[&*v.measurement.site] {
-            Some(site) => {
-                v.measurement.sample_rate = site.sample_rate;
-                kept.push((index, v));
-            }
-            None => {
-                report.rejected.push(Rejected {
-                    index,
-                    error: "unknown or disabled site",
-                });
-                site_rejected = true;
-            }
-        }
-    }
-    if kept.is_empty() {
-        report.rejected.sort_by_key(|r| r.index);
-        let rejected = std::mem::take(&mut report.rejected);
-        for r in &rejected {
-            state.metrics.reject(r.error);
-        }
-        return Err(if site_rejected {
-            IntakeError::UnknownSite(rejected)
-        } else {
-            IntakeError::NoValidMeasurement(rejected)
-        });
-    }
-    Ok(kept)
+    Ok(sites)
 }
 
-/// Per-site rates, counted in measurements, and, when `COLLECTOR_CLIENT_RATE` is on, one
-/// request per site for this client.
+/// Rates: per-site rates, counted in measurements, and, when `COLLECTOR_CLIENT_RATE` is on, one
+/// request per site for this client. Over either: 429.
 fn check_rates(
     state: &AppState,
     peer: IpAddr,
@@ -419,22 +446,21 @@ fn check_rates(
     Ok(())
 }
 
-/// Claims each id in the dedup window; within one request a repeated id is a duplicate of the
-/// first. Returns the measurements to store and the claims to commit once they are durable.
+/// Dedup claim: claims each id in the dedup window; within one request a repeated id is a
+/// duplicate of the first. Returns the measurements to store and the claims to commit once
+/// they are durable; the dropped fields and skewed clocks of the kept measurements go to the
+/// report.
 async fn claim<'a>(
     state: &AppState,
     valid: Vec<(usize, Valid<'a>)>,
-    report: &mut Report,
+    report: &mut Accepted,
 ) -> (Vec<Measurement<'a>>, Vec<ClaimGuard>) {
     let mut guards = Vec::with_capacity(valid.len());
     let mut to_store = Vec::with_capacity(valid.len());
     let mut seen = HashSet::with_capacity(valid.len());
     for (index, v) in valid {
-        for field in &v.dropped {
-            report.dropped_fields.push(DroppedField {
-                index,
-                field: (*field).to_owned(),
-            });
+        for &field in &v.dropped {
+            report.dropped_fields.push(DroppedField { index, field });
         }
         report.clock_skewed += v.clock_skewed as u64;
         if !seen.insert(v.measurement.id) {
@@ -459,29 +485,32 @@ async fn claim<'a>(
     (to_store, guards)
 }
 
-/// Encodes the rows (once: the spool keeps them as the writer sends them), appends them to
-/// the spool and waits until they are durable.
+/// Append: encodes the rows once (the spool keeps them as the writer sends them), writes
+/// them to the spool and waits until they are durable (at most [`APPEND_TIMEOUT`]); a refused
+/// append is a 503.
 async fn append(state: &AppState, to_store: &[Measurement<'_>]) -> Result<(), IntakeError> {
     if to_store.is_empty() {
         return Ok(());
     }
-    let rows = EncodedRows::encode(to_store);
-    match state.spool.append(rows, APPEND_TIMEOUT).await {
-        Ok(()) => Ok(()),
-        Err(AppendError::Full) => Err(IntakeError::Unavailable("spool full", RETRY_AFTER)),
-        Err(AppendError::QueueFull) => {
-            state.metrics.shed.inc();
-            Err(IntakeError::Unavailable("overloaded", RETRY_AFTER))
+    state
+        .spool
+        .append(EncodedRows::encode(to_store), APPEND_TIMEOUT)
+        .await
+        .map_err(append_refused)
+}
+
+/// The 503 for a refused append; a full append queue is overload, and shed.
+fn append_refused(e: AppendError) -> IntakeError {
+    match e {
+        AppendError::Full => IntakeError::Unavailable("spool full", RETRY_AFTER),
+        AppendError::QueueFull => IntakeError::Overloaded(RETRY_AFTER),
+        // Queued but not durable in time (a slow disk): the rows may still be stored, and
+        // the client's retry is then folded as a duplicate.
+        AppendError::SyncTimeout => IntakeError::Unavailable("spool write timed out", RETRY_AFTER),
+        AppendError::DiskFull => {
+            IntakeError::Unavailable("spool cannot write: disk full", RETRY_AFTER)
         }
-        Err(AppendError::SyncTimeout) => Err(IntakeError::Unavailable(
-            "spool write timed out",
-            RETRY_AFTER,
-        )),
-        Err(AppendError::DiskFull) => Err(IntakeError::Unavailable(
-            "spool cannot write: disk full",
-            RETRY_AFTER,
-        )),
-        Err(AppendError::Io) => Err(IntakeError::Unavailable("spool write failed", RETRY_AFTER)),
+        AppendError::Io => IntakeError::Unavailable("spool write failed", RETRY_AFTER),
     }
 }
 
@@ -494,4 +523,114 @@ fn is_length_limit(e: &axum::Error) -> bool {
         source = err.source();
     }
     false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The value of the sample `name` (with its labels) in `metrics`; panics naming it when
+    /// it is not exported.
+    fn sample(metrics: &Metrics, name: &str) -> f64 {
+        let text = metrics.encode();
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("no sample {name} in\n{text}"))
+    }
+
+    fn report() -> Accepted {
+        Accepted {
+            accepted: 2,
+            duplicates: 1,
+            rejected: vec![Rejected {
+                index: 1,
+                error: "invalid url",
+            }],
+            dropped_fields: vec![DroppedField {
+                index: 0,
+                field: "lcp_ms",
+            }],
+            clock_skewed: 1,
+        }
+    }
+
+    #[test]
+    fn a_202_counts_each_measurement_by_what_became_of_it() {
+        let m = Metrics::new();
+        count(&m, &Ok(report()));
+        assert_eq!(sample(&m, "collector_measurements_accepted_total"), 2.0);
+        assert_eq!(sample(&m, "collector_measurements_duplicate_total"), 1.0);
+        assert_eq!(sample(&m, "collector_measurements_clock_skew_total"), 1.0);
+        assert_eq!(
+            sample(
+                &m,
+                "collector_measurements_rejected_total{reason=\"invalid url\"}"
+            ),
+            1.0
+        );
+        assert_eq!(
+            sample(
+                &m,
+                "collector_measurements_field_dropped_total{field=\"lcp_ms\"}"
+            ),
+            1.0
+        );
+        assert_eq!(sample(&m, "collector_http_shed_total"), 0.0);
+    }
+
+    #[test]
+    fn a_refusal_counts_only_what_it_is() {
+        let m = Metrics::new();
+        let rejected = vec![Rejected {
+            index: 0,
+            error: UNKNOWN_SITE,
+        }];
+        count(&m, &Err(IntakeError::UnknownSite(rejected)));
+        count(&m, &Err(IntakeError::RateLimited(Duration::from_secs(1))));
+        count(&m, &Err(IntakeError::Overloaded(SHED_RETRY_AFTER)));
+        count(&m, &Err(IntakeError::Overloaded(RETRY_AFTER)));
+        count(
+            &m,
+            &Err(IntakeError::Unavailable("spool full", RETRY_AFTER)),
+        );
+        assert_eq!(
+            sample(
+                &m,
+                "collector_measurements_rejected_total{reason=\"unknown or disabled site\"}"
+            ),
+            1.0
+        );
+        assert_eq!(sample(&m, "collector_http_rate_limited_total"), 1.0);
+        assert_eq!(sample(&m, "collector_http_shed_total"), 2.0);
+        assert_eq!(sample(&m, "collector_measurements_accepted_total"), 0.0);
+    }
+
+    #[tokio::test]
+    async fn the_202_body_lists_rejections_and_dropped_fields_but_not_skew() {
+        let response = answer(Ok(report()));
+        assert_eq!(response.status(), StatusCode::ACCEPTED);
+        let body = axum::body::to_bytes(response.into_body(), 1024)
+            .await
+            .unwrap();
+        assert_eq!(
+            std::str::from_utf8(&body).unwrap(),
+            r#"{"accepted":2,"duplicates":1,"rejected":[{"index":1,"error":"invalid url"}],"dropped_fields":[{"index":0,"field":"lcp_ms"}]}"#
+        );
+    }
+
+    #[test]
+    fn a_full_append_queue_is_shed_and_a_full_spool_is_not() {
+        assert!(matches!(
+            append_refused(AppendError::QueueFull),
+            IntakeError::Overloaded(RETRY_AFTER)
+        ));
+        assert!(matches!(
+            append_refused(AppendError::SyncTimeout),
+            IntakeError::Unavailable("spool write timed out", RETRY_AFTER)
+        ));
+        assert!(matches!(
+            append_refused(AppendError::Full),
+            IntakeError::Unavailable("spool full", RETRY_AFTER)
+        ));
+    }
 }

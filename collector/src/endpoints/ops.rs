@@ -5,8 +5,11 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 
 use crate::error::error_response;
+use crate::state::AppState;
 
-use crate::server::AppState;
+/// Spool room below which `/readyz` answers 503: one full request, re-encoded (or a quarter
+/// of a smaller spool).
+pub const READY_SPOOL_HEADROOM: u64 = 256 * 1024;
 
 /// 200 while the process runs.
 pub async fn healthz() -> &'static str {
@@ -17,9 +20,27 @@ pub async fn healthz() -> &'static str {
 /// has, naming the reason) while draining or unable to accept durably: the spool full, the
 /// spool unable to write (a full disk), the site settings never loaded.
 pub async fn readyz(State(state): State<AppState>) -> Response {
-    match state.not_ready_reason() {
+    match not_ready_reason(&state) {
         None => (StatusCode::OK, "ready\n").into_response(),
         Some(reason) => error_response(StatusCode::SERVICE_UNAVAILABLE, reason.trim_end()),
+    }
+}
+
+/// Why `/readyz` should answer 503, if it should.
+fn not_ready_reason(state: &AppState) -> Option<&'static str> {
+    if state.draining() {
+        Some("draining\n")
+    } else if let Some(reason) = state.spool.unwritable() {
+        Some(reason)
+    } else if !state
+        .spool
+        .has_room(READY_SPOOL_HEADROOM.min(state.spool.max_bytes() / 4))
+    {
+        Some("spool full\n")
+    } else if !state.settings.is_loaded() {
+        Some("site settings not loaded\n")
+    } else {
+        None
     }
 }
 

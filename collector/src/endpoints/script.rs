@@ -10,7 +10,7 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 
 use crate::script::Variant;
-use crate::server::AppState;
+use crate::state::AppState;
 
 /// Serves the variant the client prefers, or `304` when `If-None-Match` names that variant.
 pub async fn get(State(state): State<AppState>, headers: HeaderMap) -> Response {

@@ -17,8 +17,8 @@ use serde::Serialize;
 use crate::beacon;
 use crate::endpoints::intake::RETRY_AFTER;
 use crate::error::{error_response, IntakeError};
-use crate::server::AppState;
 use crate::settings::Lookup;
+use crate::state::AppState;
 
 /// How long a browser may keep an answer: the default `COLLECTOR_SETTINGS_TTL`, so that a
 /// changed rate reaches browsers about as fast as it reaches collectors.

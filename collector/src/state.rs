@@ -1,0 +1,69 @@
+//! The state every endpoint shares, in a module of its own so that the server (which serves
+//! any router) and the endpoints (which read this state) do not import each other.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ipnet::IpNet;
+
+use crate::dedup::Dedup;
+use crate::limits::Limits;
+use crate::metrics::Metrics;
+use crate::script::Script;
+use crate::settings::SiteSettings;
+use crate::spool::Spool;
+
+/// State shared by every endpoint. Cheap to clone.
+#[derive(Clone)]
+pub struct AppState {
+    inner: Arc<Inner>,
+}
+
+/// What [`AppState`] holds.
+pub struct Inner {
+    /// Site settings (cache over the store).
+    pub settings: SiteSettings,
+    /// Dedup window.
+    pub dedup: Dedup,
+    /// Spool appender.
+    pub spool: Spool,
+    /// Tracking script.
+    pub script: Script,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// Rate limits and the in-flight bound.
+    pub limits: Limits,
+    /// Peers whose forwarding headers are believed.
+    pub trusted_proxies: Vec<IpNet>,
+    /// Bound on receiving a request body.
+    pub body_timeout: Duration,
+    /// Set once drain begins.
+    pub(crate) draining: AtomicBool,
+}
+
+impl std::ops::Deref for AppState {
+    type Target = Inner;
+    fn deref(&self) -> &Inner {
+        &self.inner
+    }
+}
+
+impl AppState {
+    /// Assembles the shared state.
+    pub fn new(inner: Inner) -> Self {
+        AppState {
+            inner: Arc::new(inner),
+        }
+    }
+
+    /// Whether drain has begun.
+    pub fn draining(&self) -> bool {
+        self.draining.load(Ordering::Acquire)
+    }
+
+    /// Begins drain: `/readyz` answers 503 from now on.
+    pub fn start_draining(&self) {
+        self.draining.store(true, Ordering::Release);
+    }
+}
