@@ -7,17 +7,21 @@
 //! ```text
 //! server (accept loop, limits, drain) ─► endpoints::intake
 //!     ─► beacon (decode, validate, normalise) ─► settings (cache over PostgreSQL)
-//!     ─► dedup (window by id) ─► spool (durable, group commit)        ← 202 here
-//!                                   │
-//!              writer (batch, insert, confirm, failover) ─► ClickHouse replicas
+//!     ─► dedup (window by id) ─► measurement (encoded once, RowBinary)
+//!     ─► spool (durable, group commit)                                ← 202 here
+//!                                   │  frames of RowBinary rows, never decoded
+//!              writer (own thread: batch, insert, bisect, confirm, failover)
+//!                                   ─► ClickHouse replicas
 //! ```
 //!
 //! - [`config`]: command line and `COLLECTOR_*` settings, every bad value reported at once.
-//! - [`beacon`]: pure decoding and validation of request bodies; [`measurement`]: the row.
+//! - [`beacon`]: pure decoding and validation of request bodies; [`measurement`]: the row,
+//!   its columns declared once, and its one encoding (RowBinary).
 //! - [`settings`]: the `sites` store and the cache intake reads through.
 //! - [`dedup`]: the in-memory dedup window.
 //! - [`spool`]: the durable log where the request path ends and the write path begins.
-//! - [`writer`]: batches from the spool into the preferred healthy replica.
+//! - [`writer`]: batches from the spool into the preferred healthy replica, on a thread and
+//!   runtime of its own at a lower priority than the request threads.
 //! - [`server`]: the accept loop, connection and header limits, drain; it serves any router.
 //! - [`endpoints`]: the routes ([`endpoints::router`]) and one handler per file, each reading
 //!   the shared [`state`]; [`error`]: the intake's errors and their statuses.
