@@ -100,9 +100,10 @@ pub struct Metrics {
     /// `collector_spool_damaged_bytes_total`: bytes of damaged or torn records skipped or cut
     /// when the spool was recovered at start.
     pub spool_damaged_bytes: Counter,
-    /// `collector_spool_kept_aside_total`: batches ClickHouse refused as bad data, kept aside.
+    /// `collector_spool_kept_aside_total`: dead-letter files written, each a piece of a batch
+    /// ClickHouse refused as bad data.
     pub kept_aside: Counter,
-    /// `collector_spool_kept_aside_rows_total`: measurements in those batches (dead-letter).
+    /// `collector_spool_kept_aside_rows_total`: measurements in those files (dead-letter).
     pub kept_aside_rows: Counter,
     /// `collector_spool_max_bytes`: the spool's bound (`COLLECTOR_SPOOL_MAX_BYTES`), so that
     /// `collector_spool_bytes / collector_spool_max_bytes` is how full it is.
@@ -203,8 +204,8 @@ impl Metrics {
             kept_aside_rows: Counter::default(),
             spool_max_bytes: Gauge::default(),
             spool_disk_full: Gauge::default(),
-            // 100 µs to 3.3 s.
-            spool_sync_duration: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
+            // 100 µs to 13 s: beyond the 5 s a request waits for its sync.
+            spool_sync_duration: Histogram::new(exponential_buckets(0.0001, 2.0, 18)),
             spool_oldest_received_at: AtomicI64::new(0),
             spool_oldest_age: Gauge::default(),
             spool_damaged_bytes: Counter::default(),
@@ -285,12 +286,12 @@ impl Metrics {
         );
         r.register(
             "collector_spool_kept_aside",
-            "Batches refused by ClickHouse as bad data and kept aside",
+            "Dead-letter files written: pieces of batches ClickHouse refused as bad data, kept aside",
             m.kept_aside.clone(),
         );
         r.register(
             "collector_spool_kept_aside_rows",
-            "Measurements in batches refused by ClickHouse as bad data and kept aside",
+            "Measurements kept aside (dead-letter) because ClickHouse refused them as bad data",
             m.kept_aside_rows.clone(),
         );
         r.register(

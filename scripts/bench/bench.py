@@ -398,7 +398,7 @@ STAGES = [
     ("      rows encoded once for the spool `EncodedRows::encode` (RowBinary)", r"^(collector::measurement::EncodedRows::)?encode"),
     ("spool appender thread `Appender::commit_group`", r"^(collector::spool::appender::Appender::run|(collector::spool::appender::Appender::)?commit_group)$"),
     ("  fdatasync", r"^__x64_sys_fdatasync$"),
-    ("writer thread (own runtime, nice 10) `writer::run`", r"^(collector::writer::run|collector::writer::spawn::\{\{closure\}\})"),
+    ("writer thread (own runtime, nice +10) `writer::run`", r"^(collector::writer::run|collector::writer::spawn::\{\{closure\}\})"),
     ("  spool read `SpoolReader::read_available` (pread, no decoding)", r"^collector::spool::reader::SpoolReader::read_(available|frames)"),
     ("  ClickHouse insert `replicas::insert_rows` (LZ4, HTTP)", r"^collector::writer::replicas::insert_rows"),
     ("    LZ4 compression (clickhouse client)", r"^lz4_flex::block::compress::compress"),

@@ -94,6 +94,13 @@ async fn a_spool_of_the_previous_release_is_delivered_after_the_upgrade() {
     env.wait_rows(&[id], Duration::from_secs(60)).await;
     c.wait_metric("collector_spool_records 0", Duration::from_secs(60))
         .await;
+    // Every append waited for a group commit, and the histogram of their durations says so.
+    assert!(
+        c.metric("collector_spool_sync_duration_seconds_count")
+            .await
+            >= 1.0,
+        "no group commit timed"
+    );
     let mut magics = Vec::new();
     for entry in std::fs::read_dir(spool.path().join("segments")).unwrap() {
         let data = std::fs::read(entry.unwrap().path()).unwrap();

@@ -32,6 +32,12 @@ pub struct Summary {
 /// position being that of the row's frame. Only rows after the cursor (not yet confirmed by
 /// ClickHouse) unless `all`. Errors: the folder or a segment cannot be read.
 pub fn dump(dir: &Path, all: bool, out: &mut impl Write) -> io::Result<Summary> {
+    if !dir.join("segments").is_dir() {
+        return Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            "not a spool folder (it has no segments/ folder)",
+        ));
+    }
     let cursor = Cursor::read(dir)?;
     let mut summary = Summary {
         cursor,
@@ -58,7 +64,17 @@ pub fn dump(dir: &Path, all: bool, out: &mut impl Write) -> io::Result<Summary> 
         summary.segments += 1;
         let version = Version::of(data.get(..MAGIC.len()).unwrap_or(&[])).unwrap_or(Version::V2);
         let mut off = HEADER_LEN as usize;
-        while let Some(frame) = version.frame_at(&data, off) {
+        loop {
+            let Some(frame) = version.frame_at(&data, off) else {
+                if off < data.len() {
+                    // Torn (a write in progress, or a crash) or damaged: recovery at the next
+                    // start decides; the dump says where its listing of the segment stops.
+                    summary.damaged += 1;
+                    let line = serde_json::json!({"segment": n, "offset": off, "error": "torn or damaged frame: the rest of this segment is not listed"});
+                    writeln!(out, "{line}")?;
+                }
+                break;
+            };
             let at = Position {
                 segment: n,
                 offset: off as u64,

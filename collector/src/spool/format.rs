@@ -34,6 +34,11 @@ const V1_FRAME_HEADER_LEN: usize = 8;
 /// Largest record payload accepted when reading, in bytes (a request is at most 64 KiB of
 /// JSON in, so its encoded measurements are far below this).
 pub const MAX_RECORD_BYTES: u32 = 4 * 1024 * 1024;
+/// Most rows in a v2 frame: one request's measurements ([`crate::beacon::MAX_BATCH`]).
+const MAX_FRAME_ROWS: u32 = crate::beacon::MAX_BATCH as u32;
+/// Fewest bytes of a RowBinary row: the UUID (16), `received_at` (4), `sample_rate` (8), the
+/// three string lengths (3) and the ten nullable flags (10).
+const MIN_ROW_BYTES: u32 = 41;
 
 /// The format of a segment, from its magic.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,7 +88,13 @@ impl Version {
                 let header = data.get(off..off.checked_add(FRAME_HEADER_LEN)?)?;
                 let word = |i: usize| u32::from_le_bytes(header[i..i + 4].try_into().unwrap());
                 let (len, rows, earliest, crc) = (word(0), word(4), word(8), word(12));
-                if len == 0 || len > MAX_RECORD_BYTES || rows == 0 {
+                // Cheap checks before the checksum: they keep the resynchronising scan of a
+                // damaged segment fast (few random offsets look like a frame header).
+                if len > MAX_RECORD_BYTES
+                    || rows == 0
+                    || rows > MAX_FRAME_ROWS
+                    || len < rows * MIN_ROW_BYTES
+                {
                     return None;
                 }
                 let start = off + FRAME_HEADER_LEN;

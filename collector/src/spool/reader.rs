@@ -99,12 +99,12 @@ impl SpoolReader {
         let _ = tokio::time::timeout(limit, self.committed.wait_for(|c| *c > pos)).await;
     }
 
-    /// Reads durable frames in order until about `max_bytes` are read or none is left, with
-    /// one `pread` per run of frames. Blocking file I/O (from the page cache, as a rule): the
-    /// writer calls it from its own thread.
-    pub fn read_available(&mut self, max_bytes: u64, out: &mut Vec<Frame>) {
-        let mut read = 0;
-        while read < max_bytes {
+    /// Reads durable frames in order until about `max_bytes` or `max_rows` are read (at least
+    /// one frame) or none is left, with one `pread` per run of frames. Blocking file I/O (from
+    /// the page cache, as a rule): the writer calls it from its own thread.
+    pub fn read_available(&mut self, max_bytes: u64, max_rows: u64, out: &mut Vec<Frame>) {
+        let (mut read, mut rows) = (0, 0);
+        while read < max_bytes && rows < max_rows {
             if self.replay_bound.is_some_and(|b| self.pos >= b) {
                 return;
             }
@@ -148,8 +148,11 @@ impl SpoolReader {
                 Some(b) if b.segment == self.pos.segment => end.min(b.offset),
                 _ => end,
             };
-            match self.read_frames(end, max_bytes - read, out) {
-                Ok(n) => read += n,
+            match self.read_frames(end, max_bytes - read, max_rows - rows, out) {
+                Ok((n, r)) => {
+                    read += n;
+                    rows += r;
+                }
                 Err(e) => {
                     // Checked at start and written by us since; only a disk fault gets here.
                     tracing::error!(segment = self.pos.segment, offset = self.pos.offset, error = %e, "spool: unreadable record; skipping the rest of the segment");
@@ -184,8 +187,15 @@ impl SpoolReader {
     }
 
     /// Reads the whole frames between the read position and `end` (at least one, about
-    /// `room` bytes) with one `pread`; returns the bytes read.
-    fn read_frames(&mut self, end: u64, room: u64, out: &mut Vec<Frame>) -> io::Result<u64> {
+    /// `room` bytes and at most about `max_rows` rows) with one `pread`; returns the bytes and
+    /// rows read.
+    fn read_frames(
+        &mut self,
+        end: u64,
+        room: u64,
+        max_rows: u64,
+        out: &mut Vec<Frame>,
+    ) -> io::Result<(u64, u64)> {
         if self.open.as_ref().map(|(n, _, _)| *n) != Some(self.pos.segment) {
             let file = File::open(self.shared.segment_path(self.pos.segment))?;
             let mut magic = [0u8; MAGIC.len()];
@@ -210,8 +220,11 @@ impl SpoolReader {
             file.read_exact_at(&mut chunk, start)?;
         }
         let chunk = Bytes::from(chunk);
-        let mut off = 0;
-        while let Some(f) = version.frame_at(&chunk, off) {
+        let (mut off, mut rows_read) = (0, 0u64);
+        while rows_read < max_rows {
+            let Some(f) = version.frame_at(&chunk, off) else {
+                break;
+            };
             let (rows, payload) = match version {
                 Version::V2 => (f.rows, chunk.slice_ref(f.payload)),
                 Version::V1 => {
@@ -234,6 +247,7 @@ impl SpoolReader {
                 payload,
             });
             off = f.next;
+            rows_read += u64::from(rows);
         }
         if off == 0 {
             return Err(io::Error::new(
@@ -242,7 +256,7 @@ impl SpoolReader {
             ));
         }
         self.pos.offset = start + off as u64;
-        Ok(off as u64)
+        Ok((off as u64, rows_read))
     }
 
     /// Marks everything before `upto` as confirmed by ClickHouse (`records` measurements and

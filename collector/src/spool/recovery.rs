@@ -109,7 +109,18 @@ pub(super) fn recover_segment(
         out.len() as u64
     } else {
         if cut > 0 {
-            tracing::warn!(segment = %path.display(), cut_bytes = cut, "spool: cut a torn or corrupt tail");
+            // A tail torn by a crash is part of one group write; a tail holding a whole frame
+            // by its length field that fails its checksum is damage: keep the original.
+            let whole = version
+                .frame_len(&data[valid_end..])
+                .is_some_and(|len| len <= cut);
+            if whole {
+                let aside = dir.join("kept-aside").join(format!("damaged-{n:020}.seg"));
+                fs::write(&aside, &data)?;
+                tracing::error!(segment = %path.display(), cut_bytes = cut, kept = %aside.display(), "spool: cut a damaged tail; the original is kept aside");
+            } else {
+                tracing::warn!(segment = %path.display(), cut_bytes = cut, "spool: cut a torn tail");
+            }
             metrics.spool_damaged_bytes.inc_by(cut as u64);
             let f = OpenOptions::new().write(true).open(&path)?;
             f.set_len(valid_end as u64)?;

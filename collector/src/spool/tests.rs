@@ -55,7 +55,7 @@ fn ids(records: &[Frame]) -> Vec<u128> {
 
 fn read_all(r: &mut SpoolReader) -> Vec<Frame> {
     let mut out = Vec::new();
-    r.read_available(u64::MAX, &mut out);
+    r.read_available(u64::MAX, u64::MAX, &mut out);
     out
 }
 
@@ -112,6 +112,12 @@ async fn torn_tail_is_cut_to_the_last_whole_record() {
         fs::metadata(&seg).unwrap().len() < len - 5,
         "the torn record was cut off"
     );
+    assert!(
+        !dir.path()
+            .join("kept-aside/damaged-00000000000000000001.seg")
+            .exists(),
+        "a torn tail is what a crash leaves: no copy"
+    );
 }
 
 #[tokio::test]
@@ -134,6 +140,13 @@ async fn corrupt_record_ends_the_segment() {
     fs::write(&seg, data).unwrap();
     let (_spool, mut reader) = open(dir.path(), 1 << 20, metrics).unwrap();
     assert_eq!(ids(&read_all(&mut reader)), [1, 2]);
+    let aside = dir
+        .path()
+        .join("kept-aside/damaged-00000000000000000001.seg");
+    assert!(
+        aside.exists(),
+        "a whole frame failing its checksum is damage: kept"
+    );
 }
 
 #[tokio::test]
@@ -797,4 +810,57 @@ async fn a_spool_of_the_json_format_is_replayed() {
         "the old segment goes once delivered"
     );
     assert_eq!(metrics.spool_records.get(), 0);
+}
+
+/// A reader asked for a number of rows stops at the first frame that reaches it, however many
+/// bytes it may read (a backlog is batched by `COLLECTOR_BATCH_MAX_ROWS` too).
+#[tokio::test]
+async fn reading_stops_at_the_row_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let (spool, mut reader) = open(dir.path(), 1 << 20, Arc::new(Metrics::new())).unwrap();
+    for n in 0..10 {
+        spool
+            .append(
+                rows(&[m(3 * n), m(3 * n + 1), m(3 * n + 2)]),
+                Duration::from_secs(5),
+            )
+            .await
+            .unwrap();
+    }
+    let mut out = Vec::new();
+    reader.read_available(u64::MAX, 7, &mut out);
+    assert_eq!(out.len(), 3, "9 rows: the frame that reaches 7 is the last");
+    out.clear();
+    reader.read_available(u64::MAX, u64::MAX, &mut out);
+    assert_eq!(ids(&out), (9..30).collect::<Vec<u128>>());
+}
+
+/// `collector spool dump` lists what a segment holds up to a torn or damaged frame and says
+/// where it stopped; a folder that is not a spool is named as such.
+#[tokio::test]
+async fn the_dump_lists_rows_and_says_where_a_segment_is_damaged() {
+    let dir = tempfile::tempdir().unwrap();
+    spool_with(dir.path(), 3).await;
+    let mut out = Vec::new();
+    let summary = super::dump::dump(dir.path(), false, &mut out).unwrap();
+    assert_eq!((summary.rows, summary.frames, summary.damaged), (3, 3, 0));
+    let seg = segment_path(dir.path(), 1);
+    let mut data = fs::read(&seg).unwrap();
+    let second = frame_at(&data, HEADER_LEN as usize).unwrap().1;
+    data[second + 20] ^= 0xff;
+    fs::write(&seg, &data).unwrap();
+    let mut out = Vec::new();
+    let summary = super::dump::dump(dir.path(), false, &mut out).unwrap();
+    assert_eq!((summary.rows, summary.damaged), (1, 1));
+    let text = String::from_utf8(out).unwrap();
+    assert!(
+        text.lines()
+            .last()
+            .unwrap()
+            .contains(&format!("\"offset\":{second}")),
+        "{text}"
+    );
+    let empty = tempfile::tempdir().unwrap();
+    let e = super::dump::dump(empty.path(), false, &mut Vec::new()).unwrap_err();
+    assert!(e.to_string().contains("not a spool folder"), "{e}");
 }

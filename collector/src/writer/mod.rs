@@ -121,7 +121,9 @@ pub const BAD_DATA_CODES: [u32; 13] = [6, 26, 27, 33, 38, 41, 53, 69, 70, 72, 11
 
 /// Classifies a ClickHouse client error.
 pub fn classify(error: &clickhouse::error::Error) -> InsertError {
-    let text = crate::logging::chain(error);
+    // One line: ClickHouse 18.16's exception texts hold newlines, which would split a log
+    // line and the reason of a kept-aside file.
+    let text = crate::logging::chain(error).replace('\n', " ");
     if let clickhouse::error::Error::BadResponse(body) = error {
         if let Some(code) = exception_code(body) {
             if BAD_DATA_CODES.contains(&code) {
@@ -319,7 +321,8 @@ impl Writer {
         let mut deadline: Option<Instant> = None;
         loop {
             let room = (limits.max_bytes as u64).saturating_sub(bytes).max(1);
-            self.reader.read_available(room, frames);
+            let rows_room = (limits.max_rows as u64).saturating_sub(rows).max(1);
+            self.reader.read_available(room, rows_room, frames);
             for frame in frames.drain(..) {
                 body.extend_from_slice(&frame.payload);
                 rows += u64::from(frame.rows);

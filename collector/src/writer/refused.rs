@@ -5,19 +5,26 @@
 //! fault are found by halving: each half is sent as its own INSERT with a token derived from
 //! the batch's (`<batch token>-<first row>-<end row>`, so a retry after a crash folds), a half
 //! that lands is done, a half refused again is halved again, down to single rows, which are
-//! kept aside. `k` bad rows among `n` cost about `2 k log2 n` inserts; at most
-//! [`MAX_BISECT_INSERTS`] are spent on one batch, and what is still unresolved then (a batch
-//! whose every row is refused, e.g. a table that does not match the writer's columns) is kept
-//! aside in the pieces reached so far. Finding row boundaries decodes the rows; this is the
-//! failure path only.
+//! kept aside. `k` bad rows among `n` cost about `2 k log2(n / k)` inserts; at most
+//! [`bisect_budget`] are spent on one batch (64 plus one for every 32 rows: about 70 bad rows
+//! are isolated in a batch of 50,000), and what is still unresolved then (a batch whose every
+//! row is refused, e.g. a table that does not match the writer's columns, or more bad rows
+//! than the budget isolates) is kept aside in the pieces reached so far, good rows among them:
+//! they are in the dead-letter files, not lost, and the log line says how many. Finding row
+//! boundaries decodes the rows; this is the failure path only.
 
 use super::{Abandoned, Batch, Failure, InsertBody, Writer};
 use crate::measurement::row_bounds;
 
-/// Most inserts spent bisecting one refused batch: enough to isolate about 4 bad rows in the
-/// largest batch (about 2 × 4 × 14 for 16,000 rows), few enough that a batch whose every row
-/// is refused costs seconds, not one insert per row.
-pub const MAX_BISECT_INSERTS: u32 = 64;
+/// Most inserts spent bisecting one refused batch of `rows` rows: 64, plus one for every 32
+/// rows. Each successful piece is a part in ClickHouse, so the budget also bounds the small
+/// parts a refusal makes (1,626 for a batch of 50,000, within what merges absorb; a burst
+/// beyond `parts_to_delay_insert` only slows inserts, and a "too many parts" answer is
+/// transient and retried). A batch whose every row is refused costs the budget, not one
+/// insert per row.
+pub fn bisect_budget(rows: usize) -> u32 {
+    u32::try_from(64 + rows / 32).unwrap_or(u32::MAX)
+}
 
 impl Writer {
     /// Delivers `batch`, which ClickHouse refused with `reason`: stores what it accepts,
@@ -43,10 +50,10 @@ impl Writer {
         tracing::warn!(rows = n, %reason, "clickhouse refused a batch as bad data; bisecting it to keep aside only the refused rows");
         // Ranges of rows refused as a whole and not yet resolved, the earliest last.
         let mut refused = vec![(0usize, n, reason)];
-        let mut inserts = 0u32;
+        let (mut inserts, budget) = (0u32, bisect_budget(n));
         let (mut stored, mut kept) = (0usize, 0usize);
         while let Some((lo, hi, reason)) = refused.pop() {
-            if hi - lo == 1 || inserts >= MAX_BISECT_INSERTS {
+            if hi - lo == 1 || inserts >= budget {
                 self.keep_aside(batch, lo, bounds[lo]..bounds[hi], &reason)
                     .await?;
                 kept += hi - lo;
@@ -69,13 +76,17 @@ impl Writer {
             }
             refused.extend(halves.into_iter().rev());
         }
-        tracing::warn!(
-            rows = n,
-            stored,
-            kept_aside = kept,
-            inserts,
-            "writer: refused batch resolved"
-        );
+        if inserts >= budget {
+            tracing::warn!(rows = n, stored, kept_aside = kept, inserts, budget, "writer: bisect budget spent: the pieces still unresolved were kept aside whole, good rows among them");
+        } else {
+            tracing::warn!(
+                rows = n,
+                stored,
+                kept_aside = kept,
+                inserts,
+                "writer: refused batch resolved"
+            );
+        }
         Ok(())
     }
 
