@@ -15,6 +15,17 @@ fn main() {
             clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => {
                 e.exit()
             }
+            // `collector spool` alone: clap's text is the help, whose first line is only the
+            // description; name what is missing instead.
+            clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+                let text = e.to_string();
+                let usage = text
+                    .lines()
+                    .find_map(|l| l.strip_prefix("Usage: "))
+                    .unwrap_or("collector --help");
+                eprintln!("collector: a subcommand is missing: {usage} (see --help)");
+                std::process::exit(collector::EXIT_CONFIG);
+            }
             _ => {
                 // One clear line, exit code 2 (contract §1).
                 let text = e.to_string();
