@@ -43,18 +43,7 @@ pub fn dump(dir: &Path, all: bool, out: &mut impl Write) -> io::Result<Summary> 
         cursor,
         ..Summary::default()
     };
-    let mut numbers: Vec<u64> = fs::read_dir(dir.join("segments"))?
-        .filter_map(|e| {
-            e.ok()?
-                .file_name()
-                .to_str()?
-                .strip_suffix(".seg")?
-                .parse()
-                .ok()
-        })
-        .collect();
-    numbers.sort_unstable();
-    for n in numbers {
+    for n in super::segment_numbers(dir)? {
         let data = match fs::read(super::segment_path(dir, n)) {
             Ok(d) => d,
             // Deleted by the collector since the listing: delivered.

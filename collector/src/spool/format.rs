@@ -191,26 +191,11 @@ mod tests {
     use super::*;
     use crate::measurement::{decode_all, DateTime};
 
+    /// The spool tests' row, received at 100 + n.
     fn row(n: u128) -> Measurement<'static> {
         Measurement {
-            id: uuid::Uuid::from_u128(n),
-            site: "s".into(),
             received_at: DateTime(100 + n as u32),
-            url: "https://a.b/".into(),
-            ts: None,
-            referrer: None,
-            navigation_type: None,
-            ttfb_ms: Some(n as f64),
-            fcp_ms: None,
-            lcp_ms: None,
-            inp_ms: None,
-            dom_content_loaded_ms: None,
-            load_ms: None,
-            cls: None,
-            viewport_width: None,
-            effective_connection_type: None,
-            user_agent: "".into(),
-            sample_rate: 1.0,
+            ..crate::spool::tests::m(n)
         }
     }
 

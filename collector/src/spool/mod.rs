@@ -337,6 +337,22 @@ impl Drop for AppenderHandle {
     }
 }
 
+/// The numbers of the segment files in `dir/segments`, in order.
+fn segment_numbers(dir: &Path) -> io::Result<Vec<u64>> {
+    let mut numbers: Vec<u64> = fs::read_dir(dir.join("segments"))?
+        .filter_map(|e| {
+            e.ok()?
+                .file_name()
+                .to_str()?
+                .strip_suffix(".seg")?
+                .parse()
+                .ok()
+        })
+        .collect();
+    numbers.sort_unstable();
+    Ok(numbers)
+}
+
 fn segment_path(dir: &Path, n: u64) -> PathBuf {
     dir.join("segments").join(format!("{n:020}.seg"))
 }
@@ -372,18 +388,7 @@ pub fn open(
 
     let (mut cursor_file, cursor) = Cursor::open(dir).map_err(err)?;
     let mut state = State::default();
-    let mut numbers: Vec<u64> = fs::read_dir(dir.join("segments"))
-        .map_err(err)?
-        .filter_map(|e| {
-            e.ok()?
-                .file_name()
-                .to_str()?
-                .strip_suffix(".seg")?
-                .parse()
-                .ok()
-        })
-        .collect();
-    numbers.sort_unstable();
+    let numbers = segment_numbers(dir).map_err(err)?;
     // Numbering goes on past every segment seen, even one deleted below, and past the cursor:
     // a new segment numbered like an earlier one would repeat positions, and with them the
     // insert tokens of batches already sent.

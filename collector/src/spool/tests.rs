@@ -9,7 +9,8 @@ use super::*;
 use crate::measurement::{decode_all, DateTime, Measurement};
 use uuid::Uuid;
 
-fn m(n: u128) -> Measurement<'static> {
+/// A small row whose id and `ttfb_ms` are `n`.
+pub(super) fn m(n: u128) -> Measurement<'static> {
     Measurement {
         id: Uuid::from_u128(n),
         site: "s".into(),
