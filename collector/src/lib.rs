@@ -50,6 +50,7 @@ pub mod server;
 pub mod settings;
 pub mod spool;
 pub mod state;
+pub mod useragent;
 pub mod writer;
 
 use std::sync::Arc;
@@ -215,6 +216,11 @@ async fn serve(settings: Settings) -> Result<(), RunError> {
         dedup,
         spool,
         script: script::Script::default(),
+        user_agents: {
+            // Compiled before the listener opens, so that no beacon waits for it.
+            useragent::UserAgents::warm_up();
+            useragent::UserAgents::default()
+        },
         metrics: metrics.clone(),
         limits: limits.clone(),
         trusted_proxies: settings.trusted_proxies.clone(),

@@ -74,14 +74,17 @@ macro_rules! fixed_width {
 }
 fixed_width!(u32 => "UInt32", i64 => "Int64", f64 => "Float64");
 
-/// `DateTime`: Unix seconds, a `UInt32` in RowBinary.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+/// `DateTime('UTC')`: Unix seconds, a `UInt32` in RowBinary. The column names its timezone so
+/// that `toYYYYMM` and `toDate` of it (the partition and the day of the sorting key) are the
+/// same on every replica whatever the server's timezone (ClickHouse #4560: without it, the
+/// server's timezone decides).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct DateTime(pub u32);
 
 impl Column for DateTime {
     fn clickhouse_type() -> String {
-        "DateTime".into()
+        "DateTime('UTC')".into()
     }
     fn encode(&self, out: &mut Vec<u8>) {
         self.0.encode(out);
@@ -158,6 +161,32 @@ impl<T: Column> Column for Option<T> {
     }
 }
 
+/// `LowCardinality(String)`: a string of few distinct values (a device type, a browser family),
+/// which ClickHouse stores as a dictionary. In RowBinary it is a `String` (ClickHouse docs,
+/// "LowCardinality": the format of the inner type).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Label<'a>(pub Cow<'a, str>);
+
+impl Column for Label<'_> {
+    fn clickhouse_type() -> String {
+        "LowCardinality(String)".into()
+    }
+    fn encode(&self, out: &mut Vec<u8>) {
+        self.0.encode(out);
+    }
+    fn decode(input: &mut &[u8]) -> Result<Self, DecodeError> {
+        Cow::decode(input).map(Label)
+    }
+}
+
+impl std::ops::Deref for Label<'_> {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
 /// A column value that can let go of what it borrows.
 pub trait IntoOwned {
     /// The same value, owning its data.
@@ -182,6 +211,13 @@ impl IntoOwned for Cow<'_, str> {
     type Owned = Cow<'static, str>;
     fn into_owned(self) -> Cow<'static, str> {
         Cow::Owned(Cow::into_owned(self))
+    }
+}
+
+impl IntoOwned for Label<'_> {
+    type Owned = Label<'static>;
+    fn into_owned(self) -> Label<'static> {
+        Label(IntoOwned::into_owned(self.0))
     }
 }
 
@@ -245,7 +281,7 @@ measurement_columns! {
     id: Uuid,
     /// Site key, 1 to 64 characters from `A-Za-z0-9._-`.
     site: Cow<'a, str>,
-    /// Server time of acceptance, seconds since the Unix epoch (ClickHouse `DateTime`).
+    /// Server time of acceptance, seconds since the Unix epoch (ClickHouse `DateTime('UTC')`).
     received_at: DateTime,
     /// Page URL, WHATWG-normalised, without fragment or credentials, at most 2048 bytes.
     url: Cow<'a, str>,
@@ -282,6 +318,89 @@ measurement_columns! {
     /// view was sent then).
     #[serde(default = "every_page_view")]
     sample_rate: f64,
+    /// When the page view started, seconds since the Unix epoch: the time the partition and
+    /// the sorting key's day derive from, the same for every send of one page view
+    /// ([`page_view_at`]). Columns from here on are new in v2 of the table; spool records of
+    /// earlier releases get them from [`complete_earlier`].
+    #[serde(default)]
+    page_view_at: DateTime,
+    /// `mobile`, `tablet`, `desktop`, `bot` or `unknown`, from the user agent
+    /// ([`crate::useragent`]).
+    #[serde(default)]
+    device_type: Label<'a>,
+    /// Browser family from the user agent (`Chrome`, `Mobile Safari`, `Firefox`, ...).
+    #[serde(default)]
+    browser: Label<'a>,
+    /// The browser's major version, digits; empty when unknown.
+    #[serde(default)]
+    browser_version: Label<'a>,
+    /// OS family from the user agent (`Windows`, `iOS`, `Android`, ...).
+    #[serde(default)]
+    os: Label<'a>,
+}
+
+/// The page view's time (Unix seconds) from what every send of it carries: the client's `ts`
+/// when it was stored (our script sets it once, when the page view starts, and keeps it for
+/// every send; a `ts` outside the accepted skew is NULL by then), else `received_at`. The
+/// table's DDL gives `page_view_at` the same rule as its `DEFAULT`, so that a writer of an
+/// earlier release, which does not send the column, files its rows where this one does.
+///
+/// Every resend of a beacon that carries `ts` therefore has the same partition and sorting
+/// key, whenever and through whichever collector it arrives. A beacon without `ts` falls back
+/// to its own `received_at`: its resends fold when they arrive on the same UTC day (a resend
+/// across midnight UTC of such a beacon can be stored twice; nothing is lost).
+pub fn page_view_at(ts: Option<i64>, received_at: DateTime) -> DateTime {
+    match ts {
+        Some(ms) => DateTime(ms.div_euclid(1000).clamp(0, i64::from(u32::MAX)) as u32),
+        None => received_at,
+    }
+}
+
+/// A row of an earlier release (a spool record written before `page_view_at` and the user-agent
+/// columns existed) with those columns derived as intake derives them now.
+pub fn complete_earlier(mut m: Measurement<'static>) -> Measurement<'static> {
+    m.page_view_at = page_view_at(m.ts, m.received_at);
+    let agent = crate::useragent::UserAgents::shared().get(&m.user_agent);
+    m.device_type = Label(Cow::Borrowed(agent.device_type));
+    m.browser = Label(Cow::Owned(agent.browser.clone()));
+    m.browser_version = Label(Cow::Owned(agent.browser_version.clone()));
+    m.os = Label(Cow::Owned(agent.os.clone()));
+    m
+}
+
+/// How many columns a row of the previous release had (`CSPOOL02` spool records): the
+/// columns before `page_view_at`, which a v3 row begins with in the same order and encoding.
+pub const EARLIER_COLUMNS: usize = 18;
+
+/// Decodes one row of the previous release's RowBinary layout (its first [`EARLIER_COLUMNS`]
+/// columns), completed by [`complete_earlier`].
+pub fn decode_earlier(input: &mut &[u8]) -> Result<Measurement<'static>, DecodeError> {
+    let m = Measurement {
+        id: Column::decode(input)?,
+        site: Column::decode(input)?,
+        received_at: Column::decode(input)?,
+        url: Column::decode(input)?,
+        ts: Column::decode(input)?,
+        referrer: Column::decode(input)?,
+        navigation_type: Column::decode(input)?,
+        ttfb_ms: Column::decode(input)?,
+        fcp_ms: Column::decode(input)?,
+        lcp_ms: Column::decode(input)?,
+        inp_ms: Column::decode(input)?,
+        dom_content_loaded_ms: Column::decode(input)?,
+        load_ms: Column::decode(input)?,
+        cls: Column::decode(input)?,
+        viewport_width: Column::decode(input)?,
+        effective_connection_type: Column::decode(input)?,
+        user_agent: Column::decode(input)?,
+        sample_rate: Column::decode(input)?,
+        page_view_at: DateTime::default(),
+        device_type: Label::default(),
+        browser: Label::default(),
+        browser_version: Label::default(),
+        os: Label::default(),
+    };
+    Ok(complete_earlier(m))
 }
 
 fn every_page_view() -> f64 {
@@ -366,6 +485,11 @@ mod tests {
             user_agent: "Mozilla/5.0 (X11; Linux x86_64; rv:125.0) Gecko/20100101 Firefox/125.0"
                 .into(),
             sample_rate: 0.5,
+            page_view_at: DateTime(1_779_999_999),
+            device_type: Label("desktop".into()),
+            browser: Label("Firefox".into()),
+            browser_version: Label("125".into()),
+            os: Label("Linux".into()),
         }
     }
 
@@ -432,6 +556,11 @@ mod tests {
             effective_connection_type: Option<String>,
             user_agent: String,
             sample_rate: f64,
+            page_view_at: u32,
+            device_type: String,
+            browser: String,
+            browser_version: String,
+            os: String,
         }
         let crate_row = |m: &Measurement<'_>| Crate {
             id: m.id,
@@ -452,6 +581,11 @@ mod tests {
             effective_connection_type: m.effective_connection_type.as_deref().map(str::to_owned),
             user_agent: m.user_agent.to_string(),
             sample_rate: m.sample_rate,
+            page_view_at: m.page_view_at.0,
+            device_type: m.device_type.to_string(),
+            browser: m.browser.to_string(),
+            browser_version: m.browser_version.to_string(),
+            os: m.os.to_string(),
         };
         let rows: Vec<_> = (0..3).map(sample).collect();
         assert_eq!(
@@ -484,9 +618,8 @@ mod tests {
     #[test]
     fn the_schema_declares_these_columns() {
         let ddl = include_str!("../../schema/clickhouse/002_measurements.sql");
-        let added = include_str!("../../schema/clickhouse/003_sample_rate.sql");
         let body = &ddl[ddl.find('(').unwrap() + 1..ddl.find("\n)").unwrap()];
-        let mut declared: Vec<(String, String)> = body
+        let declared: Vec<(String, String)> = body
             .lines()
             .map(|l| l.trim().trim_end_matches(','))
             .filter(|l| !l.is_empty())
@@ -498,21 +631,55 @@ mod tests {
                 )
             })
             .collect();
-        // Columns added by a later migration come after (an ALTER ... ADD COLUMN appends).
-        let after = added.split("ADD COLUMN").nth(1).unwrap();
-        let mut words = after.split_whitespace();
-        let column = (
-            words.next().unwrap().to_owned(),
-            words.next().unwrap().to_owned(),
-        );
-        if !declared.contains(&column) {
-            declared.push(column);
-        }
         let ours: Vec<(String, String)> = columns()
             .into_iter()
             .map(|(n, t)| (n.to_owned(), t))
             .collect();
         assert_eq!(declared, ours);
+    }
+
+    /// A row of the previous release (`CSPOOL02`: the first 18 columns) decodes with the new
+    /// columns derived, and its bytes are the prefix of the same row today.
+    #[test]
+    fn a_row_of_the_previous_release_is_completed() {
+        let now = sample(3);
+        let mut bytes = Vec::new();
+        now.encode(&mut bytes);
+        let mut tail = Vec::new();
+        now.page_view_at.encode(&mut tail);
+        for l in [
+            &now.device_type,
+            &now.browser,
+            &now.browser_version,
+            &now.os,
+        ] {
+            l.encode(&mut tail);
+        }
+        let earlier = &bytes[..bytes.len() - tail.len()];
+        let mut input = earlier;
+        let m = decode_earlier(&mut input).unwrap();
+        assert!(input.is_empty());
+        assert_eq!(
+            m, now,
+            "page_view_at from ts, the agent parsed from the user agent"
+        );
+        let mut no_ts = sample(4);
+        no_ts.ts = None;
+        assert_eq!(
+            complete_earlier(no_ts.clone()).page_view_at,
+            no_ts.received_at,
+            "without ts, the time of receipt"
+        );
+    }
+
+    #[test]
+    fn the_page_view_time_is_ts_else_received_at() {
+        assert_eq!(
+            page_view_at(Some(1_780_000_000_999), DateTime(5)),
+            DateTime(1_780_000_000)
+        );
+        assert_eq!(page_view_at(None, DateTime(5)), DateTime(5));
+        assert_eq!(page_view_at(Some(-1), DateTime(5)), DateTime(0));
     }
 
     /// Every request field is a column, in column order, and the columns that are not request
@@ -531,7 +698,19 @@ mod tests {
             .copied()
             .filter(|c| !fields.contains(c))
             .collect();
-        assert_eq!(set_here, ["received_at", "user_agent", "sample_rate"]);
+        assert_eq!(
+            set_here,
+            [
+                "received_at",
+                "user_agent",
+                "sample_rate",
+                "page_view_at",
+                "device_type",
+                "browser",
+                "browser_version",
+                "os"
+            ]
+        );
     }
 
     /// A spool record written before `sample_rate` existed (the JSON of a row of that
@@ -543,7 +722,11 @@ mod tests {
             "ttfb_ms":1.5,"fcp_ms":null,"lcp_ms":null,"inp_ms":null,"dom_content_loaded_ms":null,
             "load_ms":null,"cls":null,"viewport_width":390,"effective_connection_type":null,
             "user_agent":"UA"}"#;
-        let m: Measurement = serde_json::from_str(old).unwrap();
+        let m = complete_earlier(
+            serde_json::from_str::<Measurement>(old)
+                .unwrap()
+                .into_owned(),
+        );
         assert_eq!(m.sample_rate, 1.0);
         assert_eq!(m.viewport_width, Some(390));
         let again: Measurement = serde_json::from_str(&serde_json::to_string(&m).unwrap()).unwrap();

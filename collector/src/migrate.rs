@@ -20,7 +20,8 @@ pub const POSTGRES: &[(&str, &str)] = &[(
     include_str!("../../schema/postgres/001_sites.sql"),
 )];
 
-/// ClickHouse schema files, in order; one statement each.
+/// ClickHouse schema files, in order; one statement each: the database, then v2 of
+/// `measurements` (the layout of contract §3 v3: site first in the sorting key).
 pub const CLICKHOUSE: &[(&str, &str)] = &[
     (
         "001_database.sql",
@@ -30,11 +31,26 @@ pub const CLICKHOUSE: &[(&str, &str)] = &[
         "002_measurements.sql",
         include_str!("../../schema/clickhouse/002_measurements.sql"),
     ),
-    (
-        "003_sample_rate.sql",
-        include_str!("../../schema/clickhouse/003_sample_rate.sql"),
-    ),
 ];
+
+/// v1 of `measurements` (sorted by `id` alone), as releases before v2 created it: kept for the
+/// tests of the move to v2 and for reference; never applied by `migrate`.
+pub const V1_TABLE_DDL: &str = include_str!("../../schema/clickhouse/v1/measurements.sql");
+
+/// The `sample_rate` column that v1 tables of the oldest releases lack, added before such a
+/// table is moved aside so that its rows copy in the one v1 layout.
+const V1_SAMPLE_RATE: &str = include_str!("../../schema/clickhouse/v1/sample_rate.sql");
+
+/// The name a v1 `measurements` table is moved to when v2 takes its place. It is kept, and
+/// still replicated, until the operator drops it (README, "Moving a v1 table to v2").
+pub const V1_TABLE: &str = "measurements_v1";
+
+/// A column that v2 has and v1 lacks: how a v1 table is told apart.
+const V2_COLUMN: &str = "page_view_at";
+
+/// ClickHouse 18.16 creates `LowCardinality` columns only with this setting (it was
+/// experimental then); current releases accept it as an obsolete setting and ignore it.
+const LOW_CARDINALITY: (&str, &str) = ("allow_experimental_low_cardinality_type", "1");
 
 /// ClickHouse's ILLEGAL_COLUMN (`src/Common/ErrorCodes.cpp`), which `ADD COLUMN` answers, with
 /// "column with this name already exists", for a column that is there (18.16 and current).
@@ -48,16 +64,19 @@ fn already_applied(sql: &str, error: &clickhouse::error::Error) -> bool {
         && text.contains("already exists")
 }
 
+/// A schema file's statement for `database`.
+fn statement(sql: &str, database: &str) -> String {
+    sql.replace("{database}", database)
+        .trim()
+        .trim_end_matches(';')
+        .to_owned()
+}
+
 /// The ClickHouse statements for `database`, in order.
 pub fn clickhouse_statements(database: &str) -> Vec<String> {
     CLICKHOUSE
         .iter()
-        .map(|(_, sql)| {
-            sql.replace("{database}", database)
-                .trim()
-                .trim_end_matches(';')
-                .to_owned()
-        })
+        .map(|(_, sql)| statement(sql, database))
         .collect()
 }
 
@@ -68,18 +87,236 @@ pub const REPLICA_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(
 /// Pause between two attempts on a replica that did not take the schema yet.
 const RETRY_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// The layout of a table found on a replica.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// No such table.
+    Missing,
+    /// v1: sorted by `id` alone, without `page_view_at`.
+    V1,
+    /// v2: the current layout.
+    V2,
+}
+
+#[derive(Debug, serde::Deserialize, clickhouse::Row)]
+struct Found {
+    tables: u64,
+    v2_columns: u64,
+}
+
+/// The layout of `database.table` on the replica `client` talks to.
+pub async fn layout(
+    client: &clickhouse::Client,
+    database: &str,
+    table: &str,
+) -> Result<Layout, clickhouse::error::Error> {
+    let found: Found = client
+        .query(
+            "SELECT toUInt64((SELECT count() FROM system.tables WHERE database = ? AND name = ?)) AS tables, \
+             toUInt64((SELECT count() FROM system.columns WHERE database = ? AND table = ? AND name = ?)) AS v2_columns",
+        )
+        .bind(database)
+        .bind(table)
+        .bind(database)
+        .bind(table)
+        .bind(V2_COLUMN)
+        .fetch_one()
+        .await?;
+    Ok(match (found.tables, found.v2_columns) {
+        (0, _) => Layout::Missing,
+        (_, 0) => Layout::V1,
+        _ => Layout::V2,
+    })
+}
+
+/// What applying the schema to one replica did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Applied {
+    /// A v1 `measurements` was found and moved aside to [`V1_TABLE`] (its rows are copied by
+    /// [`copy_v1`]).
+    pub moved_v1_aside: bool,
+}
+
 /// Applies the ClickHouse schema for `database` through `client` (whose own database, if
-/// set, must exist: use `system`). Errors name the file and carry ClickHouse's message.
-pub async fn apply_clickhouse(client: &clickhouse::Client, database: &str) -> Result<(), String> {
-    for ((name, _), sql) in CLICKHOUSE.iter().zip(clickhouse_statements(database)) {
-        match client.query(&sql).execute().await {
-            Err(e) if !already_applied(&sql, &e) => {
-                return Err(format!("{name}: {}", crate::logging::chain(&e)))
+/// set, must exist: use `system`): the database; a v1 `measurements` moved aside to
+/// [`V1_TABLE`] (`RENAME`, per replica: a rename is not replicated); v2 created. Safe to run
+/// from several collectors and `migrate` at once: a rename that lost the race is checked
+/// against what the winner left. Errors name the file and carry ClickHouse's message.
+pub async fn apply_clickhouse(
+    client: &clickhouse::Client,
+    database: &str,
+) -> Result<Applied, String> {
+    let run = |sql: String| async move {
+        match client
+            .query(&sql)
+            .with_setting(LOW_CARDINALITY.0, LOW_CARDINALITY.1)
+            .execute()
+            .await
+        {
+            Err(e) if !already_applied(&sql, &e) => Err(crate::logging::chain(&e)),
+            _ => Ok(()),
+        }
+    };
+    let statements = clickhouse_statements(database);
+    run(statements[0].clone())
+        .await
+        .map_err(|e| format!("{}: {e}", CLICKHOUSE[0].0))?;
+    let mut applied = Applied::default();
+    let found = layout(client, database, "measurements")
+        .await
+        .map_err(|e| {
+            format!(
+                "reading the layout of measurements: {}",
+                crate::logging::chain(&e)
+            )
+        })?;
+    if found == Layout::V1 {
+        run(statement(V1_SAMPLE_RATE, database))
+            .await
+            .map_err(|e| format!("v1/sample_rate.sql: {e}"))?;
+        let rename = format!("RENAME TABLE {database}.measurements TO {database}.{V1_TABLE}");
+        if let Err(e) = run(rename).await {
+            // Another collector or migrate renamed it first: fine when it is gone now.
+            let now = layout(client, database, "measurements").await;
+            if matches!(now, Ok(Layout::V1)) || now.is_err() {
+                return Err(format!("moving the v1 table aside to {V1_TABLE}: {e}"));
             }
-            _ => {}
+        } else {
+            applied.moved_v1_aside = true;
         }
     }
-    Ok(())
+    run(statements[1].clone())
+        .await
+        .map_err(|e| format!("{}: {e}", CLICKHOUSE[1].0))?;
+    Ok(applied)
+}
+
+/// What [`copy_v1`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Copied {
+    /// Months (`YYYYMM`, UTC) of the v1 table looked at.
+    pub months: usize,
+    /// Rows the v1 table holds.
+    pub v1_rows: u64,
+    /// Rows copied into v2 by this run.
+    pub copied: u64,
+    /// Rows of v1 whose id was in v2 already (copied by an earlier run, or written by a
+    /// collector since): not copied again.
+    pub already_there: u64,
+}
+
+async fn insert_v2(
+    client: &clickhouse::Client,
+    sql: &str,
+    rows: Vec<u8>,
+) -> Result<(), clickhouse::error::Error> {
+    let mut insert = client.insert_formatted_with(sql.to_owned());
+    insert.send(rows.into()).await?;
+    insert.end().await
+}
+
+/// Rows per INSERT while copying (each a ClickHouse block of its own).
+const COPY_BATCH_ROWS: usize = 50_000;
+
+/// Copies every row of [`V1_TABLE`] whose id `measurements` (v2) lacks, month by month of
+/// `received_at` (UTC), with the columns v2 adds derived as intake derives them
+/// ([`crate::measurement::decode_earlier`]: the page view's time, the parsed user agent). The
+/// rows are read as RowBinary in v1's column order and written as v2 RowBinary, as the
+/// writer writes; nothing is decoded as text.
+///
+/// Resumable and idempotent: a run that was killed halfway leaves some rows copied, and the
+/// next run copies only the ids still missing (`id NOT IN` the v2 ids of the months a v1 month
+/// can reach: a stored `ts` is at most 7 days before and 5 minutes after `received_at`), so
+/// every id is present once. Rows written into v1 after a run (by a collector of an earlier
+/// release still writing to a replica not yet switched) are copied by the next run. Does
+/// nothing when there is no v1 table.
+pub async fn copy_v1(client: &clickhouse::Client, database: &str) -> Result<Copied, String> {
+    let ch = |e: clickhouse::error::Error| crate::logging::chain(&e);
+    let mut done = Copied::default();
+    if layout(client, database, V1_TABLE).await.map_err(ch)? == Layout::Missing {
+        return Ok(done);
+    }
+    #[derive(Debug, serde::Deserialize, clickhouse::Row)]
+    struct Month {
+        month: u32,
+        rows: u64,
+    }
+    let utc_month = "toYYYYMM(toDateTime(received_at, 'UTC'))";
+    let months: Vec<Month> = client
+        .query(&format!(
+            "SELECT toUInt32({utc_month}) AS month, count() AS rows FROM {database}.{V1_TABLE} \
+             GROUP BY month ORDER BY month"
+        ))
+        .fetch_all()
+        .await
+        .map_err(ch)?;
+    let v1_columns = &crate::measurement::COLUMNS[..crate::measurement::EARLIER_COLUMNS];
+    let insert_sql = format!(
+        "INSERT INTO {database}.measurements ({}) FORMAT RowBinary",
+        crate::measurement::COLUMNS.join(", ")
+    );
+    for Month { month, rows } in months {
+        done.months += 1;
+        done.v1_rows += rows;
+        let (year, m) = (month / 100, month % 100);
+        let start = format!("toDateTime('{year:04}-{m:02}-01 00:00:00', 'UTC')");
+        let select = format!(
+            "SELECT {} FROM {database}.{V1_TABLE} WHERE {utc_month} = {month} \
+             AND id NOT IN (SELECT id FROM {database}.measurements \
+             WHERE page_view_at >= {start} - INTERVAL 8 DAY \
+             AND page_view_at < {start} + INTERVAL 1 MONTH + INTERVAL 1 DAY)",
+            v1_columns.join(", ")
+        );
+        let mut cursor = client.query(&select).fetch_bytes("RowBinary").map_err(ch)?;
+        let (mut pending, mut batch, mut in_batch, mut copied) =
+            (Vec::<u8>::new(), Vec::<u8>::new(), 0usize, 0u64);
+        loop {
+            let chunk = cursor.next().await.map_err(ch)?;
+            let end = chunk.is_none();
+            if let Some(chunk) = chunk {
+                pending.extend_from_slice(&chunk);
+            }
+            let mut input = &pending[..];
+            loop {
+                let before = input;
+                match crate::measurement::decode_earlier(&mut input) {
+                    Ok(row) => {
+                        row.encode(&mut batch);
+                        in_batch += 1;
+                    }
+                    Err(_) if !end => {
+                        input = before;
+                        break;
+                    }
+                    Err(e) if !before.is_empty() => {
+                        return Err(format!("reading {V1_TABLE} month {month}: {e}"))
+                    }
+                    Err(_) => break,
+                }
+                if input.is_empty() {
+                    break;
+                }
+            }
+            pending.drain(..pending.len() - input.len());
+            if in_batch >= COPY_BATCH_ROWS || (end && in_batch > 0) {
+                insert_v2(client, &insert_sql, std::mem::take(&mut batch))
+                    .await
+                    .map_err(ch)?;
+                copied += in_batch as u64;
+                in_batch = 0;
+            }
+            if end {
+                break;
+            }
+        }
+        done.copied += copied;
+        done.already_there += rows.saturating_sub(copied);
+        println!(
+            "clickhouse: {V1_TABLE} month {month}: {rows} rows, {copied} copied, {} already in measurements",
+            rows.saturating_sub(copied)
+        );
+    }
+    Ok(done)
 }
 
 /// Applies the PostgreSQL schema, then the ClickHouse schema to every replica, each within
@@ -129,25 +366,50 @@ pub async fn run(settings: &Settings) -> Result<(), RunError> {
                 done => break done,
             }
         };
-        (url, result)
+        (url, client, result)
     });
-    let mut applied = 0;
-    for (url, result) in futures_util::future::join_all(attempts).await {
+    let mut applied = Vec::new();
+    let mut missed = 0;
+    for (url, client, result) in futures_util::future::join_all(attempts).await {
         match result {
-            Ok(()) => {
-                applied += 1;
+            Ok(done) => {
+                if done.moved_v1_aside {
+                    println!(
+                        "clickhouse {url}: the v1 measurements table moved aside to {V1_TABLE}"
+                    );
+                }
                 println!("clickhouse {url}: schema applied");
+                applied.push((url, client));
             }
-            Err(e) => eprintln!(
-                "collector: clickhouse {url}: not applied ({e}); the collector applies it when the replica answers"
-            ),
+            Err(e) => {
+                missed += 1;
+                eprintln!(
+                    "collector: clickhouse {url}: not applied ({e}); the collector applies it when the replica answers"
+                )
+            }
         }
     }
     postgres.map_err(RunError::Failed)?;
-    if applied == 0 {
+    let Some((url, client)) = applied.first() else {
         return Err(RunError::Failed(
             "no ClickHouse replica has the schema (every one listed in COLLECTOR_CLICKHOUSE_URLS failed)".into(),
         ));
+    };
+    // Every reachable replica writes to v2 now; the v1 rows are copied once, through one
+    // replica (the copy replicates like any insert).
+    let copied = copy_v1(client, &settings.clickhouse_database)
+        .await
+        .map_err(|e| RunError::Failed(format!("clickhouse {url}: copying {V1_TABLE}: {e} (run migrate again: it copies only what is missing)")))?;
+    if copied.months > 0 {
+        println!(
+            "clickhouse {url}: {V1_TABLE} copied into measurements: {} rows in {} months, {} copied now, {} there already",
+            copied.v1_rows, copied.months, copied.copied, copied.already_there
+        );
+        if missed > 0 {
+            eprintln!("collector: {missed} replica(s) did not answer and may still take writes into v1: run migrate again once they are back");
+        } else {
+            println!("clickhouse: {V1_TABLE} is kept; drop it on every replica once no collector of an earlier release runs (README: moving a v1 table to v2)");
+        }
     }
     Ok(())
 }

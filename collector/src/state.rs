@@ -30,6 +30,8 @@ pub struct Inner {
     pub spool: Spool,
     /// Tracking script.
     pub script: Script,
+    /// Parsed user agents (bounded cache).
+    pub user_agents: crate::useragent::UserAgents,
     /// Metrics.
     pub metrics: Arc<Metrics>,
     /// Rate limits and the in-flight bound.

@@ -2,7 +2,7 @@ CREATE TABLE IF NOT EXISTS {database}.measurements
 (
     id UUID,
     site String,
-    received_at DateTime,
+    received_at DateTime('UTC'),
     url String,
     ts Nullable(Int64),
     referrer Nullable(String),
@@ -17,8 +17,14 @@ CREATE TABLE IF NOT EXISTS {database}.measurements
     viewport_width Nullable(UInt32),
     effective_connection_type Nullable(String),
     user_agent String,
-    sample_rate Float64 DEFAULT 1
+    sample_rate Float64 DEFAULT 1,
+    page_view_at DateTime('UTC') DEFAULT if(isNull(ts), received_at, toDateTime(intDiv(assumeNotNull(ts), 1000), 'UTC')),
+    device_type LowCardinality(String) DEFAULT 'unknown',
+    browser LowCardinality(String) DEFAULT '',
+    browser_version LowCardinality(String) DEFAULT '',
+    os LowCardinality(String) DEFAULT ''
 )
-ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/{database}/measurements', '{replica}')
-PARTITION BY toYYYYMM(received_at)
-ORDER BY id
+ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/{database}/measurements_v2', '{replica}')
+PARTITION BY toYYYYMM(page_view_at)
+ORDER BY (site, toDate(page_view_at), id)
+SETTINGS index_granularity = 8192

@@ -19,7 +19,7 @@ use serde_json::value::RawValue;
 use url::Url;
 use uuid::Uuid;
 
-use crate::measurement::{DateTime, Measurement, MAX_USER_AGENT_BYTES};
+use crate::measurement::{page_view_at, DateTime, Label, Measurement, MAX_USER_AGENT_BYTES};
 pub use decode::{parse, text, Field, Item, RawBeacon};
 pub use media::{content_type_ok, encoding, inflate, Encoding};
 
@@ -76,6 +76,8 @@ pub struct Context<'a> {
     pub received_at_ms: i64,
     /// The user agent as stored ([`user_agent`]).
     pub user_agent: &'a str,
+    /// What the user agent says ([`crate::useragent`]).
+    pub agent: &'a crate::useragent::Agent,
 }
 
 /// A measurement that passed validation, with what was dropped on the way. It borrows its
@@ -156,12 +158,14 @@ pub fn validate<'a>(item: Item<'a>, ctx: &Context<'a>) -> Result<Valid<'a>, Reje
     };
     let clock_skewed = ts.is_some_and(skewed);
     let ts = ts.filter(|t| !skewed(*t));
+    let received_at = DateTime((ctx.received_at_ms.max(0) / 1000).min(u32::MAX as i64) as u32);
+    let agent = ctx.agent;
 
     Ok(Valid {
         measurement: Measurement {
             id,
             site,
-            received_at: DateTime((ctx.received_at_ms.max(0) / 1000).min(u32::MAX as i64) as u32),
+            received_at,
             url: url.into(),
             ts,
             referrer: referrer.map(Cow::Owned),
@@ -177,6 +181,11 @@ pub fn validate<'a>(item: Item<'a>, ctx: &Context<'a>) -> Result<Valid<'a>, Reje
             effective_connection_type,
             user_agent: Cow::Borrowed(ctx.user_agent),
             sample_rate: 1.0,
+            page_view_at: page_view_at(ts, received_at),
+            device_type: Label(Cow::Borrowed(agent.device_type)),
+            browser: Label(Cow::Borrowed(&agent.browser)),
+            browser_version: Label(Cow::Borrowed(&agent.browser_version)),
+            os: Label(Cow::Borrowed(&agent.os)),
         },
         dropped: dropped.0,
         clock_skewed,
@@ -287,10 +296,19 @@ mod tests {
     const NOW: i64 = 1_780_000_000_000;
     const ID: &str = "7f1c2a3e-9b4d-4c6e-8f00-123456789abc";
 
+    static AGENT: std::sync::LazyLock<crate::useragent::Agent> =
+        std::sync::LazyLock::new(|| crate::useragent::Agent {
+            device_type: "desktop",
+            browser: "Firefox".into(),
+            browser_version: "128".into(),
+            os: "Linux".into(),
+        });
+
     fn ctx() -> Context<'static> {
         Context {
             received_at_ms: NOW,
             user_agent: "UA/1.0",
+            agent: &AGENT,
         }
     }
 

@@ -31,6 +31,7 @@ use crate::metrics::Metrics;
 use crate::settings::{Lookup, Site};
 use crate::spool::AppendError;
 use crate::state::AppState;
+use crate::useragent::Agent;
 
 /// How long a request waits for its spool append to become durable before answering 503.
 pub const APPEND_TIMEOUT: Duration = Duration::from_secs(5);
@@ -166,7 +167,8 @@ async fn accept(
     let mut report = Accepted::default();
     // Every measurement of the request borrows the one stored form of its user agent.
     let user_agent = beacon::user_agent(headers.get(header::USER_AGENT).map(HeaderValue::as_bytes));
-    let valid = validate(&text, &user_agent, &mut report)?;
+    let agent = state.user_agents.get(&user_agent);
+    let valid = validate(&text, &user_agent, &agent, &mut report)?;
     let valid = judge_sites(state, headers, valid, &mut report).await?;
     check_rates(state, peer, headers, &valid)?;
     let (to_store, guards) = claim(state, valid, &mut report).await;
@@ -326,6 +328,7 @@ fn decode(raw: &[u8], encoding: Encoding) -> Result<Cow<'_, str>, IntakeError> {
 fn validate<'a>(
     text: &'a str,
     user_agent: &'a str,
+    agent: &'a Agent,
     report: &mut Accepted,
 ) -> Result<Vec<(usize, Valid<'a>)>, IntakeError> {
     let items = beacon::parse(text)?;
@@ -334,6 +337,7 @@ fn validate<'a>(
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as i64),
         user_agent,
+        agent,
     };
     let mut valid = Vec::with_capacity(items.len());
     for (index, item) in items.into_iter().enumerate() {

@@ -51,7 +51,7 @@ pub fn dump(dir: &Path, all: bool, out: &mut impl Write) -> io::Result<Summary> 
             Err(e) => return Err(e),
         };
         summary.segments += 1;
-        let version = Version::of(data.get(..MAGIC.len()).unwrap_or(&[])).unwrap_or(Version::V2);
+        let version = Version::of(data.get(..MAGIC.len()).unwrap_or(&[])).unwrap_or(Version::V3);
         let mut off = HEADER_LEN as usize;
         loop {
             let Some(frame) = version.frame_at(&data, off) else {
@@ -73,12 +73,9 @@ pub fn dump(dir: &Path, all: bool, out: &mut impl Write) -> io::Result<Summary> 
                 continue;
             }
             summary.frames += 1;
-            let rows = match version {
-                Version::V2 => decode_all(frame.payload).map_err(|e| e.to_string()),
-                Version::V1 => format::to_rowbinary(frame.payload)
-                    .ok_or_else(|| "not a JSON array of measurements".to_owned())
-                    .and_then(|r| decode_all(&r.bytes).map_err(|e| e.to_string())),
-            };
+            let rows = format::current_rows(version, frame.payload)
+                .ok_or_else(|| "not whole measurements of its format".to_owned())
+                .and_then(|r| decode_all(&r).map_err(|e| e.to_string()));
             match rows {
                 Ok(rows) => {
                     for row in rows {

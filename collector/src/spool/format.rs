@@ -3,8 +3,10 @@
 //!
 //! ```text
 //! segment   = magic (8 bytes) frame*
-//! magic     = "CSPOOL02"                          (this release)
+//! magic     = "CSPOOL03"                          (this release)
+//!           | "CSPOOL02"                          (the previous release; read, never written)
 //!           | "CSPOOL01"                          (earlier releases; read, never written)
+//! frame v3  = a v2 frame whose rows have the columns of v2 of the table
 //! frame v2  = u32 LE  payload length, 1 ..= MAX_RECORD_BYTES
 //!             u32 LE  row count, >= 1
 //!             u32 LE  earliest received_at of its rows (Unix seconds)
@@ -14,16 +16,21 @@
 //!             [u8]    payload: a JSON array of measurements
 //! ```
 //!
-//! A v2 payload is exactly what the writer sends to ClickHouse (`INSERT … FORMAT RowBinary`),
+//! A v3 payload is exactly what the writer sends to ClickHouse (`INSERT … FORMAT RowBinary`),
 //! so the writer joins frames without decoding a row; the header's row count and earliest
-//! time let recovery count what a segment holds without decoding either. A v1 segment, left by
-//! an earlier release, is replayed by decoding its JSON and encoding the rows once
-//! ([`to_rowbinary`]); the appender never writes v1.
+//! time let recovery count what a segment holds without decoding either. Segments left by
+//! earlier releases are replayed by decoding their rows once and encoding them in this
+//! release's layout, with the columns they lack derived: a v2 payload holds rows of the
+//! previous release's 18 columns ([`upgrade_v2`]), a v1 payload JSON ([`to_rowbinary`]). The
+//! appender writes only v3.
 
 use crate::measurement::{EncodedRows, Measurement};
 
 /// Segment header of this release's format.
-pub const MAGIC: &[u8; 8] = b"CSPOOL02";
+pub const MAGIC: &[u8; 8] = b"CSPOOL03";
+/// Segment header of the previous release's format: RowBinary rows without the columns v2 of
+/// the table adds (read only).
+pub const MAGIC_V2: &[u8; 8] = b"CSPOOL02";
 /// Segment header of the JSON format of earlier releases (read only).
 pub const MAGIC_V1: &[u8; 8] = b"CSPOOL01";
 /// Length of the segment header, in bytes.
@@ -45,8 +52,10 @@ const MIN_ROW_BYTES: u32 = 41;
 pub enum Version {
     /// JSON payloads (earlier releases).
     V1,
-    /// RowBinary payloads with a row count (this release).
+    /// RowBinary payloads with a row count, rows of the previous release's columns.
     V2,
+    /// RowBinary payloads with a row count, rows of this release's columns.
+    V3,
 }
 
 /// One whole, checksummed frame found in a segment's bytes.
@@ -66,7 +75,8 @@ impl Version {
     /// The version a segment header names, if it names one.
     pub fn of(magic: &[u8]) -> Option<Version> {
         match magic {
-            m if m == MAGIC => Some(Version::V2),
+            m if m == MAGIC => Some(Version::V3),
+            m if m == MAGIC_V2 => Some(Version::V2),
             m if m == MAGIC_V1 => Some(Version::V1),
             _ => None,
         }
@@ -76,7 +86,8 @@ impl Version {
     pub fn magic(self) -> &'static [u8; 8] {
         match self {
             Version::V1 => MAGIC_V1,
-            Version::V2 => MAGIC,
+            Version::V2 => MAGIC_V2,
+            Version::V3 => MAGIC,
         }
     }
 
@@ -84,7 +95,7 @@ impl Version {
     /// frame starts there). A v1 frame is counted by decoding its JSON.
     pub fn frame_at(self, data: &[u8], off: usize) -> Option<FrameRef<'_>> {
         match self {
-            Version::V2 => {
+            Version::V2 | Version::V3 => {
                 let header = data.get(off..off.checked_add(FRAME_HEADER_LEN)?)?;
                 let word = |i: usize| u32::from_le_bytes(header[i..i + 4].try_into().unwrap());
                 let (len, rows, earliest, crc) = (word(0), word(4), word(8), word(12));
@@ -136,7 +147,7 @@ impl Version {
     /// a plausible header: how much to read for a frame longer than what was read.
     pub fn frame_len(self, data: &[u8]) -> Option<usize> {
         let (header_len, len) = match self {
-            Version::V2 => (FRAME_HEADER_LEN, data.get(..4)?),
+            Version::V2 | Version::V3 => (FRAME_HEADER_LEN, data.get(..4)?),
             Version::V1 => (V1_FRAME_HEADER_LEN, data.get(..4)?),
         };
         let len = u32::from_le_bytes(len.try_into().unwrap());
@@ -144,7 +155,7 @@ impl Version {
     }
 }
 
-/// Appends one v2 frame holding `rows` to `out`.
+/// Appends one v3 frame holding `rows` to `out`.
 pub fn encode_frame(out: &mut Vec<u8>, rows: &EncodedRows) {
     let at = out.len();
     out.extend_from_slice(&(rows.bytes.len() as u32).to_le_bytes());
@@ -159,7 +170,32 @@ pub fn encode_frame(out: &mut Vec<u8>, rows: &EncodedRows) {
 /// it is not such an array (checked by its checksum at start, so only a bug gets here).
 pub fn to_rowbinary(v1_payload: &[u8]) -> Option<EncodedRows> {
     let rows: Vec<Measurement> = serde_json::from_slice(v1_payload).ok()?;
+    let rows: Vec<_> = rows
+        .into_iter()
+        .map(|m| crate::measurement::complete_earlier(m.into_owned()))
+        .collect();
     Some(EncodedRows::encode(&rows))
+}
+
+/// The rows of a v2 payload (RowBinary rows of the previous release's columns), completed and
+/// encoded in this release's layout; `None` when the payload does not hold whole rows.
+pub fn upgrade_v2(v2_payload: &[u8]) -> Option<EncodedRows> {
+    let mut input = v2_payload;
+    let mut rows = Vec::new();
+    while !input.is_empty() {
+        rows.push(crate::measurement::decode_earlier(&mut input).ok()?);
+    }
+    Some(EncodedRows::encode(&rows))
+}
+
+/// The rows of a frame's payload in this release's RowBinary layout: a v3 payload as it is,
+/// an earlier one converted (`None` when it does not hold what its format says).
+pub fn current_rows(version: Version, payload: &[u8]) -> Option<std::borrow::Cow<'_, [u8]>> {
+    match version {
+        Version::V3 => Some(std::borrow::Cow::Borrowed(payload)),
+        Version::V2 => upgrade_v2(payload).map(|r| std::borrow::Cow::Owned(r.bytes)),
+        Version::V1 => to_rowbinary(payload).map(|r| std::borrow::Cow::Owned(r.bytes)),
+    }
 }
 
 /// The number of measurements in a v1 payload and their earliest `received_at` (0 and 0 for
@@ -195,6 +231,7 @@ mod tests {
     fn row(n: u128) -> Measurement<'static> {
         Measurement {
             received_at: DateTime(100 + n as u32),
+            page_view_at: DateTime(100 + n as u32),
             ..crate::spool::tests::m(n)
         }
     }
@@ -202,21 +239,66 @@ mod tests {
     #[test]
     fn a_frame_reads_back_and_any_flipped_bit_is_caught() {
         let rows = EncodedRows::encode(&[row(2), row(1)]);
-        let mut data = b"CSPOOL02".to_vec();
+        let mut data = b"CSPOOL03".to_vec();
         encode_frame(&mut data, &rows);
-        let f = Version::V2.frame_at(&data, 8).unwrap();
+        assert_eq!(Version::of(&data[..8]), Some(Version::V3));
+        let f = Version::V3.frame_at(&data, 8).unwrap();
         assert_eq!(
             (f.rows, f.earliest_received_at, f.next),
             (2, 101, data.len())
         );
         assert_eq!(decode_all(f.payload).unwrap(), [row(2), row(1)]);
-        assert_eq!(Version::V2.frame_len(&data[8..]), Some(data.len() - 8));
+        assert_eq!(Version::V3.frame_len(&data[8..]), Some(data.len() - 8));
         for i in 8..data.len() {
             let mut bad = data.clone();
             bad[i] ^= 0x10;
-            assert_ne!(Version::V2.frame_at(&bad, 8), Some(f), "byte {i}");
+            assert_ne!(Version::V3.frame_at(&bad, 8), Some(f), "byte {i}");
         }
-        assert_eq!(Version::V2.frame_at(&data[..data.len() - 1], 8), None);
+        assert_eq!(Version::V3.frame_at(&data[..data.len() - 1], 8), None);
+    }
+
+    /// A frame of the previous release (`CSPOOL02`: rows of 18 columns) is read with the
+    /// columns it lacks derived: the page view's time and the parsed user agent.
+    #[test]
+    fn a_v2_frame_is_completed() {
+        let mut earlier = row(7);
+        earlier.ts = Some(1_779_999_000_500);
+        earlier.user_agent =
+            "Mozilla/5.0 (X11; Linux x86_64; rv:128.0) Gecko/20100101 Firefox/128.0".into();
+        let mut full = Vec::new();
+        earlier.encode(&mut full);
+        let mut tail = Vec::new();
+        crate::measurement::Column::encode(&earlier.page_view_at, &mut tail);
+        for l in [
+            &earlier.device_type,
+            &earlier.browser,
+            &earlier.browser_version,
+            &earlier.os,
+        ] {
+            crate::measurement::Column::encode(l, &mut tail);
+        }
+        let v2_row = &full[..full.len() - tail.len()];
+        let mut data = MAGIC_V2.to_vec();
+        encode_frame(
+            &mut data,
+            &EncodedRows {
+                bytes: v2_row.to_vec(),
+                count: 1,
+                earliest_received_at: 107,
+            },
+        );
+        let version = Version::of(&data[..8]).unwrap();
+        assert_eq!(version, Version::V2);
+        let f = version.frame_at(&data, 8).unwrap();
+        let rows = decode_all(&current_rows(version, f.payload).unwrap()).unwrap();
+        assert_eq!(rows.len(), 1);
+        let m = &rows[0];
+        assert_eq!(m.page_view_at, DateTime(1_779_999_000));
+        assert_eq!(
+            (&*m.device_type, &*m.browser, &*m.browser_version, &*m.os),
+            ("desktop", "Firefox", "128", "Linux")
+        );
+        assert_eq!(m.id, earlier.id);
     }
 
     #[test]
@@ -228,6 +310,6 @@ mod tests {
         assert_eq!((f.rows, f.earliest_received_at), (2, 103));
         let rows = to_rowbinary(f.payload).unwrap();
         assert_eq!(decode_all(&rows.bytes).unwrap(), [row(5), row(3)]);
-        assert_eq!(Version::V2.frame_at(&data, 8), None, "not a v2 frame");
+        assert_eq!(Version::V3.frame_at(&data, 8), None, "not a v3 frame");
     }
 }

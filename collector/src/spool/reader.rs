@@ -2,6 +2,7 @@
 //! (RowBinary, never decoded), then confirmation: the cursor moved and delivered segments
 //! deleted; and the dead-letter files of rows ClickHouse refused.
 
+use std::borrow::Cow;
 use std::fs::{self, File};
 use std::io::{self, Write};
 use std::os::unix::fs::FileExt;
@@ -201,7 +202,7 @@ impl SpoolReader {
             let mut magic = [0u8; MAGIC.len()];
             file.read_exact_at(&mut magic, 0)?;
             // Recovery rewrote any segment whose magic was damaged.
-            let version = Version::of(&magic).unwrap_or(Version::V2);
+            let version = Version::of(&magic).unwrap_or(Version::V3);
             self.open = Some((self.pos.segment, file, version));
         }
         let (segment, file, version) = self.open.as_ref().expect("just opened");
@@ -225,18 +226,17 @@ impl SpoolReader {
             let Some(f) = version.frame_at(&chunk, off) else {
                 break;
             };
-            let (rows, payload) = match version {
-                Version::V2 => (f.rows, chunk.slice_ref(f.payload)),
-                Version::V1 => {
-                    let rows = format::to_rowbinary(f.payload).ok_or_else(|| {
-                        io::Error::new(
-                            io::ErrorKind::InvalidData,
-                            "not a JSON array of measurements",
-                        )
-                    })?;
-                    (rows.count, Bytes::from(rows.bytes))
+            let payload = match format::current_rows(version, f.payload) {
+                Some(Cow::Borrowed(_)) => chunk.slice_ref(f.payload),
+                Some(Cow::Owned(rows)) => Bytes::from(rows),
+                None => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        "a frame of an earlier release that does not hold whole measurements",
+                    ))
                 }
             };
+            let rows = f.rows;
             out.push(Frame {
                 end: Position {
                     segment,

@@ -6,7 +6,7 @@ use std::path::Path;
 use super::files::*;
 use super::format::{encode_v1_frame, Version, MAGIC_V1};
 use super::*;
-use crate::measurement::{decode_all, DateTime, Measurement};
+use crate::measurement::{decode_all, DateTime, Label, Measurement};
 use uuid::Uuid;
 
 /// A small row whose id and `ttfb_ms` are `n`.
@@ -30,6 +30,12 @@ pub(super) fn m(n: u128) -> Measurement<'static> {
         effective_connection_type: None,
         user_agent: "".into(),
         sample_rate: 1.0,
+        // What intake derives from no `ts` and an empty user agent.
+        page_view_at: DateTime(1),
+        device_type: Label("unknown".into()),
+        browser: Label("Other".into()),
+        browser_version: Label("".into()),
+        os: Label("Other".into()),
     }
 }
 
@@ -40,7 +46,7 @@ fn rows(ms: &[Measurement<'_>]) -> EncodedRows {
 
 /// The whole frame at `off` of a v2 segment: its payload and the offset after it.
 fn frame_at(data: &[u8], off: usize) -> Option<(&[u8], usize)> {
-    Version::V2.frame_at(data, off).map(|f| (f.payload, f.next))
+    Version::V3.frame_at(data, off).map(|f| (f.payload, f.next))
 }
 
 fn measurements(frame: &Frame) -> Vec<Measurement<'static>> {

@@ -152,7 +152,10 @@ pub async fn probe(
     if !found.schema {
         let apply = crate::migrate::apply_clickhouse(&client, database);
         match tokio::time::timeout(SCHEMA_TIMEOUT, apply).await {
-            Ok(Ok(())) => {
+            Ok(Ok(applied)) => {
+                if applied.moved_v1_aside {
+                    tracing::warn!(replica = %replicas.url(i), "clickhouse: moved the v1 measurements table aside to measurements_v1 and created v2; run `collector migrate` to copy its rows");
+                }
                 tracing::info!(replica = %replicas.url(i), "clickhouse: applied the schema to a replica that lacked it; not written to until it has caught up")
             }
             Ok(Err(e)) => {
