@@ -41,7 +41,10 @@
       m = { id: uuid(), site: site, url: location.href, referrer: doc.referrer || undefined,
         navigation_type: restored ? 'restore' : activation > 0 || doc.prerendering ? 'prerender' : nav.type,
         effective_connection_type: navigator.connection && navigator.connection.effectiveType,
-        viewport_width: innerWidth };
+        viewport_width: innerWidth,
+        // The page view's start, set once and sent unchanged by every send of it: the
+        // collector files the row by it, so that every resend folds (README: storage).
+        ts: Math.round(restored || !perf.timeOrigin ? Date.now() : perf.timeOrigin + activation) };
       // One sampling decision per page view: it sends when draw < rate.
       draw = Math.random();
       attempts = 0; delivered = false; lcpDone = false;
@@ -86,7 +89,6 @@
       attempts++;
       if (!m.dom_content_loaded_ms && nav.domContentLoadedEventEnd) m.dom_content_loaded_ms = since(nav.domContentLoadedEventEnd);
       if (!m.load_ms && nav.loadEventEnd) m.load_ms = since(nav.loadEventEnd);
-      m.ts = Date.now();
       var body = JSON.stringify(m), retry = attempts < 2;
       if (beacon && navigator.sendBeacon && navigator.sendBeacon(endpoint, body)) return;
       try {

@@ -107,7 +107,7 @@ async fn a_spool_of_the_previous_release_is_delivered_after_the_upgrade() {
         magics.push(String::from_utf8_lossy(&data[..8]).into_owned());
     }
     assert!(
-        magics.iter().all(|m| m == "CSPOOL02"),
-        "the delivered old segment is gone and new ones are RowBinary: {magics:?}"
+        magics.iter().all(|m| m == "CSPOOL03"),
+        "the delivered old segment is gone and new ones are this release's RowBinary (v3): {magics:?}"
     );
 }

@@ -1,0 +1,332 @@
+//! The table laid out for its readers (contract §3, v3), on real ClickHouse 18.16 replicas:
+//! every resend of an id folds to one row whatever its time of receipt, the derived device
+//! columns, and `collector migrate` moving a v1 table with rows to v2 while a collector writes.
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::{json, Value};
+
+const VISIBLE: Duration = Duration::from_secs(30);
+
+async fn one_value(env: &TestEnv<'_>, sql: &str) -> Value {
+    let rows = env.query(0, sql).await;
+    assert_eq!(rows.len(), 1, "{sql}: {rows:?}");
+    let row = rows[0].as_object().expect("a row is an object");
+    assert_eq!(row.len(), 1, "{sql}: one column: {row:?}");
+    row.values().next().expect("one column").clone()
+}
+
+/// Runs a statement that answers nothing (DDL, INSERT … SELECT) on replica `i`; panics with
+/// ClickHouse's answer when it fails.
+async fn exec(env: &TestEnv<'_>, i: usize, sql: &str) {
+    let resp = http()
+        .post(&env.stack.clickhouse_urls()[i])
+        .body(sql.to_owned())
+        .send()
+        .await
+        .expect("clickhouse answers");
+    let status = resp.status();
+    let text = resp.text().await.unwrap_or_default();
+    assert!(status.is_success(), "{sql}: {status} {text}");
+}
+
+async fn count(env: &TestEnv<'_>, sql: &str) -> i64 {
+    let v = one_value(env, sql).await;
+    as_i64(&v).unwrap_or_else(|| panic!("{sql}: not a number: {v}"))
+}
+
+const IPHONE: &str = "Mozilla/5.0 (iPhone; CPU iPhone OS 17_5 like Mac OS X) AppleWebKit/605.1.15 (KHTML, like Gecko) Version/17.5 Mobile/15E148 Safari/604.1";
+
+/// A page view that started a second before a month's end (30 November 2026, 23:59:59 UTC) is
+/// resent now, through a second collector: both sends land in the partition and on the day of
+/// the page view's start, not of their receipt, and fold to one row. So does a beacon without
+/// any client time, resent through the other collector. The device columns come from the
+/// request's user agent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_resend_folds_whatever_its_time_of_receipt() {
+    let env = TestEnv::new(Stack::shared()).await;
+    let c1 = env.collector(&[]).await;
+    let c2 = env.collector(&[]).await;
+    let month_end_ms: i64 = 1_796_083_199_000; // 2026-11-30T23:59:59Z
+    let day_end_ms: i64 = month_end_ms - 86_400_000; // 2026-11-29T23:59:59Z
+    let ua = [("Content-Type", "application/json"), ("User-Agent", IPHONE)];
+
+    let mut ids = Vec::new();
+    let mut with_ts = Vec::new();
+    for (i, ts) in [month_end_ms, day_end_ms, now_ms() - 1_000]
+        .into_iter()
+        .enumerate()
+    {
+        let (id, mut m) = measurement(&env.site);
+        m["ts"] = json!(ts);
+        m["url"] = json!(format!("https://shop.example/p/{i}"));
+        let body = m.to_string();
+        let (s1, _, _) = c1.post(body.clone(), &ua).await;
+        let (s2, a2, _) = c2.post(body, &ua).await;
+        assert_eq!((s1, s2), (202, 202), "{a2}");
+        with_ts.push((id.clone(), ts));
+        ids.push(id);
+    }
+    let (bare_id, mut bare) = measurement(&env.site);
+    bare.as_object_mut().unwrap().remove("ts");
+    for c in [&c1, &c2, &c1] {
+        let (s, a, _) = c.post(bare.to_string(), &ua).await;
+        assert_eq!(s, 202, "{a}");
+    }
+    ids.push(bare_id.clone());
+    env.wait_rows(&ids, VISIBLE).await;
+    let db = &env.db;
+    for id in &ids {
+        let n = count(
+            &env,
+            &format!("SELECT count() FROM {db}.measurements FINAL WHERE id = '{id}'"),
+        )
+        .await;
+        assert_eq!(n, 1, "{id} folds to one row");
+    }
+    for (id, ts) in &with_ts {
+        let rows = env
+            .query(
+                0,
+                &format!(
+                    "SELECT DISTINCT _partition_id AS p, toString(toDate(page_view_at)) AS day, \
+                     toUInt32(page_view_at) AS at FROM {db}.measurements WHERE id = '{id}'"
+                ),
+            )
+            .await;
+        assert_eq!(
+            rows.len(),
+            1,
+            "{id}: every copy on one partition and day: {rows:?}"
+        );
+        let expect_day = chrono_day(ts / 1000);
+        assert_eq!(rows[0]["day"], json!(expect_day), "{id}: {rows:?}");
+        assert_eq!(as_i64(&rows[0]["at"]), Some(ts / 1000), "{id}");
+    }
+    let month_end = env
+        .query(
+            0,
+            &format!(
+                "SELECT DISTINCT _partition_id AS p FROM {db}.measurements WHERE id = '{}'",
+                ids[0]
+            ),
+        )
+        .await;
+    assert_eq!(
+        month_end,
+        vec![json!({"p": "202611"})],
+        "the page view's month, in UTC"
+    );
+
+    let derived = env
+        .query(
+            0,
+            &format!(
+                "SELECT DISTINCT device_type, browser, browser_version, os FROM {db}.measurements FINAL \
+                 WHERE id IN ('{}', '{bare_id}')",
+                ids[0]
+            ),
+        )
+        .await;
+    assert_eq!(
+        derived,
+        vec![
+            json!({"device_type": "mobile", "browser": "Mobile Safari", "browser_version": "17", "os": "iOS"})
+        ]
+    );
+}
+
+/// `YYYY-MM-DD` of Unix seconds, UTC (days since the epoch, civil-from-days: H. Hinnant,
+/// "chrono-Compatible Low-Level Date Algorithms").
+fn chrono_day(secs: i64) -> String {
+    let z = secs.div_euclid(86_400) + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}")
+}
+
+/// A v1 table (sorted by `id` alone) holding 200,000 rows over four or five months, on both replicas;
+/// `migrate` killed (SIGKILL) halfway through its copy; a collector of this release writing
+/// before and during the second run: afterwards every v1 id and every acknowledged beacon is in
+/// v2 exactly once (under `FINAL` and without it), and v1 is kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_moves_a_v1_table_with_rows_to_v2_while_a_collector_writes() {
+    let env = TestEnv::empty(Stack::shared()).await;
+    let db = env.db.clone();
+    let v1 = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../schema/clickhouse/v1/measurements.sql"
+    ))
+    .expect("schema/clickhouse/v1/measurements.sql");
+    for i in 0..env.stack.clickhouse_urls().len() {
+        exec(&env, i, &format!("CREATE DATABASE IF NOT EXISTS {db}")).await;
+        exec(&env, i, &v1.replace("{database}", &db)).await;
+    }
+    let v1_rows: i64 = 200_000;
+    exec(
+        &env,
+        0,
+        &format!(
+            "INSERT INTO {db}.measurements (id, site, received_at, url, ts, user_agent) \
+             SELECT generateUUIDv4(), concat('site-', toString(number % 50)), \
+             toUInt32(1788000000 + intDiv(number, 50000) * 2678400 + number % 50000), \
+             'https://shop.example/', if(number % 4 = 0, NULL, toInt64(1788000000 + intDiv(number, 50000) * 2678400 + number % 50000) * 1000), \
+             '{IPHONE}' FROM system.numbers LIMIT {v1_rows}"
+        ),
+    )
+    .await;
+    let total = format!("SELECT count() FROM {db}.measurements");
+    assert_eq!(count(&env, &total).await, v1_rows);
+
+    // The first run, killed once part of the copy is in v2.
+    let mut first = Command::new(collector_bin())
+        .arg("migrate")
+        .envs(env.collector_env())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start collector migrate");
+    let start = Instant::now();
+    let copied_at_kill = loop {
+        let v2 = env
+            .query(
+                0,
+                &format!(
+                    "SELECT count() AS n FROM system.columns WHERE database = '{db}' \
+                     AND table = 'measurements' AND name = 'page_view_at'"
+                ),
+            )
+            .await;
+        if as_i64(&v2[0]["n"]) == Some(1) {
+            let n = count(&env, &total).await;
+            if n > 0 {
+                first.kill().expect("kill migrate");
+                break n;
+            }
+        }
+        assert!(
+            first.try_wait().unwrap().is_none(),
+            "migrate finished before it could be killed halfway"
+        );
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "migrate never started copying"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    first.wait().unwrap();
+    assert!(
+        copied_at_kill < v1_rows,
+        "killed halfway: {copied_at_kill} of {v1_rows} copied"
+    );
+
+    // A collector of this release writes before and during the second run.
+    env.cli(&["sites", "add", "--key", "site-1"]).success();
+    let c = env.collector(&[]).await;
+    let mut acked = Vec::new();
+    for _ in 0..30 {
+        let (id, m) = measurement(&env.site);
+        assert_eq!(c.post_json(&m).await.0, 202);
+        acked.push(id);
+    }
+    let second = {
+        let cmd = Command::new(collector_bin())
+            .arg("migrate")
+            .envs(env.collector_env())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start collector migrate");
+        tokio::task::spawn_blocking(move || cmd.wait_with_output().unwrap())
+    };
+    for _ in 0..30 {
+        let (id, m) = measurement(&env.site);
+        assert_eq!(c.post_json(&m).await.0, 202);
+        acked.push(id);
+    }
+    let out = second.await.unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // "… copied into measurements: R rows in 4 months, C copied now, T there already"
+    let summary = stdout
+        .lines()
+        .find_map(|l| {
+            l.split_once("measurements_v1 copied into measurements: ")
+                .map(|x| x.1)
+        })
+        .unwrap_or_else(|| panic!("migrate says what it did: {stdout}"));
+    let numbers: Vec<i64> = summary
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    let [rows, months, copied_now, there_already] = numbers[..] else {
+        panic!("four numbers in {summary:?}")
+    };
+    assert!(rows == v1_rows && months >= 4, "{summary}");
+    assert_eq!(copied_now + there_already, v1_rows, "{summary}");
+    assert!(
+        there_already >= copied_at_kill && copied_now > 0,
+        "the second run copied only what the killed one had not ({copied_at_kill} seen at the kill): {summary}"
+    );
+    env.wait_rows(&acked, VISIBLE).await;
+
+    let want = v1_rows + acked.len() as i64;
+    assert_eq!(
+        count(
+            &env,
+            &format!("SELECT count() FROM {db}.measurements FINAL")
+        )
+        .await,
+        want,
+        "rows after FINAL"
+    );
+    assert_eq!(
+        count(
+            &env,
+            &format!("SELECT uniqExact(id) FROM {db}.measurements")
+        )
+        .await,
+        want,
+        "distinct ids"
+    );
+    assert_eq!(count(&env, &total).await, want, "no copy doubled a row");
+    assert_eq!(
+        count(
+            &env,
+            &format!(
+                "SELECT count() FROM {db}.measurements_v1 WHERE id NOT IN (SELECT id FROM {db}.measurements)"
+            )
+        )
+        .await,
+        0,
+        "every v1 id is in v2"
+    );
+    assert_eq!(
+        count(&env, &format!("SELECT count() FROM {db}.measurements_v1")).await,
+        v1_rows,
+        "v1 kept until the operator drops it"
+    );
+    assert_eq!(
+        one_value(
+            &env,
+            &format!("SELECT groupUniqArray(device_type) FROM {db}.measurements WHERE id IN (SELECT id FROM {db}.measurements_v1)")
+        )
+        .await,
+        json!(["mobile"]),
+        "copied rows get the derived columns"
+    );
+}
