@@ -11,7 +11,7 @@
 //!   expired entry is answered at once from the last known value
 //!   (`collector_settings_stale_served_total`) while one background refresh per site runs.
 //! - **Backoff.** After a failure the store is left alone for `COLLECTOR_SETTINGS_BACKOFF`
-//!   by every path, then probed once ([`store::Gate`]).
+//!   by every path, then probed once ([`store::Breaker`]).
 //! - **Bounded first fetch.** A never-seen key is fetched once however many requests carry it
 //!   (moka's single-flight `try_get_with`); at most [`FIRST_FETCHES`] first fetches run at once;
 //!   unknown keys are remembered as unknown for [`UNKNOWN_TTL`]. While the store cannot be
@@ -41,7 +41,7 @@ pub const CACHE_CAPACITY: u64 = 100_000;
 /// Most first fetches (never-seen keys) in flight at once; more get [`Lookup::Unavailable`].
 pub const FIRST_FETCHES: usize = 8;
 /// How often a collector whose settings were never loaded tries a full load again: each try
-/// passes the store's backoff gate, so the store itself is asked at most once per
+/// passes the store's circuit breaker, so the store itself is asked at most once per
 /// `COLLECTOR_SETTINGS_BACKOFF`.
 pub const UNLOADED_RETRY: Duration = Duration::from_secs(1);
 
@@ -261,7 +261,7 @@ impl SiteSettings {
     }
 
     /// Reloads every `ttl` until `shutdown` turns true. While no load has ever succeeded (the
-    /// collector is not ready), it tries every [`UNLOADED_RETRY`] instead: the store's gate
+    /// collector is not ready), it tries every [`UNLOADED_RETRY`] instead: the store's breaker
     /// still lets one attempt through per `COLLECTOR_SETTINGS_BACKOFF`, so readiness follows
     /// the store's return within the backoff, not within the TTL.
     pub async fn run_reloader(self, mut shutdown: watch::Receiver<bool>) {

@@ -1,9 +1,11 @@
-//! The PostgreSQL settings store (the `sites` table), behind a backoff gate.
+//! The PostgreSQL settings store (the `sites` table), behind a circuit breaker.
 //!
-//! Every call goes through [`Gate`]: after a failed query or connection, the store is not
-//! contacted again for `COLLECTOR_SETTINGS_BACKOFF` by any path of this process, however many
-//! requests arrive; then exactly one call is let through as a probe, and only its success
-//! opens the gate again. The pool is small ([`POOL_SIZE`]) and every wait is bounded.
+//! Every call goes through a circuit breaker ([`Breaker`]): after a failed query or
+//! connection it opens, and the store is not contacted again for `COLLECTOR_SETTINGS_BACKOFF`
+//! by any path of this process, however many requests arrive; then exactly one call is let
+//! through as a probe, and only its success closes the breaker again. Connections are opened
+//! one at a time and the breaker opens before a failed attempt's call returns, so calls that
+//! were admitted together make one connection attempt between them, not one each. The pool is small ([`POOL_SIZE`]) and every wait is bounded.
 //!
 //! - **Hosts that hang.** A URL may list several hosts (a primary and its standby). Each host
 //!   gets its own [`HOST_TIMEOUT`] for connecting and answering the start-up handshake, so a
@@ -54,19 +56,20 @@ pub enum StoreError {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum GateState {
+enum BreakerState {
     /// Calls go through.
-    Open,
+    Closed,
     /// Nothing goes through until `until`.
-    Closed { until: Instant },
+    Open { until: Instant },
     /// One probe is in flight; nothing else goes through.
-    Probing,
+    HalfOpen,
 }
 
-/// The backoff gate in front of the store.
+/// The circuit breaker in front of the store: *closed* lets calls through; a failure opens it
+/// for the backoff; then one probe (half-open) decides.
 #[derive(Debug)]
-pub struct Gate {
-    state: Mutex<GateState>,
+pub struct Breaker {
+    state: Mutex<BreakerState>,
     backoff: Duration,
 }
 
@@ -76,11 +79,11 @@ pub struct Admission {
     probe: bool,
 }
 
-impl Gate {
-    /// An open gate that closes for `backoff` after each failure.
+impl Breaker {
+    /// A closed breaker that opens for `backoff` after each failure.
     pub fn new(backoff: Duration) -> Self {
-        Gate {
-            state: Mutex::new(GateState::Open),
+        Breaker {
+            state: Mutex::new(BreakerState::Closed),
             backoff,
         }
     }
@@ -89,12 +92,12 @@ impl Gate {
     pub fn admit(&self) -> Option<Admission> {
         let mut state = self.state.lock().unwrap();
         match *state {
-            GateState::Open => Some(Admission { probe: false }),
-            GateState::Closed { until } if Instant::now() >= until => {
-                *state = GateState::Probing;
+            BreakerState::Closed => Some(Admission { probe: false }),
+            BreakerState::Open { until } if Instant::now() >= until => {
+                *state = BreakerState::HalfOpen;
                 Some(Admission { probe: true })
             }
-            GateState::Closed { .. } | GateState::Probing => None,
+            BreakerState::Open { .. } | BreakerState::HalfOpen => None,
         }
     }
 
@@ -102,26 +105,47 @@ impl Gate {
     pub fn report(&self, admission: Admission, ok: bool) {
         let mut state = self.state.lock().unwrap();
         *state = match (ok, *state) {
-            (true, GateState::Probing) if admission.probe => GateState::Open,
+            (true, BreakerState::HalfOpen) if admission.probe => BreakerState::Closed,
             (true, s) => s,
-            (false, GateState::Closed { until }) => GateState::Closed { until },
-            (false, _) => GateState::Closed {
-                until: Instant::now() + self.backoff,
-            },
+            (false, s) => self.opened(s),
         };
     }
 
+    /// Opens the breaker after a failed connection attempt, before the call that made it
+    /// reports: a call admitted while closed and still waiting for a connection then makes
+    /// no attempt of its own.
+    fn trip(&self) {
+        let mut state = self.state.lock().unwrap();
+        *state = self.opened(*state);
+    }
+
+    /// The state after a failure: open for the backoff; an already open breaker keeps its
+    /// end (a late failure does not extend the backoff).
+    fn opened(&self, state: BreakerState) -> BreakerState {
+        match state {
+            BreakerState::Open { until } => BreakerState::Open { until },
+            _ => BreakerState::Open {
+                until: Instant::now() + self.backoff,
+            },
+        }
+    }
+
+    /// Whether a new connection may be attempted now: not while the breaker is open.
+    fn lets_connect(&self) -> bool {
+        !matches!(*self.state.lock().unwrap(), BreakerState::Open { .. })
+    }
+
     /// Whether calls currently go through.
-    pub fn is_open(&self) -> bool {
-        matches!(*self.state.lock().unwrap(), GateState::Open)
+    pub fn is_closed(&self) -> bool {
+        matches!(*self.state.lock().unwrap(), BreakerState::Closed)
     }
 }
 
-/// The store: a bounded pool behind a [`Gate`]. Cheap to clone.
+/// The store: a bounded pool behind a [`Breaker`]. Cheap to clone.
 #[derive(Clone)]
 pub struct SettingsStore {
     pool: managed::Pool<HostsManager>,
-    gate: Arc<Gate>,
+    breaker: Arc<Breaker>,
     metrics: Arc<Metrics>,
 }
 
@@ -146,19 +170,25 @@ pub fn describe(e: &tokio_postgres::Error) -> String {
     }
 }
 
-/// Opens connections host by host (see the module doc).
+/// Opens connections host by host (see the module doc), one attempt at a time, and none
+/// while the breaker is open.
 struct HostsManager {
     /// One single-host configuration per host of the URL, in the URL's order.
     hosts: Vec<Config>,
     /// Index of the host that answered last: tried first.
     last_good: AtomicUsize,
+    /// Held during each attempt, so that callers waiting for a connection see its outcome.
+    connecting: tokio::sync::Mutex<()>,
+    breaker: Arc<Breaker>,
 }
 
 impl HostsManager {
-    fn new(config: &Config) -> Self {
+    fn new(config: &Config, breaker: Arc<Breaker>) -> Self {
         HostsManager {
             hosts: single_host_configs(config),
             last_good: AtomicUsize::new(0),
+            connecting: tokio::sync::Mutex::new(()),
+            breaker,
         }
     }
 }
@@ -239,6 +269,10 @@ impl managed::Manager for HostsManager {
     type Error = String;
 
     async fn create(&self) -> Result<tokio_postgres::Client, String> {
+        let _one = self.connecting.lock().await;
+        if !self.breaker.lets_connect() {
+            return Err("not connecting: the last attempt failed within the backoff".into());
+        }
         let n = self.hosts.len();
         let first = self.last_good.load(Ordering::Relaxed) % n;
         let mut failures = Vec::new();
@@ -263,6 +297,7 @@ impl managed::Manager for HostsManager {
                 )),
             }
         }
+        self.breaker.trip();
         Err(failures.join("; "))
     }
 
@@ -280,7 +315,7 @@ impl managed::Manager for HostsManager {
 }
 
 impl SettingsStore {
-    /// A pool over `database_url`; connects lazily. `backoff`: see [`Gate`].
+    /// A pool over `database_url`; connects lazily. `backoff`: see [`Breaker`].
     pub fn new(
         database_url: &str,
         backoff: Duration,
@@ -293,7 +328,8 @@ impl SettingsStore {
         if config.get_application_name().is_none() {
             config.application_name("collector");
         }
-        let manager = HostsManager::new(&config);
+        let breaker = Arc::new(Breaker::new(backoff));
+        let manager = HostsManager::new(&config, breaker.clone());
         let connect_budget = HOST_TIMEOUT * manager.hosts.len() as u32;
         let pool = managed::Pool::builder(manager)
             .max_size(POOL_SIZE)
@@ -305,24 +341,24 @@ impl SettingsStore {
             .map_err(|e| StoreError::Failed(e.to_string()))?;
         Ok(SettingsStore {
             pool,
-            gate: Arc::new(Gate::new(backoff)),
+            breaker,
             metrics,
         })
     }
 
-    /// Whether the store is believed up (the gate is open).
+    /// Whether the store is believed up (the breaker is closed).
     pub fn is_up(&self) -> bool {
-        self.gate.is_open()
+        self.breaker.is_closed()
     }
 
-    /// Runs `f` with a pooled client if the gate admits it: the connection within the hosts'
+    /// Runs `f` with a pooled client if the breaker admits it: the connection within the hosts'
     /// budget, then `f` within [`QUERY_TIMEOUT`]. A connection whose call timed out or failed
     /// other than by a server error is closed, never returned to the pool.
     async fn call<T, F>(&self, f: F) -> Result<T, StoreError>
     where
         F: for<'c> FnOnce(&'c tokio_postgres::Client) -> Query<'c, T>,
     {
-        let admission = self.gate.admit().ok_or(StoreError::Backoff)?;
+        let admission = self.breaker.admit().ok_or(StoreError::Backoff)?;
         self.metrics.settings_store_queries.inc();
         let result = match self.pool.get().await {
             Err(managed::PoolError::Backend(e)) => Err(StoreError::Failed(e)),
@@ -348,10 +384,10 @@ impl SettingsStore {
                 }
             },
         };
-        self.gate.report(admission, result.is_ok());
+        self.breaker.report(admission, result.is_ok());
         self.metrics
             .settings_store_up
-            .set(self.gate.is_open() as i64);
+            .set(self.breaker.is_closed() as i64);
         if let Err(e) = &result {
             crate::logging::warn_limited(
                 "settings_store",
@@ -447,31 +483,75 @@ mod tests {
 
     #[test]
     fn one_probe_after_the_backoff() {
-        let gate = Gate::new(Duration::from_millis(50));
-        let a = gate.admit().unwrap();
-        let b = gate.admit().unwrap();
-        gate.report(a, false);
-        gate.report(b, false);
-        assert!(gate.admit().is_none(), "closed for the backoff");
+        let breaker = Breaker::new(Duration::from_millis(50));
+        let a = breaker.admit().unwrap();
+        let b = breaker.admit().unwrap();
+        breaker.report(a, false);
+        breaker.report(b, false);
+        assert!(breaker.admit().is_none(), "open for the backoff");
         std::thread::sleep(Duration::from_millis(60));
-        let probe = gate.admit().expect("one probe after the backoff");
-        assert!(gate.admit().is_none(), "only one probe at a time");
-        gate.report(probe, false);
-        assert!(gate.admit().is_none(), "a failed probe closes it again");
+        let probe = breaker.admit().expect("one probe after the backoff");
+        assert!(breaker.admit().is_none(), "only one probe at a time");
+        breaker.report(probe, false);
+        assert!(breaker.admit().is_none(), "a failed probe closes it again");
         std::thread::sleep(Duration::from_millis(60));
-        let probe = gate.admit().unwrap();
-        gate.report(probe, true);
-        assert!(gate.is_open());
-        assert!(gate.admit().is_some() && gate.admit().is_some());
+        let probe = breaker.admit().unwrap();
+        breaker.report(probe, true);
+        assert!(breaker.is_closed());
+        assert!(breaker.admit().is_some() && breaker.admit().is_some());
     }
 
     #[test]
     fn a_late_failure_does_not_extend_the_backoff() {
-        let gate = Gate::new(Duration::from_secs(60));
-        let (a, b) = (gate.admit().unwrap(), gate.admit().unwrap());
-        gate.report(a, false);
-        let first = *gate.state.lock().unwrap();
-        gate.report(b, false);
-        assert_eq!(*gate.state.lock().unwrap(), first);
+        let breaker = Breaker::new(Duration::from_secs(60));
+        let (a, b) = (breaker.admit().unwrap(), breaker.admit().unwrap());
+        breaker.report(a, false);
+        let first = *breaker.state.lock().unwrap();
+        breaker.report(b, false);
+        assert_eq!(*breaker.state.lock().unwrap(), first);
+    }
+
+    /// A listener that accepts TCP connections and closes them at once (a server that refuses
+    /// every session); returns its port and the count of connections it accepted.
+    async fn refusing_server() -> (u16, Arc<AtomicUsize>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let count = accepted.clone();
+        tokio::spawn(async move {
+            while let Ok((socket, _)) = listener.accept().await {
+                count.fetch_add(1, Ordering::SeqCst);
+                drop(socket);
+            }
+        });
+        (port, accepted)
+    }
+
+    #[tokio::test]
+    async fn calls_admitted_together_make_one_connection_attempt() {
+        let (port, accepted) = refusing_server().await;
+        let store = SettingsStore::new(
+            &format!("postgres://u@127.0.0.1:{port}/db"),
+            Duration::from_secs(60),
+            Arc::new(Metrics::new()),
+        )
+        .unwrap();
+        let calls: Vec<_> = (0..POOL_SIZE * 2)
+            .map(|i| {
+                let store = store.clone();
+                tokio::spawn(async move { store.fetch(&format!("site-{i}")).await })
+            })
+            .collect();
+        for call in calls {
+            assert!(call.await.unwrap().is_err());
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 1);
+        assert!(!store.is_up());
+        assert_eq!(store.fetch("later").await, Err(StoreError::Backoff));
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            1,
+            "none during the backoff"
+        );
     }
 }
