@@ -103,7 +103,7 @@ async fn every_resend_folds_whatever_its_time_of_receipt() {
             1,
             "{id}: every copy on one partition and day: {rows:?}"
         );
-        let expect_day = chrono_day(ts / 1000);
+        let expect_day = utc_date(ts / 1000);
         assert_eq!(rows[0]["day"], json!(expect_day), "{id}: {rows:?}");
         assert_eq!(as_i64(&rows[0]["at"]), Some(ts / 1000), "{id}");
     }
@@ -138,21 +138,6 @@ async fn every_resend_folds_whatever_its_time_of_receipt() {
             json!({"device_type": "mobile", "browser": "Mobile Safari", "browser_version": "17", "os": "iOS"})
         ]
     );
-}
-
-/// `YYYY-MM-DD` of Unix seconds, UTC (days since the epoch, civil-from-days: H. Hinnant,
-/// "chrono-Compatible Low-Level Date Algorithms").
-fn chrono_day(secs: i64) -> String {
-    let z = secs.div_euclid(86_400) + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}-{m:02}-{d:02}")
 }
 
 /// A v1 table (sorted by `id` alone) holding 200,000 rows over four or five months, on both replicas;

@@ -614,6 +614,21 @@ pub fn measurement(site: &str) -> (String, Value) {
     (id, v)
 }
 
+/// `YYYY-MM-DD` of Unix seconds, UTC (days since the epoch, civil-from-days: H. Hinnant,
+/// "chrono-Compatible Low-Level Date Algorithms").
+pub fn utc_date(secs: i64) -> String {
+    let z = secs.div_euclid(86_400) + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}")
+}
+
 /// Milliseconds since the Unix epoch now.
 pub fn now_ms() -> i64 {
     std::time::SystemTime::now()

@@ -1,0 +1,317 @@
+//! The dashboard queries of `docs/queries.md`, run as written there against rows that two real
+//! collectors stored on real ClickHouse 18.16 replicas from beacons with real user agents, some
+//! resent: each answer is checked against values worked out by hand from the beacons below.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use serde_json::{json, Value};
+
+const VISIBLE: Duration = Duration::from_secs(30);
+const DAY_MS: i64 = 86_400_000;
+
+const IPHONE: &str = "Mozilla/5.0 (iPhone; CPU iPhone OS 17_5 like Mac OS X) AppleWebKit/605.1.15 (KHTML, like Gecko) Version/17.5 Mobile/15E148 Safari/604.1";
+const ANDROID: &str = "Mozilla/5.0 (Linux; Android 14; Pixel 8) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/131.0.0.0 Mobile Safari/537.36";
+const CHROME: &str = "Mozilla/5.0 (Windows NT 10.0; Win64; x64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/131.0.0.0 Safari/537.36";
+const FIREFOX: &str = "Mozilla/5.0 (X11; Linux x86_64; rv:128.0) Gecko/20100101 Firefox/128.0";
+const GOOGLEBOT: &str = "Mozilla/5.0 (compatible; Googlebot/2.1; +http://www.google.com/bot.html)";
+
+/// The SQL of the query named `name` in `docs/queries.md` (the ```sql block after its
+/// `<!-- query: name -->` marker); panics when there is none.
+fn documented(name: &str) -> String {
+    let path = root().join("docs/queries.md");
+    let doc = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    let marker = format!("<!-- query: {name} -->");
+    let after = doc
+        .split_once(&marker)
+        .unwrap_or_else(|| panic!("no {marker} in {}", path.display()))
+        .1;
+    let body = after
+        .trim_start()
+        .strip_prefix("```sql\n")
+        .unwrap_or_else(|| panic!("{marker} is not followed by a ```sql block"));
+    body.split_once("```")
+        .unwrap_or_else(|| panic!("the block of {marker} is not closed"))
+        .0
+        .to_owned()
+}
+
+/// `sql` with this test's database and every `{name:Type}` parameter replaced by its literal
+/// (ClickHouse 18.16 has no query parameters); panics naming a parameter left unbound.
+fn bind(sql: &str, db: &str, params: &[(&str, String)]) -> String {
+    let mut sql = sql.replace("collector.measurements", &format!("{db}.measurements"));
+    for (name, literal) in params {
+        let start = format!("{{{name}:");
+        while let Some(i) = sql.find(&start) {
+            let end = i + sql[i..].find('}').expect("a parameter ends with }");
+            sql.replace_range(i..=end, literal);
+        }
+    }
+    assert!(
+        !sql.contains(":String}") && !sql.contains(":DateTime}") && !sql.contains(":UInt32}"),
+        "a parameter is left unbound: {sql}"
+    );
+    sql
+}
+
+/// Runs `sql` and returns its rows; panics with ClickHouse's answer when it fails or when
+/// the answer has no `data` array.
+async fn rows_of(env: &TestEnv<'_>, sql: &str) -> Vec<Value> {
+    let resp = http()
+        .post(&env.stack.clickhouse_urls()[0])
+        .body(format!("{sql} FORMAT JSON"))
+        .send()
+        .await
+        .expect("clickhouse answers");
+    let status = resp.status();
+    let text = resp.text().await.expect("an answer body");
+    assert!(status.is_success(), "{sql}\n{status}: {text}");
+    let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+    v["data"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no data in {text}"))
+        .clone()
+}
+
+/// A JSON value as a number (ClickHouse quotes 64-bit integers), or `None` for NULL.
+fn number(v: &Value) -> Option<f64> {
+    match v {
+        Value::Null => None,
+        Value::Number(n) => n.as_f64(),
+        Value::String(s) => Some(s.parse().unwrap_or_else(|_| panic!("not a number: {v}"))),
+        other => panic!("not a number: {other}"),
+    }
+}
+
+/// Checks `rows` against `expected`, row by row: every column named in an expected row must
+/// be present with that value (numbers within 1e-9, `null` for NULL); other columns are not
+/// checked.
+fn assert_rows(query: &str, rows: &[Value], expected: &[Value]) {
+    assert_eq!(
+        rows.len(),
+        expected.len(),
+        "{query}: {} rows, expected {}: {rows:#?}",
+        rows.len(),
+        expected.len()
+    );
+    for (i, (row, want)) in rows.iter().zip(expected).enumerate() {
+        for (column, want) in want.as_object().expect("an expected row is an object") {
+            let got = row
+                .get(column)
+                .unwrap_or_else(|| panic!("{query}: row {i} has no column {column}: {row}"));
+            let same = match want {
+                Value::String(_) => got == want,
+                Value::Null => got.is_null(),
+                _ => match (number(got), number(want)) {
+                    (Some(a), Some(b)) => (a - b).abs() < 1e-9,
+                    _ => false,
+                },
+            };
+            assert!(
+                same,
+                "{query}: row {i}, {column} is {got}, expected {want}: {row}"
+            );
+        }
+    }
+}
+
+/// One page view: the day (0: the first of the two days asked for, 1: the second, -2: two
+/// days before the range), user agent, URL path and LCP, INP and CLS (`None`: not measured).
+type PageView = (
+    i64,
+    &'static str,
+    &'static str,
+    Option<f64>,
+    Option<f64>,
+    Option<f64>,
+);
+
+const SHOP: [PageView; 14] = [
+    (0, IPHONE, "/", None, None, None),
+    (0, IPHONE, "/p/shoes", None, None, None),
+    (0, ANDROID, "/", Some(2000.0), Some(100.0), Some(0.05)),
+    (0, ANDROID, "/p/shoes", Some(4500.0), Some(300.0), Some(0.3)),
+    (0, ANDROID, "/p/shoes", Some(4500.0), Some(300.0), Some(0.3)),
+    (0, CHROME, "/", Some(1000.0), Some(50.0), Some(0.1)),
+    (
+        0,
+        CHROME,
+        "/p/shoes?color=red",
+        Some(3000.0),
+        Some(250.0),
+        Some(0.1),
+    ),
+    (0, FIREFOX, "/", Some(1500.0), Some(80.0), None),
+    (0, FIREFOX, "/p/shoes", Some(3000.0), Some(250.0), None),
+    (0, GOOGLEBOT, "/", Some(800.0), None, Some(0.0)),
+    (1, ANDROID, "/", Some(3000.0), Some(120.0), Some(0.0)),
+    (1, CHROME, "/", Some(3000.0), Some(60.0), Some(0.02)),
+    (1, FIREFOX, "/", Some(3000.0), Some(60.0), None),
+    // Outside the range asked for.
+    (-2, CHROME, "/", Some(9999.0), Some(999.0), Some(0.9)),
+];
+
+/// Indexes into [`SHOP`] of the page views whose beacon is also resent through the second
+/// collector.
+const RESENT: [usize; 3] = [3, 5, 8];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_dashboard_queries_answer_what_the_beacons_say() {
+    let env = TestEnv::new(Stack::shared()).await;
+    // The shop samples half of its page views: every row stands for two.
+    env.cli(&["sites", "add", "--key", "shop", "--sample-rate", "0.5"])
+        .success();
+    let c1 = env.collector(&[]).await;
+    let c2 = env.collector(&[]).await;
+
+    // Noon UTC three and two days ago: `ts` must be within the contract's 7 days of skew.
+    let first_day = (now_ms() / DAY_MS - 3) * DAY_MS;
+    let mut ids = Vec::new();
+    for (i, &(day, ua, path, lcp, inp, cls)) in SHOP.iter().enumerate() {
+        let (id, mut m) = measurement("shop");
+        m["ts"] = json!(first_day + day * DAY_MS + DAY_MS / 2);
+        m["url"] = json!(format!("https://shop.example{path}"));
+        m["lcp_ms"] = json!(lcp);
+        m["inp_ms"] = json!(inp);
+        m["cls"] = json!(cls);
+        let headers = [("Content-Type", "application/json"), ("User-Agent", ua)];
+        let (s, a, _) = c1.post(m.to_string(), &headers).await;
+        assert_eq!(s, 202, "{a}");
+        if RESENT.contains(&i) {
+            let (s, a, _) = c2.post(m.to_string(), &headers).await;
+            assert_eq!(s, 202, "{a}");
+        }
+        ids.push(id);
+    }
+    // Another shop's page view in the same range, with numbers that would show if it leaked.
+    let (other, mut m) = measurement(&env.site);
+    m["ts"] = json!(first_day + DAY_MS / 2);
+    m["lcp_ms"] = json!(9999);
+    let (s, a, _) = c2
+        .post(
+            m.to_string(),
+            &[
+                ("Content-Type", "application/json"),
+                ("User-Agent", ANDROID),
+            ],
+        )
+        .await;
+    assert_eq!(s, 202, "{a}");
+    ids.push(other);
+    env.wait_rows(&ids, VISIBLE).await;
+    let stored = rows_of(
+        &env,
+        &format!(
+            "SELECT count() AS n FROM {}.measurements WHERE site = 'shop'",
+            env.db
+        ),
+    )
+    .await;
+    assert_eq!(
+        number(&stored[0]["n"]),
+        Some((SHOP.len() + RESENT.len()) as f64),
+        "the resends are stored as rows of their own until they fold"
+    );
+
+    let day = |d: i64| utc_date((first_day + d * DAY_MS) / 1000);
+    let (d0, d1, d2) = (day(0), day(1), day(2));
+    let params = [
+        ("site", "'shop'".to_owned()),
+        ("from", format!("toDateTime('{d0} 00:00:00', 'UTC')")),
+        ("to", format!("toDateTime('{d2} 00:00:00', 'UTC')")),
+        ("min_page_views", "2".to_owned()),
+    ];
+    let run = |name: &'static str| {
+        let sql = bind(&documented(name), &env.db, &params);
+        let env = &env;
+        async move { (name, rows_of(env, &sql).await) }
+    };
+
+    let (q, rows) = run("vitals_by_day_and_device").await;
+    assert_rows(
+        q,
+        &rows,
+        &[
+            json!({"day": d0, "device_type": "desktop", "rows": 4, "page_views": 8,
+                   "lcp_measured": 4, "lcp_p75_ms": 3000, "inp_measured": 4, "inp_p75_ms": 250,
+                   "cls_measured": 2, "cls_p75": 0.1, "fcp_p75_ms": 800, "ttfb_p75_ms": 120.5}),
+            json!({"day": d0, "device_type": "mobile", "rows": 5, "page_views": 10,
+                   "lcp_measured": 3, "lcp_p75_ms": 4500, "inp_measured": 3, "inp_p75_ms": 300,
+                   "cls_measured": 3, "cls_p75": 0.3}),
+            json!({"day": d1, "device_type": "desktop", "rows": 2, "page_views": 4,
+                   "lcp_measured": 2, "lcp_p75_ms": 3000, "inp_measured": 2, "inp_p75_ms": 60,
+                   "cls_measured": 1, "cls_p75": 0.02}),
+            json!({"day": d1, "device_type": "mobile", "rows": 1, "page_views": 2,
+                   "lcp_measured": 1, "lcp_p75_ms": 3000, "inp_measured": 1, "inp_p75_ms": 120,
+                   "cls_measured": 1, "cls_p75": 0}),
+        ],
+    );
+
+    let (q, rows) = run("lcp_distribution").await;
+    assert_rows(
+        q,
+        &rows,
+        &[
+            json!({"device_type": "desktop", "rows": 6, "lcp_measured": 6, "good": 2,
+                   "needs_improvement": 4, "poor": 0}),
+            json!({"device_type": "mobile", "rows": 6, "lcp_measured": 4, "good": 1,
+                   "needs_improvement": 1, "poor": 2}),
+        ],
+    );
+
+    let (q, rows) = run("lcp_histogram").await;
+    assert_rows(
+        q,
+        &rows,
+        &[
+            json!({"bucket_ms": 1000, "page_views": 1}),
+            json!({"bucket_ms": 1500, "page_views": 1}),
+            json!({"bucket_ms": 2000, "page_views": 1}),
+            json!({"bucket_ms": 3000, "page_views": 5}),
+            json!({"bucket_ms": 4500, "page_views": 2}),
+        ],
+    );
+
+    let (q, rows) = run("slowest_pages").await;
+    assert_rows(
+        q,
+        &rows,
+        &[
+            json!({"page": "/p/shoes", "rows": 5, "lcp_measured": 4, "lcp_p75_ms": 4500,
+                   "inp_p75_ms": 300, "cls_p75": 0.3}),
+            json!({"page": "/", "rows": 7, "lcp_measured": 6, "lcp_p75_ms": 3000}),
+        ],
+    );
+
+    let (q, rows) = run("by_browser").await;
+    assert_rows(
+        q,
+        &rows,
+        &[
+            json!({"browser": "Chrome Mobile", "browser_version": "131", "rows": 4,
+                   "lcp_measured": 4, "lcp_p75_ms": 4500, "inp_measured": 4,
+                   "cls_measured": 4, "cls_p75": 0.3}),
+            json!({"browser": "Chrome", "browser_version": "131", "rows": 3,
+                   "lcp_measured": 3, "lcp_p75_ms": 3000, "cls_measured": 3, "cls_p75": 0.1}),
+            json!({"browser": "Firefox", "browser_version": "128", "rows": 3,
+                   "lcp_measured": 3, "lcp_p75_ms": 3000, "cls_measured": 0, "cls_p75": null}),
+            json!({"browser": "Mobile Safari", "browser_version": "17", "rows": 2,
+                   "lcp_measured": 0, "lcp_p75_ms": null, "inp_measured": 0,
+                   "inp_p75_ms": null, "cls_measured": 0, "cls_p75": null}),
+        ],
+    );
+}
+
+#[test]
+fn bind_replaces_every_parameter_and_refuses_an_unbound_one() {
+    let sql = "SELECT 1 FROM collector.measurements WHERE site = {site:String} AND a >= {from:DateTime} AND b < {from:DateTime}";
+    assert_eq!(
+        bind(sql, "t1", &[("site", "'s'".into()), ("from", "x".into())]),
+        "SELECT 1 FROM t1.measurements WHERE site = 's' AND a >= x AND b < x"
+    );
+    let unbound = std::panic::catch_unwind(|| bind(sql, "t1", &[("site", "'s'".into())]));
+    assert!(unbound.is_err());
+}
