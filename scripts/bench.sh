@@ -9,6 +9,11 @@
 #   scripts/bench.sh --quick   smoke test, about 2 minutes: a few seconds per step, no
 #                              five-minute run, 200 idle connections instead of 10,000, no
 #                              profile; prints the table and leaves docs/ alone
+#   scripts/bench.sh --storage the read side: docs/queries.md's queries on 10,000,000 rows
+#                              of 2,000 shops, v1's table layout against v2's, on one
+#                              ClickHouse 18.16 replica, and the user-agent derivation's cost
+#                              per beacon with and without its cache; about 10 minutes;
+#                              writes its section of docs/benchmarks.md (scripts/bench/storage.py)
 #
 # What it does, in one run and on one core allocation:
 #   - installs what is missing: the stack's packages (scripts/stack.sh install), wrk and
@@ -35,11 +40,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 
-usage() { sed -n '/^# scripts\/bench.sh - /,/leaves docs\/ alone/p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '/^# scripts\/bench.sh - /,/section of docs\/benchmarks.md/p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 mode=full
 case ${1:-} in
     "") ;;
     --quick) mode=quick ;;
+    --storage) mode=storage ;;
     -h|--help) usage ;;
     *) usage ;;
 esac
@@ -179,6 +185,23 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
+
+if [[ $mode == storage ]]; then
+    scripts/stack.sh install
+    work=$(mktemp -d /tmp/collector-bench.XXXXXX)
+    log "the user-agent derivation's cost per beacon (cargo test --release, ignored test user_agent_cost)"
+    ua_cost=$(cargo test -q --release -p collector --lib user_agent_cost -- --ignored --nocapture 2>&1 | grep '^user agent per beacon:') \
+        || die "the user_agent_cost test printed no figure"
+    note "$ua_cost"
+    log "starting one ClickHouse 18.16 replica in $work/stack"
+    scripts/stack.sh up "$work/stack" --replicas 1 >"$work/stack-up.log" 2>&1 || { cat "$work/stack-up.log" >&2; die "stack up failed"; }
+    # shellcheck disable=SC1091
+    source "$work/stack/stack.env"
+    log "loading and querying (scripts/bench/storage.py)"
+    python3 scripts/bench/storage.py --clickhouse "$CH1_URL" --doc docs/benchmarks.md --note "${ua_cost}."
+    status=0
+    exit 0
+fi
 
 stop_pid() { # SIGTERM, up to 30 s, then SIGKILL
     local pid=$1 i
