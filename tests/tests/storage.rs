@@ -140,6 +140,139 @@ async fn every_resend_folds_whatever_its_time_of_receipt() {
     );
 }
 
+/// Waits (up to [`VISIBLE`]) until `id` has `n` stored copies, folded or not; panics with the
+/// count it saw.
+async fn wait_copies(env: &TestEnv<'_>, id: &str, n: i64) {
+    let sql = format!(
+        "SELECT count() FROM {}.measurements WHERE id = '{id}'",
+        env.db
+    );
+    let deadline = Instant::now() + VISIBLE;
+    loop {
+        let got = count(env, &sql).await;
+        if got == n {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{id}: {got} copies, expected {n}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// libfaketime's preload library (Debian's `libfaketime`, installed by `scripts/stack.sh
+/// install`); panics when it is missing: this test cannot run without it.
+fn libfaketime() -> &'static str {
+    const PATH: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+    assert!(
+        std::path::Path::new(PATH).exists(),
+        "{PATH} is missing: run scripts/stack.sh install (Debian package libfaketime)"
+    );
+    PATH
+}
+
+/// Two collectors whose wall clocks stand on either side of a month's end (libfaketime over
+/// the real processes; the monotonic clock left alone): one receives a beacon shortly before
+/// midnight on 30 November, the other its resend shortly after, on 1 December. `received_at` of the two
+/// copies differs in day and month, yet both land in the page view's partition and day and fold
+/// to one row. A beacon without `ts` resent the same way files by its own receipt: the known
+/// limit the README states (two rows, nothing lost); its resend on the same side of midnight
+/// folds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resend_received_after_midnight_of_a_month_end_folds() {
+    let env = TestEnv::new(Stack::shared()).await;
+    let preload = libfaketime();
+    let clock = |at: &'static str| {
+        [
+            ("LD_PRELOAD", preload),
+            ("FAKETIME", at),
+            ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+        ]
+    };
+    // A fake clock starts when the process starts; the margin covers a slow start.
+    let before = env.collector(&clock("@2026-11-30 23:59:00")).await;
+    let after = env.collector(&clock("@2026-12-01 00:00:00")).await;
+    let ua = [("Content-Type", "application/json"), ("User-Agent", IPHONE)];
+    // Background merges would fold the copies before they are counted.
+    for i in 0..env.stack.clickhouse_urls().len() {
+        exec(
+            &env,
+            i,
+            &format!("SYSTEM STOP MERGES {}.measurements", env.db),
+        )
+        .await;
+    }
+
+    let (id, mut m) = measurement(&env.site);
+    m["ts"] = json!(1_796_083_110_000_i64); // 2026-11-30T23:58:30Z, the page view's start
+    for c in [&before, &after] {
+        let (s, a, _) = c.post(m.to_string(), &ua).await;
+        assert_eq!(s, 202, "{a}");
+    }
+    let (bare, mut b) = measurement(&env.site);
+    b.as_object_mut().unwrap().remove("ts");
+    for c in [&before, &after, &after] {
+        let (s, a, _) = c.post(b.to_string(), &ua).await;
+        assert_eq!(s, 202, "{a}");
+    }
+    env.wait_rows(&[id.clone(), bare.clone()], VISIBLE).await;
+    let db = &env.db;
+    // Every send is stored (the two collectors' batches differ), then the copies fold.
+    wait_copies(&env, &id, 2).await;
+    let copies = env
+        .query(
+            0,
+            &format!(
+                "SELECT toString(received_at) AS received, _partition_id AS p, \
+                 toString(toDate(page_view_at)) AS day FROM {db}.measurements WHERE id = '{id}' \
+                 ORDER BY received_at"
+            ),
+        )
+        .await;
+    assert_eq!(copies.len(), 2, "{copies:?}");
+    let received: Vec<&str> = copies
+        .iter()
+        .map(|r| r["received"].as_str().expect("received_at"))
+        .collect();
+    assert!(
+        received[0].starts_with("2026-11-30 23:5") && received[1].starts_with("2026-12-01 00:0"),
+        "each collector's own clock: {received:?}"
+    );
+    for r in &copies {
+        assert_eq!(
+            (&r["p"], &r["day"]),
+            (&json!("202611"), &json!("2026-11-30")),
+            "{copies:?}"
+        );
+    }
+    let final_count =
+        |id: &str| format!("SELECT count() FROM {db}.measurements FINAL WHERE id = '{id}'");
+    assert_eq!(count(&env, &final_count(&id)).await, 1, "the resend folds");
+
+    // The second collector's dedup window folds its own resend before it is stored.
+    wait_copies(&env, &bare, 2).await;
+    let days = env
+        .query(
+            0,
+            &format!(
+                "SELECT toString(toDate(page_view_at)) AS day, count() AS n FROM {db}.measurements FINAL \
+                 WHERE id = '{bare}' GROUP BY day ORDER BY day"
+            ),
+        )
+        .await;
+    assert_eq!(
+        days.iter()
+            .map(|r| (
+                r["day"].as_str().unwrap().to_owned(),
+                as_i64(&r["n"]).unwrap()
+            ))
+            .collect::<Vec<_>>(),
+        vec![("2026-11-30".to_owned(), 1), ("2026-12-01".to_owned(), 1)],
+        "without ts: one row per day of receipt (the documented limit), the same-day resend folded"
+    );
+}
+
 /// A v1 table (sorted by `id` alone) holding 200,000 rows over four or five months, on both replicas;
 /// `migrate` killed (SIGKILL) halfway through its copy; a collector of this release writing
 /// before and during the second run: afterwards every v1 id and every acknowledged beacon is in
