@@ -77,6 +77,15 @@ pub struct RouteOnly {
     pub route: &'static str,
 }
 
+/// The intake's route label and the statuses it answers (contract §2), whose
+/// `collector_http_requests_total` series exist from the start: the intake alerts' ratios.
+pub const INTAKE_ROUTE: &str = "/api/v1/measurements";
+/// See [`INTAKE_ROUTE`].
+pub const INTAKE_STATUSES: [u16; 7] = [202, 400, 403, 413, 415, 429, 503];
+
+/// The `kind` values of `collector_clickhouse_insert_errors_total`.
+pub const INSERT_ERROR_KINDS: [&str; 2] = ["transient", "permanent"];
+
 /// Every metric the collector exports.
 pub struct Metrics {
     registry: Registry,
@@ -422,6 +431,25 @@ impl Metrics {
             "Start time of the process since the Unix epoch",
             m.process_start.clone(),
         );
+        for reason in crate::beacon::REJECTION_REASONS {
+            drop(m.rejected.get_or_create(&ReasonLabel {
+                reason: reason.to_owned(),
+            }));
+        }
+        for status in INTAKE_STATUSES {
+            drop(m.http_requests.get_or_create(&RouteLabel {
+                route: INTAKE_ROUTE,
+                status,
+            }));
+        }
+        drop(m.http_duration.get_or_create(&RouteOnly {
+            route: INTAKE_ROUTE,
+        }));
+        for field in crate::beacon::OPTIONAL_FIELDS {
+            drop(m.field_dropped.get_or_create(&FieldLabel {
+                field: field.to_owned(),
+            }));
+        }
         Metrics { registry, ..m }
     }
 
@@ -432,8 +460,25 @@ impl Metrics {
             .store(at.to_bits(), Ordering::Relaxed);
     }
 
+    /// Creates the series of `replica` at 0 (inserts, both kinds of insert errors), so that a
+    /// fresh or quiet collector exports every series the dashboard and the alerts query
+    /// (Prometheus's instrumentation practice: initialise label values known in advance).
+    pub fn init_replica(&self, replica: &str) {
+        let label = ReplicaLabel {
+            replica: replica.to_owned(),
+        };
+        drop(self.inserts.get_or_create(&label));
+        for kind in INSERT_ERROR_KINDS {
+            drop(self.insert_errors.get_or_create(&ReplicaKindLabel {
+                replica: replica.to_owned(),
+                kind,
+            }));
+        }
+    }
+
     /// Counts one failed insert attempt into `replica`; `kind` is `transient` or `permanent`.
     pub fn insert_error(&self, replica: &str, kind: &'static str) {
+        debug_assert!(INSERT_ERROR_KINDS.contains(&kind), "unknown kind {kind:?}");
         self.insert_errors
             .get_or_create(&ReplicaKindLabel {
                 replica: replica.to_owned(),
@@ -471,6 +516,10 @@ impl Metrics {
 
     /// Counts one rejected measurement.
     pub fn reject(&self, reason: &str) {
+        debug_assert!(
+            crate::beacon::REJECTION_REASONS.contains(&reason),
+            "{reason:?} is missing from beacon::REJECTION_REASONS"
+        );
         self.rejected
             .get_or_create(&ReasonLabel {
                 reason: reason.to_owned(),
@@ -480,6 +529,10 @@ impl Metrics {
 
     /// Counts one dropped optional field.
     pub fn drop_field(&self, field: &str) {
+        debug_assert!(
+            crate::beacon::OPTIONAL_FIELDS.contains(&field),
+            "{field:?} is missing from beacon::OPTIONAL_FIELDS"
+        );
         self.field_dropped
             .get_or_create(&FieldLabel {
                 field: field.to_owned(),
@@ -581,5 +634,37 @@ mod tests {
             .store((now - 42.0) as i64, Ordering::Relaxed);
         m.refresh_ages(now.floor());
         assert_eq!(m.spool_oldest_age.get(), 42.0);
+    }
+
+    #[test]
+    fn known_label_values_are_exported_at_zero_from_the_start() {
+        let m = Metrics::new();
+        m.init_replica("http://b:8123");
+        let text = m.encode();
+        let mut expected: Vec<String> =
+            crate::beacon::REJECTION_REASONS
+                .iter()
+                .map(|r| format!("collector_measurements_rejected_total{{reason=\"{r}\"}} 0"))
+                .chain(crate::beacon::OPTIONAL_FIELDS.iter().map(|f| {
+                    format!("collector_measurements_field_dropped_total{{field=\"{f}\"}} 0")
+                }))
+                .collect();
+        expected.push("collector_clickhouse_inserts_total{replica=\"http://b:8123\"} 0".into());
+        for status in INTAKE_STATUSES {
+            expected.push(format!(
+                "collector_http_requests_total{{route=\"{INTAKE_ROUTE}\",status=\"{status}\"}} 0"
+            ));
+        }
+        expected.push(format!(
+            "collector_http_request_duration_seconds_count{{route=\"{INTAKE_ROUTE}\"}} 0"
+        ));
+        for kind in INSERT_ERROR_KINDS {
+            expected.push(format!(
+                "collector_clickhouse_insert_errors_total{{replica=\"http://b:8123\",kind=\"{kind}\"}} 0"
+            ));
+        }
+        for line in &expected {
+            assert!(text.lines().any(|l| l == line), "missing {line} in\n{text}");
+        }
     }
 }

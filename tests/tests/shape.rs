@@ -331,7 +331,7 @@ async fn a_closed_keep_alive_connection_is_not_a_failover() {
         "collector_clickhouse_insert_errors_total{{replica=\"{}\",kind=\"transient\"}}",
         urls[0]
     );
-    assert_eq!(c.metric_if_present(&errors).await.unwrap_or(0.0), 0.0);
+    assert_eq!(c.metric(&errors).await, 0.0);
     assert!(
         !c.logs().contains("WARN"),
         "warnings on a healthy replica:\n{}",
@@ -437,10 +437,9 @@ async fn migrate_with_a_replica_down_and_the_replica_gets_the_table_when_it_retu
         acked.push(post_one(&c, &env.site).await);
     }
     env.assert_stored_once(&acked, STORED).await;
+    // Every replica's series exists from the start (at 0): a missing one fails here.
     assert_eq!(
-        c.metric_if_present(&replica_metric("inserts_total", &urls[2]))
-            .await
-            .unwrap_or(0.0),
+        c.metric(&replica_metric("inserts_total", &urls[2])).await,
         0.0
     );
 
@@ -482,7 +481,7 @@ async fn migrate_with_a_replica_down_and_the_replica_gets_the_table_when_it_retu
         "collector_clickhouse_insert_errors_total{{replica=\"{}\",kind=\"permanent\"}}",
         urls[2]
     );
-    assert_eq!(c.metric_if_present(&permanent).await.unwrap_or(0.0), 0.0);
+    assert_eq!(c.metric(&permanent).await, 0.0);
     eprintln!(
         "figures: migrate with a replica down: exit 0 naming it; {} acked, all stored once; the returned replica had all 20 earlier rows {rows_after:?} after its start",
         acked.len()

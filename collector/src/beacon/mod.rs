@@ -96,6 +96,39 @@ pub struct Valid<'a> {
 /// and the `reason` label of `collector_measurements_rejected_total`.
 pub type Rejection = &'static str;
 
+/// The rejection of a measurement whose site is not registered or is disabled.
+pub const UNKNOWN_SITE: Rejection = "unknown or disabled site";
+
+/// Every [`Rejection`] intake can give: the `reason` values of
+/// `collector_measurements_rejected_total`, each exported from the start at 0.
+pub const REJECTION_REASONS: [Rejection; 8] = [
+    "not a measurement object",
+    "missing id",
+    "invalid id",
+    "missing site",
+    "invalid site",
+    "missing url",
+    "invalid url",
+    UNKNOWN_SITE,
+];
+
+/// The optional fields, dropped one by one when invalid: the `field` values of
+/// `collector_measurements_field_dropped_total`, each exported from the start at 0.
+pub const OPTIONAL_FIELDS: [&str; 12] = [
+    "ts",
+    "referrer",
+    "navigation_type",
+    "ttfb_ms",
+    "fcp_ms",
+    "lcp_ms",
+    "inp_ms",
+    "dom_content_loaded_ms",
+    "load_ms",
+    "cls",
+    "viewport_width",
+    "effective_connection_type",
+];
+
 /// Validates one body element against the field rules of the contract (§2).
 ///
 /// Errors (rejections): `not a measurement object`, `missing id`, `invalid id`, `missing site`,

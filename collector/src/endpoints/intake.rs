@@ -22,7 +22,7 @@ use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use tokio::sync::OwnedSemaphorePermit;
 
-use crate::beacon::{self, Context, Encoding, Rejection, Valid, MAX_BODY_BYTES};
+use crate::beacon::{self, Context, Encoding, Valid, MAX_BODY_BYTES, UNKNOWN_SITE};
 use crate::client_ip::client_ip;
 use crate::dedup::{Claim, ClaimGuard};
 use crate::error::{IntakeError, Rejected};
@@ -42,8 +42,6 @@ pub const RETRY_AFTER: Duration = Duration::from_secs(5);
 /// `Retry-After` of a 503 for a request shed at the in-flight bound: a place frees as soon as
 /// any request in flight is answered, far sooner than the spool drains.
 const SHED_RETRY_AFTER: Duration = Duration::from_secs(1);
-/// The rejection of a measurement whose site is unknown or disabled.
-const UNKNOWN_SITE: Rejection = "unknown or disabled site";
 
 /// What a request answered 202 came to, gathered station by station: the 202 body, and what
 /// only the metrics count.

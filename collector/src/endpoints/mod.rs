@@ -54,7 +54,7 @@ async fn observe(State(state): State<AppState>, req: Request<Body>, next: Next) 
     {
         Some("/script.js") => "/script.js",
         Some("/api/v1/sites/{key}") => "/api/v1/sites",
-        Some("/api/v1/measurements") => "/api/v1/measurements",
+        Some("/api/v1/measurements") => crate::metrics::INTAKE_ROUTE,
         Some("/healthz") => "/healthz",
         Some("/readyz") => "/readyz",
         Some("/metrics") => "/metrics",

@@ -165,6 +165,7 @@ impl Replicas {
                 .replica_preference
                 .get_or_create(&replicas.label(i))
                 .set(i as i64);
+            replicas.metrics.init_replica(&replicas.urls[i]);
         }
         replicas.publish(&replicas.inner.lock().unwrap());
         replicas
