@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # scripts/stack.sh - start/stop a throw-away server stack on loopback for the
 # beacon collector: PostgreSQL 15, a standalone ZooKeeper and N ClickHouse
-# servers that are replicas of one shard. Used by the developer main-job
+# servers that are replicas of one shard (ClickHouse 18.16, Debian's), and on
+# request one real ClickHouse 26.x server beside them (from PyPI's chdb-core;
+# a single server, no replication). Used by the developer main-job
 # script and by the Rust integration tests; it is the only place that knows
 # how to run these servers.
 #
@@ -15,18 +17,28 @@
 #       apt-get installs clickhouse-server, clickhouse-client, zookeeper, nginx, caddy,
 #       chromium, chromium-driver, haproxy, keepalived, iproute2, socat, iptables,
 #       apache2, systemd, prometheus (promtool and the server of the observability
-#       tests), pgbouncer (the pooler tests), postgresql-15, curl and procps if any is missing (apt-get update only
+#       tests), pgbouncer (the pooler tests), faketime (the stepped-clock tests), postgresql-15,
+#       curl and procps if any is missing (apt-get update only
 #       then), without letting their maintainer scripts start services.
+#       python3-venv too, then a Python virtual environment (STACK_CH26_VENV,
+#       default ~/.cache/collector-stack/ch26-venv) with chdb-core 26.9.0 from
+#       PyPI in it (pip; about 180 MB), for `up --ch26`.
 #       Quiet when everything is present. Needs root (or sudo).
-#   stack.sh up DIR [--replicas N]
+#   stack.sh up DIR [--replicas N] [--ch26 | --no-ch26]
 #       Starts whatever part of the stack is not running (N ClickHouse
 #       replicas, default 2 or the number DIR was last started with), waits
 #       until every server answers, writes DIR/stack.env and prints a
 #       summary. Idempotent: on a running stack it only re-prints. Restarts
 #       from existing data in DIR, keeping the previous ports when free.
+#       --ch26 also runs one ClickHouse 26.x server (scripts/ch26/server.py:
+#       chdb-core's clickhouse-local listening on HTTP and TCP; about 280 MB
+#       resident, ready about 1 s after its start) and adds the CH26_* keys to
+#       stack.env; a DIR started with it keeps it on later `up`s until
+#       --no-ch26 (which stops it and drops the keys; its data stays).
 #   stack.sh down DIR [--purge]
-#       Stops everything, the PostgreSQL standby too (SIGCONT first so
-#       frozen servers can exit). Idempotent. --purge also deletes DIR.
+#       Stops everything, the PostgreSQL standby and the 26.x server too
+#       (SIGCONT first so frozen servers can exit). Idempotent. --purge also
+#       deletes DIR.
 #   stack.sh replica DIR I stop|kill|freeze|thaw|start
 #       stop = SIGTERM and wait (SIGKILL after 30 s), kill = SIGKILL,
 #       freeze = SIGSTOP, thaw = SIGCONT, start = start replica I again with
@@ -36,6 +48,10 @@
 #       the postmaster's whole process group, i.e. all backends too).
 #   stack.sh zk DIR stop|start|kill|freeze|thaw
 #       Same for ZooKeeper.
+#   stack.sh ch26 DIR stop|start|kill|freeze|thaw
+#       Same for the ClickHouse 26.x server of `up --ch26` (stop = SIGTERM:
+#       the launcher shuts the server down; SIGKILL after 30 s; start waits
+#       until GET /ping answers Ok. and the server is this DIR's).
 #   stack.sh pg-standby DIR start|stop|kill|freeze|thaw|promote
 #       A hot standby of the stack's PostgreSQL, streaming from it. `up`
 #       neither creates nor starts it. start = the first time, clone the
@@ -74,6 +90,12 @@
 #   CHi_URL                http://127.0.0.1:CHi_HTTP_PORT
 #   CLICKHOUSE_URL         CH1_URL
 #   CLICKHOUSE_URLS        CH1_URL,CH2_URL,...,CHN_URL
+# Only while the stack runs with `up --ch26`:
+#   CH26_HTTP_PORT         HTTP port of the ClickHouse 26.x server (not a replica,
+#                          not in the cluster; no ZooKeeper, no replication)
+#   CH26_TCP_PORT          its native protocol port
+#   CH26_URL               http://127.0.0.1:CH26_HTTP_PORT (user default, no password,
+#                          server time zone UTC)
 # Only once `pg-standby DIR start` has created the standby:
 #   PG_STANDBY_PORT        port of the PostgreSQL standby on 127.0.0.1
 #   PG_STANDBY_DATA        its data directory
@@ -82,14 +104,17 @@
 #                          to reach whichever of the two is the primary)
 #
 # Layout of DIR: stack.env, <name>.pid for name in pg, pg-standby, zk,
-# ch1..chN, and one folder per server (pg/, pg-standby/, zk/, ch1/ ...) with
-# its config, data and logs (ch<i>/log/clickhouse-server{,.err}.log,
-# zk/zookeeper.log, pg/postgres.log, pg-standby/postgres.log).
+# ch1..chN, ch26, and one folder per server (pg/, pg-standby/, zk/, ch1/ ...,
+# ch26/) with its config, data and logs (ch<i>/log/clickhouse-server{,.err}.log,
+# zk/zookeeper.log, pg/postgres.log, pg-standby/postgres.log,
+# ch26/log/server.log: the 26.x server's own log files stay empty, it says
+# what it has to say on stderr; ch26/stop.fifo: a line written to it stops it).
 #
 # Environment: STACK_READY_TIMEOUT (default 60 s) bounds every wait for a
 # server to answer; STACK_STOP_TIMEOUT (default 30 s) is the grace period
-# between SIGTERM and SIGKILL. Subcommands on the same DIR are serialised
-# with flock on DIR/.lock.
+# between SIGTERM and SIGKILL; STACK_CH26_VENV is where `install` puts the
+# venv with chdb-core and where `up --ch26` takes it from. Subcommands on the
+# same DIR are serialised with flock on DIR/.lock.
 set -euo pipefail
 
 PG_BIN=/usr/lib/postgresql/15/bin
@@ -99,6 +124,10 @@ READY_TIMEOUT=${STACK_READY_TIMEOUT:-60}   # seconds to wait for a server to ans
 STOP_TIMEOUT=${STACK_STOP_TIMEOUT:-30}     # seconds between SIGTERM and SIGKILL
 PORT_MIN=20000                              # ports are picked in [PORT_MIN, ephemeral low)
 LOCK_FD=9                                   # fd of DIR/.lock; closed in every server we spawn
+CH26_PACKAGE=chdb-core==26.9.0              # ClickHouse 26.9 (clickhouse-local) for `up --ch26`
+CH26_VENV=${STACK_CH26_VENV:-${XDG_CACHE_HOME:-${HOME:-/root}/.cache}/collector-stack/ch26-venv}
+CH26_LAUNCHER=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/ch26/server.py
+CH26=0                                      # 1: this DIR runs the 26.x server (`up --ch26`)
 
 log() { printf 'stack: %s\n' "$*" >&2; }
 die() { printf 'stack: error: %s\n' "$*" >&2; exit 1; }
@@ -114,6 +143,11 @@ usage() {
 pkg_installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'; }
 
 cmd_install() {
+    install_packages
+    ch26_install
+}
+
+install_packages() {
     local need=() p
     # nginx: the customer proxy of the edge tests (run by the tests, never as a service).
     # chromium, chromium-driver: the browser tests of the tracking script.
@@ -122,13 +156,16 @@ cmd_install() {
     # edge's systemd units (neither is started).
     # prometheus: promtool (rule tests) and the server the observability test scrapes with.
     # pgbouncer: the transaction-mode pooler of the pooler tests (run by them, never as a service).
+    # faketime (and its libfaketime): the stepped wall clock of the storage tests.
     for p in clickhouse-server clickhouse-client zookeeper curl nginx caddy chromium chromium-driver \
-             haproxy keepalived iproute2 socat iptables apache2 systemd prometheus pgbouncer; do
+             haproxy keepalived iproute2 socat iptables apache2 systemd prometheus pgbouncer faketime; do
         pkg_installed "$p" || need+=("$p")
     done
     [[ -x $PG_BIN/postgres && -x $PG_BIN/initdb && -x $PG_BIN/psql ]] || need+=(postgresql-15)
     command -v java >/dev/null || need+=(default-jre-headless)
     command -v ps >/dev/null || need+=(procps)   # minimal images lack ps
+    # python3-venv: the venv of chdb-core (ClickHouse 26.x, see ch26_install).
+    python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need+=(python3-venv)
     [[ ${#need[@]} -eq 0 ]] && return 0
 
     local sudo=()
@@ -156,6 +193,39 @@ cmd_install() {
     [[ $rc -eq 0 ]] || die "apt-get install failed (exit $rc)"
 }
 
+# ch26_installed: the venv holds chdb-core at CH26_PACKAGE's version (the
+# marker is written last, once the package imported and named a 26.x).
+ch26_installed() {
+    [[ -x $CH26_VENV/bin/python && $(cat "$CH26_VENV/.stack-installed" 2>/dev/null) == "$CH26_PACKAGE" ]]
+}
+
+# ch26_install: a Python venv with chdb-core from PyPI (pip), for the 26.x
+# server of `up --ch26`. Quiet and quick when it is there already; an
+# interrupted install is picked up again by the next one.
+ch26_install() {
+    ch26_installed && return 0
+    mkdir -p "$(dirname "$CH26_VENV")" || die "cannot create $(dirname "$CH26_VENV")"
+    (
+        # Parallel installs (e.g. two test scripts) take turns.
+        flock -w 900 8 || die "timed out waiting for the lock on $CH26_VENV.lock"
+        ch26_installed && exit 0
+        log "installing $CH26_PACKAGE (ClickHouse 26.x, about 180 MB) into $CH26_VENV"
+        if ! "$CH26_VENV/bin/python" -c '' >/dev/null 2>&1; then
+            python3 -m venv --clear "$CH26_VENV" >&2 || die "python3 -m venv $CH26_VENV failed"
+        fi
+        rm -f "$CH26_VENV/.stack-installed"
+        "$CH26_VENV/bin/python" -m pip install -q --disable-pip-version-check --no-input "$CH26_PACKAGE" >&2 ||
+            die "pip install $CH26_PACKAGE failed"
+        local v
+        # Importing chdb runs a query (it asks the engine for its version).
+        v=$(cd / && "$CH26_VENV/bin/python" -c 'import chdb; print(chdb.engine_version)' </dev/null 2>&1) ||
+            die "chdb does not import in $CH26_VENV: $v"
+        [[ $v == 26.* ]] || die "$CH26_PACKAGE in $CH26_VENV says it is ClickHouse '$v', not 26.x"
+        echo "$CH26_PACKAGE" >"$CH26_VENV/.stack-installed"
+        log "installed: ClickHouse $v ($CH26_PACKAGE)"
+    ) 8>>"$CH26_VENV.lock"
+}
+
 check_binaries() {
     local b
     for b in "$CH_SERVER" "$PG_BIN/postgres" "$PG_BIN/initdb" "$PG_BIN/pg_ctl" "$PG_BIN/psql" \
@@ -165,6 +235,10 @@ check_binaries() {
     command -v java >/dev/null || die "java is missing; run: scripts/stack.sh install"
     command -v curl >/dev/null || die "curl is missing; run: scripts/stack.sh install"
     command -v ps >/dev/null || die "ps is missing; run: scripts/stack.sh install"
+    if (( CH26 )); then
+        ch26_installed || die "$CH26_PACKAGE is not installed in $CH26_VENV; run: scripts/stack.sh install"
+        [[ -f $CH26_LAUNCHER ]] || die "$CH26_LAUNCHER is missing"
+    fi
 }
 
 # ------------------------------------------------------- state / processes ---
@@ -369,6 +443,11 @@ write_env() {
         done
         echo "CLICKHOUSE_URL=${urls[0]}"
         echo "CLICKHOUSE_URLS=$(IFS=,; echo "${urls[*]}")"
+        if (( CH26 )); then
+            echo "CH26_HTTP_PORT=$CH26_HTTP_PORT"
+            echo "CH26_TCP_PORT=$CH26_TCP_PORT"
+            echo "CH26_URL=http://127.0.0.1:$CH26_HTTP_PORT"
+        fi
         # Kept by every rewrite (`up` too) once the standby exists.
         if [[ -n ${PG_STANDBY_PORT:-} && -f $DIR/pg-standby/data/PG_VERSION ]]; then
             echo "PG_STANDBY_PORT=$PG_STANDBY_PORT"
@@ -992,6 +1071,39 @@ ch_wait() {
     done
 }
 
+# ---------------------------------------------------- ClickHouse 26.x ---
+
+# One real ClickHouse 26.x server (chdb-core's clickhouse-local, run by
+# scripts/ch26/server.py, which writes its config.xml/users.xml into
+# DIR/ch26). Not a replica: no ZooKeeper, no interserver port.
+ch26_launch() {
+    mkdir -p "$DIR/ch26/data" "$DIR/ch26/log"
+    spawn "$DIR/ch26.pid" "$DIR/ch26/log/server.log" "$CH26_VENV/bin/python" "$CH26_LAUNCHER" \
+        --workdir "$DIR/ch26" --data "$DIR/ch26/data" --host 127.0.0.1 \
+        --http-port "$CH26_HTTP_PORT" --tcp-port "$CH26_TCP_PORT"
+}
+
+# ch26_ping: GET /ping answers Ok., and the server that answers is this
+# DIR's (its launcher sets display_name to ch26:WORKDIR), not another one on
+# a port taken meanwhile.
+ch26_ping() {
+    local url=http://127.0.0.1:$CH26_HTTP_PORT
+    [[ $(curl -sS -m 2 "$url/ping" 2>/dev/null) == Ok. ]] &&
+        [[ $(curl -sS -m 2 "$url/?query=SELECT%20displayName()" 2>/dev/null) == "ch26:$DIR/ch26" ]]
+}
+
+ch26_wait() {
+    local deadline=$(( $(now_ms) + READY_TIMEOUT * 1000 ))
+    until ch26_ping; do
+        [[ -n $(pid_of ch26) ]] ||
+            fail_with_log "the ClickHouse 26.x server exited during startup" "$DIR/ch26/log/server.log"
+        (( $(now_ms) < deadline )) ||
+            fail_with_log "the ClickHouse 26.x server did not answer /ping (as ch26:$DIR/ch26) on 127.0.0.1:$CH26_HTTP_PORT within ${READY_TIMEOUT}s" \
+                "$DIR/ch26/log/server.log"
+        sleep 0.05
+    done
+}
+
 # -------------------------------------------------------------- commands ---
 
 # ensure_ports: make sure every port variable is set, re-picking the ports of
@@ -1018,6 +1130,18 @@ ensure_ports() {
             read -r "$h" "$t" "$s" <<<"$got"
         fi
     done
+    if (( CH26 )); then
+        local repick=0
+        if [[ -z ${CH26_HTTP_PORT:-} || -z ${CH26_TCP_PORT:-} ]]; then
+            repick=1
+        elif [[ -z $(pid_of ch26) ]]; then
+            for p in "$CH26_HTTP_PORT" "$CH26_TCP_PORT"; do port_listening "$p" && repick=1; done
+        fi
+        if (( repick )); then
+            read -r CH26_HTTP_PORT CH26_TCP_PORT <<<"$(alloc_ports 2)"
+            [[ -n $CH26_TCP_PORT ]] || exit 1
+        fi
+    fi
 }
 
 print_summary() {
@@ -1035,31 +1159,41 @@ print_summary() {
         printf '  clickhouse%-2s pid %-7s http://127.0.0.1:%s  tcp %s  interserver %s\n' \
             "$i" "$(pid_of "ch$i")" "${!h}" "${!t}" "${!s}"
     done
+    if (( CH26 )); then
+        printf '  clickhouse26 pid %-7s http://127.0.0.1:%s  tcp %s  (ClickHouse 26.x, single server)\n' \
+            "$(pid_of ch26)" "$CH26_HTTP_PORT" "$CH26_TCP_PORT"
+    fi
     printf '  env: %s\n' "$ENV_FILE"
 }
 
 cmd_up() {
     set_dir "${1:-}" create; shift || true
-    local replicas=""
+    local replicas="" ch26=""
     while [[ $# -gt 0 ]]; do
         case $1 in
             --replicas) replicas=${2:-}; shift 2 || usage ;;
             --replicas=*) replicas=${1#*=}; shift ;;
+            --ch26) ch26=1; shift ;;
+            --no-ch26) ch26=0; shift ;;
             *) usage ;;
         esac
     done
-    check_binaries
     load_env
     CH_REPLICAS=${replicas:-${CH_REPLICAS:-2}}
     [[ $CH_REPLICAS =~ ^[1-9]$ ]] || die "--replicas must be 1..9"
+    # Without either option: as the DIR was last started (its stack.env).
+    if [[ -n $ch26 ]]; then CH26=$ch26; elif [[ -n ${CH26_HTTP_PORT:-} ]]; then CH26=1; fi
+    check_binaries
 
     local t0 i started=0
     t0=$(now_ms)
     ensure_ports
     write_env   # early, so `down` finds the ports even if a start fails
 
-    # ZooKeeper's JVM and initdb are the slow parts: run them concurrently.
+    # ZooKeeper's JVM and initdb are the slow parts: run them concurrently
+    # (and the 26.x server, which needs nothing else).
     [[ -n $(pid_of zk) ]] || { zk_launch; started=1; }
+    if (( CH26 )) && [[ -z $(pid_of ch26) ]]; then ch26_launch; started=1; fi
     if [[ -z $(pid_of pg) ]]; then
         pg_init
         pg_launch
@@ -1085,10 +1219,16 @@ cmd_up() {
     for (( i = 1; i <= CH_REPLICAS; i++ )); do
         frozen_note "ch$i" || ch_wait "$i"
     done
+    if (( CH26 )); then
+        frozen_note ch26 || ch26_wait
+    elif [[ -n $(pid_of ch26) ]]; then
+        log "stopping the ClickHouse 26.x server (--no-ch26)"
+        signal_named ch26 stop
+    fi
     # Replicas beyond N (from an earlier `up --replicas` with a larger N)
     # are not in the cluster definition any more: stop them.
     local f n
-    for f in "$DIR"/ch*.pid; do
+    for f in "$DIR"/ch[1-9].pid; do
         [[ -f $f ]] || continue
         n=$(basename "$f" .pid); n=${n#ch}
         if [[ $n =~ ^[0-9]+$ ]] && (( n > CH_REPLICAS )) && [[ -n $(pid_of "ch$n") ]]; then
@@ -1112,7 +1252,7 @@ cmd_down() {
     load_env
     local d n pid pids=()
     # Thaw everything first: a stopped process cannot act on SIGTERM.
-    for n in "$DIR"/ch*.pid "$DIR/zk.pid"; do
+    for n in "$DIR"/ch[1-9].pid "$DIR/ch26.pid" "$DIR/zk.pid"; do
         [[ -f $n ]] || continue
         n=$(basename "$n" .pid)
         pid=$(pid_of "$n") && [[ -n $pid ]] && kill -CONT "$pid" 2>/dev/null || true
@@ -1121,8 +1261,9 @@ cmd_down() {
         pid=$(pid_of "$n"); [[ -n $pid ]] && pg_signal_group CONT "$pid"
     done
     # ClickHouse first (it talks to ZooKeeper), in parallel: SIGTERM all,
-    # then wait for each.
-    for d in "$DIR"/ch*.pid; do
+    # then wait for each. The 26.x server (on SIGTERM its launcher shuts it
+    # down) along with them.
+    for d in "$DIR"/ch[1-9].pid "$DIR/ch26.pid"; do
         [[ -f $d ]] || continue
         n=$(basename "$d" .pid)
         pid=$(pid_of "$n")
@@ -1136,6 +1277,7 @@ cmd_down() {
     for n in "${pids[@]}"; do
         if stop_pid "${n%%:*}" "${n##*:}"; then rm -f "$DIR/${n%%:*}.pid"; fi
     done
+    rm -f "$DIR/ch26.pid"   # no ZooKeeper state to clear after an unclean exit
     pid=$(pid_of zk)
     if [[ -n $pid ]]; then stop_pid zk "$pid" || true; fi
     rm -f "$DIR/zk.pid"
@@ -1161,7 +1303,11 @@ cmd_down() {
 sweep_strays() {
     local pid comm args
     while read -r pid comm args; do
-        [[ $comm == clickhouse-serv || $comm == java || $comm == postgres ]] || continue
+        if [[ $comm == python* ]]; then
+            [[ $args == *ch26/server.py* ]] || continue   # the 26.x server's launcher
+        else
+            [[ $comm == clickhouse-serv || $comm == java || $comm == postgres ]] || continue
+        fi
         [[ $args == *"$DIR/"* ]] || continue
         [[ $(proc_state "$pid") == Z ]] && continue
         log "stopping stray $comm (pid $pid)"
@@ -1269,6 +1415,30 @@ cmd_zk() {
     esac
 }
 
+cmd_ch26() {
+    set_dir "${1:-}" || die "no stack in ${1:-}"
+    local action=${2:-}
+    load_env
+    [[ -n ${CH26_HTTP_PORT:-} && -n ${CH26_TCP_PORT:-} ]] || die "no ClickHouse 26.x server in $DIR (run: up $DIR --ch26)"
+    CH26=1
+    case $action in
+        stop|kill|freeze|thaw) signal_named ch26 "$action" ;;
+        start)
+            frozen_note ch26 && die "the ClickHouse 26.x server is frozen; use: ch26 $DIR thaw"
+            if [[ -z $(pid_of ch26) ]]; then
+                check_binaries
+                local p
+                for p in "$CH26_HTTP_PORT" "$CH26_TCP_PORT"; do
+                    port_listening "$p" && die "port $p of the ClickHouse 26.x server is taken by another process"
+                done
+                ch26_launch
+            fi
+            ch26_wait
+            ;;
+        *) usage ;;
+    esac
+}
+
 # status_line NAME PROBE...: print the state of one server; 1 if not healthy.
 status_line() {
     local name=$1 label=$2 endpoint=$3; shift 3
@@ -1307,6 +1477,9 @@ cmd_status() {
         h="CH${i}_HTTP_PORT"
         status_line "ch$i" "clickhouse$i" "http://127.0.0.1:${!h}" ch_select1 "${!h}" || ok=1
     done
+    if [[ -n ${CH26_HTTP_PORT:-} ]]; then
+        status_line ch26 clickhouse26 "http://127.0.0.1:$CH26_HTTP_PORT" ch26_ping || ok=1
+    fi
     return $ok
 }
 
@@ -1321,6 +1494,7 @@ main() {
         pg)      cmd_pg "$@" ;;
         pg-standby) cmd_pg_standby "$@" ;;
         zk)      cmd_zk "$@" ;;
+        ch26)    cmd_ch26 "$@" ;;
         status)  cmd_status "$@" ;;
         ports)   [[ ${1:-} =~ ^[1-9][0-9]*$ ]] || usage; alloc_ports "$1" ;;
         *)       usage ;;

@@ -41,7 +41,7 @@ cleanup() {
 trap cleanup EXIT
 
 step "starting the test stacks in $stack_dir and $failover_dir"
-scripts/stack.sh up "$stack_dir" --replicas 2
+scripts/stack.sh up "$stack_dir" --replicas 2 --ch26
 scripts/stack.sh up "$failover_dir" --replicas 3
 export STACK_ENV="$stack_dir/stack.env"
 export FAILOVER_STACK_ENV="$failover_dir/stack.env"

@@ -93,12 +93,14 @@ impl Stack {
 
     fn up(dir: PathBuf, replicas: usize, owned: bool) -> Stack {
         std::fs::create_dir_all(&dir).unwrap();
-        stack_sh(&[
-            "up",
-            dir.to_str().unwrap(),
-            "--replicas",
-            &replicas.to_string(),
-        ]);
+        let mut args = vec!["up", dir.to_str().unwrap(), "--replicas"];
+        let n = replicas.to_string();
+        args.push(&n);
+        // The shared stack also runs the ClickHouse 26.x server, as scripts/test.sh's does.
+        if !owned {
+            args.push("--ch26");
+        }
+        stack_sh(&args);
         let env = read_env(&dir.join("stack.env"));
         Stack { dir, env, owned }
     }
@@ -106,6 +108,20 @@ impl Stack {
     /// `postgres://...` URL of database `db`.
     pub fn database_url(&self, db: &str) -> String {
         format!("postgres://postgres@127.0.0.1:{}/{db}", self.env["PG_PORT"])
+    }
+
+    /// HTTP URL of the stack's ClickHouse 26.x server (`stack.sh up --ch26`); panics when the
+    /// stack has none.
+    pub fn ch26_url(&self) -> String {
+        self.env
+            .get("CH26_URL")
+            .unwrap_or_else(|| {
+                panic!(
+                    "the stack in {} has no ClickHouse 26.x server: start it with scripts/stack.sh up DIR --ch26",
+                    self.dir.display()
+                )
+            })
+            .clone()
     }
 
     /// HTTP URLs of the ClickHouse replicas, in order.
