@@ -49,8 +49,22 @@ pub const V1_TABLE: &str = "measurements_v1";
 const V2_COLUMN: &str = "page_view_at";
 
 /// ClickHouse 18.16 creates `LowCardinality` columns only with this setting (it was
-/// experimental then); current releases accept it as an obsolete setting and ignore it.
+/// experimental then). Current releases no longer know it and refuse a query that sets it
+/// (26.9: `Code: 115 ... Unknown setting 'allow_experimental_low_cardinality_type'`), so it
+/// is set only where `system.settings` lists it.
 const LOW_CARDINALITY: (&str, &str) = ("allow_experimental_low_cardinality_type", "1");
+
+/// Whether the server knows [`LOW_CARDINALITY`]'s setting.
+async fn knows_low_cardinality_setting(
+    client: &clickhouse::Client,
+) -> Result<bool, clickhouse::error::Error> {
+    let n = client
+        .query("SELECT count() FROM system.settings WHERE name = ?")
+        .bind(LOW_CARDINALITY.0)
+        .fetch_one::<u64>()
+        .await?;
+    Ok(n > 0)
+}
 
 /// ClickHouse's ILLEGAL_COLUMN (`src/Common/ErrorCodes.cpp`), which `ADD COLUMN` answers, with
 /// "column with this name already exists", for a column that is there (18.16 and current).
@@ -146,13 +160,15 @@ pub async fn apply_clickhouse(
     client: &clickhouse::Client,
     database: &str,
 ) -> Result<Applied, String> {
+    let low_cardinality = knows_low_cardinality_setting(client)
+        .await
+        .map_err(|e| format!("reading system.settings: {}", crate::logging::chain(&e)))?;
     let run = |sql: String| async move {
-        match client
-            .query(&sql)
-            .with_setting(LOW_CARDINALITY.0, LOW_CARDINALITY.1)
-            .execute()
-            .await
-        {
+        let mut query = client.query(&sql);
+        if low_cardinality {
+            query = query.with_setting(LOW_CARDINALITY.0, LOW_CARDINALITY.1);
+        }
+        match query.execute().await {
             Err(e) if !already_applied(&sql, &e) => Err(crate::logging::chain(&e)),
             _ => Ok(()),
         }
