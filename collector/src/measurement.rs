@@ -339,16 +339,30 @@ measurement_columns! {
     os: Label<'a>,
 }
 
+/// The `ts` (milliseconds) that files a page view received at `received_at_ms`: one within
+/// [`crate::beacon::MAX_TS_BEHIND_MS`] behind and [`crate::beacon::FILING_MAX_AHEAD_MS`] ahead
+/// of the receipt (see there for why the bound ahead is wider than the skew bound of the
+/// stored `ts`); `None` otherwise, and the receipt files it.
+pub fn filing_ts(ts: Option<i64>, received_at_ms: i64) -> Option<i64> {
+    ts.filter(|t| {
+        *t <= received_at_ms.saturating_add(crate::beacon::FILING_MAX_AHEAD_MS)
+            && *t >= received_at_ms.saturating_sub(crate::beacon::MAX_TS_BEHIND_MS)
+    })
+}
+
 /// The page view's time (Unix seconds) from what every send of it carries: the client's `ts`
-/// when it was stored (our script sets it once, when the page view starts, and keeps it for
-/// every send; a `ts` outside the accepted skew is NULL by then), else `received_at`. The
-/// table's DDL gives `page_view_at` the same rule as its `DEFAULT`, so that a writer of an
-/// earlier release, which does not send the column, files its rows where this one does.
+/// when it files the page view ([`filing_ts`]: our script sets `ts` once, when the page view
+/// starts, and keeps it for every send), else `received_at`. The table's DDL gives
+/// `page_view_at` a `DEFAULT` of the stored `ts` else `received_at`, so that a writer of an
+/// earlier release, which does not send the column, files its rows where this one does (they
+/// differ only for a `ts` between 5 minutes and a day ahead, which the stored `ts` lacks).
 ///
 /// Every resend of a beacon that carries `ts` therefore has the same partition and sorting
-/// key, whenever and through whichever collector it arrives. A beacon without `ts` falls back
-/// to its own `received_at`: its resends fold when they arrive on the same UTC day (a resend
-/// across midnight UTC of such a beacon can be stored twice; nothing is lost).
+/// key, whenever and through whichever collector it arrives, unless its sends fall on both
+/// sides of a filing bound (a clock more than a day fast, a resend 7 days late). A beacon
+/// without `ts` falls back to its own `received_at`: its resends fold when they arrive on the
+/// same UTC day (a resend across midnight UTC of such a beacon can be stored twice; nothing is
+/// lost).
 pub fn page_view_at(ts: Option<i64>, received_at: DateTime) -> DateTime {
     match ts {
         Some(ms) => DateTime(ms.div_euclid(1000).clamp(0, i64::from(u32::MAX)) as u32),
@@ -359,7 +373,8 @@ pub fn page_view_at(ts: Option<i64>, received_at: DateTime) -> DateTime {
 /// A row of an earlier release (a spool record written before `page_view_at` and the user-agent
 /// columns existed) with those columns derived as intake derives them now.
 pub fn complete_earlier(mut m: Measurement<'static>) -> Measurement<'static> {
-    m.page_view_at = page_view_at(m.ts, m.received_at);
+    let ts = filing_ts(m.ts, i64::from(m.received_at.0) * 1000);
+    m.page_view_at = page_view_at(ts, m.received_at);
     let agent = crate::useragent::UserAgents::shared().get(&m.user_agent);
     m.device_type = Label(Cow::Borrowed(agent.device_type));
     m.browser = Label(Cow::Owned(agent.browser.clone()));

@@ -305,6 +305,26 @@ async fn migrate_moves_a_v1_table_with_rows_to_v2_while_a_collector_writes() {
     .await;
     let total = format!("SELECT count() FROM {db}.measurements");
     assert_eq!(count(&env, &total).await, v1_rows);
+    // One more id, stored twice without ts and not merged yet (merges stopped), its copies
+    // received 30 s apart across midnight of 14 October: one row under v1's FINAL, and it must
+    // stay one in v2, although its copies would file under two days there.
+    for i in 0..env.stack.clickhouse_urls().len() {
+        exec(&env, i, &format!("SYSTEM STOP MERGES {db}.measurements")).await;
+    }
+    let unmerged = uuid::Uuid::new_v4().to_string();
+    for at in [1_792_022_390, 1_792_022_420] {
+        exec(
+            &env,
+            0,
+            &format!(
+                "INSERT INTO {db}.measurements (id, site, received_at, url, ts, user_agent) \
+                 VALUES ('{unmerged}', 'site-0', {at}, 'https://shop.example/', NULL, '{IPHONE}')"
+            ),
+        )
+        .await;
+    }
+    assert_eq!(count(&env, &total).await, v1_rows + 2);
+    let v1_rows = v1_rows + 1;
 
     // The first run, killed once part of the copy is in v2.
     let mut first = Command::new(collector_bin())
@@ -402,6 +422,15 @@ async fn migrate_moves_a_v1_table_with_rows_to_v2_while_a_collector_writes() {
     );
     env.wait_rows(&acked, VISIBLE).await;
 
+    assert_eq!(
+        count(
+            &env,
+            &format!("SELECT count() FROM {db}.measurements FINAL WHERE id = '{unmerged}'")
+        )
+        .await,
+        1,
+        "v1's unmerged copies of one id are one row in v2"
+    );
     let want = v1_rows + acked.len() as i64;
     assert_eq!(
         count(
@@ -435,8 +464,8 @@ async fn migrate_moves_a_v1_table_with_rows_to_v2_while_a_collector_writes() {
     );
     assert_eq!(
         count(&env, &format!("SELECT count() FROM {db}.measurements_v1")).await,
-        v1_rows,
-        "v1 kept until the operator drops it"
+        v1_rows + 1,
+        "v1 kept, its unmerged copies too, until the operator drops it"
     );
     assert_eq!(
         one_value(

@@ -39,6 +39,16 @@ pub const MAX_VIEWPORT_WIDTH: i64 = 100_000;
 pub const MAX_TS_AHEAD_MS: i64 = 5 * 60 * 1000;
 /// A `ts` this far behind `received_at` is skewed: 7 days, in milliseconds (contract §2).
 pub const MAX_TS_BEHIND_MS: i64 = 7 * 24 * 60 * 60 * 1000;
+/// How far ahead of `received_at` a `ts` still files the page view (its `page_view_at`, the
+/// table's day and partition), although it is stored as NULL beyond [`MAX_TS_AHEAD_MS`]:
+/// 1 day, in milliseconds. Whether a `ts` files the row is judged against each send's own
+/// receipt, so a resend folds only when all its sends agree; a client clock minutes fast is
+/// common, and with the 5-minute bound a beacon whose clock was 5 minutes and a few seconds
+/// fast would be filed by `ts` on a resend and by its receipt on the first send (two days
+/// near midnight UTC, never folding). A day moves that edge to where clocks rarely are, and
+/// keeps every row of one insert within a few months (ClickHouse refuses an insert that
+/// touches more than `max_partitions_per_insert_block`, 100, partitions).
+pub const FILING_MAX_AHEAD_MS: i64 = 24 * 60 * 60 * 1000;
 
 /// Stored `navigation_type` values (contract §2): the Navigation Timing `type` values plus
 /// `back_forward_cache`, `prerender` and `restore`, as the `web-vitals` library reports them.
@@ -190,6 +200,7 @@ pub fn validate<'a>(item: Item<'a>, ctx: &Context<'a>) -> Result<Valid<'a>, Reje
             || t < ctx.received_at_ms.saturating_sub(MAX_TS_BEHIND_MS)
     };
     let clock_skewed = ts.is_some_and(skewed);
+    let filing_ts = crate::measurement::filing_ts(ts, ctx.received_at_ms);
     let ts = ts.filter(|t| !skewed(*t));
     let received_at = DateTime((ctx.received_at_ms.max(0) / 1000).min(u32::MAX as i64) as u32);
     let agent = ctx.agent;
@@ -214,7 +225,7 @@ pub fn validate<'a>(item: Item<'a>, ctx: &Context<'a>) -> Result<Valid<'a>, Reje
             effective_connection_type,
             user_agent: Cow::Borrowed(ctx.user_agent),
             sample_rate: 1.0,
-            page_view_at: page_view_at(ts, received_at),
+            page_view_at: page_view_at(filing_ts, received_at),
             device_type: Label(Cow::Borrowed(agent.device_type)),
             browser: Label(Cow::Borrowed(&agent.browser)),
             browser_version: Label(Cow::Borrowed(&agent.browser_version)),
@@ -543,6 +554,33 @@ mod tests {
         assert_eq!(edge.measurement.ts, Some(NOW - MAX_TS_BEHIND_MS));
         let float = one(&with(r#","ts":1.5"#)).unwrap();
         assert_eq!(float.dropped, ["ts"]);
+    }
+
+    /// Two sends of one beacon whose `ts` is minutes ahead of the first receipt and within the
+    /// skew bound at the second (a client clock a little more than 5 minutes fast): the first
+    /// stores `ts` as NULL (skewed) and the second keeps it, yet both file the page view at
+    /// `ts`, so they share the day and partition and fold. Beyond a day ahead, the receipt files.
+    #[test]
+    fn a_ts_files_the_page_view_whether_or_not_it_is_stored() {
+        let at = |ts: i64, received_at_ms: i64| {
+            let text = text(with(&format!(r#","ts":{ts}"#)).into_bytes().as_slice()).into_owned();
+            let item = parse(&text).expect("parses").remove(0);
+            let ctx = Context {
+                received_at_ms,
+                ..ctx()
+            };
+            let v = validate(item, &ctx).unwrap();
+            (v.measurement.ts, v.measurement.page_view_at, v.clock_skewed)
+        };
+        let ts = NOW + MAX_TS_AHEAD_MS + 20_000;
+        let first = at(ts, NOW);
+        let resend = at(ts, NOW + 30_000);
+        assert_eq!(first, (None, DateTime((ts / 1000) as u32), true));
+        assert_eq!(resend, (Some(ts), DateTime((ts / 1000) as u32), false));
+        let far = NOW + FILING_MAX_AHEAD_MS + 1;
+        assert_eq!(at(far, NOW), (None, DateTime((NOW / 1000) as u32), true));
+        let old = NOW - MAX_TS_BEHIND_MS - 1;
+        assert_eq!(at(old, NOW), (None, DateTime((NOW / 1000) as u32), true));
     }
 
     /// Issue 13, kind 1: a fault that JSON parsers report inside one value (beyond f64, a lone

@@ -262,6 +262,7 @@ mod tests {
     #[test]
     fn a_v2_frame_is_completed() {
         let mut earlier = row(7);
+        earlier.received_at = DateTime(1_779_999_005);
         earlier.ts = Some(1_779_999_000_500);
         earlier.user_agent =
             "Mozilla/5.0 (X11; Linux x86_64; rv:128.0) Gecko/20100101 Firefox/128.0".into();
