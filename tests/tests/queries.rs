@@ -17,6 +17,7 @@ const IPHONE: &str = "Mozilla/5.0 (iPhone; CPU iPhone OS 17_5 like Mac OS X) App
 const ANDROID: &str = "Mozilla/5.0 (Linux; Android 14; Pixel 8) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/131.0.0.0 Mobile Safari/537.36";
 const CHROME: &str = "Mozilla/5.0 (Windows NT 10.0; Win64; x64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/131.0.0.0 Safari/537.36";
 const FIREFOX: &str = "Mozilla/5.0 (X11; Linux x86_64; rv:128.0) Gecko/20100101 Firefox/128.0";
+const IPAD: &str = "Mozilla/5.0 (iPad; CPU OS 16_6 like Mac OS X) AppleWebKit/605.1.15 (KHTML, like Gecko) Version/16.6 Mobile/15E148 Safari/604.1";
 const GOOGLEBOT: &str = "Mozilla/5.0 (compatible; Googlebot/2.1; +http://www.google.com/bot.html)";
 
 /// The SQL of the query named `name` in `docs/queries.md` (the ```sql block after its
@@ -52,7 +53,7 @@ fn bind(sql: &str, db: &str, params: &[(&str, String)]) -> String {
         }
     }
     assert!(
-        !sql.contains(":String}") && !sql.contains(":DateTime}") && !sql.contains(":UInt32}"),
+        !sql.contains(":String}") && !sql.contains(":DateTime") && !sql.contains(":UInt32}"),
         "a parameter is left unbound: {sql}"
     );
     sql
@@ -130,8 +131,9 @@ type PageView = (
     Option<f64>,
 );
 
-const SHOP: [PageView; 14] = [
+const SHOP: [PageView; 15] = [
     (0, IPHONE, "/", None, None, None),
+    (0, IPAD, "/", None, None, None),
     (0, IPHONE, "/p/shoes", None, None, None),
     (0, ANDROID, "/", Some(2000.0), Some(100.0), Some(0.05)),
     (0, ANDROID, "/p/shoes", Some(4500.0), Some(300.0), Some(0.3)),
@@ -157,7 +159,7 @@ const SHOP: [PageView; 14] = [
 
 /// Indexes into [`SHOP`] of the page views whose beacon is also resent through the second
 /// collector.
-const RESENT: [usize; 3] = [3, 5, 8];
+const RESENT: [usize; 3] = [4, 6, 9];
 
 /// What each documented query must answer for [`SHOP`] (days `d0` and `d1` as `YYYY-MM-DD`),
 /// worked out by hand; every percentile sits inside a run of equal values, so that ClickHouse's
@@ -173,6 +175,9 @@ fn expected_answers(d0: &str, d1: &str) -> Vec<(&'static str, Vec<Value>)> {
                 json!({"day": d0, "device_type": "mobile", "rows": 5, "page_views": 10,
                    "lcp_measured": 3, "lcp_p75_ms": 4500, "inp_measured": 3, "inp_p75_ms": 300,
                    "cls_measured": 3, "cls_p75": 0.3}),
+                json!({"day": d0, "device_type": "tablet", "rows": 1, "page_views": 2,
+                   "lcp_measured": 0, "lcp_p75_ms": null, "inp_measured": 0, "inp_p75_ms": null,
+                   "cls_measured": 0, "cls_p75": null, "fcp_p75_ms": 800}),
                 json!({"day": d1, "device_type": "desktop", "rows": 2, "page_views": 4,
                    "lcp_measured": 2, "lcp_p75_ms": 3000, "inp_measured": 2, "inp_p75_ms": 60,
                    "cls_measured": 1, "cls_p75": 0.02}),
@@ -188,6 +193,9 @@ fn expected_answers(d0: &str, d1: &str) -> Vec<(&'static str, Vec<Value>)> {
                    "needs_improvement": 4, "poor": 0}),
                 json!({"device_type": "mobile", "rows": 6, "lcp_measured": 4, "good": 1,
                    "needs_improvement": 1, "poor": 2}),
+                // Nothing measured: counts of 0, not NULL.
+                json!({"device_type": "tablet", "rows": 1, "lcp_measured": 0, "good": 0,
+                   "needs_improvement": 0, "poor": 0}),
             ],
         ),
         (
@@ -205,7 +213,7 @@ fn expected_answers(d0: &str, d1: &str) -> Vec<(&'static str, Vec<Value>)> {
             vec![
                 json!({"page": "/p/shoes", "rows": 5, "lcp_measured": 4, "lcp_p75_ms": 4500,
                    "inp_p75_ms": 300, "cls_p75": 0.3}),
-                json!({"page": "/", "rows": 7, "lcp_measured": 6, "lcp_p75_ms": 3000}),
+                json!({"page": "/", "rows": 8, "lcp_measured": 6, "lcp_p75_ms": 3000}),
             ],
         ),
         (
@@ -221,6 +229,8 @@ fn expected_answers(d0: &str, d1: &str) -> Vec<(&'static str, Vec<Value>)> {
                 json!({"browser": "Mobile Safari", "browser_version": "17", "rows": 2,
                    "lcp_measured": 0, "lcp_p75_ms": null, "inp_measured": 0,
                    "inp_p75_ms": null, "cls_measured": 0, "cls_p75": null}),
+                json!({"browser": "Mobile Safari", "browser_version": "16", "rows": 1,
+                   "lcp_measured": 0, "lcp_p75_ms": null}),
             ],
         ),
     ]
@@ -303,6 +313,7 @@ async fn the_documented_dashboard_queries_answer_what_the_beacons_say() {
 fn derived(ua: &str) -> (&'static str, &'static str, &'static str) {
     match ua {
         IPHONE => ("mobile", "Mobile Safari", "17"),
+        IPAD => ("tablet", "Mobile Safari", "16"),
         ANDROID => ("mobile", "Chrome Mobile", "131"),
         CHROME => ("desktop", "Chrome", "131"),
         FIREFOX => ("desktop", "Firefox", "128"),
