@@ -7,8 +7,12 @@
 //! matches a browser or OS by our own regex; only the device *type*, which uap-core does not
 //! give, is read off uap-core's answer and the UA tokens the platforms document:
 //!
-//! - `bot`: uap-core's device family `Spider` (its crawler patterns), or a headless browser
-//!   (`HeadlessChrome`, `PhantomJS`: automated page loads, not visitors). Stored, not dropped.
+//! - `bot`: uap-core's device family `Spider` (its crawler patterns), a headless browser
+//!   (`HeadlessChrome`, `PhantomJS`: automated page loads, not visitors), or a lab tool that
+//!   loads pages on a throttled emulated device to measure them (Lighthouse and PageSpeed
+//!   Insights, GTmetrix: [`LAB_TOOLS`]; WebPageTest uap-core knows), whose numbers are not
+//!   visitors' experience.
+//!   Stored, not dropped.
 //! - `tablet`: an iPad, a device family naming a tablet or Kindle, an Android UA without the
 //!   `Mobile` token (Chrome for Android sends `Mobile` on phones only: "User-Agent strings",
 //!   Chrome for Developers), or a `Tablet` token. iPadOS 13 and later send a Macintosh UA by
@@ -76,15 +80,34 @@ pub fn parse(user_agent: &str) -> Agent {
     Agent {
         device_type: device_type(user_agent, family, os_family, device_family),
         browser: family.to_owned(),
-        browser_version: major.chars().take_while(char::is_ascii_digit).collect(),
+        browser_version: Some(
+            major
+                .chars()
+                .take_while(char::is_ascii_digit)
+                .collect::<String>(),
+        )
+        .filter(|v| v.len() <= MAX_VERSION_DIGITS)
+        .unwrap_or_default(),
         os: os_family.to_owned(),
     }
 }
 
+/// Tokens of lab tools' user agents that uap-core 0.18 does not mark as spiders:
+/// `Chrome-Lighthouse` (Lighthouse and PageSpeed Insights, developer.chrome.com/docs/lighthouse)
+/// and `GTmetrix` (gtmetrix.com). WebPageTest's `PTST` it marks already.
+pub const LAB_TOOLS: [&str; 2] = ["Chrome-Lighthouse", "GTmetrix"];
+
+/// Longest `browser_version` kept (digits); a longer major version is no real browser's and
+/// is stored empty, so a made-up one cannot grow the column's dictionary without bound.
+pub const MAX_VERSION_DIGITS: usize = 5;
+
 /// The device type from uap-core's families and the UA's documented tokens (module doc).
 fn device_type(user_agent: &str, browser: &str, os: &str, device: &str) -> &'static str {
     let has = |token: &str| user_agent.contains(token);
-    if device == "Spider" || matches!(browser, "HeadlessChrome" | "PhantomJS") {
+    if device == "Spider"
+        || matches!(browser, "HeadlessChrome" | "PhantomJS")
+        || LAB_TOOLS.iter().any(|t| has(t))
+    {
         "bot"
     } else if device == "iPad"
         || device.contains("Tablet")
@@ -198,6 +221,20 @@ mod tests {
             (
                 "Mozilla/5.0 (compatible; Googlebot/2.1; +http://www.google.com/bot.html)",
                 ("bot", s("Googlebot"), s("2"), s("Other")),
+            ),
+            (
+                // PageSpeed Insights' mobile run (Lighthouse on an emulated Moto G Power).
+                "Mozilla/5.0 (Linux; Android 11; moto g power (2022)) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/119.0.0.0 Mobile Safari/537.36 Chrome-Lighthouse",
+                ("bot", s("Chrome Mobile"), s("119"), s("Android")),
+            ),
+            (
+                "Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/131.0.0.0 Safari/537.36 PTST/241210.151218",
+                // uap-core knows WebPageTest's agent already.
+                ("bot", s("WebPageTest.org bot"), s(""), s("Linux")),
+            ),
+            (
+                "Mozilla/5.0 (Windows NT 10.0; Win64; x64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/99999999999999999999.0 Safari/537.36",
+                ("desktop", s("Chrome"), s(""), s("Windows")),
             ),
             ("curl/8.5.0", ("unknown", s("curl"), s("8"), s("Other"))),
             ("", ("unknown", s("Other"), s(""), s("Other"))),
