@@ -11,8 +11,9 @@
 #                              profile; prints the table and leaves docs/ alone
 #   scripts/bench.sh --storage the read side: docs/queries.md's queries on 10,000,000 rows
 #                              of 2,000 shops, v1's table layout against v2's, on one
-#                              ClickHouse 18.16 replica, and the user-agent derivation's cost
-#                              per beacon with and without its cache; about 10 minutes;
+#                              ClickHouse 18.16 replica and on the 26.x server (single-server
+#                              tables), and the user-agent derivation's cost
+#                              per beacon with and without its cache; about 15 minutes;
 #                              writes its section of docs/benchmarks.md (scripts/bench/storage.py)
 #
 # What it does, in one run and on one core allocation:
@@ -42,6 +43,7 @@ root=$PWD
 
 usage() { sed -n '/^# scripts\/bench.sh - /,/section of docs\/benchmarks.md/p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 mode=full
+for arg in "$@"; do [[ $arg == -h || $arg == --help ]] && usage; done
 case ${1:-} in
     "") ;;
     --quick) mode=quick ;;
@@ -193,12 +195,14 @@ if [[ $mode == storage ]]; then
     ua_cost=$(cargo test -q --release -p collector --lib user_agent_cost -- --ignored --nocapture 2>&1 | grep '^user agent per beacon:') \
         || die "the user_agent_cost test printed no figure"
     note "$ua_cost"
-    log "starting one ClickHouse 18.16 replica in $work/stack"
-    scripts/stack.sh up "$work/stack" --replicas 1 >"$work/stack-up.log" 2>&1 || { cat "$work/stack-up.log" >&2; die "stack up failed"; }
+    log "starting one ClickHouse 18.16 replica and the 26.x server in $work/stack"
+    scripts/stack.sh up "$work/stack" --replicas 1 --ch26 >"$work/stack-up.log" 2>&1 || { cat "$work/stack-up.log" >&2; die "stack up failed"; }
     # shellcheck disable=SC1091
     source "$work/stack/stack.env"
-    log "loading and querying (scripts/bench/storage.py)"
+    log "loading and querying on 18.16 (scripts/bench/storage.py)"
     python3 scripts/bench/storage.py --clickhouse "$CH1_URL" --doc docs/benchmarks.md --note "${ua_cost}."
+    log "the same on 26.x, single-server tables"
+    python3 scripts/bench/storage.py --clickhouse "$CH26_URL" --single-server --marker storage-26 --doc docs/benchmarks.md
     status=0
     exit 0
 fi

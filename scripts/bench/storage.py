@@ -240,14 +240,14 @@ def measure(server, sql, runs, has_query_log):
 
 
 def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--clickhouse", required=True)
-    p.add_argument("--database", default="bench_storage")
-    p.add_argument("--rows", type=int, default=10_000_000)
-    p.add_argument("--sites", type=int, default=2000)
-    p.add_argument("--runs", type=int, default=3)
-    p.add_argument("--doc")
-    p.add_argument("--keep", action="store_true")
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--clickhouse", required=True, help="the server's HTTP URL")
+    p.add_argument("--database", default="bench_storage", help="created, and dropped at the end (default %(default)s)")
+    p.add_argument("--rows", type=int, default=10_000_000, help="rows generated (default %(default)s)")
+    p.add_argument("--sites", type=int, default=2000, help="shops (default %(default)s)")
+    p.add_argument("--runs", type=int, default=3, help="runs per query after a warm-up (default %(default)s)")
+    p.add_argument("--doc", help="the Markdown file to write the table into")
+    p.add_argument("--keep", action="store_true", help="keep the database")
     p.add_argument("--note", default="", help="a line printed under the table")
     p.add_argument("--single-server", action="store_true",
                    help="plain ReplacingMergeTree tables (a server without replication)")
