@@ -621,7 +621,9 @@ pg_stop() {
 
 # pg_signal NAME kill|freeze|thaw: kill = SIGKILL to the postmaster only,
 # like a crash (its backends notice and exit; pg_reap_group waits for
-# that); freeze/thaw = SIGSTOP/SIGCONT to its whole process group.
+# that); freeze/thaw = SIGSTOP/SIGCONT to the postmaster and every backend
+# and helper process it runs (pg_signal_group), so that a pooled connection
+# hangs too.
 pg_signal() {
     local name=$1 action=$2 pid
     pid=$(pid_of "$name")
@@ -659,16 +661,22 @@ pg_reap_group() {
     done
 }
 
-# pg_signal_group SIG PID: signal the postmaster and all its backends (they
-# share the postmaster's process group since pg_ctl started it with setsid).
+# pg_signal_group SIG PID: signal the postmaster PID and every process it runs.
 pg_signal_group() {
-    local pgid
-    pgid=$(ps -o pgid= -p "$2" 2>/dev/null | tr -d ' ') || true
-    if [[ -n $pgid && $pgid == "$2" ]]; then
-        kill "-$1" -- "-$pgid" 2>/dev/null || true
-    else
-        kill "-$1" "$2" 2>/dev/null || true
+    # Each child of the postmaster makes itself a process group leader (setsid() in
+    # InitPostmasterChild, src/backend/utils/init/miscinit.c), so the postmaster's group
+    # holds only itself: signal the postmaster and each child.
+    # To stop: the postmaster first (it forks no new backend then), then its children; to
+    # continue: the children first, then the postmaster.
+    local children
+    children=$(ps -o pid= --ppid "$2" 2>/dev/null | tr -s ' \n' ' ') || true
+    if [[ $1 == STOP ]]; then
+        kill -STOP "$2" 2>/dev/null || true
+        children=$(ps -o pid= --ppid "$2" 2>/dev/null | tr -s ' \n' ' ') || true
     fi
+    local c
+    for c in $children; do kill "-$1" "$c" 2>/dev/null || true; done
+    [[ $1 == STOP ]] || kill "-$1" "$2" 2>/dev/null || true
 }
 
 # ----------------------------------------------------- PostgreSQL standby ---

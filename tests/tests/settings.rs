@@ -346,3 +346,43 @@ async fn a_collector_started_without_the_store_is_ready_soon_after_it_returns() 
     );
     assert_eq!(beacon(&c, &env.site).await.0, 202);
 }
+
+/// `stack.sh pg freeze` stops every process of the server, not only the postmaster (each
+/// backend is its own process group): a connection opened before the freeze gets no answer,
+/// and answers again after the thaw. Meanwhile a known site is accepted at once, from the
+/// cache, and the store's breaker opens once its calls time out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_store_hangs_its_open_connections_and_costs_known_sites_nothing() {
+    let stack = Stack::own(1);
+    let env = TestEnv::new(&stack).await;
+    let c = env.collector(&[("COLLECTOR_SETTINGS_TTL", "1s")]).await;
+    assert_eq!(beacon(&c, &env.site).await.0, 202);
+    let (client, conn) =
+        tokio_postgres::connect(&stack.database_url("postgres"), tokio_postgres::NoTls)
+            .await
+            .expect("connect to PostgreSQL");
+    tokio::spawn(conn);
+    client.simple_query("SELECT 1").await.expect("SELECT 1");
+
+    stack.pg("freeze");
+    let hung = tokio::time::timeout(Duration::from_secs(2), client.simple_query("SELECT 1")).await;
+    assert!(
+        hung.is_err(),
+        "an open connection answered a frozen server: {hung:?}"
+    );
+    for _ in 0..20 {
+        let (status, took) = beacon(&c, &env.site).await;
+        assert_eq!(status, 202);
+        assert!(
+            took < Duration::from_millis(500),
+            "a known site waited {took:?} on a frozen store"
+        );
+    }
+    // Refreshes time out (3 s per call) and open the breaker.
+    c.wait_metric("collector_settings_store_up 0", SETTLE).await;
+
+    stack.pg("thaw");
+    let back = tokio::time::timeout(Duration::from_secs(10), client.simple_query("SELECT 1")).await;
+    assert!(matches!(back, Ok(Ok(_))), "after the thaw: {back:?}");
+    c.wait_metric("collector_settings_store_up 1", SETTLE).await;
+}
