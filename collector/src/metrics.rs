@@ -7,11 +7,13 @@
 //! Names follow the Prometheus conventions (<https://prometheus.io/docs/practices/naming/>):
 //! base units (`_seconds`, `_bytes`), `_total` for counters. Two gauges are ages that grow
 //! with the clock (`collector_spool_oldest_record_age_seconds`, `collector_settings_age_seconds`):
-//! their owners record a point in time ([`Metrics::spool_oldest_received_at`],
-//! [`Metrics::settings_loaded`]) and [`Metrics::encode`] turns it into an age at scrape time.
+//! their owners record a point in time ([`Metrics::spool_oldest_held_since`], on the monotonic
+//! clock, so that a wall-clock step changes no age; [`Metrics::settings_loaded`]) and
+//! [`Metrics::encode`] turns it into an age at scrape time.
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::sync::OnceLock;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -123,12 +125,12 @@ pub struct Metrics {
     /// `collector_spool_sync_duration_seconds`: how long one group commit's `write` and
     /// `fdatasync` took (every 202 waits for one); its count is the number of syncs.
     pub spool_sync_duration: Histogram,
-    /// `received_at` (Unix seconds) of the oldest measurement the spool holds that ClickHouse
-    /// has not confirmed; 0 when there is none. Kept by the spool; exported as an age.
-    pub spool_oldest_received_at: AtomicI64,
+    /// Since when ([`monotonic_nanos`]) the spool holds the oldest measurement ClickHouse has
+    /// not confirmed; [`NOTHING_HELD`] when there is none. Kept by the spool; exported as an age.
+    pub spool_oldest_held_since: AtomicI64,
     /// `collector_spool_oldest_record_age_seconds` (contract §2): now minus
-    /// [`Metrics::spool_oldest_received_at`], 0 when nothing is unconfirmed; set by
-    /// [`Metrics::encode`].
+    /// [`Metrics::spool_oldest_held_since`] on the monotonic clock, 0 when nothing is
+    /// unconfirmed; set by [`Metrics::encode`].
     spool_oldest_age: Gauge<f64, AtomicU64>,
     /// `collector_settings_store_up`: 1 when the last settings-store call succeeded.
     pub settings_store_up: Gauge<i64, AtomicI64>,
@@ -180,6 +182,17 @@ pub struct Metrics {
     process_start: Gauge<f64, AtomicU64>,
 }
 
+/// [`Metrics::spool_oldest_held_since`] when the spool holds nothing unconfirmed.
+pub const NOTHING_HELD: i64 = i64::MIN;
+
+/// Now on this process's monotonic clock, in nanoseconds since its first reading (so an
+/// earlier point, such as a recovered record's, is negative). A wall-clock step (NTP, an
+/// operator) moves it neither way.
+pub fn monotonic_nanos() -> i64 {
+    static BASE: OnceLock<Instant> = OnceLock::new();
+    BASE.get_or_init(Instant::now).elapsed().as_nanos() as i64
+}
+
 /// The git commit of this build (set by `build.rs`; `unknown` outside a git checkout).
 pub const REVISION: &str = env!("COLLECTOR_REVISION");
 
@@ -215,7 +228,7 @@ impl Metrics {
             spool_disk_full: Gauge::default(),
             // 100 µs to 13 s: beyond the 5 s a request waits for its sync.
             spool_sync_duration: Histogram::new(exponential_buckets(0.0001, 2.0, 18)),
-            spool_oldest_received_at: AtomicI64::new(0),
+            spool_oldest_held_since: AtomicI64::new(NOTHING_HELD),
             spool_oldest_age: Gauge::default(),
             spool_damaged_bytes: Counter::default(),
             settings_store_up: Gauge::default(),
@@ -489,11 +502,11 @@ impl Metrics {
 
     /// Sets the clock-driven gauges (ages) for a scrape at `now` (Unix seconds).
     fn refresh_ages(&self, now: f64) {
-        let oldest = self.spool_oldest_received_at.load(Ordering::Relaxed);
-        let age = if oldest > 0 {
-            (now - oldest as f64).max(0.0)
-        } else {
+        let since = self.spool_oldest_held_since.load(Ordering::Relaxed);
+        let age = if since == NOTHING_HELD {
             0.0
+        } else {
+            (monotonic_nanos().saturating_sub(since)).max(0) as f64 / 1e9
         };
         self.spool_oldest_age.set(age);
         let loaded = f64::from_bits(self.settings_loaded_at.load(Ordering::Relaxed));
@@ -630,10 +643,11 @@ mod tests {
         m.settings_loaded(now - 600.0);
         m.refresh_ages(now);
         assert_eq!(m.settings_age.get(), 600.0);
-        m.spool_oldest_received_at
-            .store((now - 42.0) as i64, Ordering::Relaxed);
-        m.refresh_ages(now.floor());
-        assert_eq!(m.spool_oldest_age.get(), 42.0);
+        m.spool_oldest_held_since
+            .store(monotonic_nanos() - 42_000_000_000, Ordering::Relaxed);
+        m.refresh_ages(now);
+        let age = m.spool_oldest_age.get();
+        assert!((42.0..43.0).contains(&age), "{age}");
     }
 
     #[test]

@@ -100,7 +100,6 @@ impl Appender {
         let held = self.shared.state.lock().unwrap().unconfirmed_bytes;
         let mut accepted = Vec::with_capacity(group.len());
         let mut records = 0;
-        let mut earliest: Option<u32> = None;
         for req in group.drain(..) {
             let framed = (FRAME_HEADER_LEN + req.rows.bytes.len()) as u64;
             if held + buf.len() as u64 + framed > self.shared.max_bytes {
@@ -109,15 +108,14 @@ impl Appender {
             }
             encode_frame(buf, &req.rows);
             records += u64::from(req.rows.count);
-            earliest = Some(earliest.map_or(req.rows.earliest_received_at, |e: u32| {
-                e.min(req.rows.earliest_received_at)
-            }));
             accepted.push(req.ack);
         }
         if accepted.is_empty() {
             return;
         }
         let file = self.file.as_mut().expect("rotated above");
+        // The group is held from here on (its records were received moments ago).
+        let held_since = crate::metrics::monotonic_nanos();
         let began = Instant::now();
         let result = fault(&self.shared.dir)
             .and_then(|()| file.write_all(buf))
@@ -136,12 +134,12 @@ impl Appender {
                     st.disk_bytes += buf.len() as u64;
                     st.unconfirmed_bytes += buf.len() as u64;
                     st.unconfirmed_records += records;
-                    if let Some(t) = earliest {
+                    if records > 0 {
                         let end = Position {
                             segment: active,
                             offset: self.size,
                         };
-                        st.received.appended(end, t);
+                        st.received.appended(end, held_since);
                     }
                     self.shared.publish(&st);
                 }

@@ -221,28 +221,36 @@ struct State {
     unconfirmed_bytes: u64,
     /// Measurements appended and not yet confirmed.
     unconfirmed_records: u64,
-    /// When the unconfirmed measurements were received, for
-    /// `collector_spool_oldest_record_age_seconds`; see [`ReceivedTimes`].
-    received: ReceivedTimes,
+    /// Since when the unconfirmed measurements are held, for
+    /// `collector_spool_oldest_record_age_seconds`; see [`HeldTimes`].
+    received: HeldTimes,
 }
 
-/// When the unconfirmed part of the spool was received, coarsely: entries `(end, t)` in spool
-/// order, where `t` is the earliest `received_at` (Unix seconds) of the records after the
-/// previous entry's end and before `end`. The times strictly increase, so the front holds the
-/// oldest unconfirmed measurement; appends within one second share an entry, so a backlog
-/// of N seconds takes at most N entries (a week: about 10 MiB), whatever the request rate.
-/// Rebuilt at start from the records after the cursor, so the age is right after a restart.
+/// Since when the unconfirmed part of the spool is held, coarsely, on the monotonic clock
+/// ([`crate::metrics::monotonic_nanos`]), so that a wall-clock step changes no age: entries
+/// `(end, t)` in spool order, where `t` is the earliest time at which a record after the
+/// previous entry's end and before `end` was held. A record is held from its append; a record
+/// recovered at start from the age its `received_at` gives then (the one wall-clock reading,
+/// so that an outage across a restart still shows its age). The times increase by at least a
+/// second from entry to entry, so the front holds the oldest and a backlog of N seconds takes
+/// at most N entries (a week: about 10 MiB), whatever the request rate.
 #[derive(Debug, Default)]
-struct ReceivedTimes(VecDeque<(Position, u32)>);
+struct HeldTimes(VecDeque<(Position, i64)>);
 
-impl ReceivedTimes {
-    /// Records ending at `end`, the earliest received at `t`, were appended.
-    fn appended(&mut self, end: Position, t: u32) {
+/// Nanoseconds within which appends share an entry of [`HeldTimes`].
+const HELD_TIMES_GRAIN: i64 = 1_000_000_000;
+
+impl HeldTimes {
+    /// Records ending at `end`, the earliest held since `t`, were appended.
+    fn appended(&mut self, end: Position, t: i64) {
         // Entries at least as late as `t` fold into this one (its time is their minimum).
         while self.0.back().is_some_and(|&(_, last)| last >= t) {
             self.0.pop_back();
         }
-        self.0.push_back((end, t));
+        match self.0.back_mut() {
+            Some(back) if t < back.1.saturating_add(HELD_TIMES_GRAIN) => back.0 = end,
+            _ => self.0.push_back((end, t)),
+        }
     }
 
     /// Everything before `upto` is confirmed. An entry partly confirmed stays, so the age may
@@ -253,10 +261,21 @@ impl ReceivedTimes {
         }
     }
 
-    /// `received_at` of the oldest unconfirmed measurement, if any.
-    fn oldest(&self) -> Option<u32> {
+    /// Since when the oldest unconfirmed measurement is held, if any.
+    fn oldest(&self) -> Option<i64> {
         self.0.front().map(|&(_, t)| t)
     }
+}
+
+/// The point on the monotonic clock from which a record received at `received_at` (Unix
+/// seconds) and recovered now counts as held: now minus its age by the wall clock (0 when the
+/// wall clock says it is from the future).
+fn held_since_recovered(received_at: u32) -> i64 {
+    let wall = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let age_secs = wall.saturating_sub(u64::from(received_at)) as i64;
+    crate::metrics::monotonic_nanos().saturating_sub(age_secs.saturating_mul(1_000_000_000))
 }
 
 struct Shared {
@@ -308,9 +327,10 @@ impl Shared {
             .set(st.unconfirmed_records as i64);
         self.metrics.spool_disk_bytes.set(st.disk_bytes as i64);
         self.metrics.spool_max_bytes.set(self.max_bytes as i64);
-        self.metrics
-            .spool_oldest_received_at
-            .store(st.received.oldest().map_or(0, i64::from), Ordering::Relaxed);
+        self.metrics.spool_oldest_held_since.store(
+            st.received.oldest().unwrap_or(crate::metrics::NOTHING_HELD),
+            Ordering::Relaxed,
+        );
     }
 }
 

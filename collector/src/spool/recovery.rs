@@ -7,7 +7,7 @@ use std::path::Path;
 
 use super::files::Cursor;
 use super::format::{Version, HEADER_LEN, MAGIC};
-use super::{segment_path, Position, ReceivedTimes};
+use super::{held_since_recovered, segment_path, HeldTimes, Position};
 use crate::metrics::Metrics;
 
 /// What recovery kept of one segment.
@@ -38,7 +38,7 @@ pub(super) fn recover_segment(
     cursor: &mut Position,
     cursor_file: &mut Cursor,
     metrics: &Metrics,
-    received: &mut ReceivedTimes,
+    received: &mut HeldTimes,
 ) -> io::Result<Option<Recovered>> {
     let path = segment_path(dir, n);
     let data = fs::read(&path)?;
@@ -151,7 +151,7 @@ pub(super) fn recover_segment(
                     segment: n,
                     offset: f.next as u64,
                 };
-                received.appended(end, f.earliest_received_at);
+                received.appended(end, held_since_recovered(f.earliest_received_at));
             }
         }
         off = f.next;

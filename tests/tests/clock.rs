@@ -1,0 +1,77 @@
+//! A wall clock that steps (as NTP or an operator steps it), under a real collector: libfaketime
+//! moves the process's wall clock back and forward by an hour while ClickHouse is unreachable
+//! and measurements wait in the spool. Their age, the one number that says "data is late",
+//! is measured on the monotonic clock and moves with neither step.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+
+const PRELOAD: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+
+/// Waits (up to 10 s) until `collector_spool_oldest_record_age_seconds` satisfies `ok`;
+/// returns the reading, or panics with the last one.
+async fn wait_age(c: &Collector, what: &str, ok: impl Fn(f64) -> bool) -> f64 {
+    let start = Instant::now();
+    loop {
+        let age = c.metric("collector_spool_oldest_record_age_seconds").await;
+        if ok(age) {
+            return age;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "{what}: the age read {age}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stepped_wall_clock_moves_the_spool_age_neither_way() {
+    assert!(
+        std::path::Path::new(PRELOAD).exists(),
+        "{PRELOAD} is missing: run scripts/stack.sh install (Debian package libfaketime)"
+    );
+    let env = TestEnv::new(Stack::shared()).await;
+    let clock = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(clock.path(), "+0\n").unwrap();
+    // Nothing listens there: every insert fails and the measurements stay in the spool.
+    let nowhere = format!("http://127.0.0.1:{}", free_port());
+    let c = env
+        .collector(&[
+            ("COLLECTOR_CLICKHOUSE_URLS", &nowhere),
+            ("LD_PRELOAD", PRELOAD),
+            ("FAKETIME_TIMESTAMP_FILE", clock.path().to_str().unwrap()),
+            ("FAKETIME_NO_CACHE", "1"),
+            ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+        ])
+        .await;
+    for _ in 0..11 {
+        let (_, m) = measurement(&env.site);
+        assert_eq!(c.post_json(&m).await.0, 202);
+    }
+    assert_eq!(c.metric("collector_spool_records").await, 11.0);
+    let before = wait_age(&c, "waiting", |a| a >= 2.0).await;
+
+    std::fs::write(clock.path(), "-1h\n").unwrap();
+    let back = wait_age(&c, "after a step of -1 h", |a| a > 0.0).await;
+    assert!(
+        back >= before && back < before + 30.0,
+        "after a step of -1 h the age read {back} (before: {before})"
+    );
+    std::fs::write(clock.path(), "+1h\n").unwrap();
+    let ahead = wait_age(&c, "after a step of +1 h", |a| a > 0.0).await;
+    assert!(
+        ahead >= back && ahead < before + 60.0,
+        "after a step of +1 h the age read {ahead} (before: {before})"
+    );
+    // The step did reach the collector: the settings age follows the wall clock by design
+    // (it counts from the last load, or from a snapshot's time of writing).
+    let settings_age = c.metric("collector_settings_age_seconds").await;
+    assert!(
+        settings_age > 3000.0,
+        "the wall clock stepped +1 h under the collector: settings age {settings_age}"
+    );
+}
