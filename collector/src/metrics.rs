@@ -134,6 +134,9 @@ pub struct Metrics {
     spool_oldest_age: Gauge<f64, AtomicU64>,
     /// `collector_settings_store_up`: 1 when the last settings-store call succeeded.
     pub settings_store_up: Gauge<i64, AtomicI64>,
+    /// `collector_settings_first_fetch_limited_total`: never-seen site keys answered 503
+    /// because the first-fetch budget (`settings::FIRST_FETCH_RATE` per second) was spent.
+    pub settings_first_fetch_limited: Counter,
     /// `collector_settings_stale_served_total`: lookups answered from expired settings.
     pub settings_stale_served: Counter,
     /// `collector_settings_from_snapshot`: 1 while serving settings loaded from the snapshot
@@ -233,6 +236,7 @@ impl Metrics {
             spool_damaged_bytes: Counter::default(),
             settings_store_up: Gauge::default(),
             settings_stale_served: Counter::default(),
+            settings_first_fetch_limited: Counter::default(),
             settings_from_snapshot: Gauge::default(),
             settings_store_queries: Counter::default(),
             settings_loaded_at: AtomicU64::new(0),
@@ -355,6 +359,11 @@ impl Metrics {
             "collector_settings_stale_served",
             "Lookups answered from expired settings",
             m.settings_stale_served.clone(),
+        );
+        r.register(
+            "collector_settings_first_fetch_limited",
+            "Never-seen site keys answered 503 because the first-fetch budget was spent",
+            m.settings_first_fetch_limited.clone(),
         );
         r.register(
             "collector_settings_store_queries",

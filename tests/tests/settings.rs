@@ -386,3 +386,98 @@ async fn a_frozen_store_hangs_its_open_connections_and_costs_known_sites_nothing
     assert!(matches!(back, Ok(Ok(_))), "after the thaw: {back:?}");
     c.wait_metric("collector_settings_store_up 1", SETTLE).await;
 }
+
+/// 100 requests per second, a fifth of them for random site keys that exist nowhere: the
+/// store gets at most `FIRST_FETCH_RATE` (5) first-fetch queries per second plus its full loads
+/// and refreshes, whatever the keys; the known site is accepted throughout; a random key is
+/// answered 403 (fetched: unknown) or 503 with `Retry-After` (over the budget), never 202; and
+/// a site added during the run is accepted within one TTL of its addition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_site_keys_cost_the_store_a_bounded_rate() {
+    let env = TestEnv::new(Stack::shared()).await;
+    let ttl = Duration::from_secs(5);
+    let c = env.collector(&[("COLLECTOR_SETTINGS_TTL", "5s")]).await;
+    let before = c.metric("collector_settings_store_queries_total").await;
+    let start = Instant::now();
+    let window = Duration::from_secs(20);
+    let mut tick = tokio::time::interval(Duration::from_millis(10));
+    let mut answers = Vec::new();
+    let mut added: Option<Instant> = None;
+    for n in 0u64.. {
+        if start.elapsed() >= window {
+            break;
+        }
+        tick.tick().await;
+        if added.is_none() && start.elapsed() > Duration::from_secs(5) {
+            env.cli(&["sites", "add", "--key", "added-later"]).success();
+            added = Some(Instant::now());
+        }
+        let site = match n % 5 {
+            0 => format!("rnd-{}", uuid::Uuid::new_v4().simple()),
+            1 if added.is_some() => "added-later".to_owned(),
+            _ => env.site.clone(),
+        };
+        let (_, m) = measurement(&site);
+        let req = http()
+            .post(format!("{}/api/v1/measurements", c.url))
+            .json(&m)
+            .send();
+        let sent = Instant::now();
+        answers.push(tokio::spawn(async move {
+            let r = req.await.expect("an answer");
+            (
+                site,
+                sent,
+                r.status().as_u16(),
+                r.headers().contains_key("retry-after"),
+            )
+        }));
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let spent = c.metric("collector_settings_store_queries_total").await - before;
+    let added = added.expect("the late site was added");
+    let mut known = std::collections::BTreeMap::<u16, usize>::new();
+    let mut random = std::collections::BTreeMap::<u16, usize>::new();
+    let mut late_first: Option<Duration> = None;
+    for a in answers {
+        let (site, sent, status, retry_after) = a.await.unwrap();
+        if site.starts_with("rnd-") {
+            *random.entry(status).or_default() += 1;
+            assert!(status != 503 || retry_after, "a 503 without Retry-After");
+        } else if site == "added-later" {
+            if status == 202 {
+                let after = sent.saturating_duration_since(added);
+                late_first = Some(late_first.map_or(after, |f| f.min(after)));
+            }
+        } else {
+            *known.entry(status).or_default() += 1;
+        }
+    }
+    assert_eq!(
+        known.keys().copied().collect::<Vec<_>>(),
+        vec![202],
+        "known site: {known:?}"
+    );
+    assert!(
+        random.keys().all(|s| *s == 403 || *s == 503),
+        "random keys: {random:?}"
+    );
+    let random_total: usize = random.values().sum();
+    assert!(random_total >= 300, "{random:?}");
+    // 5 first fetches per second (and a burst of 5); a full load and a refresh per known site
+    // per TTL; one query per second of slack. Without the budget: about 20 per second.
+    let bound = 6.0 * secs + 5.0 + 3.0 * (secs / ttl.as_secs_f64() + 1.0);
+    assert!(
+        spent <= bound,
+        "{spent} store queries in {secs:.1} s for {random_total} random keys (bound {bound:.0})"
+    );
+    let late_first = late_first.expect("the site added during the run was never accepted");
+    assert!(
+        late_first <= ttl + Duration::from_secs(2),
+        "the site added during the run was first accepted {late_first:?} after its addition"
+    );
+    println!(
+        "{spent} store queries in {secs:.1} s ({:.1}/s), random keys {random:?}, the late site accepted {late_first:?} after its addition",
+        spent / secs
+    );
+}

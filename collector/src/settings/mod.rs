@@ -13,9 +13,16 @@
 //! - **Backoff.** After a failure the store is left alone for `COLLECTOR_SETTINGS_BACKOFF`
 //!   by every path, then probed once ([`store::Breaker`]).
 //! - **Bounded first fetch.** A never-seen key is fetched once however many requests carry it
-//!   (moka's single-flight `try_get_with`); at most [`FIRST_FETCHES`] first fetches run at once;
-//!   unknown keys are remembered as unknown for [`UNKNOWN_TTL`]. While the store cannot be
-//!   asked, a never-seen key is [`Lookup::Unavailable`] (a 503 with `Retry-After`).
+//!   (moka's single-flight `try_get_with`); at most [`FIRST_FETCHES`] first fetches run at once
+//!   and at most [`FIRST_FETCH_RATE`] start per second (governor's GCRA limiter), whatever the
+//!   keys: random keys cannot load the store. Unknown keys are remembered as unknown for
+//!   [`UNKNOWN_TTL`]. While the store cannot be asked, or the first-fetch budget is spent, a
+//!   never-seen key is [`Lookup::Unavailable`] (a 503 with `Retry-After`, which the script
+//!   retries); a site added after start is therefore known within one full load
+//!   (`COLLECTOR_SETTINGS_TTL`) at the latest, at once when the budget allows.
+//!
+//! So the store sees at most `FIRST_FETCH_RATE` queries per second for first fetches, plus
+//! one full load per TTL and one refresh per known site per TTL.
 //!
 //! The store knows nothing of ClickHouse or HTTP.
 
@@ -40,6 +47,8 @@ pub const UNKNOWN_TTL: Duration = Duration::from_secs(10);
 pub const CACHE_CAPACITY: u64 = 100_000;
 /// Most first fetches (never-seen keys) in flight at once; more get [`Lookup::Unavailable`].
 pub const FIRST_FETCHES: usize = 8;
+/// Most first fetches started per second (and the burst); more get [`Lookup::Unavailable`].
+pub const FIRST_FETCH_RATE: u32 = 5;
 /// How often a collector whose settings were never loaded tries a full load again: each try
 /// passes the store's circuit breaker, so the store itself is asked at most once per
 /// `COLLECTOR_SETTINGS_BACKOFF`.
@@ -146,6 +155,7 @@ struct Inner {
     store: SettingsStore,
     ttl: Duration,
     first_fetches: Semaphore,
+    first_fetch_rate: governor::DefaultDirectRateLimiter,
     refreshing: Mutex<HashSet<Arc<str>>>,
     snapshot: Option<PathBuf>,
     loaded: AtomicBool,
@@ -172,6 +182,9 @@ impl SiteSettings {
                 store,
                 ttl,
                 first_fetches: Semaphore::new(FIRST_FETCHES),
+                first_fetch_rate: governor::RateLimiter::direct(governor::Quota::per_second(
+                    std::num::NonZeroU32::new(FIRST_FETCH_RATE).expect("a positive rate"),
+                )),
                 refreshing: Mutex::new(HashSet::new()),
                 snapshot,
                 loaded: AtomicBool::new(false),
@@ -301,6 +314,10 @@ impl SiteSettings {
                     .first_fetches
                     .try_acquire()
                     .map_err(|_| StoreError::Backoff)?;
+                if inner.first_fetch_rate.check().is_err() {
+                    inner.metrics.settings_first_fetch_limited.inc();
+                    return Err(StoreError::Backoff);
+                }
                 let asked = Instant::now();
                 let site = store.fetch(key).await;
                 tracing::debug!(key, took = ?asked.elapsed(), ok = site.is_ok(), "settings: first fetch of a site");
