@@ -43,6 +43,12 @@
 #       stop = SIGTERM and wait (SIGKILL after 30 s), kill = SIGKILL,
 #       freeze = SIGSTOP, thaw = SIGCONT, start = start replica I again with
 #       the same config/ports/data and wait until HTTP `SELECT 1` answers.
+#   stack.sh replica DIR I profile [SETTING=VALUE ...]
+#       Rewrites replica I's users.xml with these settings added to the
+#       default profile (no settings: the stack's own profile again) and
+#       waits until the running server reads them (it reloads users.xml by
+#       itself, within seconds). E.g. readonly=1 makes it refuse inserts while
+#       it still answers SELECTs. `up` restores the stack's own profile.
 #   stack.sh pg DIR stop|start|kill|freeze|thaw
 #       Same for PostgreSQL (stop = pg_ctl stop -m fast; freeze/thaw signal
 #       the postmaster's whole process group, i.e. all backends too).
@@ -963,9 +969,7 @@ EOF
 <yandex>
     <profiles>
         <default>
-            <max_memory_usage>1073741824</max_memory_usage>
-            <use_uncompressed_cache>0</use_uncompressed_cache>
-            <load_balancing>random</load_balancing>
+$(ch_profile_lines)
         </default>
     </profiles>
     <users>
@@ -1366,8 +1370,57 @@ cmd_replica() {
             fi
             ch_wait "$i"
             ;;
+        profile) ch_set_profile "$i" "${@:4}" ;;
         *) usage ;;
     esac
+}
+
+# The default profile's settings of every replica; ch_set_profile adds to them.
+CH_PROFILE_BASE=(max_memory_usage=1073741824 use_uncompressed_cache=0 load_balancing=random)
+
+# ch_profile_lines: the default profile as users.xml lines: CH_PROFILE_BASE, each
+# setting replaced by the one of the same name in CH_PROFILE (SETTING=VALUE words, set by
+# ch_set_profile), then CH_PROFILE's other settings.
+ch_profile_lines() {
+    local kv k seen=" " kept=()
+    # shellcheck disable=SC2086 # CH_PROFILE is a list of SETTING=VALUE words.
+    for kv in ${CH_PROFILE:-}; do seen+="${kv%%=*} "; done
+    for kv in "${CH_PROFILE_BASE[@]}"; do
+        [[ $seen == *" ${kv%%=*} "* ]] || kept+=("$kv")
+    done
+    # shellcheck disable=SC2086
+    for kv in "${kept[@]}" ${CH_PROFILE:-}; do
+        k=${kv%%=*}
+        printf '            <%s>%s</%s>\n' "$k" "${kv#*=}" "$k"
+    done
+}
+
+# ch_set_profile I [SETTING=VALUE ...]: see `replica DIR I profile` in the header.
+ch_set_profile() {
+    local i=$1 kv k v h="CH${1}_HTTP_PORT" url deadline; shift
+    for kv in "$@"; do
+        k=${kv%%=*} v=${kv#*=}
+        [[ $kv == *=* && $k =~ ^[a-z_]+$ && $v =~ ^[A-Za-z0-9_.]+$ ]] || die "profile: not SETTING=VALUE: $kv"
+    done
+    local file=$DIR/ch$i/users.xml before
+    before=$(stat -c %Y "$file")
+    CH_PROFILE="$*" ch_write_conf "$i"
+    # The server sees a change by the file's modification time in whole seconds: a second
+    # change within the same second would go unseen.
+    while [[ $(stat -c %Y "$file") == "$before" ]]; do sleep 0.2; touch "$file"; done
+    url="http://127.0.0.1:${!h}/"
+    # Wait until the server's session settings show every value (or, with none given,
+    # until readonly and max_memory_usage are the stack's own again).
+    [[ $# -gt 0 ]] || set -- readonly=0 max_memory_usage=1073741824
+    deadline=$(( $(date +%s) + 30 ))
+    for kv in "$@"; do
+        k=${kv%%=*} v=${kv#*=}
+        until [[ $(curl -sS --max-time 2 "$url" --data-binary "SELECT value FROM system.settings WHERE name = '$k'" 2>/dev/null) == "$v" ]]; do
+            [[ $(date +%s) -lt $deadline ]] || die "replica $i did not read $k=$v from users.xml within 30 s"
+            sleep 0.2
+        done
+    done
+    log "replica $i profile: ${*}"
 }
 
 cmd_pg() {

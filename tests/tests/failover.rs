@@ -1,12 +1,12 @@
-//! Nothing lost: 202 means durable, through killed, frozen and lagging ClickHouse replicas, a
-//! killed collector and a full spool. Real ZooKeeper and three real ClickHouse replicas.
+//! Nothing lost: 202 means durable, through killed, frozen, lagging and insert-refusing
+//! ClickHouse replicas, a killed collector and a full spool. Real ZooKeeper and three real ClickHouse replicas.
 //!
 //! The tests share one three-replica stack and take turns (`SERIAL`); each starts by repairing
 //! the stack and uses its own databases.
 
 mod common;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::*;
 use tokio::sync::Mutex;
@@ -429,4 +429,114 @@ async fn sigterm_with_every_replica_frozen_drains_and_exits_0() {
     );
     c.restart().await;
     env.assert_stored_once(&ids, SETTLE).await;
+}
+
+/// How long the preferred replica refuses inserts in the refusal tests.
+const REFUSING: Duration = Duration::from_secs(20);
+
+/// The preferred replica answers SELECTs but refuses every insert for [`REFUSING`] (its user's
+/// profile given `settings`), then takes inserts again. Its state must go healthy → down →
+/// healthy once, never cycling through catching up while it refuses; one "down" line naming
+/// `cause` and one "back" line; nothing acknowledged lost.
+async fn a_replica_that_refuses_inserts(settings: &[&str], cause: &str) {
+    let _turn = SERIAL.lock().await;
+    let stack = Stack::failover();
+    let env = setup(stack).await;
+    let c = env.collector(&[]).await;
+    let urls = stack.clickhouse_urls();
+    let r1 = urls[0].clone();
+    let state = format!("collector_clickhouse_replica_state{{replica=\"{r1}\"}}");
+    let errors =
+        format!("collector_clickhouse_insert_errors_total{{replica=\"{r1}\",kind=\"transient\"}}");
+    wait_replica(&c, "replica_state", &r1, 2).await;
+    let traffic = Traffic::start(&c.url, &env.site, EVERY);
+    traffic.wait_acked(50, SWITCH).await;
+    let before = c.logs().len();
+
+    stack.replica_profile(1, settings);
+    let mut states = vec![c.metric(&state).await];
+    let refusing = Instant::now();
+    wait_replica(&c, "active_replica", &urls[1], 1).await;
+    let errors_at_down = c.metric(&errors).await;
+    while refusing.elapsed() < REFUSING {
+        states.push(c.metric(&state).await);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // It answered SELECTs all along (the probe's kind of query): this is the shape where a
+    // probe alone would call it healthy.
+    let answer = clickhouse_query(&r1, "SELECT count() AS n FROM system.replicas")
+        .await
+        .expect("the refusing replica answers SELECTs");
+    assert_eq!(answer.len(), 1, "{answer:?}");
+    let trials_failed = c.metric(&errors).await - errors_at_down;
+
+    stack.replica_profile(1, &[]);
+    let restored = Instant::now();
+    while c.metric(&state).await != 2.0 {
+        assert!(
+            restored.elapsed() < SETTLE,
+            "replica 1 not healthy {SETTLE:?} after it took inserts again; states {states:?}"
+        );
+        states.push(c.metric(&state).await);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let back_after = restored.elapsed();
+    states.push(2.0);
+    wait_replica(&c, "active_replica", &r1, 1).await;
+    traffic.wait_acked(50, SWITCH).await;
+    let report = traffic.stop().await;
+
+    let mut sequence = states.clone();
+    sequence.dedup();
+    let logs = c.logs();
+    let about_r1: Vec<&str> = logs[before..]
+        .lines()
+        .filter(|l| l.contains(r1.as_str()) && !l.contains(" DEBUG "))
+        .collect();
+    let shown = about_r1.join("\n");
+    eprintln!(
+        "refusal ({settings:?}): states {sequence:?} over {} samples, {trials_failed} failed \
+         trial inserts while refusing, healthy {back_after:?} after the profile was restored; \
+         lines about {r1}:\n{shown}",
+        states.len()
+    );
+    assert_eq!(
+        sequence,
+        [2.0, 0.0, 2.0],
+        "state of replica 1 while it refused"
+    );
+    assert!(
+        trials_failed >= 1.0,
+        "no trial insert was sent while it refused (probes passing for {REFUSING:?})"
+    );
+    let down: Vec<&&str> = about_r1
+        .iter()
+        .filter(|l| l.contains("replica down"))
+        .collect();
+    assert_eq!(down.len(), 1, "lines at going down:\n{shown}");
+    assert!(
+        down[0].contains(" WARN ") && down[0].contains(cause),
+        "the down line must name the refusal ({cause}): {}",
+        down[0]
+    );
+    let back: Vec<&&str> = about_r1
+        .iter()
+        .filter(|l| l.contains("replica back"))
+        .collect();
+    assert_eq!(back.len(), 1, "lines at coming back:\n{shown}");
+    assert!(back[0].contains("trial insert succeeded"), "{}", back[0]);
+    assert_only_202(&report);
+    env.assert_stored_once(&report.acked, SETTLE).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_replica_is_back_only_when_an_insert_succeeds() {
+    a_replica_that_refuses_inserts(&["readonly=1"], "Code: 164").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_over_its_memory_limit_is_back_only_when_an_insert_succeeds() {
+    // 3 MB: enough for the probe's SELECTs, too little for an INSERT's buffers (18.16:
+    // "Memory limit (for query) exceeded: would use 3.07 MiB").
+    a_replica_that_refuses_inserts(&["max_memory_usage=3000000"], "Code: 241").await;
 }

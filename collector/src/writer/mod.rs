@@ -145,9 +145,12 @@ pub fn exception_code(text: &str) -> Option<u32> {
 /// from [`BACKOFF_MIN`] up to [`BACKOFF_MAX`] ("equal jitter", AWS Architecture Blog,
 /// "Exponential Backoff And Jitter", 2015).
 pub fn backoff(attempt: u32) -> Duration {
-    let d = BACKOFF_MIN
-        .saturating_mul(1 << attempt.min(16))
-        .min(BACKOFF_MAX);
+    jittered(BACKOFF_MIN, BACKOFF_MAX, attempt)
+}
+
+/// A random duration in `[d/2, d]` where `d` is `min` doubled `attempt` times, at most `max`.
+pub fn jittered(min: Duration, max: Duration, attempt: u32) -> Duration {
+    let d = min.saturating_mul(1 << attempt.min(16)).min(max);
     let half = d / 2;
     half + rand::thread_rng().gen_range(Duration::ZERO..=half)
 }

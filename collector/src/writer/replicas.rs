@@ -11,6 +11,18 @@
 //!   ([`crate::writer::probe`]) on [`PASSES_TO_HEALTHY`] consecutive probes. Not written to
 //!   while a healthy replica exists.
 //!
+//! **Only an insert proves a replica takes inserts.** The probe is a SELECT, and a replica can
+//! answer SELECTs while it refuses every insert (a read-only profile, a memory limit, too many
+//! parts). So a replica taken down by failed inserts stays **Down** (state metric 0) when its
+//! probes pass again; once it has passed [`PASSES_TO_HEALTHY`] catch-up probes in a row, the
+//! writer sends it one batch as a *trial* ([`Replicas::pick`]), the half-open call of a
+//! circuit breaker: the trial's success makes it healthy at once (one "back" line), a failure
+//! leaves it down without a line and the next trial waits longer ([`TRIAL_INTERVAL_MIN`]
+//! doubling up to [`TRIAL_INTERVAL_MAX`], jittered). A failed trial costs that batch one
+//! retry on the healthy replica (the token folds a copy that landed). Without traffic there is
+//! no trial: the replica stays down until a batch comes. A replica taken down by its probes
+//! alone (unreachable, frozen) returns through its probes as above.
+//!
 //! The writer asks [`Replicas::pick`] before every attempt: the most preferred healthy replica,
 //! else the most preferred catching-up one, else (everything down) the next in rotation, so
 //! that whichever replica comes back first gets the spool's backlog.
@@ -49,6 +61,11 @@ pub const PASSES_TO_HEALTHY: u32 = 3;
 /// While a replica stays down, one summary line this often (besides the line when it goes
 /// down and the one when it returns).
 pub const DOWN_SUMMARY_INTERVAL: Duration = Duration::from_secs(60);
+/// Least time between two trial inserts into a replica taken down by failed inserts (see the
+/// module doc); doubles per failed trial up to [`TRIAL_INTERVAL_MAX`].
+pub const TRIAL_INTERVAL_MIN: Duration = Duration::from_secs(2);
+/// Longest time between two trial inserts.
+pub const TRIAL_INTERVAL_MAX: Duration = Duration::from_secs(30);
 /// Bound on sending one batch.
 pub const SEND_TIMEOUT: Duration = Duration::from_secs(10);
 /// Bound on ClickHouse finishing one INSERT once sent.
@@ -75,6 +92,11 @@ struct Health {
     passes: u32,
     /// Consecutive probes that found it behind.
     lags: u32,
+    /// The outage began with failed inserts: only a successful insert (a trial) ends it.
+    awaits_insert: bool,
+    /// Failed trials in this outage, and the earliest time of the next one.
+    trials_failed: u32,
+    next_trial: Option<Instant>,
     /// Whether the server knows `insert_deduplication_token` (ClickHouse 22.2 and later).
     dedup_token: bool,
     /// Since when it is down, and when the last "still down" summary was logged; kept while
@@ -89,6 +111,24 @@ struct Health {
     down_logged: Option<Instant>,
     back_logged: Option<Instant>,
     flaps: u32,
+}
+
+impl Health {
+    /// Down since failed inserts, with the schema and passing catch-up probes: a trial insert
+    /// may go to it (see the module doc).
+    fn trial_ready(&self) -> bool {
+        self.state == State::Down
+            && self.awaits_insert
+            && self.schema
+            && self.passes >= PASSES_TO_HEALTHY
+    }
+}
+
+/// The wait before the trial after `failed` failed trials: [`TRIAL_INTERVAL_MIN`] doubled per
+/// failure up to [`TRIAL_INTERVAL_MAX`], a random point in its upper half ("equal jitter", as
+/// [`crate::writer::backoff`]).
+fn trial_interval(failed: u32) -> Duration {
+    crate::writer::jittered(TRIAL_INTERVAL_MIN, TRIAL_INTERVAL_MAX, failed)
 }
 
 struct Inner {
@@ -140,6 +180,9 @@ impl Replicas {
                 probe_failures: 0,
                 passes: 0,
                 lags: 0,
+                awaits_insert: false,
+                trials_failed: 0,
+                next_trial: None,
                 dedup_token: false,
                 down_since: None,
                 down_logged: None,
@@ -267,7 +310,11 @@ impl Replicas {
                     tracing::debug!(replica = %url, down_for = ?down_for, "clickhouse: replica back (flapping)");
                 } else {
                     h.back_logged = Some(now);
-                    tracing::info!(replica = %url, from = ?from, down_for = ?down_for, "clickhouse: replica back: answering and caught up, written to again");
+                    if h.awaits_insert {
+                        tracing::info!(replica = %url, from = ?from, down_for = ?down_for, "clickhouse: replica back: caught up and a trial insert succeeded, written to again");
+                    } else {
+                        tracing::info!(replica = %url, from = ?from, down_for = ?down_for, "clickhouse: replica back: answering and caught up, written to again");
+                    }
                 }
             }
             (State::Down, to) => {
@@ -279,13 +326,35 @@ impl Replicas {
         }
         h.state = state;
         h.passes = 0;
+        if state == State::Healthy {
+            h.awaits_insert = false;
+            h.trials_failed = 0;
+            h.next_trial = None;
+        }
     }
 
-    /// Chooses the replica for the next attempt (see the module doc) and records it as active.
+    /// Chooses the replica for the next attempt (see the module doc): a replica whose trial is
+    /// due (a less preferred one too, so that it is not shown down for ever), which does not
+    /// become the active one; else, recorded as active, the most preferred healthy, else
+    /// catching-up replica, else the next in rotation.
     pub fn pick(&self) -> usize {
         let mut inner = self.inner.lock().unwrap();
+        let now = Instant::now();
         let first = |s: State| inner.health.iter().position(|h| h.state == s && h.schema);
-        let chosen = match first(State::Healthy).or_else(|| first(State::CatchingUp)) {
+        let usable = first(State::Healthy).or_else(|| first(State::CatchingUp));
+        let trial = inner
+            .health
+            .iter()
+            .position(|h| h.trial_ready() && h.next_trial.is_none_or(|t| now >= t));
+        if let Some(i) = trial {
+            // Not the active replica: a trial is one batch, and its success makes the replica
+            // healthy, after which the next pick chooses by preference.
+            let h = &mut inner.health[i];
+            h.next_trial = Some(now + trial_interval(h.trials_failed));
+            tracing::debug!(replica = %self.urls[i], trials_failed = h.trials_failed, "clickhouse: trial insert into a replica taken down by failed inserts");
+            return i;
+        }
+        let chosen = match usable {
             Some(i) => i,
             None => {
                 // Rotate over the replicas that have the schema (over all, if none has it:
@@ -327,21 +396,42 @@ impl Replicas {
         // (an insert abandoned because it is down would only repeat that cause).
         if h.state != State::Down {
             h.last_error = format!("insert: {cause}");
+        } else if h.trial_ready() {
+            h.trials_failed = h.trials_failed.saturating_add(1);
+            tracing::debug!(replica = %self.urls[i], %cause, "clickhouse: trial insert failed; the replica stays down");
+            return;
         }
         h.insert_failures
             .retain(|t| now.duration_since(*t) < FAILURE_WINDOW);
         h.insert_failures.push(now);
         if h.insert_failures.len() >= FAILURES_TO_DOWN {
             h.insert_failures.clear();
+            if h.state != State::Down {
+                h.awaits_insert = true;
+                h.trials_failed = 0;
+                h.next_trial = None;
+            }
             self.set_state(&mut inner, i, State::Down);
             self.publish(&inner);
         }
     }
 
-    /// Records a successful insert on `i`.
+    /// Records a successful insert on `i`: the end of an outage that awaited one (see the
+    /// module doc), at once when its probes pass, else through them.
     pub fn insert_succeeded(&self, i: usize) {
         self.metrics.inserts.get_or_create(&self.label(i)).inc();
-        self.inner.lock().unwrap().health[i].insert_failures.clear();
+        let mut inner = self.inner.lock().unwrap();
+        let h = &mut inner.health[i];
+        h.insert_failures.clear();
+        if !h.awaits_insert {
+            return;
+        }
+        if h.trial_ready() {
+            self.set_state(&mut inner, i, State::Healthy);
+            self.publish(&inner);
+        } else {
+            h.awaits_insert = false;
+        }
     }
 
     /// Records a probe result for `i`: `None` when unreachable, else what it found.
@@ -379,7 +469,15 @@ impl Replicas {
                     h.lags = 0;
                 }
                 h.dedup_token = token;
-                if !caught_up {
+                if h.awaits_insert && before == State::Down {
+                    // Probes do not end an outage that failed inserts began: they only make
+                    // the replica ready for a trial (see the module doc).
+                    h.passes = if caught_up {
+                        h.passes.saturating_add(1)
+                    } else {
+                        0
+                    };
+                } else if !caught_up {
                     h.passes = 0;
                     h.lags += 1;
                     // A healthy replica that is being written to is briefly behind its own
@@ -443,10 +541,14 @@ impl Replicas {
     /// Inserts `body` into replica `i` once (plus one immediate retry on a fresh connection
     /// when the pooled one was found dead), abandoning it if `i` is marked down meanwhile.
     pub async fn insert(&self, i: usize, body: &InsertBody) -> Result<(), InsertError> {
-        let (token, schema) = {
+        let (token, schema, trial) = {
             let inner = self.inner.lock().unwrap();
             let h = &inner.health[i];
-            (h.dedup_token.then(|| body.token.clone()), h.schema)
+            (
+                h.dedup_token.then(|| body.token.clone()),
+                h.schema,
+                h.trial_ready(),
+            )
         };
         if !schema {
             return Err(InsertError::Transient(
@@ -464,9 +566,10 @@ impl Replicas {
             }
             .map_err(|e| classify(&e))
         };
+        // A trial goes to a replica that is down: only its own timeouts bound it.
         let result = tokio::select! {
             r = attempt => r,
-            () = self.wait_down(i) => {
+            () = self.wait_down(i), if !trial => {
                 let cause = self.inner.lock().unwrap().health[i].last_error.clone();
                 Err(InsertError::Transient(format!("replica marked down during the insert: {cause}")))
             }
@@ -683,8 +786,8 @@ mod tests {
     fn a_flapping_replica_is_logged_down_once_an_interval() {
         let r = replicas(2);
         for _ in 0..5 {
-            for _ in 0..FAILURES_TO_DOWN {
-                r.insert_failed(0, "200 with an exception header");
+            for _ in 0..PROBE_FAILURES_TO_DOWN {
+                r.probed(0, Err("connection refused".into()), false);
             }
             assert_eq!(r.state(0), State::Down);
             for _ in 0..PASSES_TO_HEALTHY + 1 {
@@ -698,6 +801,131 @@ mod tests {
             "the first outage logged, the four after it counted"
         );
         assert!(h.down_logged.is_some() && h.back_logged.is_some());
+    }
+
+    /// Makes replica `i`'s next trial due now.
+    fn trial_due(r: &Replicas, i: usize) {
+        r.inner.lock().unwrap().health[i].next_trial = Some(Instant::now());
+    }
+
+    #[test]
+    fn a_replica_refusing_inserts_is_back_only_when_a_trial_insert_succeeds() {
+        let r = replicas(2);
+        for _ in 0..FAILURES_TO_DOWN {
+            r.insert_failed(
+                0,
+                "Code: 164. DB::Exception: Cannot insert into table in readonly mode",
+            );
+        }
+        assert_eq!(r.state(0), State::Down);
+        assert_eq!(r.pick(), 1);
+        let failovers = r.metrics.failovers.get();
+        for _ in 0..PASSES_TO_HEALTHY - 1 {
+            r.probed(0, passed(true), false);
+            assert_eq!(r.state(0), State::Down, "probes pass: still down");
+            assert_eq!(r.pick(), 1, "no trial before the catch-up passes");
+        }
+        r.probed(0, passed(false), false);
+        assert_eq!(
+            r.state(0),
+            State::Down,
+            "lagging: still down, not catching up"
+        );
+        for _ in 0..PASSES_TO_HEALTHY {
+            r.probed(0, passed(true), false);
+        }
+        assert_eq!(r.state(0), State::Down);
+        assert_eq!(r.pick(), 0, "the trial");
+        assert_eq!(r.active(), 1, "a trial does not make the replica active");
+        r.insert_failed(0, "Code: 164. DB::Exception: readonly");
+        assert_eq!(r.state(0), State::Down, "a failed trial: still down");
+        for _ in 0..10 {
+            r.probed(0, passed(true), false);
+            assert_eq!(r.pick(), 1, "the next trial waits");
+        }
+        {
+            let h = &r.inner.lock().unwrap().health[0];
+            assert_eq!(h.trials_failed, 1);
+            assert_eq!(
+                h.last_error,
+                "insert: Code: 164. DB::Exception: Cannot insert into table in readonly mode"
+            );
+            let wait = h
+                .next_trial
+                .unwrap()
+                .saturating_duration_since(Instant::now());
+            assert!(
+                wait > TRIAL_INTERVAL_MIN / 2 && wait <= TRIAL_INTERVAL_MIN * 2,
+                "{wait:?}"
+            );
+        }
+        trial_due(&r, 0);
+        assert_eq!(r.pick(), 0, "the second trial");
+        r.insert_succeeded(0);
+        assert_eq!(
+            r.state(0),
+            State::Healthy,
+            "a trial that succeeded: healthy at once"
+        );
+        assert_eq!(r.pick(), 0, "preferred again");
+        assert_eq!(
+            r.metrics.failovers.get(),
+            failovers + 1,
+            "trials are not failovers"
+        );
+        let h = &r.inner.lock().unwrap().health[0];
+        assert!(!h.awaits_insert && h.down_since.is_none() && h.next_trial.is_none());
+    }
+
+    #[test]
+    fn a_less_preferred_replica_refusing_inserts_gets_trials_too() {
+        let r = replicas(2);
+        for _ in 0..FAILURES_TO_DOWN {
+            r.insert_failed(
+                1,
+                "Code: 241. DB::Exception: Memory limit (for query) exceeded",
+            );
+        }
+        for _ in 0..PASSES_TO_HEALTHY {
+            r.probed(1, passed(true), false);
+        }
+        assert_eq!(r.pick(), 1, "the trial");
+        r.insert_succeeded(1);
+        assert_eq!(r.state(1), State::Healthy);
+        assert_eq!(r.pick(), 0);
+    }
+
+    #[test]
+    fn trial_intervals_double_up_to_their_bound() {
+        for failed in 0..40 {
+            let d = trial_interval(failed);
+            let cap = TRIAL_INTERVAL_MIN
+                .saturating_mul(1 << failed.min(16))
+                .min(TRIAL_INTERVAL_MAX);
+            assert!(d >= cap / 2 && d <= cap, "{failed}: {d:?}");
+        }
+        assert!(trial_interval(30) >= TRIAL_INTERVAL_MAX / 2);
+    }
+
+    #[test]
+    fn an_insert_that_succeeds_in_rotation_leaves_the_return_to_the_probes() {
+        let r = replicas(1);
+        for _ in 0..FAILURES_TO_DOWN {
+            r.insert_failed(0, "Code: 252. DB::Exception: Too many parts");
+        }
+        r.probed(0, Err("timeout".into()), false);
+        assert_eq!(r.pick(), 0, "rotation: the only replica");
+        r.insert_succeeded(0);
+        assert_eq!(r.state(0), State::Down);
+        r.probed(0, passed(true), false);
+        assert_eq!(
+            r.state(0),
+            State::CatchingUp,
+            "the insert proved it: the probes decide"
+        );
+        r.probed(0, passed(true), false);
+        r.probed(0, passed(true), false);
+        assert_eq!(r.state(0), State::Healthy);
     }
 
     #[test]

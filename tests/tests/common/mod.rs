@@ -142,6 +142,15 @@ impl Stack {
         ]);
     }
 
+    /// `stack.sh replica DIR i profile SETTING=VALUE...`: replica `i`'s default profile with
+    /// these settings added (none: the stack's own profile), once the server reads them.
+    pub fn replica_profile(&self, i: usize, settings: &[&str]) {
+        let (dir, i) = (self.dir.to_str().unwrap(), i.to_string());
+        let mut args = vec!["replica", dir, &i, "profile"];
+        args.extend_from_slice(settings);
+        stack_sh(&args);
+    }
+
     /// `stack.sh pg DIR action`.
     pub fn pg(&self, action: &str) {
         stack_sh(&["pg", self.dir.to_str().unwrap(), action]);
