@@ -23,6 +23,8 @@ pub const DEFAULT_DATABASE_URL: &str = "postgres://localhost/collector";
 pub const DEFAULT_CLICKHOUSE_URLS: &str = "http://127.0.0.1:8123";
 /// Default ClickHouse database (contract §1).
 pub const DEFAULT_CLICKHOUSE_DATABASE: &str = "collector";
+/// Default of `COLLECTOR_CLICKHOUSE_TABLE_FORM`.
+pub const DEFAULT_CLICKHOUSE_TABLE_FORM: &str = "replicated";
 /// Default spool folder (contract §1).
 pub const DEFAULT_SPOOL_DIR: &str = "./spool";
 /// How long a site's settings are fresh (contract §1).
@@ -172,6 +174,9 @@ pub struct RawArgs {
     /// ClickHouse database.
     #[arg(long, env = "COLLECTOR_CLICKHOUSE_DATABASE", default_value = DEFAULT_CLICKHOUSE_DATABASE, global = true)]
     pub clickhouse_database: String,
+    /// The form `migrate` creates `measurements` in: `replicated` or `single`.
+    #[arg(long, env = "COLLECTOR_CLICKHOUSE_TABLE_FORM", default_value = DEFAULT_CLICKHOUSE_TABLE_FORM, global = true)]
+    pub clickhouse_table_form: String,
     /// Local durable spool folder.
     #[arg(long, env = "COLLECTOR_SPOOL_DIR", default_value = DEFAULT_SPOOL_DIR, global = true)]
     pub spool_dir: String,
@@ -237,6 +242,34 @@ pub struct RawArgs {
     pub body_timeout: String,
 }
 
+/// The form of the ClickHouse `measurements` table (`COLLECTOR_CLICKHOUSE_TABLE_FORM`).
+///
+/// A setting, not a guess from the server: a replica whose configuration lost its
+/// `<macros>` or its ZooKeeper/Keeper section by mistake would otherwise get a table that
+/// quietly never replicates, found out months later. With the default, such a server makes
+/// `migrate` fail with a message that names what is missing and this setting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TableForm {
+    /// `ReplicatedReplacingMergeTree` on every replica of one shard (ZooKeeper or Keeper, and
+    /// the `{shard}` and `{replica}` macros): `replicated`, the default.
+    Replicated,
+    /// A `ReplacingMergeTree` on one server without replication, with the same columns and
+    /// sort key, and `non_replicated_deduplication_window` set where the server knows it so
+    /// that a resent batch's token folds it: `single`.
+    Single,
+}
+
+impl TableForm {
+    /// Parses `replicated` or `single`.
+    pub fn parse(value: &str) -> Result<TableForm, String> {
+        match value.trim() {
+            "replicated" => Ok(TableForm::Replicated),
+            "single" => Ok(TableForm::Single),
+            _ => Err("must be replicated or single".into()),
+        }
+    }
+}
+
 /// Log output format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LogFormat {
@@ -257,6 +290,8 @@ pub struct Settings {
     pub clickhouse_urls: Vec<Url>,
     /// ClickHouse database name: `[A-Za-z_][A-Za-z0-9_]*`.
     pub clickhouse_database: String,
+    /// The form of the `measurements` table that `migrate` and the prober create.
+    pub clickhouse_table_form: TableForm,
     /// Spool folder.
     pub spool_dir: PathBuf,
     /// Peers whose forwarding headers are believed.
@@ -359,6 +394,13 @@ impl Settings {
             } else {
                 Err("must match [A-Za-z_][A-Za-z0-9_]*".into())
             },
+        );
+
+        let table_form = TableForm::parse(&raw.clickhouse_table_form);
+        check(
+            "CLICKHOUSE_TABLE_FORM",
+            &raw.clickhouse_table_form,
+            table_form.as_ref().map(|_| ()).map_err(Clone::clone),
         );
 
         let proxies = parse_cidrs(&raw.trusted_proxies);
@@ -497,6 +539,7 @@ impl Settings {
             database_url: raw.database_url.clone(),
             clickhouse_urls: urls.expect("checked"),
             clickhouse_database: raw.clickhouse_database.clone(),
+            clickhouse_table_form: table_form.expect("checked"),
             spool_dir: PathBuf::from(&raw.spool_dir),
             trusted_proxies: proxies.expect("checked"),
             settings_ttl,

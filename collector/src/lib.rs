@@ -242,6 +242,7 @@ async fn serve(settings: Settings) -> Result<(), RunError> {
     let probing = writer::probe::Settings {
         database: settings.clickhouse_database.clone(),
         max_delay: settings.catchup_max_delay,
+        form: settings.clickhouse_table_form,
     };
     let pruner = tokio::spawn(limits.run_pruner(writer_shutdown.clone()));
     let reloader = tokio::spawn(site_settings_reloader.run_reloader(writer_shutdown.clone()));

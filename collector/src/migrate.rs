@@ -10,8 +10,13 @@
 //! `COLLECTOR_CLICKHOUSE_DATABASE` (a checked identifier) before sending; `{shard}` and
 //! `{replica}` are server macros and are left to ClickHouse, so the same DDL runs unchanged on
 //! every replica.
+//!
+//! **Two table forms** ([`TableForm`], `COLLECTOR_CLICKHOUSE_TABLE_FORM`): the files hold the
+//! replicated form; the single-server form is the same statement with [`REPLICATED_ENGINE`]
+//! replaced by `ReplacingMergeTree` and, where the server knows it (22.x and later),
+//! `non_replicated_deduplication_window` = [`SINGLE_DEDUP_WINDOW`] added to its `SETTINGS`.
 
-use crate::config::Settings;
+use crate::config::{Settings, TableForm};
 use crate::RunError;
 
 /// PostgreSQL schema files, in order.
@@ -32,6 +37,21 @@ pub const CLICKHOUSE: &[(&str, &str)] = &[
         include_str!("../../schema/clickhouse/002_measurements.sql"),
     ),
 ];
+
+/// The engine clause of `002_measurements.sql` (exactly once in it), which the single-server
+/// form replaces.
+pub const REPLICATED_ENGINE: &str =
+    "ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/{database}/measurements_v2', '{replica}')";
+
+/// How many recent inserts' tokens a single-server table remembers
+/// (`non_replicated_deduplication_window`, in blocks: one per batch here). The replicated
+/// form's `replicated_deduplication_window` defaults to 1000 on current releases (100 before
+/// 23.x): a batch resent after a restart is far within either.
+pub const SINGLE_DEDUP_WINDOW: u32 = 1000;
+
+/// The MergeTree setting that makes a non-replicated table deduplicate inserts by token
+/// (ClickHouse 20.x and later; default 0: no deduplication).
+const SINGLE_DEDUP_SETTING: &str = "non_replicated_deduplication_window";
 
 /// v1 of `measurements` (sorted by `id` alone), as releases before v2 created it: kept for the
 /// tests of the move to v2 and for reference; never applied by `migrate`.
@@ -86,12 +106,70 @@ fn statement(sql: &str, database: &str) -> String {
         .to_owned()
 }
 
-/// The ClickHouse statements for `database`, in order.
+/// The ClickHouse statements for `database` in the replicated form, in order.
 pub fn clickhouse_statements(database: &str) -> Vec<String> {
     CLICKHOUSE
         .iter()
         .map(|(_, sql)| statement(sql, database))
         .collect()
+}
+
+/// The `CREATE TABLE` of `measurements` for `database` in `form`; `dedup_window`: add the
+/// single-server form's deduplication window (the server knows [`SINGLE_DEDUP_SETTING`]).
+pub fn measurements_statement(database: &str, form: TableForm, dedup_window: bool) -> String {
+    let sql = statement(CLICKHOUSE[1].1, database);
+    match form {
+        TableForm::Replicated => sql,
+        TableForm::Single => {
+            let engine = REPLICATED_ENGINE.replace("{database}", database);
+            let mut sql = sql.replace(&engine, "ReplacingMergeTree");
+            if dedup_window {
+                sql.push_str(&format!(", {SINGLE_DEDUP_SETTING} = {SINGLE_DEDUP_WINDOW}"));
+            }
+            sql
+        }
+    }
+}
+
+/// Whether the server knows MergeTree setting `name`.
+async fn knows_merge_tree_setting(
+    client: &clickhouse::Client,
+    name: &str,
+) -> Result<bool, clickhouse::error::Error> {
+    let n = client
+        .query("SELECT count() FROM system.merge_tree_settings WHERE name = ?")
+        .bind(name)
+        .fetch_one::<u64>()
+        .await?;
+    Ok(n > 0)
+}
+
+/// Why the replicated form cannot be created on this server, when its configuration says so:
+/// no `{shard}` or `{replica}` macro. `None` when both are there (or it cannot tell).
+async fn replication_missing(client: &clickhouse::Client) -> Option<String> {
+    let n = client
+        .query("SELECT count() FROM system.macros WHERE macro IN ('shard', 'replica')")
+        .fetch_one::<u64>()
+        .await
+        .ok()?;
+    (n < 2).then(|| {
+        "this server has no {shard} and {replica} macros, so no replication is configured: \
+         for one server without ZooKeeper or Keeper set COLLECTOR_CLICKHOUSE_TABLE_FORM=single"
+            .to_owned()
+    })
+}
+
+/// The engine of `database.measurements` (`system.tables.engine`), if the table exists.
+async fn engine_of(
+    client: &clickhouse::Client,
+    database: &str,
+) -> Result<Option<String>, clickhouse::error::Error> {
+    let engines = client
+        .query("SELECT engine FROM system.tables WHERE database = ? AND name = 'measurements'")
+        .bind(database)
+        .fetch_all::<String>()
+        .await?;
+    Ok(engines.into_iter().next())
 }
 
 /// Bound on applying the schema to one ClickHouse replica (a hung replica must not hold a
@@ -149,6 +227,9 @@ pub struct Applied {
     /// A v1 `measurements` was found and moved aside to [`V1_TABLE`] (its rows are copied by
     /// [`copy_v1`]).
     pub moved_v1_aside: bool,
+    /// The form `measurements` has now: the one asked for, unless the table existed in the
+    /// other (`CREATE ... IF NOT EXISTS` leaves it; the writer works the same on both).
+    pub form: Option<TableForm>,
 }
 
 /// Applies the ClickHouse schema for `database` through `client` (whose own database, if
@@ -159,6 +240,7 @@ pub struct Applied {
 pub async fn apply_clickhouse(
     client: &clickhouse::Client,
     database: &str,
+    form: TableForm,
 ) -> Result<Applied, String> {
     let low_cardinality = knows_low_cardinality_setting(client)
         .await
@@ -201,10 +283,47 @@ pub async fn apply_clickhouse(
             applied.moved_v1_aside = true;
         }
     }
-    run(statements[1].clone())
-        .await
-        .map_err(|e| format!("{}: {e}", CLICKHOUSE[1].0))?;
+    let dedup_window = form == TableForm::Single
+        && knows_merge_tree_setting(client, SINGLE_DEDUP_SETTING)
+            .await
+            .map_err(|e| {
+                format!(
+                    "reading system.merge_tree_settings: {}",
+                    crate::logging::chain(&e)
+                )
+            })?;
+    if let Err(e) = run(measurements_statement(database, form, dedup_window)).await {
+        let hint = match form {
+            TableForm::Replicated => replication_missing(client).await,
+            TableForm::Single => None,
+        };
+        return Err(match hint {
+            Some(hint) => format!("{}: {e} ({hint})", CLICKHOUSE[1].0),
+            None => format!("{}: {e}", CLICKHOUSE[1].0),
+        });
+    }
+    let engine = engine_of(client, database).await.map_err(|e| {
+        format!(
+            "reading the engine of measurements: {}",
+            crate::logging::chain(&e)
+        )
+    })?;
+    applied.form = engine.map(|e| {
+        if e.starts_with("Replicated") {
+            TableForm::Replicated
+        } else {
+            TableForm::Single
+        }
+    });
     Ok(applied)
+}
+
+/// The setting's word for `form`.
+fn form_name(form: TableForm) -> &'static str {
+    match form {
+        TableForm::Replicated => "replicated",
+        TableForm::Single => "single",
+    }
 }
 
 /// What [`copy_v1`] did.
@@ -372,7 +491,11 @@ pub async fn run(settings: &Settings) -> Result<(), RunError> {
             .with_validation(false);
         let deadline = tokio::time::Instant::now() + REPLICA_TIMEOUT;
         let result = loop {
-            let apply = apply_clickhouse(&client, &settings.clickhouse_database);
+            let apply = apply_clickhouse(
+                &client,
+                &settings.clickhouse_database,
+                settings.clickhouse_table_form,
+            );
             let result = match tokio::time::timeout_at(deadline, apply).await {
                 Ok(r) => r,
                 Err(_) => Err(format!("no answer within {REPLICA_TIMEOUT:?}")),
@@ -396,7 +519,15 @@ pub async fn run(settings: &Settings) -> Result<(), RunError> {
                         "clickhouse {url}: the v1 measurements table moved aside to {V1_TABLE}"
                     );
                 }
-                println!("clickhouse {url}: schema applied");
+                let form = settings.clickhouse_table_form;
+                match done.form {
+                    Some(found) if found != form => eprintln!(
+                        "collector: clickhouse {url}: measurements exists in the {} form, not the {} form that COLLECTOR_CLICKHOUSE_TABLE_FORM asks for; it is kept as it is (the writer works on both)",
+                        form_name(found),
+                        form_name(form)
+                    ),
+                    _ => println!("clickhouse {url}: schema applied ({} form)", form_name(form)),
+                }
                 applied.push((url, client));
             }
             Err(e) => {
@@ -430,4 +561,29 @@ pub async fn run(settings: &Settings) -> Result<(), RunError> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_single_server_form_is_the_replicated_statement_without_replication() {
+        assert_eq!(CLICKHOUSE[1].1.matches(REPLICATED_ENGINE).count(), 1);
+        let replicated = measurements_statement("db", TableForm::Replicated, true);
+        assert!(replicated.contains("ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/db/measurements_v2', '{replica}')"));
+        assert!(!replicated.contains(SINGLE_DEDUP_SETTING));
+        let single = measurements_statement("db", TableForm::Single, true);
+        assert!(single.contains("ENGINE = ReplacingMergeTree\n"), "{single}");
+        assert!(!single.contains("{shard}") && !single.contains("Replicated"));
+        assert!(single.ends_with(
+            "SETTINGS index_granularity = 8192, non_replicated_deduplication_window = 1000"
+        ));
+        let old = measurements_statement("db", TableForm::Single, false);
+        assert!(old.ends_with("SETTINGS index_granularity = 8192"), "{old}");
+        // Same columns, partition and sort key.
+        let body = |sql: &str| sql[..sql.find("ENGINE").unwrap()].to_owned();
+        assert_eq!(body(&single), body(&replicated));
+        assert!(single.contains("ORDER BY (site, toDate(page_view_at), id)"));
+    }
 }

@@ -175,13 +175,8 @@ pub fn spawn(
         .spawn(move || {
             lower_priority();
             runtime.block_on(async move {
-                probe::round(&replicas, &probing.database, probing.max_delay, true).await;
-                let prober = tokio::spawn(probe::run(
-                    replicas.clone(),
-                    probing.database,
-                    probing.max_delay,
-                    shutdown.clone(),
-                ));
+                probe::round(&replicas, &probing, true).await;
+                let prober = tokio::spawn(probe::run(replicas.clone(), probing, shutdown.clone()));
                 run(reader, replicas, limits, metrics, shutdown).await;
                 let _ = prober.await;
             });

@@ -68,6 +68,10 @@ pub struct Probe {
     pub dedup_token: bool,
     /// It has the `measurements` table with every column the writer sends.
     pub schema: bool,
+    /// `system.replicas` has a row for the table: it is replicated, and the catch-up check
+    /// applies. False for the single-server form (nothing to gate on) and when `schema` is
+    /// false.
+    pub replicated: bool,
 }
 
 #[derive(Debug, Deserialize, clickhouse::Row)]
@@ -110,6 +114,7 @@ async fn check(
             caught_up: false,
             dedup_token,
             schema: false,
+            replicated: false,
         });
     }
     let rows: Vec<ReplicaStatus> = client
@@ -121,18 +126,15 @@ async fn check(
         caught_up: rows.iter().all(|r| r.caught_up(max_delay)),
         dedup_token,
         schema: true,
+        replicated: !rows.is_empty(),
     })
 }
 
 /// Probes replica `i` once: what it found, or why it did not answer in [`PROBE_TIMEOUT`]
 /// (the error with its causes). A replica found without the schema gets it applied here
 /// (within [`SCHEMA_TIMEOUT`]); it still counts as lacking it until the next probe sees it.
-pub async fn probe(
-    replicas: &Replicas,
-    i: usize,
-    database: &str,
-    max_delay: Duration,
-) -> Result<Probe, String> {
+pub async fn probe(replicas: &Replicas, i: usize, settings: &Settings) -> Result<Probe, String> {
+    let (database, max_delay) = (settings.database.as_str(), settings.max_delay);
     // The `system` database, not the measurements' one, which may not exist yet.
     let client = replicas.client(i).clone().with_database("system");
     let run = async {
@@ -150,7 +152,7 @@ pub async fn probe(
         Err(_) => return Err(format!("no answer within {PROBE_TIMEOUT:?}")),
     };
     if !found.schema {
-        let apply = crate::migrate::apply_clickhouse(&client, database);
+        let apply = crate::migrate::apply_clickhouse(&client, database, settings.form);
         match tokio::time::timeout(SCHEMA_TIMEOUT, apply).await {
             Ok(Ok(applied)) => {
                 if applied.moved_v1_aside {
@@ -182,29 +184,26 @@ pub struct Settings {
     pub database: String,
     /// Most replication delay a replica may have and still count as caught up.
     pub max_delay: Duration,
+    /// The form a replica found without the table gets it in.
+    pub form: crate::config::TableForm,
 }
 
 /// One round over every replica, concurrently. `initial` trusts a single result.
-pub async fn round(replicas: &Replicas, database: &str, max_delay: Duration, initial: bool) {
-    let probes = (0..replicas.len())
-        .map(|i| async move { (i, probe(replicas, i, database, max_delay).await) });
+pub async fn round(replicas: &Replicas, settings: &Settings, initial: bool) {
+    let probes =
+        (0..replicas.len()).map(|i| async move { (i, probe(replicas, i, settings).await) });
     for (i, result) in futures_util::future::join_all(probes).await {
         replicas.probed(i, result, initial);
     }
 }
 
 /// Probes every [`PROBE_INTERVAL`] until `shutdown` turns true.
-pub async fn run(
-    replicas: Replicas,
-    database: String,
-    max_delay: Duration,
-    mut shutdown: watch::Receiver<bool>,
-) {
+pub async fn run(replicas: Replicas, settings: Settings, mut shutdown: watch::Receiver<bool>) {
     let mut tick = tokio::time::interval(PROBE_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
-            _ = tick.tick() => round(&replicas, &database, max_delay, false).await,
+            _ = tick.tick() => round(&replicas, &settings, false).await,
             _ = shutdown.changed() => return,
         }
     }

@@ -99,6 +99,8 @@ struct Health {
     next_trial: Option<Instant>,
     /// Whether the server knows `insert_deduplication_token` (ClickHouse 22.2 and later).
     dedup_token: bool,
+    /// Whether the last probe that found the table found it replicated (`None`: none yet).
+    replicated: Option<bool>,
     /// Since when it is down, and when the last "still down" summary was logged; kept while
     /// it catches up, until it is healthy again.
     down_since: Option<(Instant, Instant)>,
@@ -181,6 +183,7 @@ impl Replicas {
                 passes: 0,
                 lags: 0,
                 awaits_insert: false,
+                replicated: None,
                 trials_failed: 0,
                 next_trial: None,
                 dedup_token: false,
@@ -461,8 +464,17 @@ impl Replicas {
                 caught_up,
                 dedup_token: token,
                 schema: true,
+                replicated,
             }) => {
                 let h = &mut inner.health[i];
+                if h.replicated != Some(replicated) {
+                    if replicated {
+                        tracing::debug!(replica = %self.urls[i], "clickhouse: measurements is replicated; returning replicas are gated on catching up");
+                    } else {
+                        tracing::info!(replica = %self.urls[i], "clickhouse: measurements is not replicated here (the single-server form): no catch-up to gate on, the replica counts as caught up whenever it answers");
+                    }
+                    h.replicated = Some(replicated);
+                }
                 h.schema = true;
                 h.probe_failures = 0;
                 if caught_up {
@@ -605,7 +617,14 @@ async fn insert_rows(
 ) -> Result<(), clickhouse::error::Error> {
     let mut insert = client.insert_formatted_with(insert_sql());
     if let Some(token) = token {
-        insert = insert.with_setting("insert_deduplication_token", token);
+        // A server that knows tokens (22.2+) knows `async_insert` too (21.11+), which current
+        // releases turn on by default (26.3+). Off for our inserts: a batch is already large,
+        // an asynchronous one would wait for the server's buffer flush, share a part (and a
+        // failure) with other clients' rows, and fold a resent token only as
+        // `async_insert_deduplicate` says. Synchronous, the answer is about these rows alone.
+        insert = insert
+            .with_setting("insert_deduplication_token", token)
+            .with_setting("async_insert", "0");
     }
     let mut insert = insert.with_timeouts(Some(SEND_TIMEOUT), Some(END_TIMEOUT));
     let mut at = 0;
@@ -652,6 +671,7 @@ mod tests {
             caught_up,
             dedup_token: false,
             schema: true,
+            replicated: true,
         })
     }
 
@@ -749,6 +769,7 @@ mod tests {
             caught_up: true,
             dedup_token: false,
             schema: false,
+            replicated: false,
         });
         r.probed(0, lacking, true);
         assert_eq!(r.state(0), State::Down);

@@ -211,6 +211,11 @@ pub struct TestEnv<'a> {
     pub db: String,
     /// Site registered for the test.
     pub site: String,
+    /// The ClickHouse servers the collector writes to (the stack's replicas, or its 26.x
+    /// server), in preference order.
+    pub clickhouse: Vec<String>,
+    /// `COLLECTOR_CLICKHOUSE_TABLE_FORM` for the collector and its commands.
+    pub table_form: &'static str,
 }
 
 impl<'a> TestEnv<'a> {
@@ -239,7 +244,27 @@ impl<'a> TestEnv<'a> {
             stack,
             db,
             site: "site-1".into(),
+            clickhouse: stack.clickhouse_urls(),
+            table_form: "replicated",
         }
+    }
+
+    /// Fresh databases on `stack` whose ClickHouse is the stack's 26.x server alone, in the
+    /// single-server table form, migrated, with site `site-1` registered.
+    pub async fn on_ch26(stack: &'a Stack) -> TestEnv<'a> {
+        let env = TestEnv::empty_on_ch26(stack).await;
+        env.cli(&["migrate"]).success();
+        env.cli(&["sites", "add", "--key", "site-1"]).success();
+        env
+    }
+
+    /// As [`TestEnv::empty`], with the stack's 26.x server as the only ClickHouse and the
+    /// single-server table form.
+    pub async fn empty_on_ch26(stack: &'a Stack) -> TestEnv<'a> {
+        let mut env = TestEnv::empty(stack).await;
+        env.clickhouse = vec![stack.ch26_url()];
+        env.table_form = "single";
+        env
     }
 
     /// Environment for a collector process using this test's databases.
@@ -251,9 +276,13 @@ impl<'a> TestEnv<'a> {
             ),
             (
                 "COLLECTOR_CLICKHOUSE_URLS".into(),
-                self.stack.clickhouse_urls().join(","),
+                self.clickhouse.join(","),
             ),
             ("COLLECTOR_CLICKHOUSE_DATABASE".into(), self.db.clone()),
+            (
+                "COLLECTOR_CLICKHOUSE_TABLE_FORM".into(),
+                self.table_form.into(),
+            ),
         ]
     }
 
@@ -291,11 +320,25 @@ impl<'a> TestEnv<'a> {
         Collector::start(env, spool).await
     }
 
-    /// Runs a query on replica `i` (from 0) of this stack and returns its JSON rows.
+    /// Runs a query on ClickHouse server `i` (from 0) of this test and returns its JSON rows;
+    /// panics with ClickHouse's answer when it fails.
     pub async fn query(&self, replica: usize, sql: &str) -> Vec<Value> {
-        clickhouse_query(&self.stack.clickhouse_urls()[replica], sql)
+        clickhouse_query(&self.clickhouse[replica], sql)
             .await
-            .expect("clickhouse query")
+            .unwrap_or_else(|e| {
+                panic!(
+                    "clickhouse query on {}: {sql}: {e}",
+                    self.clickhouse[replica]
+                )
+            })
+    }
+
+    /// Runs a statement (no answer rows) on ClickHouse server `i` (from 0) of this test;
+    /// panics with ClickHouse's answer when it fails.
+    pub async fn exec(&self, replica: usize, sql: &str) {
+        clickhouse_exec(&self.clickhouse[replica], sql)
+            .await
+            .unwrap_or_else(|e| panic!("clickhouse on {}: {sql}: {e}", self.clickhouse[replica]))
     }
 
     /// Rows of this test's `measurements` with the given ids, under FINAL, from replica 0.

@@ -20,8 +20,9 @@
 //!   replica and every client: stand-ins built on one [`TokenMemory`] share it. It holds the
 //!   last [`DEDUP_WINDOW`] tokens, the default of `replicated_deduplication_window` in current
 //!   releases (<https://clickhouse.com/docs/reference/settings/merge-tree-settings/replicated-deduplication-window>;
-//!   raised from 100 to 1000 by ClickHouse PR 57335). The setting is removed before the INSERT
-//!   is forwarded, because 18.16 refuses settings it does not know.
+//!   raised from 100 to 1000 by ClickHouse PR 57335). The setting (and `async_insert=0`, which
+//!   the collector sends with it) is removed before the INSERT is forwarded, because 18.16
+//!   refuses settings it does not know.
 //! - **A failure after the status line**: in [`InsertMode::ExceptionHeader`] every INSERT is
 //!   answered `200 OK` with the error only in the `X-ClickHouse-Exception-Code` header and the
 //!   body, and nothing is written. Current releases send that header when an exception is
@@ -251,7 +252,9 @@ async fn handle(shared: &Shared, req: Request<Incoming>) -> Answer {
             .iter()
             .find(|(k, _)| k == "insert_deduplication_token")
             .map(|(_, v)| v.clone());
-        params.retain(|(k, _)| k != "insert_deduplication_token");
+        // 18.16 knows neither the token nor `async_insert` (21.11+), which the collector
+        // turns off next to a token.
+        params.retain(|(k, _)| k != "insert_deduplication_token" && k != "async_insert");
         if token.is_some() {
             shared.counters.with_token.fetch_add(1, Ordering::SeqCst);
         }
