@@ -343,7 +343,7 @@ async fn ch26(url: &str, body: String, params: &[(&str, String)]) -> String {
 }
 
 /// The same rows written straight into the v2 table on a real ClickHouse 26.x server (the
-/// single-server form: the schema's columns, DEFAULTs and keys in a plain ReplacingMergeTree),
+/// single-server form that `collector migrate` creates with `COLLECTOR_CLICKHOUSE_TABLE_FORM=single`),
 /// resends as inserts of their own, `page_view_at` left to its DEFAULT: every documented query
 /// runs with its parameters bound by the server (`param_…`), as written, and answers as on 18.16.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -351,19 +351,10 @@ async fn the_documented_queries_bind_their_parameters_on_clickhouse_26() {
     let url = Stack::shared().ch26_url();
     let version = ch26(&url, "SELECT version()".into(), &[]).await;
     assert!(version.starts_with("26."), "{version}");
-    let db = format!("q26_{}", uuid::Uuid::new_v4().simple());
-    ch26(&url, format!("CREATE DATABASE {db}"), &[]).await;
-    let schema = std::fs::read_to_string(root().join("schema/clickhouse/002_measurements.sql"))
-        .expect("schema/clickhouse/002_measurements.sql");
-    let engine = schema
-        .lines()
-        .find(|l| l.starts_with("ENGINE = ReplicatedReplacingMergeTree("))
-        .expect("the schema's ENGINE line");
-    let ddl = schema
-        .replace(engine, "ENGINE = ReplacingMergeTree")
-        .replace("{database}", &db);
-    ch26(&url, ddl, &[]).await;
-
+    // The single-server form, as `collector migrate` creates it there.
+    let env = TestEnv::empty_on_ch26(Stack::shared()).await;
+    env.cli(&["migrate"]).success();
+    let db = env.db.clone();
     let first_day = (now_ms() / DAY_MS - 3) * DAY_MS;
     let row = |(day, ua, path, lcp, inp, cls): PageView| {
         let (device_type, browser, browser_version) = derived(ua);
