@@ -70,7 +70,7 @@ USERS = """<?xml version="1.0"?>
     <profiles>
         <default>
             <max_memory_usage>1073741824</max_memory_usage>
-            <use_uncompressed_cache>0</use_uncompressed_cache>
+            <use_uncompressed_cache>0</use_uncompressed_cache>{settings}
         </default>
     </profiles>
     <users>
@@ -127,6 +127,9 @@ def parse_args(argv):
     p.add_argument("--http-port", type=port, required=True)
     p.add_argument("--tcp-port", type=port, required=True)
     p.add_argument("--host", default="127.0.0.1", help="listen_host (default 127.0.0.1)")
+    p.add_argument("--setting", action="append", default=[], metavar="NAME=VALUE",
+                   help="a setting added to the default profile (repeatable), e.g. "
+                        "max_insert_block_size=8")
     p.add_argument("--stop-timeout", type=float, default=20.0,
                    help="seconds to wait for the server to shut down once asked (default 20)")
     args = p.parse_args(argv)
@@ -134,6 +137,11 @@ def parse_args(argv):
     args.data = os.path.abspath(args.data or os.path.join(args.workdir, "data"))
     if args.http_port == args.tcp_port:
         p.error("--http-port and --tcp-port must differ")
+    for setting in args.setting:
+        name, _, value = setting.partition("=")
+        if not (name.replace("_", "").isalnum() and name.isascii() and value
+                and value.replace("_", "").replace(".", "").isalnum()):
+            p.error(f"--setting: not NAME=VALUE: {setting}")
     return args
 
 
@@ -242,7 +250,10 @@ def main(argv):
     time.tzset()
 
     users = os.path.join(args.workdir, "users.xml")
-    write_atomically(users, USERS)
+    settings = "".join(
+        f"\n            <{name}>{escape(value)}</{name}>"
+        for name, _, value in (s.partition("=") for s in args.setting))
+    write_atomically(users, USERS.format(settings=settings))
     name = display_name(args.workdir)
     write_atomically(os.path.join(args.workdir, "config.xml"), CONFIG.format(
         display_name=escape(name), host=escape(args.host), http_port=args.http_port,

@@ -1191,3 +1191,92 @@ impl Drop for PgBouncer {
         let _ = self.child.wait();
     }
 }
+
+/// A ClickHouse 26.x server of one test's own (`scripts/ch26/server.py` from the chdb-core
+/// virtual environment that `scripts/stack.sh install` makes), with `settings` added to its
+/// default profile: for a test that needs server settings the shared 26.x server must not
+/// have. Stopped when dropped.
+pub struct Ch26Server {
+    /// Its HTTP URL.
+    pub url: String,
+    child: Child,
+    dir: tempfile::TempDir,
+}
+
+impl Ch26Server {
+    /// Starts it and waits until `/ping` answers (panics with its log after 30 s).
+    pub async fn start(settings: &[&str]) -> Ch26Server {
+        let venv = match std::env::var_os("STACK_CH26_VENV") {
+            Some(v) => PathBuf::from(v),
+            None => std::env::var_os("XDG_CACHE_HOME")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| {
+                    PathBuf::from(std::env::var_os("HOME").unwrap_or("/root".into())).join(".cache")
+                })
+                .join("collector-stack/ch26-venv"),
+        };
+        let python = venv.join("bin/python");
+        assert!(
+            python.exists(),
+            "no chdb-core virtual environment at {}: run scripts/stack.sh install",
+            venv.display()
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let http = free_port();
+        let tcp = loop {
+            let p = free_port();
+            if p != http {
+                break p;
+            }
+        };
+        let log = std::fs::File::create(dir.path().join("server.log")).unwrap();
+        let mut cmd = Command::new(&python);
+        cmd.arg(root().join("scripts/ch26/server.py"))
+            .arg("--workdir")
+            .arg(dir.path())
+            .args([
+                "--http-port",
+                &http.to_string(),
+                "--tcp-port",
+                &tcp.to_string(),
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log);
+        for s in settings {
+            cmd.args(["--setting", s]);
+        }
+        let child = cmd.spawn().expect("start scripts/ch26/server.py");
+        let mut server = Ch26Server {
+            url: format!("http://127.0.0.1:{http}"),
+            child,
+            dir,
+        };
+        let start = Instant::now();
+        loop {
+            let ping = http_client_get(&format!("{}/ping", server.url)).await;
+            if ping.as_deref() == Some("Ok.\n") {
+                return server;
+            }
+            let exited = server.child.try_wait().unwrap();
+            assert!(
+                exited.is_none() && start.elapsed() < Duration::from_secs(30),
+                "the 26.x server did not answer /ping on {} (exit {exited:?}); its log:\n{}",
+                server.url,
+                std::fs::read_to_string(server.dir.path().join("server.log")).unwrap_or_default()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+impl Drop for Ch26Server {
+    fn drop(&mut self) {
+        terminate(&mut self.child, Duration::from_secs(20));
+    }
+}
+
+/// The body of a GET, or `None` when it cannot be had.
+async fn http_client_get(url: &str) -> Option<String> {
+    http().get(url).send().await.ok()?.text().await.ok()
+}
