@@ -333,3 +333,43 @@ async fn an_insert_that_stores_part_of_its_rows_before_failing_loses_nothing_on_
         "no refused insert stored part of its rows ({copies} copies of {good} rows): the test did not make the partial insert it means to"
     );
 }
+
+/// A batch whose answer is lost after the server stored it is sent again with the same token,
+/// and the server folds the copy: one row per id before `FINAL` too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_batch_is_folded_by_the_server_on_clickhouse_26() {
+    let stack = Stack::shared();
+    let mut env = TestEnv::on_ch26(stack).await;
+    let proxy = common::lost_answer::LostAnswers::start(&env.clickhouse[0]).await;
+    env.clickhouse = vec![proxy.url.clone()];
+    let c = collector(&env, &[("COLLECTOR_BATCH_MAX_AGE", "50ms")]).await;
+    env.exec(0, &format!("SYSTEM STOP MERGES {}.measurements", env.db))
+        .await;
+    let mut acked = Vec::new();
+    for _ in 0..5 {
+        proxy.lose_next_inserts(1);
+        let (id, m) = measurement(&env.site);
+        let (status, body) = c.post_json(&m).await;
+        assert_eq!(status, 202, "{body}");
+        env.wait_rows(std::slice::from_ref(&id), STORED).await;
+        acked.push(id);
+    }
+    c.wait_metric("collector_spool_records 0", STORED).await;
+    let (lost, inserts) = proxy.counts();
+    assert_eq!(lost, 5, "one answer lost per batch ({inserts} inserts)");
+    assert!(inserts >= 10, "each batch sent again: {inserts} inserts");
+    env.assert_stored_once(&acked, STORED).await;
+    let copies = one_row(
+        &env,
+        &format!("SELECT count() AS n FROM {}.measurements", env.db),
+    )
+    .await;
+    assert_eq!(
+        as_i64(&copies["n"]),
+        Some(5),
+        "the server folded each resent batch by its token (merges stopped)"
+    );
+    eprintln!(
+        "figures: 26.x lost answers: {lost} answers lost, {inserts} inserts, 5 rows before FINAL"
+    );
+}
