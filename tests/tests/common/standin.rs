@@ -31,16 +31,9 @@
 //!   <https://clickhouse.com/docs/interfaces/http#http_response_codes_caveats>; ClickHouse
 //!   issue 65117 and PR 60252, where exceptions were answered with 200). 18.16 never sends the
 //!   header.
-//! - **A `CHECK` constraint**: in [`InsertMode::Constraint`] an INSERT holding a row whose
-//!   `site` is the given value is refused as a whole with code 469, `VIOLATED_CONSTRAINT`, and
-//!   nothing of it is written, as a table with `CONSTRAINT c CHECK site != '...'` does in
-//!   current releases ("Constraints are checked on INSERT": `ALTER TABLE … ADD CONSTRAINT`,
-//!   <https://clickhouse.com/docs/sql-reference/statements/alter/constraint>; the code in
-//!   `src/Common/ErrorCodes.cpp`). 18.16 has no constraints. The stand-in finds the row by the
-//!   RowBinary bytes of that `String` (its LEB128 length, then the text) in the INSERT's body,
-//!   after undoing the ClickHouse block compression the client applies (LZ4 blocks: a 16-byte
-//!   checksum, method byte `0x82`, u32 compressed size including the 9-byte header, u32
-//!   decompressed size; <https://clickhouse.com/docs/native-protocol/hash>).
+//!
+//! A `CHECK` constraint's refusal (code 469) was a mode here once; the real ClickHouse 26.x
+//! server shows it now (`tests/tests/ch26.rs`), and the mode is gone.
 //!
 //! The stand-in runs inside the test process (a Tokio task), so a test switches its mode and
 //! reads its counters directly.
@@ -96,9 +89,6 @@ pub enum InsertMode {
     /// Answer `200 OK` with `X-ClickHouse-Exception-Code: code` and the exception text in the
     /// body; write nothing.
     ExceptionHeader(u32),
-    /// Refuse, with code 469 `VIOLATED_CONSTRAINT`, every INSERT holding a row whose `site`
-    /// is this value; forward the others.
-    Constraint(String),
 }
 
 /// What a stand-in did, counted since it started.
@@ -110,8 +100,6 @@ pub struct StandInStats {
     pub inserts_deduplicated: u64,
     /// INSERTs answered 200 with an exception header.
     pub inserts_failed_after_status: u64,
-    /// INSERTs refused for a constraint.
-    pub inserts_refused: u64,
     /// INSERTs that carried `insert_deduplication_token`.
     pub inserts_with_token: u64,
     /// Queries whose `version()` was answered with [`VERSION`].
@@ -123,7 +111,6 @@ struct Counters {
     written: AtomicU64,
     deduplicated: AtomicU64,
     failed_after_status: AtomicU64,
-    refused: AtomicU64,
     with_token: AtomicU64,
     version_rewrites: AtomicU64,
 }
@@ -200,7 +187,6 @@ impl StandIn {
             inserts_written: c.written.load(Ordering::SeqCst),
             inserts_deduplicated: c.deduplicated.load(Ordering::SeqCst),
             inserts_failed_after_status: c.failed_after_status.load(Ordering::SeqCst),
-            inserts_refused: c.refused.load(Ordering::SeqCst),
             inserts_with_token: c.with_token.load(Ordering::SeqCst),
             version_rewrites: c.version_rewrites.load(Ordering::SeqCst),
         }
@@ -272,33 +258,6 @@ async fn handle(shared: &Shared, req: Request<Incoming>) -> Answer {
                 ),
             );
         }
-        if let InsertMode::Constraint(site) = &mode {
-            let compressed = params.iter().any(|(k, v)| k == "decompress" && v == "1");
-            let rows = if compressed {
-                decompress(&body)
-            } else {
-                Some(body.to_vec())
-            };
-            let Some(rows) = rows else {
-                return answer(
-                    StatusCode::BAD_REQUEST,
-                    &[],
-                    "stand-in: bad compressed body",
-                );
-            };
-            let mut needle = vec![site.len() as u8];
-            needle.extend_from_slice(site.as_bytes());
-            if rows.windows(needle.len()).any(|w| w == needle) {
-                shared.counters.refused.fetch_add(1, Ordering::SeqCst);
-                return answer(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    &[("X-ClickHouse-Exception-Code", "469".into())],
-                    format!(
-                        "Code: 469. DB::Exception: Constraint `site_ok` for table measurements is violated at row 1. Expression: (site != '{site}'). (VIOLATED_CONSTRAINT) (version {VERSION} (official build))\n"
-                    ),
-                );
-            }
-        }
         if let Some(token) = &token {
             if shared.tokens.seen(token) {
                 shared.counters.deduplicated.fetch_add(1, Ordering::SeqCst);
@@ -336,23 +295,6 @@ async fn handle(shared: &Shared, req: Request<Incoming>) -> Answer {
             .fetch_add(1, Ordering::SeqCst);
     }
     forward(shared, &parts, &params, body).await
-}
-
-/// The data of a body of ClickHouse compressed blocks (LZ4 only); `None` if it is not one.
-fn decompress(mut body: &[u8]) -> Option<Vec<u8>> {
-    let mut out = Vec::new();
-    while !body.is_empty() {
-        let header = body.get(16..25)?;
-        if header[0] != 0x82 {
-            return None;
-        }
-        let compressed = u32::from_le_bytes(header[1..5].try_into().ok()?) as usize;
-        let size = u32::from_le_bytes(header[5..9].try_into().ok()?) as usize;
-        let data = body.get(25..16 + compressed)?;
-        out.extend(lz4_flex::block::decompress(data, size).ok()?);
-        body = &body[16 + compressed..];
-    }
-    Some(out)
 }
 
 async fn forward(
