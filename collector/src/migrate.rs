@@ -86,15 +86,16 @@ async fn knows_low_cardinality_setting(
     Ok(n > 0)
 }
 
-/// ClickHouse's ILLEGAL_COLUMN (`src/Common/ErrorCodes.cpp`), which `ADD COLUMN` answers, with
-/// "column with this name already exists", for a column that is there (18.16 and current).
-const ILLEGAL_COLUMN: u32 = 44;
+/// What `ADD COLUMN` answers for a column that is there, with "column with this name already
+/// exists": ILLEGAL_COLUMN (44) on 18.16, DUPLICATE_COLUMN (15) on current releases (measured
+/// on 26.9.2.1; codes from `src/Common/ErrorCodes.cpp`).
+const COLUMN_EXISTS_CODES: [u32; 2] = [44, 15];
 
 /// Whether a failed statement was an `ADD COLUMN` whose column exists already: applied.
 fn already_applied(sql: &str, error: &clickhouse::error::Error) -> bool {
     let text = error.to_string();
     sql.contains(" ADD COLUMN ")
-        && crate::writer::exception_code(&text) == Some(ILLEGAL_COLUMN)
+        && crate::writer::exception_code(&text).is_some_and(|c| COLUMN_EXISTS_CODES.contains(&c))
         && text.contains("already exists")
 }
 
@@ -566,6 +567,22 @@ pub async fn run(settings: &Settings) -> Result<(), RunError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_existing_column_counts_as_added_on_both_engines() {
+        let sql = "ALTER TABLE db.measurements ADD COLUMN sample_rate Float64 DEFAULT 1";
+        let answer = |text: &str| clickhouse::error::Error::BadResponse(text.into());
+        assert!(already_applied(sql, &answer("Code: 44, e.displayText() = DB::Exception: Cannot add column sample_rate: column with this name already exists")));
+        assert!(already_applied(sql, &answer("Code: 15. DB::Exception: Cannot add column `sample_rate`: column with this name already exists. (DUPLICATE_COLUMN) (version 26.9.2.1)")));
+        assert!(!already_applied(
+            sql,
+            &answer("Code: 60. DB::Exception: Table db.measurements does not exist")
+        ));
+        assert!(!already_applied(
+            "CREATE TABLE x",
+            &answer("Code: 15. already exists")
+        ));
+    }
 
     #[test]
     fn the_single_server_form_is_the_replicated_statement_without_replication() {

@@ -373,3 +373,87 @@ async fn a_retried_batch_is_folded_by_the_server_on_clickhouse_26() {
         "figures: 26.x lost answers: {lost} answers lost, {inserts} inserts, 5 rows before FINAL"
     );
 }
+
+/// `migrate` moves a v1 table (sorted by `id` alone; here in the single-server form) to v2 on
+/// 26.x: 20,000 rows over four months and one id stored twice, unmerged, across midnight;
+/// afterwards v2 has every v1 id once under `FINAL`, v1 is kept, and a collector writes to v2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_moves_a_v1_table_to_v2_on_clickhouse_26() {
+    let env = TestEnv::empty_on_ch26(Stack::shared()).await;
+    let db = env.db.clone();
+    let v1 = std::fs::read_to_string(root().join("schema/clickhouse/v1/measurements.sql"))
+        .expect("schema/clickhouse/v1/measurements.sql");
+    let engine = v1
+        .lines()
+        .find(|l| l.starts_with("ENGINE = ReplicatedReplacingMergeTree("))
+        .expect("v1's ENGINE line");
+    env.exec(0, &format!("CREATE DATABASE {db}")).await;
+    env.exec(
+        0,
+        &v1.replace(engine, "ENGINE = ReplacingMergeTree")
+            .replace("{database}", &db),
+    )
+    .await;
+    env.exec(0, &format!("SYSTEM STOP MERGES {db}.measurements"))
+        .await;
+    env.exec(
+        0,
+        &format!(
+            "INSERT INTO {db}.measurements (id, site, received_at, url, ts, user_agent) \
+             SELECT generateUUIDv4(), concat('site-', toString(number % 50)), \
+             toUInt32(1788000000 + intDiv(number, 5000) * 2678400 + number % 5000), \
+             'https://shop.example/', if(number % 4 = 0, NULL, toInt64(1788000000 + intDiv(number, 5000) * 2678400 + number % 5000) * 1000), \
+             'Mozilla/5.0' FROM system.numbers LIMIT 20000"
+        ),
+    )
+    .await;
+    let unmerged = uuid::Uuid::new_v4().to_string();
+    for at in [1_792_022_390, 1_792_022_420] {
+        env.exec(
+            0,
+            &format!(
+                "INSERT INTO {db}.measurements (id, site, received_at, url, ts, user_agent) \
+                 VALUES ('{unmerged}', 'site-0', {at}, 'https://shop.example/', NULL, 'Mozilla/5.0')"
+            ),
+        )
+        .await;
+    }
+    let out = env.cli(&["migrate"]);
+    out.success();
+    assert!(
+        out.stdout
+            .contains("measurements_v1 copied into measurements: 20001 rows in 4 months, 20001 copied now, 0 there already"),
+        "{}",
+        out.stdout
+    );
+    let counts = one_row(
+        &env,
+        &format!(
+            "SELECT (SELECT count() FROM {db}.measurements FINAL) AS v2, \
+             (SELECT uniqExact(id) FROM {db}.measurements) AS ids, \
+             (SELECT count() FROM {db}.measurements_v1) AS v1, \
+             (SELECT count() FROM {db}.measurements_v1 AS o WHERE o.id NOT IN (SELECT id FROM {db}.measurements)) AS missing, \
+             (SELECT engine FROM system.tables WHERE database = '{db}' AND name = 'measurements') AS engine"
+        ),
+    )
+    .await;
+    assert_eq!(as_i64(&counts["v2"]), Some(20001), "{counts}");
+    assert_eq!(as_i64(&counts["ids"]), Some(20001), "{counts}");
+    assert_eq!(
+        as_i64(&counts["v1"]),
+        Some(20002),
+        "v1 kept as it was: {counts}"
+    );
+    assert_eq!(as_i64(&counts["missing"]), Some(0), "{counts}");
+    assert_eq!(counts["engine"], "ReplacingMergeTree", "{counts}");
+
+    env.cli(&["sites", "add", "--key", "site-1"]).success();
+    let c = collector(&env, &[]).await;
+    let mut acked = Vec::new();
+    for _ in 0..10 {
+        let (id, m) = measurement(&env.site);
+        assert_eq!(c.post_json(&m).await.0, 202);
+        acked.push(id);
+    }
+    env.assert_stored_once(&acked, STORED).await;
+}
