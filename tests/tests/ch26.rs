@@ -7,6 +7,11 @@
 //! cannot replicate, so the table is the single-server form (a `ReplacingMergeTree` with
 //! `non_replicated_deduplication_window`), and what is replication-specific stays on the 18.16
 //! replicas (`failover.rs`, `shape.rs`).
+//!
+//! Asynchronous inserts cannot be shown on this server: clickhouse-local lists `async_insert=1`
+//! as its default but does not queue inserts (an INSERT with `async_insert=1` and a 5 s busy
+//! timeout returned in 30 ms, its row there at once). The collector turns them off for its own
+//! inserts on every server that knows tokens (`writer::replicas`).
 
 mod common;
 
