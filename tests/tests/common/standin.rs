@@ -1,6 +1,19 @@
 //! A test-only stand-in for current ClickHouse behaviour that Debian's ClickHouse 18.16 cannot
 //! show, put in front of a real 18.16 replica as an HTTP proxy.
 //!
+//! **Why it is still here, beside a real 26.x server** (`tests/tests/ch26.rs`). The 26.x
+//! server of the tests is clickhouse-local, which cannot replicate; what the stand-in keeps is
+//! what only *replicas* of a current release show, or what that server would not produce:
+//! - the token memory of a replicated table, shared by every replica (it lives in Keeper):
+//!   two collectors writing through different replicas must never share a token. The real
+//!   26.x server proves the memory for one table on one server;
+//! - `version()`, only so that the collector sends tokens to these 18.16 replicas;
+//! - an INSERT failing after `200 OK`: no way was found to make 26.9 do it for an INSERT.
+//!
+//! What the real 26.x server shows is tested there and has no mode here: a `CHECK`
+//! constraint's refusal, an insert that stores part of its rows before failing, a seen token
+//! storing nothing.
+//!
 //! Everything the stand-in does not name below is the real 18.16 server's answer: queries,
 //! inserts, replication, `system.replicas`. It changes only what current releases do
 //! differently, as their documentation states:
