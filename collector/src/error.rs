@@ -42,6 +42,11 @@ pub enum IntakeError {
     /// 429: a site or client over its rate.
     #[error("rate limit exceeded")]
     RateLimited(Duration),
+    /// 429: a never-seen site key while the first fetches of never-seen keys are over their
+    /// budget ([`crate::settings::FIRST_FETCH_RATE`] per second): load shed because of the
+    /// keys sent, not an outage.
+    #[error("too many never-seen site keys; retry shortly")]
+    SiteLookupLimited(Duration),
     /// 503: the request was shed for overload (every in-flight place taken, or the spool's
     /// append queue full); counted in `collector_http_shed_total`.
     #[error("overloaded")]
@@ -71,7 +76,9 @@ impl IntakeError {
             IntakeError::UnknownSite(_) | IntakeError::OriginNotAllowed(_) => StatusCode::FORBIDDEN,
             IntakeError::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             IntakeError::UnsupportedMedia(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            IntakeError::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
+            IntakeError::RateLimited(_) | IntakeError::SiteLookupLimited(_) => {
+                StatusCode::TOO_MANY_REQUESTS
+            }
             IntakeError::Overloaded(_) | IntakeError::Unavailable(..) => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
@@ -88,6 +95,7 @@ impl IntakeError {
             IntakeError::TooLarge => "too_large",
             IntakeError::UnsupportedMedia(_) => "unsupported_media",
             IntakeError::RateLimited(_) => "rate_limited",
+            IntakeError::SiteLookupLimited(_) => "site_lookup_limited",
             IntakeError::Overloaded(_) => "overloaded",
             IntakeError::Unavailable(..) => "unavailable",
         }
@@ -119,6 +127,7 @@ impl IntoResponse for IntakeError {
         let status = self.status();
         let retry_after = match &self {
             IntakeError::RateLimited(d)
+            | IntakeError::SiteLookupLimited(d)
             | IntakeError::Overloaded(d)
             | IntakeError::Unavailable(_, d) => Some(d.as_secs().max(1)),
             _ => None,

@@ -35,16 +35,15 @@ struct Tmpfs {
 }
 
 impl Tmpfs {
-    /// Mounts a tmpfs of `size`, or `None` (with a loud note) when not running as root.
-    fn mount(size: &str) -> Option<Tmpfs> {
+    /// Mounts a tmpfs of `size`; fails the test when it cannot (not root: a test that cannot
+    /// run here fails, it does not pass).
+    fn mount(size: &str) -> Tmpfs {
         let uid = Command::new("id").arg("-u").output().expect("run id -u");
-        if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
-            eprintln!(
-                "\n*** disk_full: SKIPPED, not root: mounting a tmpfs needs root. \
-                 The full-disk promise is NOT tested on this run. ***\n"
-            );
-            return None;
-        }
+        assert_eq!(
+            String::from_utf8_lossy(&uid.stdout).trim(),
+            "0",
+            "disk_full needs root to mount a tmpfs: the full-disk promise cannot be tested as this user"
+        );
         let dir = tempfile::tempdir().unwrap();
         let out = Command::new("mount")
             .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
@@ -57,7 +56,7 @@ impl Tmpfs {
             dir.path().display(),
             String::from_utf8_lossy(&out.stderr)
         );
-        Some(Tmpfs { dir })
+        Tmpfs { dir }
     }
 
     fn path(&self) -> &Path {
@@ -176,9 +175,7 @@ fn assert_not_full(c: &Collector, spool: &Path, before: &[(PathBuf, u64)]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_disk_turns_not_ready_and_recovers_by_itself_also_across_a_restart() {
     let _turn = SERIAL.lock().await;
-    let Some(tmpfs) = Tmpfs::mount(TMPFS_SIZE) else {
-        return;
-    };
+    let tmpfs = Tmpfs::mount(TMPFS_SIZE);
     let stack = Stack::failover();
     for i in 1..=stack.clickhouse_urls().len() {
         stack.replica(i, "thaw");

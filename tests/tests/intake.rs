@@ -607,8 +607,12 @@ async fn cli_manages_sites_and_rejects_bad_settings() {
 }
 
 /// A stored row's value of `column`, for the row with `id`.
+/// Column `column` of `id`'s row; panics when the row has no such column (a `Null` read from
+/// a missing key would pass an assertion that the value is NULL).
 fn stored<'a>(rows: &'a [Value], id: &str, column: &str) -> &'a Value {
-    &row(rows, id)[column]
+    row(rows, id)
+        .get(column)
+        .unwrap_or_else(|| panic!("the row of {id} has no column {column}: {}", row(rows, id)))
 }
 
 /// Issue 13, kinds 1, 2, 3, 5, 10 and 11, end to end: each broken piece costs only itself.

@@ -390,8 +390,9 @@ async fn a_frozen_store_hangs_its_open_connections_and_costs_known_sites_nothing
 /// 100 requests per second, a fifth of them for random site keys that exist nowhere: the
 /// store gets at most `FIRST_FETCH_RATE` (5) first-fetch queries per second plus its full loads
 /// and refreshes, whatever the keys; the known site is accepted throughout; a random key is
-/// answered 403 (fetched: unknown) or 503 with `Retry-After` (over the budget), never 202; and
-/// a site added during the run is accepted within one TTL of its addition.
+/// answered 403 (fetched: unknown) or 429 with `Retry-After` (over the budget: load shed, not a
+/// 5xx that would page), never 202 nor 5xx; and a site added during the run is accepted within
+/// one TTL of its addition.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_site_keys_cost_the_store_a_bounded_rate() {
     let env = TestEnv::new(Stack::shared()).await;
@@ -443,7 +444,7 @@ async fn random_site_keys_cost_the_store_a_bounded_rate() {
         let (site, sent, status, retry_after) = a.await.unwrap();
         if site.starts_with("rnd-") {
             *random.entry(status).or_default() += 1;
-            assert!(status != 503 || retry_after, "a 503 without Retry-After");
+            assert!(status != 429 || retry_after, "a 429 without Retry-After");
         } else if site == "added-later" {
             if status == 202 {
                 let after = sent.saturating_duration_since(added);
@@ -459,11 +460,22 @@ async fn random_site_keys_cost_the_store_a_bounded_rate() {
         "known site: {known:?}"
     );
     assert!(
-        random.keys().all(|s| *s == 403 || *s == 503),
+        random.keys().all(|s| *s == 403 || *s == 429),
         "random keys: {random:?}"
     );
     let random_total: usize = random.values().sum();
     assert!(random_total >= 300, "{random:?}");
+    assert!(
+        random.get(&429).is_some_and(|n| *n > 0),
+        "over the budget: 429: {random:?}"
+    );
+    let limited = c
+        .metric("collector_settings_first_fetch_limited_total")
+        .await;
+    assert!(
+        limited >= random[&429] as f64,
+        "{limited} limited, {random:?}"
+    );
     // 5 first fetches per second (and a burst of 5); a full load and a refresh per known site
     // per TTL; one query per second of slack. Without the budget: about 20 per second.
     let bound = 6.0 * secs + 5.0 + 3.0 * (secs / ttl.as_secs_f64() + 1.0);

@@ -42,6 +42,9 @@ pub const RETRY_AFTER: Duration = Duration::from_secs(5);
 /// `Retry-After` of a 503 for a request shed at the in-flight bound: a place frees as soon as
 /// any request in flight is answered, far sooner than the spool drains.
 const SHED_RETRY_AFTER: Duration = Duration::from_secs(1);
+/// `Retry-After` of a never-seen site key while the first-fetch budget is spent
+/// ([`crate::settings::FIRST_FETCH_RATE`] per second): the next second has budget again.
+pub const FIRST_FETCH_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// What a request answered 202 came to, gathered station by station: the 202 body, and what
 /// only the metrics count.
@@ -127,7 +130,7 @@ pub async fn preflight(
         let allowed = match state.settings.lookup(site).await {
             Lookup::Known(s) => s.enabled && s.allows_origin(origin.to_str().ok()),
             Lookup::Unknown => false,
-            Lookup::Unavailable => true,
+            Lookup::Unavailable | Lookup::Limited => true,
         };
         if !allowed {
             return IntakeError::OriginNotAllowed(site.to_owned()).into_response();
@@ -406,6 +409,7 @@ async fn lookup_sites(
                     RETRY_AFTER,
                 ))
             }
+            Lookup::Limited => return Err(IntakeError::SiteLookupLimited(FIRST_FETCH_RETRY_AFTER)),
         };
         if let Some(site) = &site {
             if !site.allows_origin(origin) {

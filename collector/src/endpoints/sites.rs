@@ -56,6 +56,12 @@ pub async fn get(State(state): State<AppState>, Path(key): Path<String>) -> Resp
                         .into_response(),
                 )
             }
+            Lookup::Limited => {
+                return with_cors(
+                    IntakeError::SiteLookupLimited(super::intake::FIRST_FETCH_RETRY_AFTER)
+                        .into_response(),
+                )
+            }
         }
     };
     response.headers_mut().insert(

@@ -16,9 +16,11 @@
 //!   (moka's single-flight `try_get_with`); at most [`FIRST_FETCHES`] first fetches run at once
 //!   and at most [`FIRST_FETCH_RATE`] start per second (governor's GCRA limiter), whatever the
 //!   keys: random keys cannot load the store. Unknown keys are remembered as unknown for
-//!   [`UNKNOWN_TTL`]. While the store cannot be asked, or the first-fetch budget is spent, a
-//!   never-seen key is [`Lookup::Unavailable`] (a 503 with `Retry-After`, which the script
-//!   retries); a site added after start is therefore known within one full load
+//!   [`UNKNOWN_TTL`]. While the store cannot be asked a never-seen key is
+//!   [`Lookup::Unavailable`] (a 503 with `Retry-After`); while the first-fetch budget is
+//!   spent it is [`Lookup::Limited`] (a 429 with `Retry-After`: load shed because of the keys
+//!   sent, not an outage, so it does not page as 5xx does). The script retries both. A site
+//!   added after start is therefore known within one full load
 //!   (`COLLECTOR_SETTINGS_TTL`) at the latest, at once when the budget allows.
 //!
 //! So the store sees at most `FIRST_FETCH_RATE` queries per second for first fetches, plus
@@ -45,9 +47,9 @@ pub use store::{SettingsStore, StoreError};
 pub const UNKNOWN_TTL: Duration = Duration::from_secs(10);
 /// Most site keys cached, known and unknown together.
 pub const CACHE_CAPACITY: u64 = 100_000;
-/// Most first fetches (never-seen keys) in flight at once; more get [`Lookup::Unavailable`].
+/// Most first fetches (never-seen keys) in flight at once; more get [`Lookup::Limited`].
 pub const FIRST_FETCHES: usize = 8;
-/// Most first fetches started per second (and the burst); more get [`Lookup::Unavailable`].
+/// Most first fetches started per second (and the burst); more get [`Lookup::Limited`].
 pub const FIRST_FETCH_RATE: u32 = 5;
 /// How often a collector whose settings were never loaded tries a full load again: each try
 /// passes the store's circuit breaker, so the store itself is asked at most once per
@@ -108,6 +110,8 @@ pub enum Lookup {
     Unknown,
     /// The site is not cached and the store cannot be asked now.
     Unavailable,
+    /// The site is not cached and the first-fetch budget is spent: ask again in a second.
+    Limited,
 }
 
 /// A cached answer and when it was loaded.
@@ -313,10 +317,13 @@ impl SiteSettings {
                 let _permit = inner
                     .first_fetches
                     .try_acquire()
-                    .map_err(|_| StoreError::Backoff)?;
+                    .map_err(|_| {
+                        inner.metrics.settings_first_fetch_limited.inc();
+                        StoreError::Limited
+                    })?;
                 if inner.first_fetch_rate.check().is_err() {
                     inner.metrics.settings_first_fetch_limited.inc();
-                    return Err(StoreError::Backoff);
+                    return Err(StoreError::Limited);
                 }
                 let asked = Instant::now();
                 let site = store.fetch(key).await;
@@ -331,6 +338,7 @@ impl SiteSettings {
             .await;
         match fetched {
             Ok(entry) => entry.site.clone().map_or(Lookup::Unknown, Lookup::Known),
+            Err(e) if matches!(*e, StoreError::Limited) => Lookup::Limited,
             Err(_) => Lookup::Unavailable,
         }
     }

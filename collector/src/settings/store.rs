@@ -53,6 +53,10 @@ pub enum StoreError {
     /// Connection, timeout or query error.
     #[error("settings store: {0}")]
     Failed(String),
+    /// The first-fetch budget of never-seen keys is spent (see [`crate::settings`]); the store
+    /// was not asked.
+    #[error("first-fetch budget of never-seen site keys spent")]
+    Limited,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

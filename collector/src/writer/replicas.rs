@@ -66,6 +66,10 @@ pub const DOWN_SUMMARY_INTERVAL: Duration = Duration::from_secs(60);
 pub const TRIAL_INTERVAL_MIN: Duration = Duration::from_secs(2);
 /// Longest time between two trial inserts.
 pub const TRIAL_INTERVAL_MAX: Duration = Duration::from_secs(30);
+/// Bound on one trial insert: a replica that takes the insert and then hangs (an unreachable
+/// insert quorum, a stuck disk) holds the writer at most this long per trial, while a healthy
+/// replica waits with the batch.
+pub const TRIAL_TIMEOUT: Duration = Duration::from_secs(5);
 /// Bound on sending one batch.
 pub const SEND_TIMEOUT: Duration = Duration::from_secs(10);
 /// Bound on ClickHouse finishing one INSERT once sent.
@@ -401,6 +405,8 @@ impl Replicas {
             h.last_error = format!("insert: {cause}");
         } else if h.trial_ready() {
             h.trials_failed = h.trials_failed.saturating_add(1);
+            // The latest refusal is what the operator needs in the "still down" line.
+            h.last_error = format!("insert (trial): {cause}");
             tracing::debug!(replica = %self.urls[i], %cause, "clickhouse: trial insert failed; the replica stays down");
             return;
         }
@@ -431,6 +437,12 @@ impl Replicas {
         }
         if h.trial_ready() {
             self.set_state(&mut inner, i, State::Healthy);
+            // The preferred replica back is the active one now, not at the next batch (as
+            // `probed` does), so that a quiet collector does not name the fallback.
+            if i < inner.active {
+                inner.active = i;
+                self.metrics.failovers.inc();
+            }
             self.publish(&inner);
         } else {
             h.awaits_insert = false;
@@ -513,10 +525,13 @@ impl Replicas {
             }
         }
         let h = &mut inner.health[i];
+        let trial_ready = h.trial_ready();
         if let Some((since, summary)) = &mut h.down_since {
             if h.state != State::Healthy && summary.elapsed() >= DOWN_SUMMARY_INTERVAL {
                 *summary = Instant::now();
-                if h.state == State::Down {
+                if trial_ready {
+                    tracing::warn!(replica = %self.urls[i], down_for = ?since.elapsed(), last_refusal = %h.last_error, "clickhouse: replica still down: it answers and has caught up, but no trial insert has succeeded yet (a trial goes with the next batch; none while no beacon arrives)");
+                } else if h.state == State::Down {
                     tracing::warn!(replica = %self.urls[i], down_for = ?since.elapsed(), cause = %h.last_error, "clickhouse: replica still down");
                 } else {
                     tracing::warn!(replica = %self.urls[i], down_for = ?since.elapsed(), "clickhouse: replica still catching up after being down");
@@ -578,7 +593,20 @@ impl Replicas {
             }
             .map_err(|e| classify(&e))
         };
-        // A trial goes to a replica that is down: only its own timeouts bound it.
+        // A trial goes to a replica that is down: `wait_down` would end it at once, so
+        // TRIAL_TIMEOUT bounds it.
+        let attempt = async {
+            if !trial {
+                return attempt.await;
+            }
+            tokio::time::timeout(TRIAL_TIMEOUT, attempt)
+                .await
+                .unwrap_or_else(|_| {
+                    Err(InsertError::Transient(format!(
+                        "trial insert: no answer within {TRIAL_TIMEOUT:?}"
+                    )))
+                })
+        };
         let result = tokio::select! {
             r = attempt => r,
             () = self.wait_down(i), if !trial => {
@@ -868,8 +896,8 @@ mod tests {
             let h = &r.inner.lock().unwrap().health[0];
             assert_eq!(h.trials_failed, 1);
             assert_eq!(
-                h.last_error,
-                "insert: Code: 164. DB::Exception: Cannot insert into table in readonly mode"
+                h.last_error, "insert (trial): Code: 164. DB::Exception: readonly",
+                "the latest refusal"
             );
             let wait = h
                 .next_trial
@@ -888,6 +916,7 @@ mod tests {
             State::Healthy,
             "a trial that succeeded: healthy at once"
         );
+        assert_eq!(r.active(), 0, "active again before any pick");
         assert_eq!(r.pick(), 0, "preferred again");
         assert_eq!(
             r.metrics.failovers.get(),

@@ -434,7 +434,10 @@ pub async fn clickhouse_query(url: &str, sql: &str) -> Result<Vec<Value>, String
         return Err(format!("{status}: {text}"));
     }
     let v: Value = serde_json::from_str(&text).map_err(|e| format!("{e}: {text}"))?;
-    Ok(v["data"].as_array().cloned().unwrap_or_default())
+    v["data"]
+        .as_array()
+        .cloned()
+        .ok_or_else(|| format!("no data rows in ClickHouse's answer: {text}"))
 }
 
 /// Runs a statement on a ClickHouse HTTP endpoint.
@@ -535,7 +538,8 @@ impl Collector {
 
     /// The collector's log so far.
     pub fn logs(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_else(|e| panic!("the collector's log {}: {e}", self.log.display()))
     }
 
     /// Process id.
