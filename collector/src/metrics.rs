@@ -145,7 +145,9 @@ pub struct Metrics {
     /// `collector_settings_store_queries_total`: queries sent to the settings store.
     pub settings_store_queries: Counter,
     /// When the settings held were loaded (Unix seconds as `f64` bits); 0 before any load.
-    settings_loaded_at: AtomicU64,
+    /// When the settings held now were loaded, on the monotonic clock ([`monotonic_nanos`]);
+    /// the process's start until the first load.
+    settings_loaded_at: AtomicI64,
     /// `collector_settings_age_seconds`: time since the last successful full load of the
     /// settings (from the snapshot: since the snapshot was written; before any load: since
     /// the start); set by [`Metrics::encode`].
@@ -239,7 +241,7 @@ impl Metrics {
             settings_first_fetch_limited: Counter::default(),
             settings_from_snapshot: Gauge::default(),
             settings_store_queries: Counter::default(),
-            settings_loaded_at: AtomicU64::new(0),
+            settings_loaded_at: AtomicI64::new(monotonic_nanos()),
             settings_age: Gauge::default(),
             replica_state: Family::default(),
             active_replica: Family::default(),
@@ -476,10 +478,15 @@ impl Metrics {
     }
 
     /// Records that the settings held now were loaded at `at` (Unix seconds): now for a full
-    /// load from the store, the snapshot's `written_at` for the snapshot.
+    /// load from the store, the snapshot's `written_at` for the snapshot. Kept as a point on
+    /// the monotonic clock (the age `at` has now), so that a later wall-clock step moves
+    /// `collector_settings_age_seconds` neither way.
     pub fn settings_loaded(&self, at: f64) {
-        self.settings_loaded_at
-            .store(at.to_bits(), Ordering::Relaxed);
+        let age_now = (unix_now() - at).max(0.0);
+        self.settings_loaded_at.store(
+            monotonic_nanos() - (age_now * 1e9) as i64,
+            Ordering::Relaxed,
+        );
     }
 
     /// Creates the series of `replica` at 0 (inserts, both kinds of insert errors), so that a
@@ -510,7 +517,7 @@ impl Metrics {
     }
 
     /// Sets the clock-driven gauges (ages) for a scrape at `now` (Unix seconds).
-    fn refresh_ages(&self, now: f64) {
+    fn refresh_ages(&self) {
         let since = self.spool_oldest_held_since.load(Ordering::Relaxed);
         let age = if since == NOTHING_HELD {
             0.0
@@ -518,18 +525,14 @@ impl Metrics {
             (monotonic_nanos().saturating_sub(since)).max(0) as f64 / 1e9
         };
         self.spool_oldest_age.set(age);
-        let loaded = f64::from_bits(self.settings_loaded_at.load(Ordering::Relaxed));
-        let since = if loaded > 0.0 {
-            loaded
-        } else {
-            self.process_start.get()
-        };
-        self.settings_age.set((now - since).max(0.0));
+        let loaded = self.settings_loaded_at.load(Ordering::Relaxed);
+        self.settings_age
+            .set((monotonic_nanos().saturating_sub(loaded)).max(0) as f64 / 1e9);
     }
 
     /// Prometheus text exposition of every metric.
     pub fn encode(&self) -> String {
-        self.refresh_ages(unix_now());
+        self.refresh_ages();
         let mut out = String::with_capacity(8192);
         prometheus_client::encoding::text::encode(&mut out, &self.registry)
             .expect("writing to a String cannot fail");
@@ -642,19 +645,19 @@ mod tests {
     #[test]
     fn settings_age_counts_from_the_last_load() {
         let m = Metrics::new();
-        let now = unix_now();
-        m.refresh_ages(now + 5.0);
+        m.refresh_ages();
         let before = m.settings_age.get();
         assert!(
-            (5.0..65.0).contains(&before),
+            (0.0..60.0).contains(&before),
             "before any load: since the start, {before}"
         );
-        m.settings_loaded(now - 600.0);
-        m.refresh_ages(now);
-        assert_eq!(m.settings_age.get(), 600.0);
+        m.settings_loaded(unix_now() - 600.0);
+        m.refresh_ages();
+        let age = m.settings_age.get();
+        assert!((600.0..601.0).contains(&age), "{age}");
         m.spool_oldest_held_since
             .store(monotonic_nanos() - 42_000_000_000, Ordering::Relaxed);
-        m.refresh_ages(now);
+        m.refresh_ages();
         let age = m.spool_oldest_age.get();
         assert!((42.0..43.0).contains(&age), "{age}");
     }

@@ -1,7 +1,7 @@
 //! A wall clock that steps (as NTP or an operator steps it), under a real collector: libfaketime
 //! moves the process's wall clock back and forward by an hour while ClickHouse is unreachable
 //! and measurements wait in the spool. Their age, the one number that says "data is late",
-//! is measured on the monotonic clock and moves with neither step.
+//! and the settings' age are measured on the monotonic clock and move with neither step.
 
 mod common;
 
@@ -29,7 +29,7 @@ async fn wait_age(c: &Collector, what: &str, ok: impl Fn(f64) -> bool) -> f64 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stepped_wall_clock_moves_the_spool_age_neither_way() {
+async fn a_stepped_wall_clock_moves_the_spool_and_settings_ages_neither_way() {
     assert!(
         std::path::Path::new(PRELOAD).exists(),
         "{PRELOAD} is missing: run scripts/stack.sh install (Debian package libfaketime)"
@@ -67,11 +67,26 @@ async fn a_stepped_wall_clock_moves_the_spool_age_neither_way() {
         ahead >= back && ahead < before + 60.0,
         "after a step of +1 h the age read {ahead} (before: {before})"
     );
-    // The step did reach the collector: the settings age follows the wall clock by design
-    // (it counts from the last load, or from a snapshot's time of writing).
+    // The step did reach the collector: its answers' `Date` (hyper reads the wall clock) is an
+    // hour ahead; and the settings age, on the monotonic clock too, did not jump with it.
+    let (_, m) = measurement(&env.site);
+    let (status, _, headers) = c.post(m.to_string(), &[]).await;
+    assert_eq!(status, 202);
+    let date = headers
+        .get("date")
+        .and_then(|d| d.to_str().ok())
+        .and_then(|d| httpdate::parse_http_date(d).ok())
+        .expect("a Date header on the answer");
+    let ahead_by = date
+        .duration_since(std::time::SystemTime::now())
+        .map_or(0.0, |d| d.as_secs_f64());
+    assert!(
+        (3500.0..3700.0).contains(&ahead_by),
+        "the collector's wall clock is {ahead_by} s ahead, not about an hour"
+    );
     let settings_age = c.metric("collector_settings_age_seconds").await;
     assert!(
-        settings_age > 3000.0,
-        "the wall clock stepped +1 h under the collector: settings age {settings_age}"
+        settings_age < 120.0,
+        "a +1 h step moved the settings age to {settings_age} s"
     );
 }
