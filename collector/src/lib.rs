@@ -35,6 +35,7 @@
 #![warn(missing_docs)]
 
 pub mod beacon;
+pub mod clickhouse;
 pub mod client_ip;
 pub mod config;
 pub mod dedup;

@@ -333,6 +333,37 @@ pub fn integer(raw: &RawValue) -> Field<i64> {
 mod tests {
     use super::*;
 
+    /// Every request field is a column, in column order, and the columns that are not request
+    /// fields are exactly those the collector sets.
+    #[test]
+    fn request_fields_are_the_columns_the_client_sends() {
+        let fields = REQUEST_FIELDS;
+        let sent: Vec<&str> = crate::measurement::COLUMNS
+            .iter()
+            .copied()
+            .filter(|c| fields.contains(c))
+            .collect();
+        assert_eq!(sent, fields);
+        let set_here: Vec<&str> = crate::measurement::COLUMNS
+            .iter()
+            .copied()
+            .filter(|c| !fields.contains(c))
+            .collect();
+        assert_eq!(
+            set_here,
+            [
+                "received_at",
+                "user_agent",
+                "sample_rate",
+                "page_view_at",
+                "device_type",
+                "browser",
+                "browser_version",
+                "os"
+            ]
+        );
+    }
+
     fn raw(json: &str) -> Box<RawValue> {
         RawValue::from_string(json.to_owned()).unwrap()
     }

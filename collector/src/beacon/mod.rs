@@ -37,18 +37,7 @@ pub const MAX_CLS: f64 = 100.0;
 pub const MAX_VIEWPORT_WIDTH: i64 = 100_000;
 /// A `ts` this far ahead of `received_at` is skewed: 5 minutes, in milliseconds (contract §2).
 pub const MAX_TS_AHEAD_MS: i64 = 5 * 60 * 1000;
-/// A `ts` this far behind `received_at` is skewed: 7 days, in milliseconds (contract §2).
-pub const MAX_TS_BEHIND_MS: i64 = 7 * 24 * 60 * 60 * 1000;
-/// How far ahead of `received_at` a `ts` still files the page view (its `page_view_at`, the
-/// table's day and partition), although it is stored as NULL beyond [`MAX_TS_AHEAD_MS`]:
-/// 1 day, in milliseconds. Whether a `ts` files the row is judged against each send's own
-/// receipt, so a resend folds only when all its sends agree; a client clock minutes fast is
-/// common, and with the 5-minute bound a beacon whose clock was 5 minutes and a few seconds
-/// fast would be filed by `ts` on a resend and by its receipt on the first send (two days
-/// near midnight UTC, never folding). A day moves that edge to where clocks rarely are, and
-/// keeps every row of one insert within a few months (ClickHouse refuses an insert that
-/// touches more than `max_partitions_per_insert_block`, 100, partitions).
-pub const FILING_MAX_AHEAD_MS: i64 = 24 * 60 * 60 * 1000;
+pub use crate::measurement::{FILING_MAX_AHEAD_MS, MAX_TS_BEHIND_MS};
 
 /// Stored `navigation_type` values (contract §2): the Navigation Timing `type` values plus
 /// `back_forward_cache`, `prerender` and `restore`, as the `web-vitals` library reports them.

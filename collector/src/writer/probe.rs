@@ -13,8 +13,9 @@ use std::time::Duration;
 use serde::Deserialize;
 use tokio::sync::watch;
 
+use crate::clickhouse::insert::is_stale_connection;
 use crate::measurement::COLUMNS;
-use crate::writer::replicas::{is_stale_connection, Replicas};
+use crate::writer::replicas::{Probe, Replicas};
 
 /// Time between probe rounds.
 pub const PROBE_INTERVAL: Duration = Duration::from_secs(1);
@@ -58,21 +59,6 @@ const STATUS_QUERY: &str = "SELECT toUInt8(is_readonly) AS is_readonly, toUInt8(
 
 /// Bound on applying the schema to a replica found without it.
 pub const SCHEMA_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// What one probe of a replica found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Probe {
-    /// It passed the catch-up check (see the module doc); false when `schema` is false.
-    pub caught_up: bool,
-    /// It knows `insert_deduplication_token` (ClickHouse 22.2 and later).
-    pub dedup_token: bool,
-    /// It has the `measurements` table with every column the writer sends.
-    pub schema: bool,
-    /// `system.replicas` has a row for the table: it is replicated, and the catch-up check
-    /// applies. False for the single-server form (nothing to gate on) and when `schema` is
-    /// false.
-    pub replicated: bool,
-}
 
 #[derive(Debug, Deserialize, clickhouse::Row)]
 struct ServerInfo {
@@ -152,7 +138,7 @@ pub async fn probe(replicas: &Replicas, i: usize, settings: &Settings) -> Result
         Err(_) => return Err(format!("no answer within {PROBE_TIMEOUT:?}")),
     };
     if !found.schema {
-        let apply = crate::migrate::apply_clickhouse(&client, database, settings.form);
+        let apply = crate::clickhouse::schema::apply_clickhouse(&client, database, settings.form);
         match tokio::time::timeout(SCHEMA_TIMEOUT, apply).await {
             Ok(Ok(applied)) => {
                 if applied.moved_v1_aside {

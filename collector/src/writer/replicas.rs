@@ -44,9 +44,11 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
+use crate::clickhouse::errors::{classify, InsertError};
+use crate::clickhouse::insert::{
+    fresh_connection_client, insert_rows, is_stale_connection, InsertBody,
+};
 use crate::metrics::{Metrics, ReplicaLabel};
-use crate::writer::probe::Probe;
-use crate::writer::{classify, InsertBody, InsertError};
 
 /// Insert failures within [`FAILURE_WINDOW`] that mark a replica down.
 pub const FAILURES_TO_DOWN: usize = 3;
@@ -70,10 +72,20 @@ pub const TRIAL_INTERVAL_MAX: Duration = Duration::from_secs(30);
 /// insert quorum, a stuck disk) holds the writer at most this long per trial, while a healthy
 /// replica waits with the batch.
 pub const TRIAL_TIMEOUT: Duration = Duration::from_secs(5);
-/// Bound on sending one batch.
-pub const SEND_TIMEOUT: Duration = Duration::from_secs(10);
-/// Bound on ClickHouse finishing one INSERT once sent.
-pub const END_TIMEOUT: Duration = Duration::from_secs(20);
+/// What one probe of a replica found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Probe {
+    /// It passed the catch-up check (see the module doc); false when `schema` is false.
+    pub caught_up: bool,
+    /// It knows `insert_deduplication_token` (ClickHouse 22.2 and later).
+    pub dedup_token: bool,
+    /// It has the `measurements` table with every column the writer sends.
+    pub schema: bool,
+    /// `system.replicas` has a row for the table: it is replicated, and the catch-up check
+    /// applies. False for the single-server form (nothing to gate on) and when `schema` is
+    /// false.
+    pub replicated: bool,
+}
 
 /// A replica's health as the writer sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -621,73 +633,6 @@ impl Replicas {
         }
         result
     }
-}
-
-/// Bytes handed to the ClickHouse client per `send` (each is one LZ4 block on the wire).
-const SEND_CHUNK_BYTES: usize = 1024 * 1024;
-
-/// The INSERT statement: every column, in the order of the rows' RowBinary.
-fn insert_sql() -> &'static str {
-    static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    SQL.get_or_init(|| {
-        format!(
-            "INSERT INTO measurements ({}) FORMAT RowBinary",
-            crate::measurement::COLUMNS.join(", ")
-        )
-    })
-}
-
-/// Sends `body`'s rows as they are: the spool holds them in the format of the INSERT.
-async fn insert_rows(
-    client: &clickhouse::Client,
-    body: &InsertBody,
-    token: Option<String>,
-) -> Result<(), clickhouse::error::Error> {
-    let mut insert = client.insert_formatted_with(insert_sql());
-    if let Some(token) = token {
-        // A server that knows tokens (22.2+) knows `async_insert` too (21.11+), which current
-        // releases turn on by default (26.3+). Off for our inserts: a batch is already large,
-        // an asynchronous one would wait for the server's buffer flush, share a part (and a
-        // failure) with other clients' rows, and fold a resent token only as
-        // `async_insert_deduplicate` says. Synchronous, the answer is about these rows alone.
-        insert = insert
-            .with_setting("insert_deduplication_token", token)
-            .with_setting("async_insert", "0");
-    }
-    let mut insert = insert.with_timeouts(Some(SEND_TIMEOUT), Some(END_TIMEOUT));
-    let mut at = 0;
-    while at < body.rows.len() {
-        let end = (at + SEND_CHUNK_BYTES).min(body.rows.len());
-        insert.send(body.rows.slice(at..end)).await?;
-        at = end;
-    }
-    insert.end().await
-}
-
-/// A ClickHouse client whose HTTP client keeps no idle connection, so every request opens a
-/// fresh one (for the retry after a pooled connection was found dead).
-fn fresh_connection_client() -> clickhouse::Client {
-    let mut connector = hyper_util::client::legacy::connect::HttpConnector::new();
-    connector.set_nodelay(true);
-    let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-        .pool_max_idle_per_host(0)
-        .build(connector);
-    clickhouse::Client::with_http_client(http)
-}
-
-/// Whether `error` is what a connection closed by the server while idle in the pool looks
-/// like: a network error after connecting (reset, broken pipe, the connection closed before
-/// a response), as opposed to a refused or timed-out connect, a timeout, or an answer.
-pub fn is_stale_connection(error: &clickhouse::error::Error) -> bool {
-    let clickhouse::error::Error::Network(inner) = error else {
-        return false;
-    };
-    if let Some(e) = inner.downcast_ref::<hyper_util::client::legacy::Error>() {
-        if e.is_connect() {
-            return false;
-        }
-    }
-    true
 }
 
 #[cfg(test)]
