@@ -1,7 +1,7 @@
 //! `collector migrate`: applies `schema/postgres/` to PostgreSQL and the ClickHouse schema
 //! ([`crate::clickhouse::schema`]) to every ClickHouse replica, then copies a v1 table's rows.
 
-use crate::clickhouse::schema::{apply_clickhouse, copy_v1, V1_TABLE};
+use crate::clickhouse::schema::{apply_clickhouse, copy_v1, SchemaError, V1_TABLE};
 use crate::config::{Settings, TableForm};
 use crate::RunError;
 
@@ -60,22 +60,32 @@ pub async fn run(settings: &Settings) -> Result<(), RunError> {
             .with_url(&url)
             .with_validation(false);
         let deadline = tokio::time::Instant::now() + REPLICA_TIMEOUT;
+        let mut last: Option<String> = None;
         let result = loop {
             let apply = apply_clickhouse(
                 &client,
                 &settings.clickhouse_database,
                 settings.clickhouse_table_form,
             );
-            let result = match tokio::time::timeout_at(deadline, apply).await {
-                Ok(r) => r,
-                Err(_) => Err(format!("no answer within {REPLICA_TIMEOUT:?}")),
-            };
-            match result {
-                Err(_) if tokio::time::Instant::now() + RETRY_EVERY < deadline => {
-                    tokio::time::sleep(RETRY_EVERY).await
+            let failed = match tokio::time::timeout_at(deadline, apply).await {
+                Ok(Ok(done)) => break Ok(done),
+                // Trying again cannot help: say so at once.
+                Ok(Err(SchemaError::NoReplication(text))) => break Err(text),
+                Ok(Err(SchemaError::Failed(text))) => text,
+                Err(_) => {
+                    break Err(match &last {
+                        Some(e) => {
+                            format!("no answer within {REPLICA_TIMEOUT:?}; the attempt before: {e}")
+                        }
+                        None => format!("no answer within {REPLICA_TIMEOUT:?}"),
+                    })
                 }
-                done => break done,
+            };
+            if tokio::time::Instant::now() + RETRY_EVERY >= deadline {
+                break Err(failed);
             }
+            last = Some(failed);
+            tokio::time::sleep(RETRY_EVERY).await;
         };
         (url, client, result)
     });

@@ -221,6 +221,26 @@ pub struct Applied {
     pub form: Option<TableForm>,
 }
 
+/// Why the schema could not be applied to a server.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SchemaError {
+    /// The replicated form on a server without replication configured (no `{shard}` and
+    /// `{replica}` macros), with the hint to set `COLLECTOR_CLICKHOUSE_TABLE_FORM=single`:
+    /// trying again cannot help.
+    #[error("{0}")]
+    NoReplication(String),
+    /// Anything else (the server unreachable or still starting, a statement refused): worth
+    /// trying again.
+    #[error("{0}")]
+    Failed(String),
+}
+
+impl From<String> for SchemaError {
+    fn from(text: String) -> Self {
+        SchemaError::Failed(text)
+    }
+}
+
 /// Applies the ClickHouse schema for `database` through `client` (whose own database, if
 /// set, must exist: use `system`): the database; a v1 `measurements` moved aside to
 /// [`V1_TABLE`] (`RENAME`, per replica: a rename is not replicated); v2 created. Safe to run
@@ -230,7 +250,7 @@ pub async fn apply_clickhouse(
     client: &clickhouse::Client,
     database: &str,
     form: TableForm,
-) -> Result<Applied, String> {
+) -> Result<Applied, SchemaError> {
     let low_cardinality = knows_low_cardinality_setting(client)
         .await
         .map_err(|e| format!("reading system.settings: {}", crate::logging::chain(&e)))?;
@@ -266,7 +286,7 @@ pub async fn apply_clickhouse(
             // Another collector or migrate renamed it first: fine when it is gone now.
             let now = layout(client, database, "measurements").await;
             if matches!(now, Ok(Layout::V1)) || now.is_err() {
-                return Err(format!("moving the v1 table aside to {V1_TABLE}: {e}"));
+                return Err(format!("moving the v1 table aside to {V1_TABLE}: {e}").into());
             }
         } else {
             applied.moved_v1_aside = true;
@@ -287,8 +307,8 @@ pub async fn apply_clickhouse(
             TableForm::Single => None,
         };
         return Err(match hint {
-            Some(hint) => format!("{}: {e} ({hint})", CLICKHOUSE[1].0),
-            None => format!("{}: {e}", CLICKHOUSE[1].0),
+            Some(hint) => SchemaError::NoReplication(format!("{}: {e} ({hint})", CLICKHOUSE[1].0)),
+            None => SchemaError::Failed(format!("{}: {e}", CLICKHOUSE[1].0)),
         });
     }
     let engine = engine_of(client, database).await.map_err(|e| {
