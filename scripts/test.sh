@@ -51,6 +51,9 @@ step "tests"
 # Two test threads: the machine has two cores and every test runs real servers.
 cargo test --workspace -- --test-threads=2 "$@"
 
+step "the contract's intake tests again, on the ClickHouse 26.x server (single-server form)"
+TEST_CLICKHOUSE=ch26 cargo test -q -p collector-tests --test intake -- --test-threads=2 "$@"
+
 if [[ $# -gt 0 ]]; then
   echo "(a filtered run: the image checks are skipped; scripts/check-containers.sh --engine runs them)"
   exit 0

@@ -523,7 +523,7 @@ async fn script_and_operations_endpoints() {
     ] {
         assert!(metrics.contains(name), "{name} missing from\n{metrics}");
     }
-    for url in env.stack.clickhouse_urls() {
+    for url in &env.clickhouse {
         assert!(
             metrics.contains(&format!(
                 "collector_clickhouse_replica_state{{replica=\"{url}\"}} 2"
@@ -531,7 +531,7 @@ async fn script_and_operations_endpoints() {
             "{metrics}"
         );
     }
-    let first = &env.stack.clickhouse_urls()[0];
+    let first = &env.clickhouse[0];
     assert!(
         metrics.contains(&format!(
             "collector_clickhouse_active_replica{{replica=\"{first}\"}} 1"
@@ -1031,12 +1031,20 @@ async fn migrate_adds_sample_rate_to_an_existing_table() {
     let env = TestEnv::new(Stack::shared()).await;
     // A ClickHouse database of its own, so that its ZooKeeper path is fresh.
     let old_db = format!("{}_old", env.db);
-    let urls = env.stack.clickhouse_urls();
+    let urls = env.clickhouse.clone();
+    // The old release's table, in the form this run's servers take.
+    let old_table = match env.table_form {
+        "single" => OLD_TABLE.replace(
+            "ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/{database}/measurements', '{replica}')",
+            "ReplacingMergeTree",
+        ),
+        _ => OLD_TABLE.to_owned(),
+    };
     for url in &urls {
         clickhouse_exec(url, &format!("CREATE DATABASE {old_db}"))
             .await
             .unwrap();
-        clickhouse_exec(url, &OLD_TABLE.replace("{database}", &old_db))
+        clickhouse_exec(url, &old_table.replace("{database}", &old_db))
             .await
             .unwrap();
     }

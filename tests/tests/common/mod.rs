@@ -220,9 +220,16 @@ pub struct TestEnv<'a> {
 }
 
 impl<'a> TestEnv<'a> {
-    /// Fresh databases on `stack`, migrated, with site `site-1` (any origin) registered.
+    /// Fresh databases on `stack`, migrated, with site `site-1` (any origin) registered. With
+    /// `TEST_CLICKHOUSE=ch26` in the environment, on the stack's 26.x server in the
+    /// single-server form instead of its 18.16 replicas (`scripts/test.sh` runs the intake
+    /// tests so a second time).
     pub async fn new(stack: &'a Stack) -> TestEnv<'a> {
-        let env = TestEnv::empty(stack).await;
+        let env = match std::env::var("TEST_CLICKHOUSE").as_deref() {
+            Ok("ch26") => TestEnv::empty_on_ch26(stack).await,
+            Ok(other) => panic!("TEST_CLICKHOUSE={other}: only ch26 is known"),
+            Err(_) => TestEnv::empty(stack).await,
+        };
         env.cli(&["migrate"]).success();
         env.cli(&["sites", "add", "--key", "site-1"]).success();
         env
