@@ -1411,6 +1411,7 @@ ch_set_profile() {
     url="http://127.0.0.1:${!h}/"
     # Wait until the server's session settings show every value (or, with none given,
     # until readonly and max_memory_usage are the stack's own again).
+    local told="${*:-the stack default}"
     [[ $# -gt 0 ]] || set -- readonly=0 max_memory_usage=1073741824
     deadline=$(( $(date +%s) + 30 ))
     for kv in "$@"; do
@@ -1420,7 +1421,7 @@ ch_set_profile() {
             sleep 0.2
         done
     done
-    log "replica $i profile: ${*}"
+    log "replica $i profile: $told"
 }
 
 cmd_pg() {

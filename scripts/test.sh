@@ -4,8 +4,10 @@
 # this script installs (if missing) and starts on loopback ports in a temporary folder.
 #
 #   scripts/test.sh            everything
-#   scripts/test.sh intake     the checks and builds, then only the integration tests whose
-#                              name contains "intake" (no image checks)
+#   scripts/test.sh NAME       the checks and builds, then: when tests/tests/NAME.rs exists,
+#                              every test of that file; else only the tests (unit and
+#                              integration) whose function name contains NAME. No image
+#                              checks; fails when nothing matched.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -47,12 +49,29 @@ export STACK_ENV="$stack_dir/stack.env"
 export FAILOVER_STACK_ENV="$failover_dir/stack.env"
 export COLLECTOR_BIN="$PWD/target/debug/collector"
 
+# What a filtered run selects: a test file by its name, or tests by a part of their name.
+select=(--workspace)
+filter=("$@")
+if [[ $# -eq 1 && -f tests/tests/$1.rs ]]; then
+  select=(-p collector-tests --test "$1")
+  filter=()
+fi
+log=$(mktemp /tmp/collector-test-log.XXXXXX)
+trap 'cleanup; rm -f "$log"' EXIT
+
 step "tests"
 # Two test threads: the machine has two cores and every test runs real servers.
-cargo test --workspace -- --test-threads=2 "$@"
+cargo test "${select[@]}" -- --test-threads=2 "${filter[@]}" 2>&1 | tee "$log"
 
-step "the contract's intake tests again, on the ClickHouse 26.x server (single-server form)"
-TEST_CLICKHOUSE=ch26 cargo test -q -p collector-tests --test intake -- --test-threads=2 "$@"
+if [[ $# -eq 0 || ${select[*]} == *"--test intake"* || ${#filter[@]} -gt 0 ]]; then
+  step "the contract's intake tests again, on the ClickHouse 26.x server (single-server form)"
+  TEST_CLICKHOUSE=ch26 cargo test -q -p collector-tests --test intake -- --test-threads=2 "${filter[@]}" 2>&1 | tee -a "$log"
+fi
+
+if [[ $# -gt 0 ]] && ! grep -qE '^test result: ok\. [1-9][0-9]* passed' "$log"; then
+  echo "no test matched: $* (a test file under tests/tests/, or a part of a test function's name)" >&2
+  exit 1
+fi
 
 if [[ $# -gt 0 ]]; then
   echo "(a filtered run: the image checks are skipped; scripts/check-containers.sh --engine runs them)"

@@ -60,6 +60,7 @@ pub async fn run(settings: &Settings) -> Result<(), RunError> {
             .with_url(&url)
             .with_validation(false);
         let deadline = tokio::time::Instant::now() + REPLICA_TIMEOUT;
+        // Err((why, whether the collector can still apply it later)).
         let mut last: Option<String> = None;
         let result = loop {
             let apply = apply_clickhouse(
@@ -70,19 +71,24 @@ pub async fn run(settings: &Settings) -> Result<(), RunError> {
             let failed = match tokio::time::timeout_at(deadline, apply).await {
                 Ok(Ok(done)) => break Ok(done),
                 // Trying again cannot help: say so at once.
-                Ok(Err(SchemaError::NoReplication(text))) => break Err(text),
+                Ok(Err(SchemaError::NoReplication(text))) => break Err((text, false)),
                 Ok(Err(SchemaError::Failed(text))) => text,
                 Err(_) => {
-                    break Err(match &last {
-                        Some(e) => {
-                            format!("no answer within {REPLICA_TIMEOUT:?}; the attempt before: {e}")
-                        }
-                        None => format!("no answer within {REPLICA_TIMEOUT:?}"),
-                    })
+                    break Err((
+                        match &last {
+                            Some(e) => {
+                                format!(
+                                    "no answer within {REPLICA_TIMEOUT:?}; the attempt before: {e}"
+                                )
+                            }
+                            None => format!("no answer within {REPLICA_TIMEOUT:?}"),
+                        },
+                        true,
+                    ))
                 }
             };
             if tokio::time::Instant::now() + RETRY_EVERY >= deadline {
-                break Err(failed);
+                break Err((failed, true));
             }
             last = Some(failed);
             tokio::time::sleep(RETRY_EVERY).await;
@@ -110,18 +116,22 @@ pub async fn run(settings: &Settings) -> Result<(), RunError> {
                 }
                 applied.push((url, client));
             }
-            Err(e) => {
+            Err((e, true)) => {
                 missed += 1;
                 eprintln!(
                     "collector: clickhouse {url}: not applied ({e}); the collector applies it when the replica answers"
                 )
+            }
+            Err((e, false)) => {
+                missed += 1;
+                eprintln!("collector: clickhouse {url}: not applied: {e}")
             }
         }
     }
     postgres.map_err(RunError::Failed)?;
     let Some((url, client)) = applied.first() else {
         return Err(RunError::Failed(
-            "no ClickHouse replica has the schema (every one listed in COLLECTOR_CLICKHOUSE_URLS failed)".into(),
+            "no ClickHouse server has the schema (every one listed in COLLECTOR_CLICKHOUSE_URLS failed, see above)".into(),
         ));
     };
     // Every reachable replica writes to v2 now; the v1 rows are copied once, through one
