@@ -403,6 +403,20 @@ impl Settings {
             table_form.as_ref().map(|_| ()).map_err(Clone::clone),
         );
 
+        if let (Ok(TableForm::Single), Ok(urls)) = (&table_form, &urls) {
+            if urls.len() > 1 {
+                check(
+                    "CLICKHOUSE_TABLE_FORM",
+                    &raw.clickhouse_table_form,
+                    Err(format!(
+                        "single is one server without replication, but COLLECTOR_CLICKHOUSE_URLS lists {}: \
+                         rows written to each would stay apart (list one URL, or use replicated)",
+                        urls.len()
+                    )),
+                );
+            }
+        }
+
         let proxies = parse_cidrs(&raw.trusted_proxies);
         check(
             "TRUSTED_PROXIES",
@@ -632,6 +646,32 @@ mod tests {
             "per-client rate off by default (contract v2 §1)"
         );
         assert_eq!(s.site_rate, 2000, "site rates stay on");
+    }
+
+    #[test]
+    fn the_single_form_takes_one_server() {
+        let two = Settings::from_args(&raw(&[
+            "--clickhouse-table-form",
+            "single",
+            "--clickhouse-urls",
+            "http://a:8123,http://b:8123",
+        ]))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            two.contains("COLLECTOR_CLICKHOUSE_TABLE_FORM=\"single\""),
+            "{two}"
+        );
+        assert!(two.contains("lists 2"), "{two}");
+        let one = Settings::from_args(&raw(&[
+            "--clickhouse-table-form",
+            "single",
+            "--clickhouse-urls",
+            "http://a:8123",
+        ]))
+        .unwrap();
+        assert_eq!(one.clickhouse_table_form, TableForm::Single);
+        assert!(Settings::from_args(&raw(&["--clickhouse-table-form", "Single"])).is_err());
     }
 
     #[test]

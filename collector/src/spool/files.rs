@@ -21,27 +21,45 @@ pub(super) const SLOT_BYTES: usize = 256;
 /// Only made at open. When a new identity cannot be stored (a full disk), it is used in memory
 /// all the same, which is safe: the next start makes another, never an earlier one (a stale
 /// file is removed first, since removing needs no space).
+///
+/// **A copied folder gets a new identity.** The file also records the folder it was made in
+/// (device and inode of the spool folder, `DEV:INO`). A copy of the folder (a restored backup,
+/// a cloned volume, an rsync to a new host) is another folder: its identity is renewed at
+/// open, so that the copy and the original, both running, never send two batches with one
+/// token (the server would drop the second as already seen). A restart, or a move within one
+/// file system, keeps the folder and the identity. A file without the line (written by an
+/// earlier release) is taken as it is and gets the line.
 pub(super) fn identity(dir: &Path, renew: bool) -> io::Result<String> {
     let path = dir.join(IDENTITY_FILE);
+    let here = folder_id(dir)?;
     if !renew {
         match fs::read_to_string(&path) {
-            Ok(text) if is_identity(text.trim()) => return Ok(text.trim().to_owned()),
-            Ok(_) => {
-                tracing::warn!(file = %path.display(), "spool: unreadable identity; making a new one")
+            Ok(text) => {
+                let mut lines = text.lines().map(str::trim);
+                let id = lines.next().unwrap_or("");
+                let made_in = lines.next();
+                match made_in {
+                    _ if !is_identity(id) => {
+                        tracing::warn!(file = %path.display(), "spool: unreadable identity; making a new one")
+                    }
+                    Some(folder) if folder == here => return Ok(id.to_owned()),
+                    Some(folder) => {
+                        tracing::warn!(file = %path.display(), made_in = folder, here = %here, "spool: this folder is a copy of the one its identity was made in; making a new identity so that the two never share a batch token")
+                    }
+                    None => {
+                        if let Err(e) = store_identity(dir, id, &here) {
+                            tracing::warn!(error = %e, "spool: cannot record the folder of the spool identity; trying again at the next start");
+                        }
+                        return Ok(id.to_owned());
+                    }
+                }
             }
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(e),
         }
     }
     let id = uuid::Uuid::new_v4().simple().to_string();
-    let stored = (|| {
-        let tmp = dir.join("IDENTITY.tmp");
-        let mut f = File::create(&tmp)?;
-        f.write_all(format!("{id}\n").as_bytes())?;
-        f.sync_all()?;
-        fs::rename(&tmp, &path)?;
-        File::open(dir)?.sync_all()
-    })();
+    let stored = store_identity(dir, &id, &here);
     if let Err(e) = stored {
         match fs::remove_file(&path) {
             Ok(()) => {}
@@ -53,6 +71,26 @@ pub(super) fn identity(dir: &Path, renew: bool) -> io::Result<String> {
         tracing::warn!(error = %e, "spool: cannot store the spool identity; using it unstored (the next start makes a new one)");
     }
     Ok(id)
+}
+
+/// `DEV:INO` of the folder `dir`.
+fn folder_id(dir: &Path) -> io::Result<String> {
+    use std::os::unix::fs::MetadataExt;
+    let m = fs::metadata(dir)?;
+    Ok(format!("{}:{}", m.dev(), m.ino()))
+}
+
+/// Stores `id` and the folder it belongs to durably in [`IDENTITY_FILE`].
+fn store_identity(dir: &Path, id: &str, folder: &str) -> io::Result<()> {
+    let path = dir.join(IDENTITY_FILE);
+    (|| {
+        let tmp = dir.join("IDENTITY.tmp");
+        let mut f = File::create(&tmp)?;
+        f.write_all(format!("{id}\n{folder}\n").as_bytes())?;
+        f.sync_all()?;
+        fs::rename(&tmp, &path)?;
+        File::open(dir)?.sync_all()
+    })()
 }
 
 pub(super) fn is_identity(s: &str) -> bool {

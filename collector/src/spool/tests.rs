@@ -426,6 +426,44 @@ async fn rewriting_a_damaged_segment_renews_the_identity() {
     );
 }
 
+#[tokio::test]
+async fn a_copied_spool_folder_gets_an_identity_of_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    spool_with(dir.path(), 3).await;
+    let original = open(dir.path(), 1 << 20, Arc::new(Metrics::new()))
+        .unwrap()
+        .1
+        .identity()
+        .to_owned();
+    let copy = tempfile::tempdir().unwrap();
+    for entry in fs::read_dir(dir.path()).unwrap() {
+        let entry = entry.unwrap();
+        if entry.file_type().unwrap().is_file() {
+            fs::copy(entry.path(), copy.path().join(entry.file_name())).unwrap();
+        }
+    }
+    let (_copied, reader) = open(copy.path(), 1 << 20, Arc::new(Metrics::new())).unwrap();
+    assert_ne!(
+        reader.identity(),
+        original,
+        "a copy must not share batch tokens"
+    );
+    drop((_copied, reader));
+    let (_again, reader) = open(dir.path(), 1 << 20, Arc::new(Metrics::new())).unwrap();
+    assert_eq!(reader.identity(), original, "a restart keeps the identity");
+}
+
+#[test]
+fn an_identity_file_of_an_earlier_release_is_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let id = "0123456789abcdef0123456789abcdef";
+    fs::write(dir.path().join(IDENTITY_FILE), format!("{id}\n")).unwrap();
+    let (_spool, reader) = open(dir.path(), 1 << 20, Arc::new(Metrics::new())).unwrap();
+    assert_eq!(reader.identity(), id);
+    let text = fs::read_to_string(dir.path().join(IDENTITY_FILE)).unwrap();
+    assert_eq!(text.lines().count(), 2, "the folder is recorded: {text}");
+}
+
 #[test]
 fn second_open_is_refused() {
     let dir = tempfile::tempdir().unwrap();

@@ -470,6 +470,7 @@ impl Replicas {
             Ok(Probe { schema: false, .. }) => {
                 let h = &mut inner.health[i];
                 h.schema = false;
+                h.last_error = "probe: the measurements table, or one of the writer's columns, is missing (the prober applies the schema; its error, if any, is logged)".into();
                 h.probe_failures = 0;
                 h.passes = 0;
                 self.set_state(&mut inner, i, State::Down);
