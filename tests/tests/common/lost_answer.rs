@@ -110,17 +110,7 @@ async fn handle(shared: &Shared, req: Request<Incoming>) -> Result<Response<Full
     }
     let resp = forward.send().await.map_err(|e| e.to_string())?;
     let status = resp.status();
-    let headers: Vec<(String, String)> = resp
-        .headers()
-        .iter()
-        .filter(|(n, _)| {
-            !matches!(
-                n.as_str(),
-                "content-length" | "connection" | "transfer-encoding" | "keep-alive"
-            )
-        })
-        .filter_map(|(n, v)| Some((n.to_string(), v.to_str().ok()?.to_owned())))
-        .collect();
+    let headers = super::standin::answer_headers(&resp);
     let bytes = resp.bytes().await.map_err(|e| e.to_string())?;
     if is_insert {
         shared.inserts.fetch_add(1, Ordering::SeqCst);

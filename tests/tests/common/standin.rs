@@ -338,17 +338,7 @@ async fn forward(
     match req.send().await {
         Ok(resp) => {
             let status = resp.status();
-            let headers: Vec<(String, String)> = resp
-                .headers()
-                .iter()
-                .filter(|(n, _)| {
-                    !matches!(
-                        n.as_str(),
-                        "content-length" | "connection" | "transfer-encoding" | "keep-alive"
-                    )
-                })
-                .filter_map(|(n, v)| Some((n.to_string(), v.to_str().ok()?.to_owned())))
-                .collect();
+            let headers = answer_headers(&resp);
             let bytes = match resp.bytes().await {
                 Ok(b) => b,
                 Err(e) => {
@@ -371,4 +361,19 @@ async fn forward(
             format!("stand-in: upstream {}: {e}", shared.upstream),
         ),
     }
+}
+
+/// The headers of an upstream answer to pass on to the client: all but those of the
+/// connection and the body's length, which the proxy's own answer sets.
+pub fn answer_headers(resp: &reqwest::Response) -> Vec<(String, String)> {
+    resp.headers()
+        .iter()
+        .filter(|(n, _)| {
+            !matches!(
+                n.as_str(),
+                "content-length" | "connection" | "transfer-encoding" | "keep-alive"
+            )
+        })
+        .filter_map(|(n, v)| Some((n.to_string(), v.to_str().ok()?.to_owned())))
+        .collect()
 }
