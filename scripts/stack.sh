@@ -150,7 +150,19 @@ pkg_installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'insta
 
 cmd_install() {
     install_packages
+    geckodriver_install
     ch26_install
+}
+
+# geckodriver (Firefox's WebDriver server) is not packaged by Debian 12; crates.io has it.
+GECKODRIVER_VERSION=0.37.1
+geckodriver_install() {
+    local have
+    have=$(geckodriver --version 2>/dev/null | head -n 1) || true
+    [[ $have == "geckodriver $GECKODRIVER_VERSION"* ]] && return 0
+    log "installing geckodriver $GECKODRIVER_VERSION from crates.io (cargo install, about 3 min)"
+    cargo install -q --locked geckodriver --version "$GECKODRIVER_VERSION" >&2 ||
+        die "cargo install geckodriver $GECKODRIVER_VERSION failed"
 }
 
 install_packages() {
@@ -163,7 +175,10 @@ install_packages() {
     # prometheus: promtool (rule tests) and the server the observability test scrapes with.
     # pgbouncer: the transaction-mode pooler of the pooler tests (run by them, never as a service).
     # faketime (and its libfaketime): the stepped wall clock of the storage tests.
+    # firefox-esr, webkit2gtk-driver (WebKitWebDriver and MiniBrowser), xvfb (xvfb-run, for
+    # MiniBrowser, which has no headless mode): the script's tests in the other two engines.
     for p in clickhouse-server clickhouse-client zookeeper curl nginx caddy chromium chromium-driver \
+             firefox-esr webkit2gtk-driver xvfb xauth \
              haproxy keepalived iproute2 socat iptables apache2 systemd prometheus pgbouncer faketime; do
         pkg_installed "$p" || need+=("$p")
     done

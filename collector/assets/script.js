@@ -21,92 +21,142 @@
       h = h.join('');
       return [h.slice(0, 8), h.slice(8, 12), h.slice(12, 16), h.slice(16, 20), h.slice(20)].join('-');
     };
+    // What this engine measures: a metric it measures is sent even when it measured nothing
+    // (CLS 0); one it does not is left out, so NULL means "not measured".
+    var types = PerformanceObserver.supportedEntryTypes || [];
+    var can = function (t) { return types.indexOf(t) >= 0; };
+    // Entries not yet delivered are taken at hide (a click just before leaving).
+    var pending = [];
     var observe = function (type, fn, opts) {
+      if (!can(type)) return;
       try {
-        var o = new PerformanceObserver(function (l) { l.getEntries().forEach(fn); });
+        var o = new PerformanceObserver(function (l) { l.getEntries().forEach(fn); update(); });
         opts = opts || {}; opts.type = type; opts.buffered = true;
         o.observe(opts);
+        pending.push(function () { var r = o.takeRecords(); r.forEach(fn); return r.length; });
         return o;
       } catch (e) {
-        // An entry type this browser does not support: nothing to observe.
+        // Listed but refused: nothing to observe.
       }
     };
 
     var nav = perf.getEntriesByType('navigation')[0] || {};
     var activation = nav.activationStart || 0;
     var since = function (t) { return Math.max(0, t - activation); };
-    var m, draw, attempts, delivered, lcpDone, clsSession, clsStart, clsLast, interactions;
 
-    var start = function (restored) {
-      m = { id: uuid(), site: site, url: location.href, referrer: doc.referrer || undefined,
-        navigation_type: restored ? 'restore' : activation > 0 || doc.prerendering ? 'prerender' : nav.type,
-        effective_connection_type: navigator.connection && navigator.connection.effectiveType,
+    // The page view being measured. Observers write into the current one; every send, answer
+    // and timer holds its own view, so a late answer of one page view never touches another
+    // (a back/forward-cache restore starts a new one). state: 0 not sent, 1 a fetch in
+    // flight, 2 waiting to retry, 3 done.
+    var view;
+    var start = function (type, ts) {
+      view = { m: { id: uuid(), site: site, url: location.href, referrer: doc.referrer || undefined,
+        navigation_type: type, effective_connection_type: navigator.connection && navigator.connection.effectiveType,
         viewport_width: innerWidth,
-        // The page view's start, set once and sent unchanged by every send of it: the
-        // collector files the row by it, so that every resend folds (README: storage).
-        ts: Math.round(restored || !perf.timeOrigin ? Date.now() : perf.timeOrigin + activation) };
-      // One sampling decision per page view: it sends when draw < rate.
-      draw = Math.random();
-      attempts = 0; delivered = false; lcpDone = false;
-      clsSession = 0; clsStart = 0; clsLast = 0; interactions = {};
+        // The page view's start, sent unchanged by every send of it: the collector files the
+        // row by it, so that every resend folds (README: storage).
+        ts: Math.round(ts), cls: can('layout-shift') ? 0 : undefined },
+        // One sampling decision per page view: it sends when draw < rate.
+        draw: Math.random(), state: 0, sends: 0, cls: 0, clsStart: 0, clsLast: 0, inp: {} };
     };
-    start(false);
-    if (nav.responseStart > 0) m.ttfb_ms = since(nav.responseStart);
+    // The body is made whenever a value changes, so that leaving the page only sends.
+    var update = function (v) { v = v || view; v.body = JSON.stringify(v.m); };
+    start(activation > 0 || doc.prerendering ? 'prerender' : doc.wasDiscarded ? 'restore' : nav.type,
+      perf.timeOrigin ? perf.timeOrigin + activation : Date.now());
+    // As web-vitals: no TTFB from an entry whose responseStart is not after the page's start
+    // and before now (WebKitGTK gives negative ones for pages from its cache).
+    var ttfb = function () {
+      if (nav.responseStart > 0 && nav.responseStart < perf.now()) first.m.ttfb_ms = since(nav.responseStart);
+    };
+    var first = view;
+    ttfb();
+    var loaded = function () {
+      setTimeout(function () {
+        if (first.m.ttfb_ms == null) ttfb();
+        if (nav.domContentLoadedEventEnd) first.m.dom_content_loaded_ms = since(nav.domContentLoadedEventEnd);
+        if (nav.loadEventEnd) first.m.load_ms = since(nav.loadEventEnd);
+        update(first);
+      });
+    };
+    if (doc.readyState == 'complete') loaded(); else addEventListener('load', loaded);
+    update();
 
-    observe('paint', function (e) { if (e.name === 'first-contentful-paint') m.fcp_ms = since(e.startTime); });
-    var lcp = observe('largest-contentful-paint', function (e) { if (!lcpDone) m.lcp_ms = since(e.startTime); });
-    var stopLcp = function (e) { if (e.isTrusted !== false) lcpDone = true; if (lcp) lcp.disconnect(); };
+    observe('paint', function (e) { if (e.name === 'first-contentful-paint') view.m.fcp_ms = since(e.startTime); });
+    var lcp = observe('largest-contentful-paint', function (e) { if (!view.lcpDone) view.m.lcp_ms = since(e.startTime); });
+    var stopLcp = function (e) { if (e.isTrusted !== false) view.lcpDone = true; if (lcp) lcp.disconnect(); };
     ['keydown', 'pointerdown'].forEach(function (t) { addEventListener(t, stopLcp, { once: true, capture: true }); });
 
     observe('layout-shift', function (e) {
+      var v = view;
       if (e.hadRecentInput) return;
-      if (clsSession && e.startTime - clsLast < 1000 && e.startTime - clsStart < 5000) clsSession += e.value;
-      else { clsSession = e.value; clsStart = e.startTime; }
-      clsLast = e.startTime;
-      m.cls = Math.max(m.cls || 0, clsSession);
+      if (v.cls && e.startTime - v.clsLast < 1000 && e.startTime - v.clsStart < 5000) v.cls += e.value;
+      else { v.cls = e.value; v.clsStart = e.startTime; }
+      v.clsLast = e.startTime;
+      v.m.cls = Math.max(v.m.cls, v.cls);
     });
 
     var onEvent = function (e) {
+      var i = view.inp;
       if (!e.interactionId) return;
-      interactions[e.interactionId] = Math.max(interactions[e.interactionId] || 0, e.duration);
-      var d = Object.keys(interactions).map(function (k) { return interactions[k]; }).sort(function (a, b) { return b - a; });
-      m.inp_ms = d[Math.min(d.length - 1, Math.floor(d.length / 50))];
+      i[e.interactionId] = Math.max(i[e.interactionId] || 0, e.duration);
+      var d = Object.keys(i).map(function (k) { return i[k]; }).sort(function (a, b) { return b - a; });
+      view.m.inp_ms = d[Math.min(d.length - 1, Math.floor(d.length / 50))];
     };
     observe('event', onEvent, { durationThreshold: 16 });
     observe('first-input', onEvent);
 
-    // First send at the first hide by fetch (its answer can be read); a 429 or 503 is retried
-    // after Retry-After, another failure after 0.5-1.5 s; any other answer (202, or a 4xx that
-    // a resend cannot change) ends it; at pagehide, unless ended, once more by sendBeacon. At
-    // most two sends, one id, one sampling decision.
+    // Sends page view v: once when nothing fails, at most twice, always with its one id.
+    // While the page lives (a tab switch) by fetch, whose answer it reads: a 429 or 503 is
+    // retried after Retry-After, another failure after 0.5-1.5 s. While it unloads
+    // (pagehide, which every engine fires before visibilitychange) by sendBeacon, which
+    // outlives the page, and only if no fetch of this view is in flight.
     var later = function (r) {
-      var s = r && parseInt(r.headers.get('Retry-After'), 10);
+      var s = r && r.headers && parseInt(r.headers.get('Retry-After'), 10);
       return s >= 0 ? Math.min(s, 60) * 1000 : 500 + Math.random() * 1000;
     };
-    var send = function (beacon) {
-      if (rate === undefined) return settings.then(function () { send(beacon); });
-      if (delivered || attempts > 1 || !(draw < rate)) return;
-      attempts++;
-      if (!m.dom_content_loaded_ms && nav.domContentLoadedEventEnd) m.dom_content_loaded_ms = since(nav.domContentLoadedEventEnd);
-      if (!m.load_ms && nav.loadEventEnd) m.load_ms = since(nav.loadEventEnd);
-      var body = JSON.stringify(m), retry = attempts < 2;
-      if (beacon && navigator.sendBeacon && navigator.sendBeacon(endpoint, body)) return;
+    var send = function (v, alive) {
+      if (v.state & 1 || v.sends > 1) return;
+      if (rate === undefined && alive) return settings.then(function () { send(v, alive); });
+      // Leaving before the settings answered: an unknown rate counts as 1.
+      if (!(v.draw < (rate === undefined ? 1 : rate))) return;
+      v.sends++;
+      var retry = function (r) { if (v.state < 3) { v.state = 2; setTimeout(function () { send(v, true); }, later(r)); } };
+      if (!alive && navigator.sendBeacon && navigator.sendBeacon(endpoint, v.body)) { v.state = 3; return; }
+      v.state = alive ? 1 : 3;
       try {
-        fetch(endpoint, { method: 'POST', body: body, keepalive: true, headers: { 'Content-Type': 'text/plain' } })
-          .then(function (r) { if (r.status == 429 || r.status >= 500) { if (retry) setTimeout(send, later(r)); } else delivered = true; })
-          .catch(function () { if (retry) setTimeout(send, later()); });
+        fetch(endpoint, { method: 'POST', body: v.body, keepalive: true, headers: { 'Content-Type': 'text/plain' } })
+          .then(function (r) { if (r.status == 429 || r.status >= 500) retry(r); else v.state = 3; }, retry);
       } catch (e) {
         // Nothing more to do.
       }
     };
-    addEventListener('visibilitychange', function () { if (doc.visibilityState === 'hidden') send(false); }, true);
-    addEventListener('pagehide', function () { send(true); }, true);
-    // A back/forward cache restore is a new page view.
+    // Firefox fires visibilitychange before pagehide when a window closes or the browser
+    // quits, and beforeunload before both: a page that is leaving sends by sendBeacon then.
+    var leaving, hide = function (alive) {
+      var n = 0;
+      pending.forEach(function (take) { n += take(); });
+      if (n) update();
+      send(view, alive && !leaving);
+    };
+    addEventListener('beforeunload', function () { leaving = 1; }, true);
+    addEventListener('visibilitychange', function () { if (doc.visibilityState === 'hidden') hide(true); }, true);
+    addEventListener('pagehide', function () { hide(false); }, true);
+    // A back/forward-cache restore is a new page view: FCP (and LCP where the engine measures
+    // it) from the restore to the next frame, TTFB 0, as the web-vitals library reports it.
     addEventListener('pageshow', function (e) {
+      leaving = 0;
       if (!e.persisted) return;
-      start(true);
-      var t = e.timeStamp;
-      requestAnimationFrame(function () { requestAnimationFrame(function () { m.fcp_ms = m.lcp_ms = perf.now() - t; }); });
+      start('back_forward_cache', Date.now());
+      var v = view, t = e.timeStamp;
+      v.m.ttfb_ms = 0;
+      update();
+      requestAnimationFrame(function () {
+        requestAnimationFrame(function () {
+          v.m.fcp_ms = perf.now() - t;
+          if (lcp) v.m.lcp_ms = v.m.fcp_ms;
+          update(v);
+        });
+      });
     }, true);
   } catch (e) {
     // Never break the page.

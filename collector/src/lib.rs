@@ -57,6 +57,7 @@ pub mod writer;
 use std::sync::Arc;
 
 use tokio::sync::watch;
+use tokio_util::task::TaskTracker;
 
 use config::{Cli, Command, Settings, SitesCommand, SpoolCommand};
 
@@ -120,6 +121,10 @@ impl RunError {
 /// that, so that client connections can never take the descriptors the spool and the
 /// databases need (an `EMFILE` there would answer 503 or stall the writer).
 pub const RESERVED_FDS: usize = 256;
+/// On shutdown, how long intake requests whose client has gone may take to finish after the
+/// listener closed: longer than a request's own bounds (the claim wait and the append
+/// timeout, 5 s each).
+pub const REQUESTS_DRAIN: std::time::Duration = std::time::Duration::from_secs(12);
 
 /// The open-connection cap to serve with: `COLLECTOR_MAX_CONNECTIONS`, lowered to what the
 /// open-files limit holds once [`RESERVED_FDS`] are set aside. The soft limit is first raised
@@ -227,6 +232,7 @@ async fn serve(settings: Settings) -> Result<(), RunError> {
         trusted_proxies: settings.trusted_proxies.clone(),
         body_timeout: settings.body_timeout,
         draining: Default::default(),
+        requests: TaskTracker::new(),
     });
 
     let (stop_writer, writer_shutdown) = watch::channel(false);
@@ -283,6 +289,15 @@ async fn serve(settings: Settings) -> Result<(), RunError> {
         close,
     )
     .await;
+    // Requests whose client left before the answer still finish: each is bounded by the
+    // claim wait and the append timeout.
+    state.requests.close();
+    if tokio::time::timeout(REQUESTS_DRAIN, state.requests.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!("intake requests did not finish within the drain limit");
+    }
     drop(state);
     tracing::info!("listener closed; flushing batches");
     let _ = stop_writer.send(true);

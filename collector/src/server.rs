@@ -58,6 +58,10 @@ pub async fn serve(
         .max_header_size(MAX_HEAD_BYTES)
         .max_buf_size(READ_BUFFER_BYTES)
         .max_headers(MAX_HEADERS)
+        // A client that closes its side right after sending (a quitting browser does) still
+        // gets its request processed: without this hyper drops the request at the EOF, and
+        // a beacon whose body arrived whole would be lost (contract v3, §2 metrics).
+        .half_close(true)
         .keep_alive(true);
     let connections = Arc::new(Semaphore::new(limits.max_connections));
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ipnet::IpNet;
+use tokio_util::task::TaskTracker;
 
 use crate::dedup::Dedup;
 use crate::limits::Limits;
@@ -42,6 +43,9 @@ pub struct Inner {
     pub body_timeout: Duration,
     /// Set once drain begins.
     pub(crate) draining: AtomicBool,
+    /// Intake requests whose body has arrived, each finishing in a task of its own even when
+    /// its client has gone; the drain waits for them ([`crate::endpoints::intake::post`]).
+    pub requests: TaskTracker,
 }
 
 impl std::ops::Deref for AppState {

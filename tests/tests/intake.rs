@@ -1177,3 +1177,35 @@ async fn helpers_fail_loudly_on_what_they_cannot_find() {
     .await;
     assert!(never.is_err(), "rows that never come must fail the wait");
 }
+
+/// Contract v3, §2 metrics (issue 27, item 5): a browser that quits closes its connections
+/// right after sending. Each of these clients sends a whole request, then closes its socket
+/// at once, without reading the answer: every measurement is stored once and counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_arrived_is_stored_and_counted_when_the_client_leaves_at_once() {
+    use tokio::io::AsyncWriteExt;
+    let env = TestEnv::new(Stack::shared()).await;
+    let c = env.collector(&[]).await;
+    const CLIENTS: usize = 10;
+    let mut ids = Vec::new();
+    for _ in 0..CLIENTS {
+        let (id, m) = measurement(&env.site);
+        let body = m.to_string();
+        let request = format!(
+            "POST /api/v1/measurements HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", c.port))
+            .await
+            .unwrap();
+        stream.write_all(request.as_bytes()).await.unwrap();
+        drop(stream);
+        ids.push(id);
+    }
+    env.assert_stored_once(&ids, Duration::from_secs(30)).await;
+    c.wait_metric(
+        &format!("collector_measurements_accepted_total {CLIENTS}"),
+        Duration::from_secs(10),
+    )
+    .await;
+}

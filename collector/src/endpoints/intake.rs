@@ -80,20 +80,43 @@ pub struct PreflightQuery {
 }
 
 /// `POST /api/v1/measurements`.
+///
+/// Once the body has arrived whole, the request is finished in a task of its own
+/// ([`AppState::requests`]): a browser that quits closes its connections right after sending,
+/// and hyper then drops this handler's future. The task stores the measurements and counts them
+/// whether or not anyone reads the answer (contract v3, §2 metrics), and the drain waits for it.
 pub async fn post(
     State(state): State<AppState>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let outcome = accept(&state, peer.ip(), &headers, body).await;
-    count(&state.metrics, &outcome);
+    let origin = headers.get(header::ORIGIN).cloned();
+    let outcome = match receive(&state, &headers, body).await {
+        Ok((raw, encoding)) => {
+            let task_state = state.clone();
+            let finish = state.requests.spawn(async move {
+                let outcome = accept(&task_state, peer.ip(), &headers, &raw, encoding).await;
+                count(&task_state.metrics, &outcome);
+                outcome
+            });
+            // A panic in a station is a bug; the client gets a retryable answer.
+            finish
+                .await
+                .unwrap_or(Err(IntakeError::Unavailable("internal error", RETRY_AFTER)))
+        }
+        refused => {
+            let refused = refused.map(|_| Accepted::default());
+            count(&state.metrics, &refused);
+            refused
+        }
+    };
     let mut response = answer(outcome);
     // Every answer is readable by the page, a 403 too: it says only that the site or origin
     // is refused, and a script that cannot read it takes it for a network error and sends
     // again (three requests per page view on a refused origin).
-    if let Some(origin) = headers.get(header::ORIGIN) {
-        cors(response.headers_mut(), origin.clone());
+    if let Some(origin) = origin {
+        cors(response.headers_mut(), origin);
     }
     response
 }
@@ -154,17 +177,17 @@ pub async fn preflight(
     response
 }
 
-/// The stations of an intake request, in order; each returns what the next one needs or the
-/// error that ends the request.
+/// The stations of an intake request after its body arrived, in order; each returns what the
+/// next one needs or the error that ends the request.
 async fn accept(
     state: &AppState,
     peer: IpAddr,
     headers: &HeaderMap,
-    body: Body,
+    raw: &[u8],
+    encoding: Encoding,
 ) -> Result<Accepted, IntakeError> {
-    let (raw, encoding) = receive(state, headers, body).await?;
     let _permit = enter(state)?;
-    let text = decode(&raw, encoding)?;
+    let text = decode(raw, encoding)?;
     let mut report = Accepted::default();
     // Every measurement of the request borrows the one stored form of its user agent.
     let user_agent = beacon::user_agent(headers.get(header::USER_AGENT).map(HeaderValue::as_bytes));

@@ -9,6 +9,7 @@
 //! - [`Collector`]: the real `collector` binary as a child process on a free port.
 #![allow(dead_code)]
 
+pub mod browser;
 pub mod lost_answer;
 pub mod standin;
 

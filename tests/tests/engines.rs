@@ -1,0 +1,366 @@
+//! Every visitor's page view, exactly once, in every engine (issue 27): the tracking script in
+//! real Chromium, Firefox ESR and WebKitGTK, each driven through WebDriver, on the demo shop
+//! page behind a real nginx that mounts the collector under `/perf/` and logs every beacon.
+//!
+//! Per engine, one session walks through the ways a visitor leaves a page (navigate away,
+//! follow a link, switch tabs and come back, return with Back ten times, close the window,
+//! quit the browser); each page view is told apart by the scenario in its URL (`?s=`). Then,
+//! per page view: rows stored (exactly one under `FINAL`), requests that carried its id (one,
+//! nothing failing), and which metrics are filled, against what the engine measures
+//! ([`Engine::measures`]). The table printed (`--nocapture`) is the one in the README.
+
+mod common;
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
+
+use common::browser::{shop_html, Browser, Engine, Shop, SETTLE};
+use common::*;
+use fantoccini::Locator;
+use serde_json::json;
+
+/// Back-button returns per engine.
+const RETURNS: usize = 10;
+
+/// The shop's pages: `a.html` (the demo page, with links to `b.html` and `plain.html` that
+/// keep its query, and a record of `pageshow`), `b.html` (the demo page again) and
+/// `plain.html` (no script: where a visitor goes when leaving).
+fn pages(site: &str) -> Vec<(&'static str, String)> {
+    // `__events`: Event Timing entries seen (an interaction is reported after its next paint).
+    let shows = "<script>window.__shows=0;addEventListener('pageshow',function(e){__shows++;window.__persisted=e.persisted;});\
+                 window.__events=0;try{new PerformanceObserver(function(l){__events+=l.getEntries().length;})\
+                 .observe({type:'event',durationThreshold:16,buffered:true});}catch(e){}</script>";
+    let links = "<p><a id=\"next\" href=\"b.html\">next</a> <a id=\"plain\" href=\"plain.html\">plain</a></p>\n  \
+                 <script>document.getElementById('next').href='b.html'+location.search;\
+                 document.getElementById('plain').href='plain.html'+location.search;</script>\n</body>";
+    let a = shop_html(site)
+        .replace(
+            "<meta charset=\"utf-8\">",
+            &format!("<meta charset=\"utf-8\">\n  {shows}"),
+        )
+        .replace("</body>", links);
+    vec![
+        ("a.html", a),
+        ("b.html", shop_html(site)),
+        (
+            "plain.html",
+            "<!doctype html><html><head><meta charset=\"utf-8\"><title>plain</title></head><body><p id=\"plain\">plain</p></body></html>".into(),
+        ),
+    ]
+}
+
+/// What page `a.html` or `b.html` shows once loaded and shifted (the demo's late banner).
+const SETTLED: &str = "document.readyState === 'complete' && document.body.firstChild.textContent === 'Free shipping this week!'";
+
+/// Loads `url` (a page with the script) and waits until it settled, without errors.
+async fn open(b: &Browser, url: &str) {
+    b.client.goto(url).await.unwrap();
+    b.wait_for(SETTLED).await;
+    no_errors(b).await;
+}
+
+async fn no_errors(b: &Browser) {
+    assert_eq!(
+        b.eval("return window.__errors;").await,
+        json!([]),
+        "{:?}: the page has no errors",
+        b.engine
+    );
+}
+
+/// Clicks "Add to cart" (a 60 ms handler: an interaction for INP) and waits for its effect.
+async fn interact(b: &Browser) {
+    b.client
+        .find(Locator::Id("add"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    b.wait_for("document.getElementById('cart').textContent === 'Cart: 1 item'")
+        .await;
+    // The engine reports an interaction after the frame that presents it: wait for that, so
+    // that the page view's INP is there to send (where the engine measures INP).
+    if b.engine.measures().2 {
+        b.wait_for("window.__events > 0").await;
+    }
+}
+
+async fn click(b: &Browser, id: &str) {
+    b.client
+        .find(Locator::Id(id))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+}
+
+/// Runs every scenario in `engine` and checks rows, requests and metrics per page view.
+async fn every_page_view_once(engine: Engine) {
+    let env = TestEnv::new(Stack::shared()).await;
+    let c = env.collector(&[]).await;
+    let site = format!("shop-{engine:?}").to_lowercase();
+    let shop = Shop::start(&c, &pages(&site), None).await;
+    env.cli(&["sites", "add", "--key", &site, "--origin", &shop.proxy.url])
+        .success();
+    let base = format!("{}/shop", shop.proxy.url);
+    let plain = |s: &str| format!("{base}/plain.html?s={s}");
+    let a = |s: &str| format!("{base}/a.html?s={s}");
+    // Page views expected per (scenario, page).
+    let mut expected: BTreeMap<(String, &'static str), usize> = BTreeMap::new();
+    let mut expect = |s: &str, page: &'static str, n: usize| {
+        *expected.entry((s.to_owned(), page)).or_default() += n;
+    };
+
+    let b = Browser::start(engine).await;
+
+    // Navigate away, as from the URL bar.
+    open(&b, &a("navigate")).await;
+    interact(&b).await;
+    b.client.goto(&plain("navigate")).await.unwrap();
+    expect("navigate", "a.html", 1);
+
+    // Follow a link.
+    open(&b, &a("link")).await;
+    click(&b, "plain").await;
+    b.wait_for("document.getElementById('plain') && document.title === 'plain'")
+        .await;
+    expect("link", "a.html", 1);
+
+    // Switch to another tab and back, then leave: still one request.
+    open(&b, &a("tab")).await;
+    let first = b.client.window().await.unwrap();
+    let tab = b.client.new_window(true).await.unwrap();
+    b.client.switch_to_window(tab.handle.clone()).await.unwrap();
+    b.client.goto(&plain("tab-other")).await.unwrap();
+    b.client.close_window().await.unwrap();
+    b.client.switch_to_window(first.clone()).await.unwrap();
+    b.client.goto(&plain("tab")).await.unwrap();
+    expect("tab", "a.html", 1);
+
+    // Back, RETURNS times: each return is a page view of its own, restored from the
+    // back/forward cache (every engine keeps the page), and so is each visit of b.html.
+    open(&b, &a("back")).await;
+    expect("back", "a.html", 1);
+    for i in 1..=RETURNS {
+        // A click from the page's own script: geckodriver's element click adds an `unload`
+        // listener to the page, and a page with one is not kept in Firefox's cache.
+        b.eval("window.__left = true; document.getElementById('next').click();")
+            .await;
+        b.wait_for(&format!(
+            "location.pathname.endsWith('/b.html') && {SETTLED}"
+        ))
+        .await;
+        expect("back", "b.html", 1);
+        b.client.back().await.unwrap();
+        b.wait_for(&format!(
+            "location.pathname.endsWith('/a.html') && window.__left === true && window.__persisted === true && window.__shows === {}",
+            i + 1
+        ))
+        .await;
+        no_errors(&b).await;
+        expect("back", "a.html", 1);
+    }
+    b.client.goto(&plain("back")).await.unwrap();
+
+    // Close the window (another stays open, so the session goes on).
+    open(&b, &a("close")).await;
+    let closing = b.client.window().await.unwrap();
+    let other = b.client.new_window(false).await.unwrap();
+    b.client.switch_to_window(closing).await.unwrap();
+    b.client.close_window().await.unwrap();
+    b.client.switch_to_window(other.handle).await.unwrap();
+    expect("close", "a.html", 1);
+
+    // Quit the browser with the page open. chromedriver's quit ends Chromium without firing
+    // any page lifecycle event (nothing a page can send from); a visitor quits Chromium by
+    // closing its last window, which fires pagehide: that is what the test does there.
+    open(&b, &a("quit")).await;
+    interact(&b).await;
+    if engine == Engine::Chromium {
+        b.client.close_window().await.unwrap();
+    }
+    b.quit().await;
+    expect("quit", "a.html", 1);
+
+    let want: usize = expected.values().sum();
+    let sql = format!(
+        "SELECT {ROW_COLUMNS}, browser, device_type FROM {}.measurements FINAL WHERE site = '{site}'",
+        env.db
+    );
+    let start = Instant::now();
+    let rows = loop {
+        let rows = env.query(0, &sql).await;
+        if rows.len() >= want {
+            break rows;
+        }
+        assert!(
+            start.elapsed() < SETTLE,
+            "{engine:?}: {} of {want} page views stored after {SETTLE:?}; beacons: {:?}",
+            rows.len(),
+            shop.beacons()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    // Copies stored before folding: a second request of a page view would show here too.
+    let copies: HashMap<String, i64> = env
+        .query(
+            0,
+            &format!(
+                "SELECT toString(id) AS id, count() AS n FROM {}.measurements WHERE site = '{site}' GROUP BY id",
+                env.db
+            ),
+        )
+        .await
+        .iter()
+        .map(|r| (r["id"].as_str().unwrap().to_owned(), as_i64(&r["n"]).unwrap()))
+        .collect();
+    let beacons = shop.beacons();
+    let mut requests: HashMap<String, usize> = HashMap::new();
+    for beacon in &beacons {
+        assert_eq!(beacon.status, 202, "{engine:?}: {beacon:?}");
+        assert_eq!(beacon.ids.len(), 1, "{engine:?}: one page view per beacon");
+        *requests.entry(beacon.ids[0].clone()).or_default() += 1;
+    }
+
+    let (lcp, cls, inp) = engine.measures();
+    let mut found: BTreeMap<(String, &'static str), usize> = BTreeMap::new();
+    let mut table: BTreeMap<String, (usize, usize, usize, String)> = BTreeMap::new();
+    for r in &rows {
+        let id = r["id"].as_str().unwrap();
+        let url = url::Url::parse(r["url"].as_str().unwrap()).unwrap();
+        let scenario = url
+            .query_pairs()
+            .find(|(k, _)| k == "s")
+            .map(|(_, v)| v.into_owned())
+            .unwrap_or_else(|| panic!("{engine:?}: a row without a scenario: {r}"));
+        let page = if url.path().ends_with("/a.html") {
+            "a.html"
+        } else if url.path().ends_with("/b.html") {
+            "b.html"
+        } else {
+            panic!("{engine:?}: a row of an unexpected page: {r}")
+        };
+        *found.entry((scenario.clone(), page)).or_default() += 1;
+        assert_eq!(
+            copies.get(id),
+            Some(&1),
+            "{engine:?}: {id} stored once: {r}"
+        );
+        assert_eq!(
+            requests.get(id),
+            Some(&1),
+            "{engine:?}: one request for page view {id} ({scenario}, {page}); beacons: {beacons:?}"
+        );
+        assert_eq!(r["browser"], engine.browser_family(), "{engine:?}: {r}");
+
+        // Metrics: filled when the engine measures them, NULL when it does not.
+        let nav = r["navigation_type"].as_str().unwrap_or("");
+        let restored = nav == "back_forward_cache";
+        let filled = |m: &str| !r[m].is_null();
+        // "Add to cart" was clicked: INP where the engine measures it. No input at all: none.
+        // (A link followed by a WebDriver click may or may not make an interaction.)
+        let interacted = page == "a.html" && (scenario == "navigate" || scenario == "quit");
+        let no_input = restored || page == "b.html" || scenario == "tab" || scenario == "close";
+        assert!(filled("fcp_ms"), "{engine:?}: {r}");
+        // WebKitGTK reports responseStart as 0 or negative on loopback and for pages from its
+        // cache: no TTFB then, as web-vitals would report none.
+        assert!(
+            filled("ttfb_ms") || engine == Engine::WebKit,
+            "{engine:?}: {r}"
+        );
+        assert_eq!(filled("lcp_ms"), lcp, "{engine:?}: lcp_ms: {r}");
+        assert_eq!(filled("cls"), cls, "{engine:?}: cls: {r}");
+        if interacted {
+            assert_eq!(
+                filled("inp_ms"),
+                inp,
+                "{engine:?}: inp_ms after a click: {r}"
+            );
+        } else if no_input {
+            assert!(!filled("inp_ms"), "{engine:?}: no interaction, no INP: {r}");
+        }
+        if restored {
+            assert_eq!(
+                r["ttfb_ms"], 0.0,
+                "{engine:?}: a restore has no request: {r}"
+            );
+            assert!(
+                !filled("dom_content_loaded_ms") && !filled("load_ms"),
+                "{engine:?}: a restored view carries none of the original load's timings: {r}"
+            );
+            if cls {
+                assert_eq!(
+                    r["cls"], 0.0,
+                    "{engine:?}: nothing shifted since the restore: {r}"
+                );
+            }
+        } else {
+            assert!(
+                filled("dom_content_loaded_ms") && filled("load_ms"),
+                "{engine:?}: {r}"
+            );
+        }
+        if scenario == "back" && page == "a.html" {
+            assert!(
+                nav == "navigate" || restored,
+                "{engine:?}: the first view, then restores: {r}"
+            );
+        }
+        let metrics = [
+            "ttfb_ms",
+            "fcp_ms",
+            "lcp_ms",
+            "cls",
+            "inp_ms",
+            "dom_content_loaded_ms",
+            "load_ms",
+        ]
+        .iter()
+        .filter(|m| filled(m))
+        .map(|m| m.trim_end_matches("_ms"))
+        .collect::<Vec<_>>()
+        .join(" ");
+        let line = table
+            .entry(format!("{scenario} {page} {nav}"))
+            .or_insert((0, 0, 0, metrics));
+        line.0 += 1;
+        line.1 += 1;
+        line.2 += requests[id];
+    }
+    assert_eq!(
+        found, expected,
+        "{engine:?}: page views stored per scenario"
+    );
+    // Every beacon's page view is stored, and no page view sent twice.
+    assert_eq!(requests.len(), want, "{engine:?}: {beacons:?}");
+    assert_eq!(
+        c.metric("collector_measurements_accepted_total").await,
+        want as f64,
+        "{engine:?}: every stored page view is counted"
+    );
+    println!("| engine | scenario | page views | rows per page view | requests per page view | metrics filled |");
+    for (k, (views, rows, reqs, metrics)) in table {
+        println!(
+            "| {engine:?} | {k} | {views} | {} | {} | {metrics} |",
+            rows as f64 / views as f64,
+            reqs as f64 / views as f64
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chromium_every_page_view_once() {
+    every_page_view_once(Engine::Chromium).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn firefox_every_page_view_once() {
+    every_page_view_once(Engine::Firefox).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn webkit_every_page_view_once() {
+    every_page_view_once(Engine::WebKit).await;
+}
