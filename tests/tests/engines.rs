@@ -364,3 +364,85 @@ async fn firefox_every_page_view_once() {
 async fn webkit_every_page_view_once() {
     every_page_view_once(Engine::WebKit).await;
 }
+
+/// Makes the page hidden as a tab switch does, for an engine that fires no
+/// `visibilitychange` when WebDriver opens a tab (WebKitGTK's MiniBrowser).
+const HIDE: &str = "Object.defineProperty(document, 'visibilityState', {configurable: true, get: function () { return 'hidden'; }});\
+                    document.dispatchEvent(new Event('visibilitychange'));";
+
+/// A send that fails is sent once more, from a page that can read the answer: the first
+/// beacon goes to a server answering 503 (nginx round robin), the page is hidden by a tab
+/// switch, reads the 503 and resends after 0.5-1.5 s; the visitor then comes back and leaves.
+/// Two requests, one id, one row.
+async fn a_failed_send_is_sent_once_more(engine: Engine) {
+    let env = TestEnv::new(Stack::shared()).await;
+    let c = env.collector(&[]).await;
+    let site = format!("retry-{engine:?}").to_lowercase();
+    let shop = Shop::start(&c, &pages(&site), Some("return 503;")).await;
+    env.cli(&["sites", "add", "--key", &site, "--origin", &shop.proxy.url])
+        .success();
+    let b = Browser::start(engine).await;
+    let url = format!("{}/shop/a.html?s=retry", shop.proxy.url);
+    open(&b, &url).await;
+    let page = b.client.window().await.unwrap();
+    let tab = if engine == Engine::WebKit {
+        b.eval(HIDE).await;
+        None
+    } else {
+        let tab = b.client.new_window(true).await.unwrap();
+        b.client.switch_to_window(tab.handle.clone()).await.unwrap();
+        Some(tab)
+    };
+    let sql = format!(
+        "SELECT toString(id) AS id FROM {}.measurements FINAL WHERE site = '{site}'",
+        env.db
+    );
+    let start = Instant::now();
+    let rows = loop {
+        let rows = env.query(0, &sql).await;
+        if !rows.is_empty() {
+            break rows;
+        }
+        assert!(
+            start.elapsed() < SETTLE,
+            "{engine:?}: no row after {SETTLE:?}; beacons: {:?}",
+            shop.beacons()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    if tab.is_some() {
+        b.client.close_window().await.unwrap();
+        b.client.switch_to_window(page).await.unwrap();
+    }
+    b.client
+        .goto(&format!("{}/shop/plain.html", shop.proxy.url))
+        .await
+        .unwrap();
+    b.quit().await;
+    let beacons = shop.beacons();
+    let statuses: Vec<u16> = beacons.iter().map(|b| b.status).collect();
+    assert_eq!(statuses, [503, 202], "{engine:?}: {beacons:?}");
+    assert_eq!(beacons[0].ids, beacons[1].ids, "{engine:?}: one id");
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0]["id"].as_str(), Some(beacons[0].ids[0].as_str()));
+    let waited = beacons[1].at - beacons[0].at;
+    assert!(
+        (0.4..5.0).contains(&waited),
+        "{engine:?}: resent {waited:.3} s after the 503"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chromium_a_failed_send_is_sent_once_more() {
+    a_failed_send_is_sent_once_more(Engine::Chromium).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn firefox_a_failed_send_is_sent_once_more() {
+    a_failed_send_is_sent_once_more(Engine::Firefox).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn webkit_a_failed_send_is_sent_once_more() {
+    a_failed_send_is_sent_once_more(Engine::WebKit).await;
+}
