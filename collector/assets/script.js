@@ -10,8 +10,12 @@
     // The site's sample_rate: unknown until this answer, 0 for an unknown site, 1 if unreachable.
     var rate, settings = fetch(base + '/api/v1/sites/' + site, { credentials: 'omit' })
       .then(function (r) { return r.status == 404 ? { sample_rate: 0 } : r.json(); })
-      .then(function (s) { rate = s.sample_rate; }, function () {})
+      .then(function (s) { rate = s && s.sample_rate; })
+      .catch(function () {})
       .then(function () { if (typeof rate != 'number') rate = 1; });
+    // Handlers and observer callbacks run outside this try: each gets its own.
+    var safe = function (fn) { return function (a) { try { fn(a); } catch (e) { /* never break the page */ } }; };
+    var on = function (type, fn) { addEventListener(type, safe(fn), true); };
 
     var uuid = function () {
       if (crypto.randomUUID) return crypto.randomUUID();
@@ -30,7 +34,7 @@
     var observe = function (type, fn, opts) {
       if (!can(type)) return;
       try {
-        var o = new PerformanceObserver(function (l) { l.getEntries().forEach(fn); update(); });
+        var o = new PerformanceObserver(safe(function (l) { l.getEntries().forEach(fn); update(); }));
         opts = opts || {}; opts.type = type; opts.buffered = true;
         o.observe(opts);
         pending.push(function () { var r = o.takeRecords(); r.forEach(fn); return r.length; });
@@ -41,8 +45,8 @@
     };
 
     var nav = perf.getEntriesByType('navigation')[0] || {};
-    var activation = nav.activationStart || 0;
-    var since = function (t) { return Math.max(0, t - activation); };
+    // Read when used: a prerendered page learns its activationStart only when it is shown.
+    var since = function (t) { return Math.max(0, t - (nav.activationStart || 0)); };
 
     // The page view being measured. Observers write into the current one; every send, answer
     // and timer holds its own view, so a late answer of one page view never touches another
@@ -61,8 +65,8 @@
     };
     // The body is made whenever a value changes, so that leaving the page only sends.
     var update = function (v) { v = v || view; v.body = JSON.stringify(v.m); };
-    start(activation > 0 || doc.prerendering ? 'prerender' : doc.wasDiscarded ? 'restore' : nav.type,
-      perf.timeOrigin ? perf.timeOrigin + activation : Date.now());
+    start(nav.activationStart > 0 || doc.prerendering ? 'prerender' : doc.wasDiscarded ? 'restore' : nav.type,
+      perf.timeOrigin ? perf.timeOrigin + (nav.activationStart || 0) : Date.now());
     // As web-vitals: no TTFB from an entry whose responseStart is not after the page's start
     // and before now (WebKitGTK gives negative ones for pages from its cache).
     var ttfb = function () {
@@ -78,13 +82,21 @@
         update(first);
       });
     };
-    if (doc.readyState == 'complete') loaded(); else addEventListener('load', loaded);
+    if (doc.readyState == 'complete') loaded(); else on('load', loaded);
     update();
 
-    observe('paint', function (e) { if (e.name === 'first-contentful-paint') view.m.fcp_ms = since(e.startTime); });
-    var lcp = observe('largest-contentful-paint', function (e) { if (!view.lcpDone) view.m.lcp_ms = since(e.startTime); });
-    var stopLcp = function (e) { if (e.isTrusted !== false) view.lcpDone = true; if (lcp) lcp.disconnect(); };
-    ['keydown', 'pointerdown'].forEach(function (t) { addEventListener(t, stopLcp, { once: true, capture: true }); });
+    // Paint entries belong to the load, never to a restored view (measured from the restore).
+    observe('paint', function (e) { if (e.name === 'first-contentful-paint') first.m.fcp_ms = since(e.startTime); });
+    var onLcp = function (e) { if (!first.lcpDone) first.m.lcp_ms = since(e.startTime); };
+    var lcp = observe('largest-contentful-paint', onLcp);
+    // LCP ends at the visitor's first input; the page's own synthetic events do not count.
+    var stopLcp = function (e) {
+      if (!e.isTrusted || first.lcpDone) return;
+      if (lcp) { lcp.takeRecords().forEach(onLcp); lcp.disconnect(); }
+      first.lcpDone = true;
+      update(first);
+    };
+    on('keydown', stopLcp); on('pointerdown', stopLcp);
 
     observe('layout-shift', function (e) {
       var v = view;
@@ -121,30 +133,34 @@
       if (!(v.draw < (rate === undefined ? 1 : rate))) return;
       v.sends++;
       var retry = function (r) { if (v.state < 3) { v.state = 2; setTimeout(function () { send(v, true); }, later(r)); } };
-      if (!alive && navigator.sendBeacon && navigator.sendBeacon(endpoint, v.body)) { v.state = 3; return; }
-      v.state = alive ? 1 : 3;
       try {
+        if (!alive && navigator.sendBeacon && navigator.sendBeacon(endpoint, v.body)) { v.state = 3; return; }
+        v.state = alive ? 1 : 3;
         fetch(endpoint, { method: 'POST', body: v.body, keepalive: true, headers: { 'Content-Type': 'text/plain' } })
-          .then(function (r) { if (r.status == 429 || r.status >= 500) retry(r); else v.state = 3; }, retry);
+          .then(function (r) { if (r.status == 429 || r.status >= 500) retry(r); else v.state = 3; }, retry)
+          .catch(function () {});
       } catch (e) {
         // Nothing more to do.
       }
     };
     // Firefox fires visibilitychange before pagehide when a window closes or the browser
     // quits, and beforeunload before both: a page that is leaving sends by sendBeacon then.
-    var leaving, hide = function (alive) {
+    // (A beforeunload not followed by a hide within a second, e.g. a download link, is no
+    // leaving.) A prerendered page never shown sends nothing.
+    var leaving = -1e9, hide = function (alive) {
       var n = 0;
+      if (doc.prerendering) return;
       pending.forEach(function (take) { n += take(); });
       if (n) update();
-      send(view, alive && !leaving);
+      send(view, alive && perf.now() - leaving > 1000);
     };
-    addEventListener('beforeunload', function () { leaving = 1; }, true);
-    addEventListener('visibilitychange', function () { if (doc.visibilityState === 'hidden') hide(true); }, true);
-    addEventListener('pagehide', function () { hide(false); }, true);
+    on('beforeunload', function () { leaving = perf.now(); });
+    on('visibilitychange', function () { if (doc.visibilityState === 'hidden') hide(true); });
+    on('pagehide', function () { hide(false); });
     // A back/forward-cache restore is a new page view: FCP (and LCP where the engine measures
     // it) from the restore to the next frame, TTFB 0, as the web-vitals library reports it.
-    addEventListener('pageshow', function (e) {
-      leaving = 0;
+    on('pageshow', function (e) {
+      leaving = -1e9;
       if (!e.persisted) return;
       start('back_forward_cache', Date.now());
       var v = view, t = e.timeStamp;
@@ -157,7 +173,7 @@
           update(v);
         });
       });
-    }, true);
+    });
   } catch (e) {
     // Never break the page.
   }

@@ -372,3 +372,47 @@ async fn a_429_is_retried_once_after_retry_after() {
     );
     browser.quit().await;
 }
+
+/// Found by review (issue 27): the page's own synthetic `keydown` does not end LCP (it is
+/// stored, not NULL), and a settings answer of `null` neither throws into the page nor stops
+/// the send (a rate that cannot be read counts as 1).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn synthetic_input_and_a_null_settings_answer_change_nothing() {
+    let env = TestEnv::new(Stack::shared()).await;
+    let c = env.collector(&[]).await;
+    let site = "shop-odd";
+    let html = shop_html(site).replace(
+        "<meta charset=\"utf-8\">",
+        "<meta charset=\"utf-8\">\n  <script>addEventListener('DOMContentLoaded', function () {\
+         document.dispatchEvent(new KeyboardEvent('keydown', {key: 'a'})); });</script>",
+    );
+    let pages = page_dir(&[("index.html", html)]);
+    let extra = format!(
+        "location /shop/ {{ alias {}/; }}\n\
+         location /perf/api/v1/sites/ {{ default_type application/json; return 200 'null'; }}",
+        pages.path().display()
+    );
+    let proxy = Nginx::start_with(c.port, &extra, "").await;
+    env.cli(&["sites", "add", "--key", site, "--origin", &proxy.url])
+        .success();
+    let browser = Browser::start(Engine::Chromium).await;
+    let page_url = format!("{}/shop/", proxy.url);
+    load(&browser, &page_url).await;
+    // Hidden while alive: the send waits for the settings answer, which is `null`.
+    browser.eval(HIDE).await;
+    let rows = rows_for_site(&env, site, 1).await;
+    assert_eq!(
+        browser.eval("return window.__errors;").await,
+        json!([]),
+        "the page has no errors"
+    );
+    browser.client.goto("about:blank").await.unwrap();
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert!(
+        rows[0]["lcp_ms"].as_f64().is_some_and(|v| v > 0.0),
+        "LCP measured despite a synthetic keydown: {}",
+        rows[0]
+    );
+    assert_eq!(rows[0]["sample_rate"], 1.0);
+    browser.quit().await;
+}
