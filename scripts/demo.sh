@@ -39,10 +39,20 @@ done
 scripts/stack.sh install
 echo "building the collector (release; about 5 minutes the first time)..."
 cargo build -q --release -p collector --bin collector
-bin="$root/target/release/collector"
+# Where cargo puts it: CARGO_TARGET_DIR when set.
+bin="${CARGO_TARGET_DIR:-$root/target}/release/collector"
 
 mkdir -p "$stack_dir"
 echo $$ >"$stack_dir/demo.pid"
+page_pid=
+cleanup() {
+  [[ -n $page_pid ]] && kill "$page_pid" 2>/dev/null
+  echo "stopping the stack..."
+  scripts/stack.sh down "$stack_dir" >/dev/null 2>&1 || true
+  rm -f "$stack_dir/demo.pid"
+}
+# Set before the stack starts: a failure from here on stops it too.
+trap cleanup EXIT
 scripts/stack.sh up "$stack_dir" --replicas 2 >/dev/null
 # shellcheck disable=SC1091
 source "$stack_dir/stack.env"
@@ -64,14 +74,6 @@ sed "s#__COLLECTOR__#$collector_url#g" demo/index.html > "$page_dir/index.html"
 cp demo/*.svg "$page_dir/" 2>/dev/null || true
 python3 -m http.server "$page_port" --bind 127.0.0.1 --directory "$page_dir" >"$stack_dir/page.log" 2>&1 &
 page_pid=$!
-
-cleanup() {
-  kill "$page_pid" 2>/dev/null || true
-  echo "stopping the stack..."
-  scripts/stack.sh down "$stack_dir" >/dev/null 2>&1 || true
-  rm -f "$stack_dir/demo.pid"
-}
-trap cleanup EXIT
 
 cat <<MSG
 

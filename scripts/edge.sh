@@ -191,10 +191,10 @@ stop_pid() {
 collector_bin() {
     if [[ -n ${COLLECTOR_BIN:-} ]]; then
         echo "$COLLECTOR_BIN"
-    elif [[ -x $ROOT/target/release/collector ]]; then
-        echo "$ROOT/target/release/collector"
-    elif [[ -x $ROOT/target/debug/collector ]]; then
-        echo "$ROOT/target/debug/collector"
+    elif [[ -x ${CARGO_TARGET_DIR:-$ROOT/target}/release/collector ]]; then
+        echo "${CARGO_TARGET_DIR:-$ROOT/target}/release/collector"
+    elif [[ -x ${CARGO_TARGET_DIR:-$ROOT/target}/debug/collector ]]; then
+        echo "${CARGO_TARGET_DIR:-$ROOT/target}/debug/collector"
     else
         die "no collector binary: cargo build -p collector --bin collector (or set COLLECTOR_BIN)"
     fi

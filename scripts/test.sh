@@ -47,7 +47,7 @@ scripts/stack.sh up "$stack_dir" --replicas 2 --ch26
 scripts/stack.sh up "$failover_dir" --replicas 3
 export STACK_ENV="$stack_dir/stack.env"
 export FAILOVER_STACK_ENV="$failover_dir/stack.env"
-export COLLECTOR_BIN="$PWD/target/debug/collector"
+export COLLECTOR_BIN="${CARGO_TARGET_DIR:-$PWD/target}/debug/collector"
 
 # What a filtered run selects: a test file by its name, or tests by a part of their name.
 select=(--workspace)

@@ -200,7 +200,9 @@ pub fn collector_bin() -> PathBuf {
             .status()
             .expect("cargo build");
         assert!(status.success(), "building the collector failed");
-        root().join("target/debug/collector")
+        std::env::var_os("CARGO_TARGET_DIR")
+            .map_or_else(|| root().join("target"), PathBuf::from)
+            .join("debug/collector")
     })
     .clone()
 }
@@ -307,7 +309,7 @@ impl<'a> TestEnv<'a> {
             .envs(self.collector_env())
             .envs(settings.iter().copied())
             .output()
-            .expect("run collector");
+            .unwrap_or_else(|e| panic!("run {}: {e}", collector_bin().display()));
         CliOutput {
             code: out.status.code().unwrap_or(-1),
             stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -523,7 +525,7 @@ impl Collector {
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
-            .expect("start collector");
+            .unwrap_or_else(|e| panic!("start {}: {e}", collector_bin().display()));
         self.child = Some(child);
         let start = Instant::now();
         loop {
