@@ -82,7 +82,7 @@ pub struct PreflightQuery {
 /// `POST /api/v1/measurements`.
 ///
 /// Once the body has arrived whole, the request is finished in a task of its own
-/// ([`AppState::requests`]): a browser that quits closes its connections right after sending,
+/// ([`crate::state::Inner::requests`]): a browser that quits closes its connections right after sending,
 /// and hyper then drops this handler's future. The task stores the measurements and counts them
 /// whether or not anyone reads the answer (contract v3, §2 metrics), and the drain waits for it.
 pub async fn post(

@@ -5,7 +5,9 @@
 //! by any path of this process, however many requests arrive; then exactly one call is let
 //! through as a probe, and only its success closes the breaker again. Connections are opened
 //! one at a time and the breaker opens before a failed attempt's call returns, so calls that
-//! were admitted together make one connection attempt between them, not one each. The pool is small ([`POOL_SIZE`]) and every wait is bounded.
+//! were admitted together make one connection attempt between them, not one each. The pool
+//! is deadpool-postgres's, small ([`POOL_SIZE`]), with every wait bounded; its connector is
+//! ours ([`HostsConnector`]), for what tokio-postgres's own connect does not do below.
 //!
 //! - **Hosts that hang.** A URL may list several hosts (a primary and its standby). Each host
 //!   gets its own [`HOST_TIMEOUT`] for connecting and answering the start-up handshake, so a
@@ -29,7 +31,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use deadpool::managed::{self, Metrics as PoolMetrics, Object, RecycleError, RecycleResult};
+use deadpool_postgres::{ManagerConfig, Object, Pool, PoolError, RecyclingMethod};
+use futures_util::future::BoxFuture;
+use tokio::task::JoinHandle;
 use tokio_postgres::config::Host;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Config, NoTls};
@@ -148,7 +152,9 @@ impl Breaker {
 /// The store: a bounded pool behind a [`Breaker`]. Cheap to clone.
 #[derive(Clone)]
 pub struct SettingsStore {
-    pool: managed::Pool<HostsManager>,
+    pool: Pool,
+    /// Hosts in the URL: each has [`HOST_TIMEOUT`].
+    hosts: usize,
     breaker: Arc<Breaker>,
     metrics: Arc<Metrics>,
 }
@@ -175,8 +181,9 @@ pub fn describe(e: &tokio_postgres::Error) -> String {
 }
 
 /// Opens connections host by host (see the module doc), one attempt at a time, and none
-/// while the breaker is open.
-struct HostsManager {
+/// while the breaker is open: the connector of deadpool-postgres's manager
+/// ([`deadpool_postgres::Manager::from_connect`]).
+struct HostsConnector {
     /// One single-host configuration per host of the URL, in the URL's order.
     hosts: Vec<Config>,
     /// Index of the host that answered last: tried first.
@@ -186,14 +193,119 @@ struct HostsManager {
     breaker: Arc<Breaker>,
 }
 
-impl HostsManager {
+impl HostsConnector {
     fn new(config: &Config, breaker: Arc<Breaker>) -> Self {
-        HostsManager {
+        HostsConnector {
             hosts: single_host_configs(config),
             last_good: AtomicUsize::new(0),
             connecting: tokio::sync::Mutex::new(()),
             breaker,
         }
+    }
+}
+
+/// A connection's bytes: TCP or a Unix socket; or a failure of ours carried as a stream that
+/// fails at once, so that tokio-postgres reports it as its own error (deadpool-postgres's
+/// connector must return a [`tokio_postgres::Error`], which has no public constructor).
+enum PgStream {
+    Tcp(tokio::net::TcpStream),
+    Unix(tokio::net::UnixStream),
+    Failed(Option<std::io::Error>),
+}
+
+impl PgStream {
+    /// Opens the socket to `config`'s one host (TCP, or `DIR/.s.PGSQL.PORT` as libpq does).
+    async fn open(config: &Config) -> std::io::Result<PgStream> {
+        let port = config.get_ports().first().copied().unwrap_or(5432);
+        if let Some(addr) = config.get_hostaddrs().first() {
+            return Ok(PgStream::Tcp(
+                tokio::net::TcpStream::connect((*addr, port)).await?,
+            ));
+        }
+        match config.get_hosts().first() {
+            Some(Host::Tcp(host)) => {
+                let stream = tokio::net::TcpStream::connect((host.as_str(), port)).await?;
+                let _ = stream.set_nodelay(true);
+                Ok(PgStream::Tcp(stream))
+            }
+            Some(Host::Unix(dir)) => Ok(PgStream::Unix(
+                tokio::net::UnixStream::connect(dir.join(format!(".s.PGSQL.{port}"))).await?,
+            )),
+            None => Err(std::io::Error::other("no host in the database URL")),
+        }
+    }
+
+    fn failed(&mut self) -> std::io::Error {
+        match self {
+            PgStream::Failed(e) => e
+                .take()
+                .unwrap_or_else(|| std::io::Error::other("connection failed")),
+            _ => unreachable!("only a failed stream fails"),
+        }
+    }
+}
+
+impl tokio::io::AsyncRead for PgStream {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match &mut *self {
+            PgStream::Tcp(s) => std::pin::Pin::new(s).poll_read(cx, buf),
+            PgStream::Unix(s) => std::pin::Pin::new(s).poll_read(cx, buf),
+            PgStream::Failed(_) => std::task::Poll::Ready(Err(self.failed())),
+        }
+    }
+}
+
+impl tokio::io::AsyncWrite for PgStream {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        match &mut *self {
+            PgStream::Tcp(s) => std::pin::Pin::new(s).poll_write(cx, buf),
+            PgStream::Unix(s) => std::pin::Pin::new(s).poll_write(cx, buf),
+            PgStream::Failed(_) => std::task::Poll::Ready(Err(self.failed())),
+        }
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match &mut *self {
+            PgStream::Tcp(s) => std::pin::Pin::new(s).poll_flush(cx),
+            PgStream::Unix(s) => std::pin::Pin::new(s).poll_flush(cx),
+            PgStream::Failed(_) => std::task::Poll::Ready(Err(self.failed())),
+        }
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match &mut *self {
+            PgStream::Tcp(s) => std::pin::Pin::new(s).poll_shutdown(cx),
+            PgStream::Unix(s) => std::pin::Pin::new(s).poll_shutdown(cx),
+            PgStream::Failed(_) => std::task::Poll::Ready(Ok(())),
+        }
+    }
+}
+
+/// `message` as a [`tokio_postgres::Error`] ("error communicating with the server: ...").
+async fn store_error(config: &Config, message: String) -> tokio_postgres::Error {
+    match config
+        .connect_raw(
+            PgStream::Failed(Some(std::io::Error::other(message))),
+            NoTls,
+        )
+        .await
+    {
+        Err(e) => e,
+        Ok(_) => unreachable!("a failed stream never completes a handshake"),
     }
 }
 
@@ -268,53 +380,56 @@ fn host_name(config: &Config) -> String {
     }
 }
 
-impl managed::Manager for HostsManager {
-    type Type = tokio_postgres::Client;
-    type Error = String;
-
-    async fn create(&self) -> Result<tokio_postgres::Client, String> {
-        let _one = self.connecting.lock().await;
-        if !self.breaker.lets_connect() {
-            return Err("not connecting: the last attempt failed within the backoff".into());
-        }
-        let n = self.hosts.len();
-        let first = self.last_good.load(Ordering::Relaxed) % n;
-        let mut failures = Vec::new();
-        for k in 0..n {
-            let i = (first + k) % n;
-            let config = &self.hosts[i];
-            match tokio::time::timeout(HOST_TIMEOUT, config.connect(NoTls)).await {
-                Ok(Ok((client, connection))) => {
-                    tokio::spawn(async move {
-                        if let Err(e) = connection.await {
-                            tracing::debug!(error = %describe(&e), "settings store: connection ended");
-                        }
-                    });
-                    self.last_good.store(i, Ordering::Relaxed);
-                    tracing::debug!(host = %host_name(config), tried = k + 1, "settings store: connected");
-                    return Ok(client);
-                }
-                Ok(Err(e)) => failures.push(format!("{}: {}", host_name(config), describe(&e))),
-                Err(_) => failures.push(format!(
-                    "{}: no answer within {HOST_TIMEOUT:?}",
-                    host_name(config)
-                )),
-            }
-        }
-        self.breaker.trip();
-        Err(failures.join("; "))
-    }
-
-    async fn recycle(
+impl deadpool_postgres::Connect for HostsConnector {
+    fn connect(
         &self,
-        client: &mut tokio_postgres::Client,
-        _: &PoolMetrics,
-    ) -> RecycleResult<String> {
-        if client.is_closed() {
-            Err(RecycleError::message("connection closed"))
-        } else {
-            Ok(())
-        }
+        _: &Config,
+    ) -> BoxFuture<'_, Result<(tokio_postgres::Client, JoinHandle<()>), tokio_postgres::Error>>
+    {
+        Box::pin(async move {
+            let _one = self.connecting.lock().await;
+            if !self.breaker.lets_connect() {
+                return Err(store_error(
+                    &self.hosts[0],
+                    "not connecting: the last attempt failed within the backoff".into(),
+                )
+                .await);
+            }
+            let n = self.hosts.len();
+            let first = self.last_good.load(Ordering::Relaxed) % n;
+            let mut failures = Vec::new();
+            for k in 0..n {
+                let i = (first + k) % n;
+                let config = &self.hosts[i];
+                // The TCP connect and the start-up handshake, both within the host's bound.
+                let attempt = async {
+                    let stream = match PgStream::open(config).await {
+                        Ok(stream) => stream,
+                        Err(e) => PgStream::Failed(Some(e)),
+                    };
+                    config.connect_raw(stream, NoTls).await
+                };
+                match tokio::time::timeout(HOST_TIMEOUT, attempt).await {
+                    Ok(Ok((client, connection))) => {
+                        let task = tokio::spawn(async move {
+                            if let Err(e) = connection.await {
+                                tracing::debug!(error = %describe(&e), "settings store: connection ended");
+                            }
+                        });
+                        self.last_good.store(i, Ordering::Relaxed);
+                        tracing::debug!(host = %host_name(config), tried = k + 1, "settings store: connected");
+                        return Ok((client, task));
+                    }
+                    Ok(Err(e)) => failures.push(format!("{}: {}", host_name(config), describe(&e))),
+                    Err(_) => failures.push(format!(
+                        "{}: no answer within {HOST_TIMEOUT:?}",
+                        host_name(config)
+                    )),
+                }
+            }
+            self.breaker.trip();
+            Err(store_error(&self.hosts[0], failures.join("; ")).await)
+        })
     }
 }
 
@@ -333,11 +448,21 @@ impl SettingsStore {
             config.application_name("collector");
         }
         let breaker = Arc::new(Breaker::new(backoff));
-        let manager = HostsManager::new(&config, breaker.clone());
-        let connect_budget = HOST_TIMEOUT * manager.hosts.len() as u32;
-        let pool = managed::Pool::builder(manager)
+        let connector = HostsConnector::new(&config, breaker.clone());
+        let hosts = connector.hosts.len();
+        let connect_budget = HOST_TIMEOUT * hosts as u32;
+        // Fast recycling: a pooled connection is checked for being closed, no query (a
+        // transaction-mode pooler gains nothing from DISCARD ALL, and it costs a round trip).
+        let manager = deadpool_postgres::Manager::from_connect(
+            config,
+            connector,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
             .max_size(POOL_SIZE)
-            .runtime(deadpool::Runtime::Tokio1)
+            .runtime(deadpool_postgres::Runtime::Tokio1)
             .wait_timeout(Some(QUERY_TIMEOUT))
             .create_timeout(Some(connect_budget + Duration::from_millis(100)))
             .recycle_timeout(Some(HOST_TIMEOUT))
@@ -345,6 +470,7 @@ impl SettingsStore {
             .map_err(|e| StoreError::Failed(e.to_string()))?;
         Ok(SettingsStore {
             pool,
+            hosts,
             breaker,
             metrics,
         })
@@ -365,10 +491,10 @@ impl SettingsStore {
         let admission = self.breaker.admit().ok_or(StoreError::Backoff)?;
         self.metrics.settings_store_queries.inc();
         let result = match self.pool.get().await {
-            Err(managed::PoolError::Backend(e)) => Err(StoreError::Failed(e)),
-            Err(managed::PoolError::Timeout(_)) => Err(StoreError::Failed(format!(
+            Err(PoolError::Backend(e)) => Err(StoreError::Failed(describe(&e))),
+            Err(PoolError::Timeout(_)) => Err(StoreError::Failed(format!(
                 "no connection within {:?} (every host tried)",
-                HOST_TIMEOUT * self.pool.manager().hosts.len() as u32
+                HOST_TIMEOUT * self.hosts as u32
             ))),
             Err(e) => Err(StoreError::Failed(e.to_string())),
             Ok(client) => match tokio::time::timeout(QUERY_TIMEOUT, f(&client)).await {
@@ -529,6 +655,48 @@ mod tests {
             }
         });
         (port, accepted)
+    }
+
+    /// A host that accepts TCP and never answers costs [`HOST_TIMEOUT`], then the next host
+    /// is tried; the error names each host and what it did.
+    #[tokio::test]
+    async fn a_hanging_host_costs_its_timeout_and_the_next_is_tried() {
+        let hanging = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let hang_port = hanging.local_addr().unwrap().port();
+        let held = Arc::new(Mutex::new(Vec::new()));
+        let keep = held.clone();
+        tokio::spawn(async move {
+            while let Ok((socket, _)) = hanging.accept().await {
+                keep.lock().unwrap().push(socket);
+            }
+        });
+        let (refuse_port, accepted) = refusing_server().await;
+        let store = SettingsStore::new(
+            &format!("postgres://u@127.0.0.1:{hang_port},127.0.0.1:{refuse_port}/db"),
+            Duration::from_secs(60),
+            Arc::new(Metrics::new()),
+        )
+        .unwrap();
+        let start = Instant::now();
+        let Err(StoreError::Failed(e)) = store.fetch("a-site").await else {
+            panic!("no store answers");
+        };
+        let took = start.elapsed();
+        assert!(
+            took >= HOST_TIMEOUT && took < HOST_TIMEOUT * 2,
+            "{took:?}: {e}"
+        );
+        assert!(
+            e.contains(&format!("127.0.0.1:{hang_port}: no answer within 1.5s")),
+            "{e}"
+        );
+        assert!(e.contains(&format!("127.0.0.1:{refuse_port}: ")), "{e}");
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            1,
+            "the next host was tried"
+        );
+        assert_eq!(held.lock().unwrap().len(), 1);
     }
 
     #[tokio::test]
