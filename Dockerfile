@@ -27,7 +27,7 @@ RUN mkdir -p collector/src tests/src \
         target/release/deps/collector-* target/release/deps/libcollector-* \
         target/release/.fingerprint/collector-*
 
-# Then the sources: schema/ is read by include_str! in collector/src/migrate.rs.
+# Then the sources: schema/ is read by include_str! in collector/src/cli/migrate.rs and collector/src/clickhouse/schema.rs.
 COPY schema schema
 COPY collector collector
 # The `revision` label of collector_build_info (collector/build.rs); the build context has no

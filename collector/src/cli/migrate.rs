@@ -1,14 +1,14 @@
 //! `collector migrate`: applies `schema/postgres/` to PostgreSQL and the ClickHouse schema
 //! ([`crate::clickhouse::schema`]) to every ClickHouse replica, then copies a v1 table's rows.
 
+use super::{cli_store, RunError};
 use crate::clickhouse::schema::{apply_clickhouse, copy_v1, SchemaError, V1_TABLE};
 use crate::config::{Settings, TableForm};
-use crate::RunError;
 
 /// PostgreSQL schema files, in order.
 pub const POSTGRES: &[(&str, &str)] = &[(
     "001_sites.sql",
-    include_str!("../../schema/postgres/001_sites.sql"),
+    include_str!("../../../schema/postgres/001_sites.sql"),
 )];
 
 /// Bound on applying the schema to one ClickHouse replica (a hung replica must not hold a
@@ -32,7 +32,7 @@ fn form_name(form: TableForm) -> &'static str {
 /// least one replica have the schema. The collector applies it to the others when they
 /// return.
 pub async fn run(settings: &Settings) -> Result<(), RunError> {
-    let store = crate::cli_store(settings)?;
+    let store = cli_store(settings)?;
     let mut postgres = Ok(());
     for (name, sql) in POSTGRES {
         // "already exists, skipping" notices are the normal case of an idempotent migration.

@@ -1,0 +1,222 @@
+//! The composition root of `collector serve`: builds every part from the configuration (the
+//! listener, the spool, the settings store and its cache, the dedup window, the limits, the
+//! writer and its replicas), wires them, serves, and on SIGTERM or SIGINT drains them in order:
+//! `/readyz` 503 for the grace, the listener closed, in-flight requests finished, the writer
+//! flushed within its deadline.
+
+use std::sync::Arc;
+
+use tokio::sync::watch;
+use tokio_util::task::TaskTracker;
+
+use crate::cli::{failed, RunError};
+use crate::config::Settings;
+use crate::{
+    dedup, endpoints, limits, logging, metrics, script, server, settings, spool, state, useragent,
+    writer,
+};
+
+/// File descriptors kept for the collector's own use besides client connections: standard
+/// streams, the runtime's epoll, event and signal descriptors, the listener, the spool's files
+/// (lock, the segments being written and read, cursor, identity, settings snapshot, kept-aside
+/// batches), the settings store's pool ([`settings::store::POOL_SIZE`] connections plus those
+/// being opened) and the ClickHouse connections (per replica: pooled and fresh ones for
+/// inserts, probes and schema checks). About 50 with three replicas; the reserve is five times
+/// that, so that client connections can never take the descriptors the spool and the
+/// databases need (an `EMFILE` there would answer 503 or stall the writer).
+pub const RESERVED_FDS: usize = 256;
+/// On shutdown, how long intake requests whose client has gone may take to finish after the
+/// listener closed: longer than a request's own bounds (the claim wait and the append
+/// timeout, 5 s each).
+pub const REQUESTS_DRAIN: std::time::Duration = std::time::Duration::from_secs(12);
+
+/// The open-connection cap to serve with: `COLLECTOR_MAX_CONNECTIONS`, lowered to what the
+/// open-files limit holds once [`RESERVED_FDS`] are set aside. The soft limit is first raised
+/// to the hard limit. Lowering the default (20,000) is logged at info level, as it is the
+/// normal case on a host whose hard limit is about 20,000 (this project's CI VM: 20,000);
+/// lowering a value that was set explicitly is a warning.
+fn connection_limit(settings: &Settings) -> usize {
+    let nofile = match rlimit::increase_nofile_limit(u64::MAX) {
+        Ok(n) => n,
+        Err(e) => {
+            let soft = rlimit::getrlimit(rlimit::Resource::NOFILE).map_or(0, |(soft, _)| soft);
+            tracing::warn!(error = %logging::chain(&e), nofile = soft, "cannot raise the open-files limit");
+            soft
+        }
+    };
+    let holds = usize::try_from(nofile)
+        .unwrap_or(usize::MAX)
+        .saturating_sub(RESERVED_FDS);
+    let wanted = settings.max_connections;
+    if wanted <= holds {
+        return wanted;
+    }
+    let cap = holds.max(1);
+    if settings.max_connections_set {
+        tracing::warn!(
+            nofile,
+            reserved = RESERVED_FDS,
+            max_connections = wanted,
+            serving = cap,
+            "COLLECTOR_MAX_CONNECTIONS does not fit the open-files limit less the descriptors the collector keeps for itself; raise the hard limit (LimitNOFILE, ulimit -n, a container's nofile) or lower the setting"
+        );
+    } else {
+        tracing::info!(
+            nofile,
+            reserved = RESERVED_FDS,
+            serving = cap,
+            "open connections capped to fit the open-files limit"
+        );
+    }
+    cap
+}
+
+/// `collector serve`: runs until SIGTERM or SIGINT, then drains; `Ok` once drained.
+pub async fn serve(settings: Settings) -> Result<(), RunError> {
+    let max_connections = connection_limit(&settings);
+    // Listen first: a taken address is reported before anything else starts.
+    let listener = tokio::net::TcpListener::bind(settings.listen)
+        .await
+        .map_err(|e| {
+            failed(format!(
+                "cannot listen on {} (COLLECTOR_LISTEN): {e}",
+                settings.listen
+            ))
+        })?;
+    let metrics = Arc::new(metrics::Metrics::new());
+    let (spool, reader) = spool::open(
+        &settings.spool_dir,
+        settings.spool_max_bytes,
+        metrics.clone(),
+    )
+    .map_err(failed)?;
+    let store = settings::SettingsStore::new(
+        &settings.database_url,
+        settings.settings_backoff,
+        metrics.clone(),
+    )
+    .map_err(failed)?;
+    let snapshot = settings::snapshot::path(&settings.spool_dir);
+    let site_settings = settings::SiteSettings::new(
+        store,
+        settings.settings_ttl,
+        Some(snapshot),
+        metrics.clone(),
+    );
+    match site_settings.reload().await {
+        Ok(n) => tracing::info!(sites = n, "settings: loaded every site"),
+        Err(e) => {
+            if let Err(snap) = site_settings.load_snapshot().await {
+                tracing::warn!(error = %e, snapshot = %snap, "settings: store unreachable and no snapshot; loading on demand");
+            }
+        }
+    }
+    let site_settings_reloader = site_settings.clone();
+    let dedup = dedup::Dedup::new(settings.dedup_capacity, settings.dedup_window);
+    let limits = limits::Limits::new(
+        settings.client_rate,
+        settings.site_rate,
+        settings.max_in_flight,
+    );
+    let state = state::AppState::new(state::Inner {
+        settings: site_settings,
+        dedup,
+        spool,
+        script: script::Script::default(),
+        user_agents: {
+            // Compiled before the listener opens, so that no beacon waits for it.
+            useragent::UserAgents::warm_up();
+            useragent::UserAgents::default()
+        },
+        metrics: metrics.clone(),
+        limits: limits.clone(),
+        trusted_proxies: settings.trusted_proxies.clone(),
+        body_timeout: settings.body_timeout,
+        draining: Default::default(),
+        requests: TaskTracker::new(),
+    });
+
+    let (stop_writer, writer_shutdown) = watch::channel(false);
+    let replicas = writer::Replicas::new(
+        &settings.clickhouse_urls,
+        &settings.clickhouse_database,
+        metrics.clone(),
+    );
+    let batch_limits = writer::BatchLimits {
+        max_rows: settings.batch_max_rows,
+        max_bytes: settings.batch_max_bytes,
+        max_age: settings.batch_max_age,
+    };
+    let probing = writer::probe::Settings {
+        database: settings.clickhouse_database.clone(),
+        max_delay: settings.catchup_max_delay,
+        form: settings.clickhouse_table_form,
+    };
+    let pruner = tokio::spawn(limits.run_pruner(writer_shutdown.clone()));
+    let reloader = tokio::spawn(site_settings_reloader.run_reloader(writer_shutdown.clone()));
+    let writer = writer::spawn(
+        reader,
+        replicas,
+        batch_limits,
+        probing,
+        metrics.clone(),
+        writer_shutdown,
+    )
+    .map_err(|e| failed(format!("cannot start the writer thread: {e}")))?;
+
+    tracing::info!(listen = %settings.listen, replicas = settings.clickhouse_urls.len(), "collector: serving");
+
+    let drain_state = state.clone();
+    let grace = settings.drain_grace;
+    let close = async move {
+        let with_grace = shutdown_signal().await;
+        drain_state.start_draining();
+        if with_grace {
+            tracing::info!(grace = ?grace, "SIGTERM: /readyz now 503; closing the listener after the drain grace");
+            tokio::time::sleep(grace).await;
+        } else {
+            tracing::info!("SIGINT: draining now");
+        }
+    };
+    let connection_limits = server::ConnectionLimits {
+        max_connections,
+        header_timeout: settings.header_timeout,
+    };
+    server::serve(
+        listener,
+        endpoints::router(state.clone()),
+        connection_limits,
+        metrics.clone(),
+        close,
+    )
+    .await;
+    // Requests whose client left before the answer still finish: each is bounded by the
+    // claim wait and the append timeout.
+    state.requests.close();
+    if tokio::time::timeout(REQUESTS_DRAIN, state.requests.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!("intake requests did not finish within the drain limit");
+    }
+    drop(state);
+    tracing::info!("listener closed; flushing batches");
+    let _ = stop_writer.send(true);
+    // The writer ends within its drain deadline; its thread is joined off the runtime.
+    let _ = tokio::task::spawn_blocking(move || writer.join()).await;
+    let _ = reloader.await;
+    let _ = pruner.await;
+    tracing::info!("collector: stopped");
+    Ok(())
+}
+
+/// Waits for SIGTERM (returns `true`: drain with grace) or SIGINT (`false`: no grace).
+async fn shutdown_signal() -> bool {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => true,
+        _ = int.recv() => false,
+    }
+}
