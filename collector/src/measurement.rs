@@ -239,7 +239,7 @@ macro_rules! measurement_columns {
         /// encoded once, as RowBinary ([`Measurement::encode`]); the JSON form (serde) is
         /// for people: `collector spool dump`, kept-aside files, and spools of releases
         /// before RowBinary.
-        #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+        #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
         pub struct Measurement<$lt> {
             $($(#[$attr])* pub $name: $ty,)*
         }
@@ -270,6 +270,21 @@ macro_rules! measurement_columns {
             /// Reads one row from the front of `input`, advancing it past the row.
             pub fn decode(input: &mut &[u8]) -> Result<Measurement<'static>, DecodeError> {
                 Ok(Measurement { $($name: Column::decode(input)?,)* })
+            }
+
+            /// Reads a row of an earlier layout, its first `n` columns in this order and
+            /// encoding; the columns after them are their defaults (`None`, empty, 0).
+            pub fn decode_prefix(
+                input: &mut &[u8],
+                n: usize,
+            ) -> Result<Measurement<'static>, DecodeError> {
+                let mut k = 0;
+                Ok(Measurement {
+                    $($name: {
+                        k += 1;
+                        if k <= n { Column::decode(input)? } else { Default::default() }
+                    },)*
+                })
             }
         }
     };
@@ -337,7 +352,56 @@ measurement_columns! {
     /// OS family from the user agent (`Windows`, `iOS`, `Android`, ...).
     #[serde(default)]
     os: Label<'a>,
+    /// A CSS selector of the LCP element (contract v3): tag names, ids and classes only, at
+    /// most [`crate::beacon::MAX_SELECTOR_BYTES`]. Columns from here on are new in v3 of the
+    /// table (attribution); rows of earlier releases have them NULL.
+    #[serde(default)]
+    lcp_target: Option<Cow<'a, str>>,
+    /// A CSS selector of the slowest interaction's target.
+    #[serde(default)]
+    inp_target: Option<Cow<'a, str>>,
+    /// A CSS selector of the largest layout shift's source.
+    #[serde(default)]
+    cls_target: Option<Cow<'a, str>>,
+    /// The LCP element's resource, normalised as `url` is.
+    #[serde(default)]
+    lcp_url: Option<Cow<'a, str>>,
+    /// LCP part: from TTFB to the LCP resource's request start, milliseconds, 0 to `lcp_ms`.
+    #[serde(default)]
+    lcp_resource_load_delay_ms: Option<f64>,
+    /// LCP part: the LCP resource's load, milliseconds, 0 to `lcp_ms`.
+    #[serde(default)]
+    lcp_resource_load_duration_ms: Option<f64>,
+    /// LCP part: from the resource's end to the paint, milliseconds, 0 to `lcp_ms`.
+    #[serde(default)]
+    lcp_element_render_delay_ms: Option<f64>,
+    /// `pointer` or `keyboard`: the slowest interaction's kind.
+    #[serde(default)]
+    inp_type: Option<Cow<'a, str>>,
+    /// INP phase: input delay, milliseconds, 0 to `inp_ms`.
+    #[serde(default)]
+    inp_input_delay_ms: Option<f64>,
+    /// INP phase: processing duration, milliseconds, 0 to `inp_ms`.
+    #[serde(default)]
+    inp_processing_duration_ms: Option<f64>,
+    /// INP phase: presentation delay, milliseconds, 0 to `inp_ms`.
+    #[serde(default)]
+    inp_presentation_delay_ms: Option<f64>,
+    /// The script that ran longest in the slowest interaction's long animation frames,
+    /// normalised as `url` is.
+    #[serde(default)]
+    inp_script_url: Option<Cow<'a, str>>,
+    /// Start time of the largest layout shift, milliseconds, 0 to 3,600,000.
+    #[serde(default)]
+    cls_time_ms: Option<f64>,
+    /// Value of the largest layout shift, 0 to `cls`.
+    #[serde(default)]
+    cls_value: Option<f64>,
 }
+
+/// How many columns a row of v2 of the table had (`CSPOOL03` spool records): every column
+/// before `lcp_target`, in the same order and encoding.
+pub const V2_COLUMNS: usize = 23;
 
 /// A `ts` this far behind `received_at` is skewed: 7 days, in milliseconds (contract §2).
 pub const MAX_TS_BEHIND_MS: i64 = 7 * 24 * 60 * 60 * 1000;
@@ -403,32 +467,7 @@ pub const EARLIER_COLUMNS: usize = 18;
 /// Decodes one row of the previous release's RowBinary layout (its first [`EARLIER_COLUMNS`]
 /// columns), completed by [`complete_earlier`].
 pub fn decode_earlier(input: &mut &[u8]) -> Result<Measurement<'static>, DecodeError> {
-    let m = Measurement {
-        id: Column::decode(input)?,
-        site: Column::decode(input)?,
-        received_at: Column::decode(input)?,
-        url: Column::decode(input)?,
-        ts: Column::decode(input)?,
-        referrer: Column::decode(input)?,
-        navigation_type: Column::decode(input)?,
-        ttfb_ms: Column::decode(input)?,
-        fcp_ms: Column::decode(input)?,
-        lcp_ms: Column::decode(input)?,
-        inp_ms: Column::decode(input)?,
-        dom_content_loaded_ms: Column::decode(input)?,
-        load_ms: Column::decode(input)?,
-        cls: Column::decode(input)?,
-        viewport_width: Column::decode(input)?,
-        effective_connection_type: Column::decode(input)?,
-        user_agent: Column::decode(input)?,
-        sample_rate: Column::decode(input)?,
-        page_view_at: DateTime::default(),
-        device_type: Label::default(),
-        browser: Label::default(),
-        browser_version: Label::default(),
-        os: Label::default(),
-    };
-    Ok(complete_earlier(m))
+    Measurement::decode_prefix(input, EARLIER_COLUMNS).map(complete_earlier)
 }
 
 fn every_page_view() -> f64 {
@@ -518,6 +557,20 @@ mod tests {
             browser: Label("Firefox".into()),
             browser_version: Label("125".into()),
             os: Label("Linux".into()),
+            lcp_target: Some("main>img.hero".into()),
+            inp_target: n.is_multiple_of(2).then(|| "#add".into()),
+            cls_target: None,
+            lcp_url: Some("https://shop.example/hero.jpg".into()),
+            lcp_resource_load_delay_ms: Some(20.5),
+            lcp_resource_load_duration_ms: Some(100.0),
+            lcp_element_render_delay_ms: Some(117.25),
+            inp_type: Some("pointer".into()),
+            inp_input_delay_ms: None,
+            inp_processing_duration_ms: Some(0.0),
+            inp_presentation_delay_ms: None,
+            inp_script_url: None,
+            cls_time_ms: Some(1234.5),
+            cls_value: Some(0.1),
         }
     }
 
@@ -589,7 +642,22 @@ mod tests {
             browser: String,
             browser_version: String,
             os: String,
+            lcp_target: Option<String>,
+            inp_target: Option<String>,
+            cls_target: Option<String>,
+            lcp_url: Option<String>,
+            lcp_resource_load_delay_ms: Option<f64>,
+            lcp_resource_load_duration_ms: Option<f64>,
+            lcp_element_render_delay_ms: Option<f64>,
+            inp_type: Option<String>,
+            inp_input_delay_ms: Option<f64>,
+            inp_processing_duration_ms: Option<f64>,
+            inp_presentation_delay_ms: Option<f64>,
+            inp_script_url: Option<String>,
+            cls_time_ms: Option<f64>,
+            cls_value: Option<f64>,
         }
+        let text = |s: &Option<Cow<'_, str>>| s.as_deref().map(str::to_owned);
         let crate_row = |m: &Measurement<'_>| Crate {
             id: m.id,
             site: m.site.to_string(),
@@ -614,6 +682,20 @@ mod tests {
             browser: m.browser.to_string(),
             browser_version: m.browser_version.to_string(),
             os: m.os.to_string(),
+            lcp_target: text(&m.lcp_target),
+            inp_target: text(&m.inp_target),
+            cls_target: text(&m.cls_target),
+            lcp_url: text(&m.lcp_url),
+            lcp_resource_load_delay_ms: m.lcp_resource_load_delay_ms,
+            lcp_resource_load_duration_ms: m.lcp_resource_load_duration_ms,
+            lcp_element_render_delay_ms: m.lcp_element_render_delay_ms,
+            inp_type: text(&m.inp_type),
+            inp_input_delay_ms: m.inp_input_delay_ms,
+            inp_processing_duration_ms: m.inp_processing_duration_ms,
+            inp_presentation_delay_ms: m.inp_presentation_delay_ms,
+            inp_script_url: text(&m.inp_script_url),
+            cls_time_ms: m.cls_time_ms,
+            cls_value: m.cls_value,
         };
         let rows: Vec<_> = (0..3).map(sample).collect();
         assert_eq!(
@@ -670,7 +752,7 @@ mod tests {
     /// columns derived, and its bytes are the prefix of the same row today.
     #[test]
     fn a_row_of_the_previous_release_is_completed() {
-        let now = sample(3);
+        let now = without_attribution(sample(3));
         let mut bytes = Vec::new();
         now.encode(&mut bytes);
         let mut tail = Vec::new();
@@ -683,6 +765,8 @@ mod tests {
         ] {
             l.encode(&mut tail);
         }
+        // The attribution columns, each a NULL (one byte).
+        tail.extend(std::iter::repeat_n(1u8, COLUMNS.len() - V2_COLUMNS));
         let earlier = &bytes[..bytes.len() - tail.len()];
         let mut input = earlier;
         let m = decode_earlier(&mut input).unwrap();
@@ -698,6 +782,47 @@ mod tests {
             no_ts.received_at,
             "without ts, the time of receipt"
         );
+    }
+
+    /// `m` as a row of v2 of the table: no attribution.
+    pub(crate) fn without_attribution(m: Measurement<'static>) -> Measurement<'static> {
+        Measurement {
+            lcp_target: None,
+            inp_target: None,
+            cls_target: None,
+            lcp_url: None,
+            lcp_resource_load_delay_ms: None,
+            lcp_resource_load_duration_ms: None,
+            lcp_element_render_delay_ms: None,
+            inp_type: None,
+            inp_input_delay_ms: None,
+            inp_processing_duration_ms: None,
+            inp_presentation_delay_ms: None,
+            inp_script_url: None,
+            cls_time_ms: None,
+            cls_value: None,
+            ..m
+        }
+    }
+
+    /// A row of v2 of the table (a `CSPOOL03` record) reads with its attribution NULL.
+    #[test]
+    fn a_row_of_v2_reads_without_attribution() {
+        let full = sample(2);
+        let mut bytes = Vec::new();
+        full.encode(&mut bytes);
+        let v2 = without_attribution(full.clone());
+        let mut v2_bytes = Vec::new();
+        v2.encode(&mut v2_bytes);
+        v2_bytes.truncate(v2_bytes.len() - (COLUMNS.len() - V2_COLUMNS));
+        let mut input = &v2_bytes[..];
+        assert_eq!(
+            Measurement::decode_prefix(&mut input, V2_COLUMNS).unwrap(),
+            v2
+        );
+        assert!(input.is_empty());
+        let mut input = &bytes[..];
+        assert_eq!(Measurement::decode(&mut input).unwrap(), full);
     }
 
     #[test]

@@ -22,7 +22,21 @@ CREATE TABLE IF NOT EXISTS {database}.measurements
     device_type LowCardinality(String) DEFAULT 'unknown',
     browser LowCardinality(String) DEFAULT '',
     browser_version LowCardinality(String) DEFAULT '',
-    os LowCardinality(String) DEFAULT ''
+    os LowCardinality(String) DEFAULT '',
+    lcp_target Nullable(String),
+    inp_target Nullable(String),
+    cls_target Nullable(String),
+    lcp_url Nullable(String),
+    lcp_resource_load_delay_ms Nullable(Float64),
+    lcp_resource_load_duration_ms Nullable(Float64),
+    lcp_element_render_delay_ms Nullable(Float64),
+    inp_type Nullable(String),
+    inp_input_delay_ms Nullable(Float64),
+    inp_processing_duration_ms Nullable(Float64),
+    inp_presentation_delay_ms Nullable(Float64),
+    inp_script_url Nullable(String),
+    cls_time_ms Nullable(Float64),
+    cls_value Nullable(Float64)
 )
 ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/{database}/measurements_v2', '{replica}')
 PARTITION BY toYYYYMM(page_view_at)

@@ -2,7 +2,7 @@
 //!
 //! `tests/fixtures/spool-v1/` is a spool folder written by that release (git 819a3b7): 40
 //! measurements in 12 requests, never delivered (its ClickHouse was unreachable), in the JSON
-//! format behind the `CSPOOL01` magic. `tests/fixtures/make-spool-v1.sh` says how it was
+//! format behind the `CSPOOL01` magic. `tests/fixtures/make-spool.sh` says how it was
 //! made. This release must deliver every one of them, with its values, and go on in its own
 //! format; `collector spool dump` must list them before that.
 
@@ -107,7 +107,180 @@ async fn a_spool_of_the_previous_release_is_delivered_after_the_upgrade() {
         magics.push(String::from_utf8_lossy(&data[..8]).into_owned());
     }
     assert!(
-        magics.iter().all(|m| m == "CSPOOL03"),
-        "the delivered old segment is gone and new ones are this release's RowBinary (v3): {magics:?}"
+        magics.iter().all(|m| m == "CSPOOL04"),
+        "the delivered old segment is gone and new ones are this release's RowBinary (v4): {magics:?}"
     );
+}
+
+/// The columns contract v3 adds (attribution), in table order.
+const ATTRIBUTION: [&str; 14] = [
+    "lcp_target",
+    "inp_target",
+    "cls_target",
+    "lcp_url",
+    "lcp_resource_load_delay_ms",
+    "lcp_resource_load_duration_ms",
+    "lcp_element_render_delay_ms",
+    "inp_type",
+    "inp_input_delay_ms",
+    "inp_processing_duration_ms",
+    "inp_presentation_delay_ms",
+    "inp_script_url",
+    "cls_time_ms",
+    "cls_value",
+];
+
+/// `measurements` as the previous release created it: this release's DDL without the
+/// attribution columns, in `form` (`replicated` or `single`).
+fn previous_table(db: &str, form: &str) -> String {
+    let ddl = std::fs::read_to_string(root().join("schema/clickhouse/002_measurements.sql"))
+        .unwrap()
+        .replace("{database}", db);
+    let kept: Vec<&str> = ddl
+        .lines()
+        .filter(|l| {
+            let name = l.split_whitespace().next().unwrap_or("");
+            !ATTRIBUTION.contains(&name)
+        })
+        .collect();
+    assert_eq!(
+        ddl.lines().count() - kept.len(),
+        ATTRIBUTION.len(),
+        "every attribution column is a line of the DDL"
+    );
+    let mut sql = kept.join("\n").replace(
+        "os LowCardinality(String) DEFAULT '',",
+        "os LowCardinality(String) DEFAULT ''",
+    );
+    if form == "single" {
+        let engine = sql
+            .lines()
+            .find(|l| l.starts_with("ENGINE"))
+            .unwrap()
+            .to_owned();
+        sql = sql.replace(&engine, "ENGINE = ReplacingMergeTree");
+    }
+    sql
+}
+
+/// Issue 26: a collector of this release meets a table and a spool of the previous release
+/// (git 01a61c9; `tests/fixtures/spool-v3/`, 40 measurements in `CSPOOL03`, made by
+/// `tests/fixtures/make-spool.sh`). Without `migrate`, its prober adds the attribution columns
+/// to the table of every server; the old spool's rows are delivered with their values and
+/// their attribution NULL, and a new beacon's attribution is stored. `migrate` afterwards
+/// finds nothing to do.
+async fn previous_release_upgraded(env: TestEnv<'_>) {
+    for ch in &env.clickhouse {
+        clickhouse_exec(ch, &format!("CREATE DATABASE IF NOT EXISTS {}", env.db))
+            .await
+            .unwrap();
+        // 18.16 creates LowCardinality columns only with this setting (26.x refuses it).
+        let url = if env.table_form == "replicated" {
+            format!("{ch}/?allow_experimental_low_cardinality_type=1")
+        } else {
+            ch.clone()
+        };
+        clickhouse_exec(&url, &previous_table(&env.db, env.table_form))
+            .await
+            .unwrap();
+    }
+    // PostgreSQL's half of migrate; no ClickHouse answers at 127.0.0.1:9 (exit 1, by design).
+    let pg_only = env.cli_with(
+        &[("COLLECTOR_CLICKHOUSE_URLS", "http://127.0.0.1:9")],
+        &["migrate"],
+    );
+    assert_eq!(pg_only.code, 1, "{}", pg_only.stderr);
+    env.cli(&["sites", "add", "--key", "site-1"]).success();
+
+    let fixture = root().join("tests/fixtures/spool-v3");
+    let ids: Vec<String> = std::fs::read_to_string(fixture.join("sent-ids"))
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(ids.len(), 40, "the fixture holds 40 measurements");
+    let spool = tempfile::tempdir().unwrap();
+    copy_dir(&fixture, spool.path());
+    let c = env
+        .collector(&[("COLLECTOR_SPOOL_DIR", spool.path().to_str().unwrap())])
+        .await;
+    let rows = env.wait_rows(&ids, Duration::from_secs(60)).await;
+    assert_eq!(rows.len(), 40);
+    for r in &rows {
+        assert_eq!(r["site"], "upgrade-fixture", "{r}");
+        assert_eq!(r["user_agent"], "fixture/1", "{r}");
+        assert_eq!(r["viewport_width"], 390, "{r}");
+        let lcp = r["lcp_ms"].as_f64().unwrap();
+        assert!(lcp > 1000.0 && lcp.fract() == 0.5, "{r}");
+    }
+    env.assert_stored_once(&ids, Duration::from_secs(60)).await;
+    let nulls = env
+        .query(
+            0,
+            &format!(
+                "SELECT count() AS n FROM {}.measurements WHERE site = 'upgrade-fixture' AND {}",
+                env.db,
+                ATTRIBUTION
+                    .iter()
+                    .map(|c| format!("isNull({c})"))
+                    .collect::<Vec<_>>()
+                    .join(" AND ")
+            ),
+        )
+        .await;
+    assert_eq!(
+        as_i64(&nulls[0]["n"]),
+        Some(40),
+        "old rows: attribution NULL"
+    );
+
+    let (id, mut m) = measurement(&env.site);
+    m["lcp_target"] = "main>img.hero".into();
+    m["lcp_element_render_delay_ms"] = 12.5.into();
+    m["inp_type"] = "pointer".into();
+    m["cls_value"] = 0.05.into();
+    let (status, body) = c.post_json(&m).await;
+    assert_eq!(status, 202, "{body}");
+    env.wait_rows(std::slice::from_ref(&id), Duration::from_secs(60))
+        .await;
+    for (i, ch) in env.clickhouse.iter().enumerate() {
+        let columns = clickhouse_query(
+            ch,
+            &format!(
+                "SELECT count() AS n FROM system.columns WHERE database = '{}' AND table = 'measurements' AND name IN ({})",
+                env.db,
+                ATTRIBUTION.iter().map(|c| format!("'{c}'")).collect::<Vec<_>>().join(",")
+            ),
+        )
+        .await
+        .unwrap();
+        assert_eq!(as_i64(&columns[0]["n"]), Some(14), "server {i}: {ch}");
+    }
+    let row = env
+        .query(
+            0,
+            &format!(
+                "SELECT lcp_target, lcp_element_render_delay_ms, inp_type, cls_value, inp_target \
+                 FROM {}.measurements FINAL WHERE id = '{id}'",
+                env.db
+            ),
+        )
+        .await;
+    assert_eq!(row.len(), 1);
+    assert_eq!(row[0]["lcp_target"], "main>img.hero");
+    assert_eq!(row[0]["lcp_element_render_delay_ms"], 12.5);
+    assert_eq!(row[0]["inp_type"], "pointer");
+    assert_eq!(row[0]["cls_value"], 0.05);
+    assert_eq!(row[0]["inp_target"], serde_json::Value::Null);
+    env.cli(&["migrate"]).success();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_and_spool_of_the_previous_release_are_upgraded_on_18_16() {
+    previous_release_upgraded(TestEnv::empty(Stack::shared()).await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_and_spool_of_the_previous_release_are_upgraded_on_26() {
+    previous_release_upgraded(TestEnv::empty_on_ch26(Stack::shared()).await).await;
 }

@@ -152,6 +152,20 @@ request_fields!(
     cls,
     viewport_width,
     effective_connection_type,
+    lcp_target,
+    inp_target,
+    cls_target,
+    lcp_url,
+    lcp_resource_load_delay_ms,
+    lcp_resource_load_duration_ms,
+    lcp_element_render_delay_ms,
+    inp_type,
+    inp_input_delay_ms,
+    inp_processing_duration_ms,
+    inp_presentation_delay_ms,
+    inp_script_url,
+    cls_time_ms,
+    cls_value,
 );
 
 impl<'a> RawBeacon<'a> {

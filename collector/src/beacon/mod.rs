@@ -40,20 +40,29 @@ pub const MAX_TS_AHEAD_MS: i64 = 5 * 60 * 1000;
 pub use crate::measurement::{FILING_MAX_AHEAD_MS, MAX_TS_BEHIND_MS};
 
 /// Stored `navigation_type` values (contract §2): the Navigation Timing `type` values plus
-/// `back_forward_cache`, `prerender` and `restore`, as the `web-vitals` library reports them.
-pub const NAVIGATION_TYPES: [&str; 6] = [
+/// `back_forward_cache`, `prerender`, `restore` and (v3) `soft_navigation`, as the
+/// `web-vitals` library reports them.
+pub const NAVIGATION_TYPES: [&str; 7] = [
     "navigate",
     "reload",
     "back_forward",
     "back_forward_cache",
     "prerender",
     "restore",
+    "soft_navigation",
 ];
 /// Spellings of the `web-vitals` library (its `navigationType`) and what is stored for them.
-pub const NAVIGATION_TYPE_ALIASES: [(&str, &str); 2] = [
+pub const NAVIGATION_TYPE_ALIASES: [(&str, &str); 3] = [
     ("back-forward", "back_forward"),
     ("back-forward-cache", "back_forward_cache"),
+    ("soft-navigation", "soft_navigation"),
 ];
+/// Longest stored `lcp_target`, `inp_target` and `cls_target`, in bytes (contract §2 v3); a
+/// longer selector is cut at a character boundary (its start, the element's nearest id or
+/// ancestors, still tells where it is).
+pub const MAX_SELECTOR_BYTES: usize = 256;
+/// Allowed `inp_type` values (contract §2 v3; web-vitals' `interactionType`).
+pub const INP_TYPES: [&str; 2] = ["pointer", "keyboard"];
 /// Allowed `effective_connection_type` values (Network Information API, WICG).
 pub const CONNECTION_TYPES: [&str; 4] = ["slow-2g", "2g", "3g", "4g"];
 
@@ -113,7 +122,7 @@ pub const REJECTION_REASONS: [Rejection; 8] = [
 
 /// The optional fields, dropped one by one when invalid: the `field` values of
 /// `collector_measurements_field_dropped_total`, each exported from the start at 0.
-pub const OPTIONAL_FIELDS: [&str; 12] = [
+pub const OPTIONAL_FIELDS: [&str; 26] = [
     "ts",
     "referrer",
     "navigation_type",
@@ -126,6 +135,20 @@ pub const OPTIONAL_FIELDS: [&str; 12] = [
     "cls",
     "viewport_width",
     "effective_connection_type",
+    "lcp_target",
+    "inp_target",
+    "cls_target",
+    "lcp_url",
+    "lcp_resource_load_delay_ms",
+    "lcp_resource_load_duration_ms",
+    "lcp_element_render_delay_ms",
+    "inp_type",
+    "inp_input_delay_ms",
+    "inp_processing_duration_ms",
+    "inp_presentation_delay_ms",
+    "inp_script_url",
+    "cls_time_ms",
+    "cls_value",
 ];
 
 /// Validates one body element against the field rules of the contract (§2).
@@ -183,6 +206,52 @@ pub fn validate<'a>(item: Item<'a>, ctx: &Context<'a>) -> Result<Valid<'a>, Reje
         "effective_connection_type",
         optional_text(raw.effective_connection_type).check(|t| CONNECTION_TYPES.contains(&&**t)),
     );
+    // Attribution (v3): a part or phase within its metric; without the metric, within the
+    // metric's own bound.
+    let within = |value: Option<&RawValue>, metric: Option<f64>, max: f64| {
+        number(value, max).check(|x| within_metric(*x, metric))
+    };
+    let lcp_target = dropped.keep("lcp_target", selector(raw.lcp_target));
+    let inp_target = dropped.keep("inp_target", selector(raw.inp_target));
+    let cls_target = dropped.keep("cls_target", selector(raw.cls_target));
+    let lcp_url = dropped.keep(
+        "lcp_url",
+        optional_text(raw.lcp_url).then(|u| normalise_url(&u)),
+    );
+    let lcp_resource_load_delay_ms = dropped.keep(
+        "lcp_resource_load_delay_ms",
+        within(raw.lcp_resource_load_delay_ms, lcp_ms, MAX_MS),
+    );
+    let lcp_resource_load_duration_ms = dropped.keep(
+        "lcp_resource_load_duration_ms",
+        within(raw.lcp_resource_load_duration_ms, lcp_ms, MAX_MS),
+    );
+    let lcp_element_render_delay_ms = dropped.keep(
+        "lcp_element_render_delay_ms",
+        within(raw.lcp_element_render_delay_ms, lcp_ms, MAX_MS),
+    );
+    let inp_type = dropped.keep(
+        "inp_type",
+        optional_text(raw.inp_type).then(|t| INP_TYPES.iter().find(|k| **k == t).copied()),
+    );
+    let inp_input_delay_ms = dropped.keep(
+        "inp_input_delay_ms",
+        within(raw.inp_input_delay_ms, inp_ms, MAX_MS),
+    );
+    let inp_processing_duration_ms = dropped.keep(
+        "inp_processing_duration_ms",
+        within(raw.inp_processing_duration_ms, inp_ms, MAX_MS),
+    );
+    let inp_presentation_delay_ms = dropped.keep(
+        "inp_presentation_delay_ms",
+        within(raw.inp_presentation_delay_ms, inp_ms, MAX_MS),
+    );
+    let inp_script_url = dropped.keep(
+        "inp_script_url",
+        optional_text(raw.inp_script_url).then(|u| normalise_url(&u)),
+    );
+    let cls_time_ms = dropped.keep("cls_time_ms", number(raw.cls_time_ms, MAX_MS));
+    let cls_value = dropped.keep("cls_value", within(raw.cls_value, cls, MAX_CLS));
 
     let skewed = |t: i64| {
         t > ctx.received_at_ms.saturating_add(MAX_TS_AHEAD_MS)
@@ -219,6 +288,20 @@ pub fn validate<'a>(item: Item<'a>, ctx: &Context<'a>) -> Result<Valid<'a>, Reje
             browser: Label(Cow::Borrowed(&agent.browser)),
             browser_version: Label(Cow::Borrowed(&agent.browser_version)),
             os: Label(Cow::Borrowed(&agent.os)),
+            lcp_target,
+            inp_target,
+            cls_target,
+            lcp_url: lcp_url.map(Cow::Owned),
+            lcp_resource_load_delay_ms,
+            lcp_resource_load_duration_ms,
+            lcp_element_render_delay_ms,
+            inp_type: inp_type.map(Cow::Borrowed),
+            inp_input_delay_ms,
+            inp_processing_duration_ms,
+            inp_presentation_delay_ms,
+            inp_script_url: inp_script_url.map(Cow::Owned),
+            cls_time_ms,
+            cls_value,
         },
         dropped: dropped.0,
         clock_skewed,
@@ -241,6 +324,26 @@ fn required<'a>(
 /// An optional string field.
 fn optional_text(value: Option<&RawValue>) -> Field<Cow<'_, str>> {
     value.map_or(Field::Absent, decode::string)
+}
+
+/// A CSS selector of an attribution target (v3): a non-empty string without control
+/// characters, cut to [`MAX_SELECTOR_BYTES`] at a character boundary.
+fn selector(value: Option<&RawValue>) -> Field<Cow<'_, str>> {
+    optional_text(value)
+        .check(|s| !s.trim().is_empty() && !s.chars().any(char::is_control))
+        .then(|s| {
+            Some(match s {
+                Cow::Borrowed(b) => Cow::Borrowed(truncate(b, MAX_SELECTOR_BYTES)),
+                Cow::Owned(o) => Cow::Owned(truncate(&o, MAX_SELECTOR_BYTES).to_owned()),
+            })
+        })
+}
+
+/// Whether an attribution part or phase `x` lies within its metric's value (when the metric
+/// came valid). The parts are differences of the browser's timestamps, so a part may exceed
+/// its metric by floating-point rounding: a relative 1e-9 is allowed.
+fn within_metric(x: f64, metric: Option<f64>) -> bool {
+    metric.is_none_or(|m| x <= m * (1.0 + 1e-9) + 1e-9)
 }
 
 /// The optional fields dropped so far, in the order they were judged.
@@ -311,6 +414,7 @@ pub fn user_agent(header: Option<&[u8]>) -> String {
     truncate(&String::from_utf8_lossy(head), MAX_USER_AGENT_BYTES).to_owned()
 }
 
+/// `s` cut to at most `max` bytes at a character boundary.
 fn truncate(s: &str, max: usize) -> &str {
     if s.len() <= max {
         return s;
@@ -389,6 +493,107 @@ mod tests {
         assert_eq!(m.user_agent, "UA/1.0");
         assert!(v.dropped.is_empty());
         assert!(!v.clock_skewed);
+    }
+
+    /// Contract v3: attribution fields are stored as sent when valid; selectors are cut at
+    /// 256 bytes on a character boundary, URLs normalised by the `url` rules.
+    #[test]
+    fn attribution_is_kept_bounded_and_normalised() {
+        let long = format!("html>body>div.{}", "é".repeat(200));
+        let v = one(&with(&format!(
+            r##","lcp_ms":1000,"inp_ms":200,"cls":0.25,"navigation_type":"soft-navigation",
+            "lcp_target":"main>img.hero","inp_target":"{long}","cls_target":"#banner",
+            "lcp_url":"HTTPS://CDN.example:443/a b.jpg#x","lcp_resource_load_delay_ms":100,
+            "lcp_resource_load_duration_ms":400.5,"lcp_element_render_delay_ms":1000,
+            "inp_type":"keyboard","inp_input_delay_ms":0,"inp_processing_duration_ms":150.25,
+            "inp_presentation_delay_ms":49.75,"inp_script_url":"https://shop.example/app.js?v=1",
+            "cls_time_ms":1500.5,"cls_value":0.25"##
+        )))
+        .unwrap();
+        assert!(v.dropped.is_empty(), "{:?}", v.dropped);
+        let m = v.measurement;
+        assert_eq!(m.navigation_type.as_deref(), Some("soft_navigation"));
+        assert_eq!(m.lcp_target.as_deref(), Some("main>img.hero"));
+        let inp_target = m.inp_target.as_deref().unwrap();
+        assert!(
+            inp_target.len() <= MAX_SELECTOR_BYTES && inp_target.len() >= MAX_SELECTOR_BYTES - 1
+        );
+        assert!(long.starts_with(inp_target));
+        assert_eq!(m.cls_target.as_deref(), Some("#banner"));
+        assert_eq!(m.lcp_url.as_deref(), Some("https://cdn.example/a%20b.jpg"));
+        assert_eq!(
+            (
+                m.lcp_resource_load_delay_ms,
+                m.lcp_resource_load_duration_ms,
+                m.lcp_element_render_delay_ms
+            ),
+            (Some(100.0), Some(400.5), Some(1000.0))
+        );
+        assert_eq!(m.inp_type.as_deref(), Some("keyboard"));
+        assert_eq!(
+            (
+                m.inp_input_delay_ms,
+                m.inp_processing_duration_ms,
+                m.inp_presentation_delay_ms
+            ),
+            (Some(0.0), Some(150.25), Some(49.75))
+        );
+        assert_eq!(
+            m.inp_script_url.as_deref(),
+            Some("https://shop.example/app.js?v=1")
+        );
+        assert_eq!((m.cls_time_ms, m.cls_value), (Some(1500.5), Some(0.25)));
+    }
+
+    /// Contract v3: an attribution field that breaks its rule is dropped and listed; the rest
+    /// of the measurement stays.
+    #[test]
+    fn broken_attribution_costs_only_itself() {
+        let v = one(&with(
+            r#","lcp_ms":1000,"inp_ms":200,"cls":0.1,"lcp_target":"","inp_target":"a\nb",
+            "cls_target":7,"lcp_url":"data:image/png;base64,AAAA","lcp_resource_load_delay_ms":1000.5,
+            "lcp_resource_load_duration_ms":-1,"lcp_element_render_delay_ms":"5","inp_type":"touch",
+            "inp_input_delay_ms":200.01,"inp_processing_duration_ms":1e400,
+            "inp_presentation_delay_ms":null,"inp_script_url":"chrome-extension://abc/x.js",
+            "cls_time_ms":3600001,"cls_value":0.2"#,
+        ))
+        .unwrap();
+        assert_eq!(
+            v.dropped,
+            [
+                "lcp_target",
+                "inp_target",
+                "cls_target",
+                "lcp_url",
+                "lcp_resource_load_delay_ms",
+                "lcp_resource_load_duration_ms",
+                "lcp_element_render_delay_ms",
+                "inp_type",
+                "inp_input_delay_ms",
+                "inp_processing_duration_ms",
+                "inp_script_url",
+                "cls_time_ms",
+                "cls_value",
+            ]
+        );
+        let m = v.measurement;
+        assert_eq!(
+            (m.lcp_ms, m.inp_ms, m.cls),
+            (Some(1000.0), Some(200.0), Some(0.1))
+        );
+        assert_eq!(
+            m.inp_presentation_delay_ms, None,
+            "null is absent, not dropped"
+        );
+        // Without their metric, parts are bounded by the metric's own range.
+        let v = one(&with(r#","lcp_resource_load_delay_ms":5000,"cls_value":2"#)).unwrap();
+        assert!(v.dropped.is_empty(), "{:?}", v.dropped);
+        // A part equal to its metric up to float rounding is kept.
+        let v = one(&with(
+            r#","lcp_ms":0.30000000000000004,"lcp_element_render_delay_ms":0.3000000000000001"#,
+        ))
+        .unwrap();
+        assert!(v.dropped.is_empty(), "{:?}", v.dropped);
     }
 
     #[test]

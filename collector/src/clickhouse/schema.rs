@@ -127,6 +127,17 @@ pub fn measurements_statement(database: &str, form: TableForm, dedup_window: boo
     }
 }
 
+/// `ALTER TABLE ... ADD COLUMN` of each column after [`crate::measurement::V2_COLUMNS`] (the
+/// attribution of contract v3), for a `measurements` an earlier release created; the column
+/// list of `002_measurements.sql`, which a new table gets, is the same (a unit test checks the
+/// file against the row).
+pub fn attribution_statements(database: &str) -> Vec<String> {
+    crate::measurement::columns()[crate::measurement::V2_COLUMNS..]
+        .iter()
+        .map(|(name, ty)| format!("ALTER TABLE {database}.measurements ADD COLUMN {name} {ty}"))
+        .collect()
+}
+
 /// Whether the server knows MergeTree setting `name`.
 async fn knows_merge_tree_setting(
     client: &clickhouse::Client,
@@ -193,8 +204,10 @@ pub async fn layout(
 ) -> Result<Layout, clickhouse::error::Error> {
     let found: Found = client
         .query(
-            "SELECT toUInt64((SELECT count() FROM system.tables WHERE database = ? AND name = ?)) AS tables, \
-             toUInt64((SELECT count() FROM system.columns WHERE database = ? AND table = ? AND name = ?)) AS v2_columns",
+            // ifNull: current releases type a scalar subquery Nullable (see the prober's
+            // INFO_QUERY), and this client reads without type validation.
+            "SELECT toUInt64(ifNull((SELECT count() FROM system.tables WHERE database = ? AND name = ?), 0)) AS tables, \
+             toUInt64(ifNull((SELECT count() FROM system.columns WHERE database = ? AND table = ? AND name = ?), 0)) AS v2_columns",
         )
         .bind(database)
         .bind(table)
@@ -310,6 +323,11 @@ pub async fn apply_clickhouse(
             Some(hint) => SchemaError::NoReplication(format!("{}: {e} ({hint})", CLICKHOUSE[1].0)),
             None => SchemaError::Failed(format!("{}: {e}", CLICKHOUSE[1].0)),
         });
+    }
+    // v3 of the layout: the attribution columns, added to a table an earlier release made
+    // (one statement each, so that one found there does not hide another that is missing).
+    for sql in attribution_statements(database) {
+        run(sql.clone()).await.map_err(|e| format!("{sql}: {e}"))?;
     }
     let engine = engine_of(client, database).await.map_err(|e| {
         format!(

@@ -51,7 +51,7 @@ pub fn dump(dir: &Path, all: bool, out: &mut impl Write) -> io::Result<Summary> 
             Err(e) => return Err(e),
         };
         summary.segments += 1;
-        let version = Version::of(data.get(..MAGIC.len()).unwrap_or(&[])).unwrap_or(Version::V3);
+        let version = Version::of(data.get(..MAGIC.len()).unwrap_or(&[])).unwrap_or(Version::V4);
         let mut off = HEADER_LEN as usize;
         loop {
             let Some(frame) = version.frame_at(&data, off) else {

@@ -3,10 +3,11 @@
 //!
 //! ```text
 //! segment   = magic (8 bytes) frame*
-//! magic     = "CSPOOL03"                          (this release)
-//!           | "CSPOOL02"                          (the previous release; read, never written)
-//!           | "CSPOOL01"                          (earlier releases; read, never written)
-//! frame v3  = a v2 frame whose rows have the columns of v2 of the table
+//! magic     = "CSPOOL04"                          (this release)
+//!           | "CSPOOL03"                          (the previous release; read, never written)
+//!           | "CSPOOL02", "CSPOOL01"              (earlier releases; read, never written)
+//! frame v4  = a v2 frame whose rows have every column of the table, attribution included
+//! frame v3  = a v2 frame whose rows have the columns of v2 of the table, before attribution
 //! frame v2  = u32 LE  payload length, 1 ..= MAX_RECORD_BYTES
 //!             u32 LE  row count, >= 1
 //!             u32 LE  earliest received_at of its rows (Unix seconds)
@@ -16,19 +17,22 @@
 //!             [u8]    payload: a JSON array of measurements
 //! ```
 //!
-//! A v3 payload is exactly what the writer sends to ClickHouse (`INSERT … FORMAT RowBinary`),
+//! A v4 payload is exactly what the writer sends to ClickHouse (`INSERT … FORMAT RowBinary`),
 //! so the writer joins frames without decoding a row; the header's row count and earliest
 //! time let recovery count what a segment holds without decoding either. Segments left by
 //! earlier releases are replayed by decoding their rows once and encoding them in this
-//! release's layout, with the columns they lack derived: a v2 payload holds rows of the
-//! previous release's 18 columns ([`upgrade_v2`]), a v1 payload JSON ([`to_rowbinary`]). The
-//! appender writes only v3.
+//! release's layout, with the columns they lack derived or NULL: a v3 payload holds rows
+//! without the attribution columns ([`upgrade_v3`]: NULL), a v2 payload rows of 18 columns
+//! ([`upgrade_v2`]), a v1 payload JSON ([`to_rowbinary`]). The appender writes only v4.
 
 use crate::measurement::{EncodedRows, Measurement};
 
 /// Segment header of this release's format.
-pub const MAGIC: &[u8; 8] = b"CSPOOL03";
-/// Segment header of the previous release's format: RowBinary rows without the columns v2 of
+pub const MAGIC: &[u8; 8] = b"CSPOOL04";
+/// Segment header of the previous release's format: RowBinary rows without the attribution
+/// columns (read only).
+pub const MAGIC_V3: &[u8; 8] = b"CSPOOL03";
+/// Segment header of an earlier release's format: RowBinary rows without the columns v2 of
 /// the table adds (read only).
 pub const MAGIC_V2: &[u8; 8] = b"CSPOOL02";
 /// Segment header of the JSON format of earlier releases (read only).
@@ -52,10 +56,12 @@ const MIN_ROW_BYTES: u32 = 41;
 pub enum Version {
     /// JSON payloads (earlier releases).
     V1,
-    /// RowBinary payloads with a row count, rows of the previous release's columns.
+    /// RowBinary payloads with a row count, rows of 18 columns (before v2 of the table).
     V2,
-    /// RowBinary payloads with a row count, rows of this release's columns.
+    /// RowBinary payloads with a row count, rows of v2 of the table without attribution.
     V3,
+    /// RowBinary payloads with a row count, rows of this release's columns.
+    V4,
 }
 
 /// One whole, checksummed frame found in a segment's bytes.
@@ -75,7 +81,8 @@ impl Version {
     /// The version a segment header names, if it names one.
     pub fn of(magic: &[u8]) -> Option<Version> {
         match magic {
-            m if m == MAGIC => Some(Version::V3),
+            m if m == MAGIC => Some(Version::V4),
+            m if m == MAGIC_V3 => Some(Version::V3),
             m if m == MAGIC_V2 => Some(Version::V2),
             m if m == MAGIC_V1 => Some(Version::V1),
             _ => None,
@@ -87,7 +94,8 @@ impl Version {
         match self {
             Version::V1 => MAGIC_V1,
             Version::V2 => MAGIC_V2,
-            Version::V3 => MAGIC,
+            Version::V3 => MAGIC_V3,
+            Version::V4 => MAGIC,
         }
     }
 
@@ -95,7 +103,7 @@ impl Version {
     /// frame starts there). A v1 frame is counted by decoding its JSON.
     pub fn frame_at(self, data: &[u8], off: usize) -> Option<FrameRef<'_>> {
         match self {
-            Version::V2 | Version::V3 => {
+            Version::V2 | Version::V3 | Version::V4 => {
                 let header = data.get(off..off.checked_add(FRAME_HEADER_LEN)?)?;
                 let word = |i: usize| u32::from_le_bytes(header[i..i + 4].try_into().unwrap());
                 let (len, rows, earliest, crc) = (word(0), word(4), word(8), word(12));
@@ -147,7 +155,7 @@ impl Version {
     /// a plausible header: how much to read for a frame longer than what was read.
     pub fn frame_len(self, data: &[u8]) -> Option<usize> {
         let (header_len, len) = match self {
-            Version::V2 | Version::V3 => (FRAME_HEADER_LEN, data.get(..4)?),
+            Version::V2 | Version::V3 | Version::V4 => (FRAME_HEADER_LEN, data.get(..4)?),
             Version::V1 => (V1_FRAME_HEADER_LEN, data.get(..4)?),
         };
         let len = u32::from_le_bytes(len.try_into().unwrap());
@@ -155,7 +163,7 @@ impl Version {
     }
 }
 
-/// Appends one v3 frame holding `rows` to `out`.
+/// Appends one v4 frame holding `rows` to `out`.
 pub fn encode_frame(out: &mut Vec<u8>, rows: &EncodedRows) {
     let at = out.len();
     out.extend_from_slice(&(rows.bytes.len() as u32).to_le_bytes());
@@ -188,11 +196,24 @@ pub fn upgrade_v2(v2_payload: &[u8]) -> Option<EncodedRows> {
     Some(EncodedRows::encode(&rows))
 }
 
-/// The rows of a frame's payload in this release's RowBinary layout: a v3 payload as it is,
+/// The rows of a v3 payload (rows of v2 of the table, before attribution), encoded in this
+/// release's layout with their attribution NULL; `None` when the payload does not hold whole
+/// rows.
+pub fn upgrade_v3(v3_payload: &[u8]) -> Option<EncodedRows> {
+    let mut input = v3_payload;
+    let mut rows = Vec::new();
+    while !input.is_empty() {
+        rows.push(Measurement::decode_prefix(&mut input, crate::measurement::V2_COLUMNS).ok()?);
+    }
+    Some(EncodedRows::encode(&rows))
+}
+
+/// The rows of a frame's payload in this release's RowBinary layout: a v4 payload as it is,
 /// an earlier one converted (`None` when it does not hold what its format says).
 pub fn current_rows(version: Version, payload: &[u8]) -> Option<std::borrow::Cow<'_, [u8]>> {
     match version {
-        Version::V3 => Some(std::borrow::Cow::Borrowed(payload)),
+        Version::V4 => Some(std::borrow::Cow::Borrowed(payload)),
+        Version::V3 => upgrade_v3(payload).map(|r| std::borrow::Cow::Owned(r.bytes)),
         Version::V2 => upgrade_v2(payload).map(|r| std::borrow::Cow::Owned(r.bytes)),
         Version::V1 => to_rowbinary(payload).map(|r| std::borrow::Cow::Owned(r.bytes)),
     }
@@ -239,22 +260,22 @@ mod tests {
     #[test]
     fn a_frame_reads_back_and_any_flipped_bit_is_caught() {
         let rows = EncodedRows::encode(&[row(2), row(1)]);
-        let mut data = b"CSPOOL03".to_vec();
+        let mut data = b"CSPOOL04".to_vec();
         encode_frame(&mut data, &rows);
-        assert_eq!(Version::of(&data[..8]), Some(Version::V3));
-        let f = Version::V3.frame_at(&data, 8).unwrap();
+        assert_eq!(Version::of(&data[..8]), Some(Version::V4));
+        let f = Version::V4.frame_at(&data, 8).unwrap();
         assert_eq!(
             (f.rows, f.earliest_received_at, f.next),
             (2, 101, data.len())
         );
         assert_eq!(decode_all(f.payload).unwrap(), [row(2), row(1)]);
-        assert_eq!(Version::V3.frame_len(&data[8..]), Some(data.len() - 8));
+        assert_eq!(Version::V4.frame_len(&data[8..]), Some(data.len() - 8));
         for i in 8..data.len() {
             let mut bad = data.clone();
             bad[i] ^= 0x10;
-            assert_ne!(Version::V3.frame_at(&bad, 8), Some(f), "byte {i}");
+            assert_ne!(Version::V4.frame_at(&bad, 8), Some(f), "byte {i}");
         }
-        assert_eq!(Version::V3.frame_at(&data[..data.len() - 1], 8), None);
+        assert_eq!(Version::V4.frame_at(&data[..data.len() - 1], 8), None);
     }
 
     /// A frame of the previous release (`CSPOOL02`: rows of 18 columns) is read with the
@@ -278,6 +299,11 @@ mod tests {
         ] {
             crate::measurement::Column::encode(l, &mut tail);
         }
+        // The attribution columns, each a NULL (one byte).
+        tail.extend(std::iter::repeat_n(
+            1u8,
+            crate::measurement::COLUMNS.len() - crate::measurement::V2_COLUMNS,
+        ));
         let v2_row = &full[..full.len() - tail.len()];
         let mut data = MAGIC_V2.to_vec();
         encode_frame(
@@ -311,6 +337,38 @@ mod tests {
         assert_eq!((f.rows, f.earliest_received_at), (2, 103));
         let rows = to_rowbinary(f.payload).unwrap();
         assert_eq!(decode_all(&rows.bytes).unwrap(), [row(5), row(3)]);
-        assert_eq!(Version::V3.frame_at(&data, 8), None, "not a v3 frame");
+        assert_eq!(Version::V4.frame_at(&data, 8), None, "not a v4 frame");
+    }
+
+    /// A frame of the previous release (`CSPOOL03`: rows without the attribution columns)
+    /// is read with its attribution NULL and everything else as it was.
+    #[test]
+    fn a_v3_frame_reads_with_null_attribution() {
+        let rows = [row(4), row(9)];
+        let mut payload = Vec::new();
+        for r in &rows {
+            let mut one = Vec::new();
+            r.encode(&mut one);
+            // `row` has no attribution: its last columns are NULL flags, one byte each.
+            one.truncate(
+                one.len() - (crate::measurement::COLUMNS.len() - crate::measurement::V2_COLUMNS),
+            );
+            payload.extend(one);
+        }
+        let mut data = MAGIC_V3.to_vec();
+        encode_frame(
+            &mut data,
+            &EncodedRows {
+                bytes: payload,
+                count: 2,
+                earliest_received_at: 104,
+            },
+        );
+        let version = Version::of(&data[..8]).unwrap();
+        assert_eq!(version, Version::V3);
+        let f = version.frame_at(&data, 8).unwrap();
+        assert_eq!(f.rows, 2);
+        let read = decode_all(&current_rows(version, f.payload).unwrap()).unwrap();
+        assert_eq!(read, rows);
     }
 }

@@ -202,7 +202,7 @@ impl SpoolReader {
             let mut magic = [0u8; MAGIC.len()];
             file.read_exact_at(&mut magic, 0)?;
             // Recovery rewrote any segment whose magic was damaged.
-            let version = Version::of(&magic).unwrap_or(Version::V3);
+            let version = Version::of(&magic).unwrap_or(Version::V4);
             self.open = Some((self.pos.segment, file, version));
         }
         let (segment, file, version) = self.open.as_ref().expect("just opened");

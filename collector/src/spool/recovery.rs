@@ -56,10 +56,10 @@ pub(super) fn recover_segment(
     let named = Version::of(&data[..MAGIC.len()]);
     let version = named.unwrap_or_else(|| {
         tracing::error!(segment = %path.display(), "spool: damaged segment header; reading its records anyway");
-        [Version::V3, Version::V1]
+        [Version::V4, Version::V1]
             .into_iter()
             .find(|v| v.frame_at(&data, HEADER_LEN as usize).is_some())
-            .unwrap_or(Version::V3)
+            .unwrap_or(Version::V4)
     });
     // Whole frames as (start, end) offsets, skipping damage.
     let mut frames = Vec::new();

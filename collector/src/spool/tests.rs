@@ -36,6 +36,7 @@ pub(super) fn m(n: u128) -> Measurement<'static> {
         browser: Label("Other".into()),
         browser_version: Label("".into()),
         os: Label("Other".into()),
+        ..Default::default()
     }
 }
 
@@ -46,7 +47,7 @@ fn rows(ms: &[Measurement<'_>]) -> EncodedRows {
 
 /// The whole frame at `off` of a v2 segment: its payload and the offset after it.
 fn frame_at(data: &[u8], off: usize) -> Option<(&[u8], usize)> {
-    Version::V3.frame_at(data, off).map(|f| (f.payload, f.next))
+    Version::V4.frame_at(data, off).map(|f| (f.payload, f.next))
 }
 
 fn measurements(frame: &Frame) -> Vec<Measurement<'static>> {

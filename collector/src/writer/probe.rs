@@ -67,7 +67,11 @@ struct ServerInfo {
 }
 
 /// `version()` and how many of the writer's columns the replica's `measurements` has, in one
-/// round trip (a scalar subquery, which 18.16 and current releases both accept).
+/// round trip (a scalar subquery, which 18.16 and current releases both accept). Current
+/// releases type a scalar subquery `Nullable` (26.9: `Nullable(UInt64)`, 18.16: `UInt64`), and
+/// the writer's client reads without type validation (18.16 lacks the header it needs), so
+/// `ifNull` gives both the one type [`ServerInfo`] reads: without it, 26.9's null flag byte
+/// shifted the count (23 columns read as 5,888) and a table lacking columns passed.
 static INFO_QUERY: LazyLock<String> = LazyLock::new(|| {
     let names = COLUMNS
         .iter()
@@ -75,8 +79,8 @@ static INFO_QUERY: LazyLock<String> = LazyLock::new(|| {
         .collect::<Vec<_>>()
         .join(", ");
     format!(
-        "SELECT version() AS version, toUInt64((SELECT count() FROM system.columns \
-         WHERE database = ? AND table = 'measurements' AND name IN ({names}))) AS columns"
+        "SELECT version() AS version, toUInt64(ifNull((SELECT count() FROM system.columns \
+         WHERE database = ? AND table = 'measurements' AND name IN ({names})), 0)) AS columns"
     )
 });
 
