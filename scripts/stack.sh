@@ -151,7 +151,26 @@ pkg_installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'insta
 cmd_install() {
     install_packages
     geckodriver_install
+    web_vitals_install
     ch26_install
+}
+
+# The web-vitals library (Google's reference implementation of the Core Web Vitals), its
+# attribution build: the tracking script's parity test compares against it in the browser. A
+# test dependency from the npm registry, never shipped; `npm pack` needs no project folder.
+WEB_VITALS_VERSION=6.2.3
+WEB_VITALS_DIR=${STACK_WEB_VITALS_DIR:-${XDG_CACHE_HOME:-${HOME:-/root}/.cache}/collector-stack/web-vitals-$WEB_VITALS_VERSION}
+web_vitals_install() {
+    [[ -s $WEB_VITALS_DIR/web-vitals.attribution.iife.js ]] && return 0
+    command -v npm >/dev/null || die "npm is missing (the machine's Node.js): needed to fetch web-vitals"
+    log "fetching web-vitals $WEB_VITALS_VERSION from the npm registry (the parity test's reference)"
+    local tmp
+    tmp=$(mktemp -d)
+    (cd "$tmp" && npm pack -q "web-vitals@$WEB_VITALS_VERSION" >/dev/null && tar xzf "web-vitals-$WEB_VITALS_VERSION.tgz") ||
+        die "npm pack web-vitals@$WEB_VITALS_VERSION failed"
+    mkdir -p "$WEB_VITALS_DIR"
+    cp "$tmp/package/dist/web-vitals.attribution.iife.js" "$tmp/package/LICENSE" "$WEB_VITALS_DIR/"
+    rm -rf "$tmp"
 }
 
 # geckodriver (Firefox's WebDriver server) is not packaged by Debian 12; crates.io has it.

@@ -85,9 +85,44 @@
     if (doc.readyState == 'complete') loaded(); else on('load', loaded);
     update();
 
+    // A CSS selector of a node, as the web-vitals library builds it (its getSelector): from
+    // tag names, ids and sorted class names only, never text or values; at most 100 characters.
+    var selector = function (n) {
+      var sel = '', part;
+      try {
+        while (n && n.nodeType !== 9) {
+          part = n.id ? '#' + n.id : [n.nodeType === 1 ? n.nodeName.toLowerCase() : n.nodeName.toUpperCase().replace(/^#/, '')]
+            .concat([].slice.call(n.classList || []).sort()).join('.');
+          if (sel.length + part.length > 99) return sel || part;
+          sel = sel ? part + '>' + sel : part;
+          if (n.id) break;
+          n = n.parentNode;
+        }
+      } catch (e) {
+        // A detached or foreign node: what was built so far.
+      }
+      return sel || undefined;
+    };
+
     // Paint entries belong to the load, never to a restored view (measured from the restore).
     observe('paint', function (e) { if (e.name === 'first-contentful-paint') first.m.fcp_ms = since(e.startTime); });
-    var onLcp = function (e) { if (!first.lcpDone) first.m.lcp_ms = since(e.startTime); };
+    // LCP and its attribution, as web-vitals' attribution build: the element, its resource,
+    // and the time after TTFB split into the resource's load delay, its load, and the render.
+    var onLcp = function (e) {
+      var m = first.m, a = nav.activationStart || 0, ttfb = Math.max(0, nav.responseStart - a) || 0, res;
+      if (first.lcpDone) return;
+      m.lcp_ms = since(e.startTime);
+      m.lcp_target = e.element ? selector(e.element) : e.id ? '#' + e.id : undefined;
+      m.lcp_url = e.url || undefined;
+      perf.getEntriesByType('resource').forEach(function (r) {
+        if (e.url && r.name === e.url && (r.requestStart || r.startTime) <= e.startTime) res = r;
+      });
+      var start = Math.max(ttfb, res ? (res.requestStart || res.startTime) - a : 0),
+        end = Math.min(m.lcp_ms, Math.max(start, res ? res.responseEnd - a : 0));
+      m.lcp_resource_load_delay_ms = start - ttfb;
+      m.lcp_resource_load_duration_ms = end - start;
+      m.lcp_element_render_delay_ms = m.lcp_ms - end;
+    };
     var lcp = observe('largest-contentful-paint', onLcp);
     // LCP ends at the visitor's first input; the page's own synthetic events do not count.
     var stopLcp = function (e) {
@@ -96,25 +131,68 @@
       first.lcpDone = true;
       update(first);
     };
-    on('keydown', stopLcp); on('pointerdown', stopLcp);
+    on('keydown', stopLcp); on('click', stopLcp);
 
+    // CLS: the largest session window (shifts less than 1 s apart, at most 5 s); its largest
+    // shift is the attribution, with its first element source.
     observe('layout-shift', function (e) {
-      var v = view;
+      var v = view, m = v.m, src = e.sources || [];
       if (e.hadRecentInput) return;
-      if (v.cls && e.startTime - v.clsLast < 1000 && e.startTime - v.clsStart < 5000) v.cls += e.value;
-      else { v.cls = e.value; v.clsStart = e.startTime; }
+      if (!(v.cls && e.startTime - v.clsLast < 1000 && e.startTime - v.clsStart < 5000)) { v.cls = 0; v.clsStart = e.startTime; v.big = 0; }
+      v.cls += e.value;
       v.clsLast = e.startTime;
-      v.m.cls = Math.max(v.m.cls, v.cls);
+      if (!v.big || e.value >= v.big.value) {
+        src = src.filter(function (s) { return s.node && s.node.nodeType === 1; })[0] || src[0];
+        v.big = { value: e.value, time: e.startTime, target: src && src.node ? selector(src.node) : undefined };
+      }
+      if (v.cls > m.cls) {
+        m.cls = v.cls;
+        m.cls_target = v.big.target; m.cls_time_ms = v.big.time; m.cls_value = v.big.value;
+      }
     });
 
-    var onEvent = function (e) {
-      var i = view.inp;
-      if (!e.interactionId) return;
-      i[e.interactionId] = Math.max(i[e.interactionId] || 0, e.duration);
-      var d = Object.keys(i).map(function (k) { return i[k]; }).sort(function (a, b) { return b - a; });
-      view.m.inp_ms = d[Math.min(d.length - 1, Math.floor(d.length / 50))];
+    // INP: per interaction its longest entry; the 98th percentile of them (one ignored per
+    // 50). Its phases, as web-vitals measures them: entries presented in one frame (render
+    // times within 8 ms) are a group, whose earliest processing start and latest end bound
+    // the processing; and the script that ran longest in the long animation frames it spans.
+    var frames = [], loafs = [];
+    // The attribution of view v's INP interaction; again when a long animation frame arrives
+    // (the engine reports it after the frame, so after the interaction's entries).
+    var inpParts = function (v) {
+      var m = v.m, it = v.inpAt, f, g, ps, paint, pe, best = 0;
+      if (!it) return;
+      f = it.e; g = it.g;
+      ps = Math.max(g.ps, f.startTime); paint = Math.max(f.startTime + f.duration, ps); pe = Math.min(g.pe, paint);
+      m.inp_ms = f.duration;
+      m.inp_target = it.t;
+      m.inp_type = f.name.indexOf('key') ? 'pointer' : 'keyboard';
+      m.inp_input_delay_ms = ps - f.startTime;
+      m.inp_processing_duration_ms = pe - ps;
+      m.inp_presentation_delay_ms = paint - pe;
+      m.inp_script_url = undefined;
+      loafs.forEach(function (l) {
+        if (l.startTime + l.duration < f.startTime || l.startTime > pe) return;
+        (l.scripts || []).forEach(function (sc) {
+          var d = sc.startTime + sc.duration - Math.max(f.startTime, sc.startTime);
+          if (d > best && /^https?:/.test(sc.sourceURL)) { best = d; m.inp_script_url = sc.sourceURL; }
+        });
+      });
     };
-    observe('event', onEvent, { durationThreshold: 16 });
+    observe('long-animation-frame', function (e) { loafs.push(e); if (loafs.length > 50) loafs.shift(); inpParts(view); });
+    var onEvent = function (e) {
+      var v = view, i = v.inp, end = e.startTime + e.duration, g, k, it, all;
+      for (k = frames.length - 1; k >= 0 && !g; k--) if (Math.abs(end - frames[k].end) <= 8) g = frames[k];
+      if (g) { g.ps = Math.min(g.ps, e.processingStart); g.pe = Math.max(g.pe, e.processingEnd); }
+      else { frames.push(g = { end: end, ps: e.processingStart, pe: e.processingEnd }); if (frames.length > 10) frames.shift(); }
+      if (!e.interactionId) return;
+      it = i[e.interactionId];
+      if (!it || e.duration > it.e.duration) i[e.interactionId] = { e: e, g: g, t: (it && it.t) || (e.target && selector(e.target)) };
+      else if (!it.t && e.target) it.t = selector(e.target);
+      all = Object.keys(i).map(function (k) { return i[k]; }).sort(function (a, b) { return b.e.duration - a.e.duration; });
+      v.inpAt = all[Math.min(all.length - 1, Math.floor(all.length / 50))];
+      inpParts(v);
+    };
+    observe('event', onEvent, { durationThreshold: 40 });
     observe('first-input', onEvent);
 
     // Sends page view v: once when nothing fails, at most twice, always with its one id.

@@ -138,12 +138,12 @@ mod tests {
         assert!(BUILTIN.len() > served(BUILTIN).len());
     }
 
-    /// The stated bound (README, "The tracking script"): under 3 KiB gzipped.
+    /// The stated bound (README, "The tracking script"): under 4 KiB gzipped.
     #[test]
-    fn script_is_under_three_kib_gzipped() {
+    fn script_is_under_four_kib_gzipped() {
         let s = Script::default();
         assert!(
-            s.gzip.body.len() <= 3072,
+            s.gzip.body.len() <= 4096,
             "{} bytes gzipped",
             s.gzip.body.len()
         );

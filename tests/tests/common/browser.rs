@@ -340,6 +340,11 @@ impl Shop {
         }
     }
 
+    /// The folder nginx serves under `/shop/`.
+    pub fn pages(&self) -> &std::path::Path {
+        self._pages.path()
+    }
+
     /// Every beacon nginx answered so far, in order.
     pub fn beacons(&self) -> Vec<Beacon> {
         let ids = regex::Regex::new(r#"\\"id\\":\\"([0-9a-f-]{36})\\""#).unwrap();
