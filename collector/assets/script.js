@@ -225,11 +225,14 @@
     // quits, and beforeunload before both: a page that is leaving sends by sendBeacon then.
     // (A beforeunload not followed by a hide within a second, e.g. a download link, is no
     // leaving.) A prerendered page never shown sends nothing.
-    var leaving = -1e9, hide = function (alive) {
+    var flush = function () {
       var n = 0;
-      if (doc.prerendering) return;
       pending.forEach(function (take) { n += take(); });
       if (n) update();
+    };
+    var leaving = -1e9, hide = function (alive) {
+      if (doc.prerendering) return;
+      flush();
       send(view, alive && perf.now() - leaving > 1000);
     };
     on('beforeunload', function () { leaving = perf.now(); });
@@ -251,6 +254,21 @@
           update(v);
         });
       });
+    });
+    // A route change of a single-page app, where the engine reports it ('soft-navigation'
+    // entries: Chromium): the page view so far ends and is sent (the page lives on, so by a
+    // readable fetch); a new one starts with its own id and URL, TTFB 0 and FCP from the
+    // route change to its first paint, as web-vitals reports a soft navigation. CLS and INP
+    // from then on are the new view's; its LCP is not measured (NULL).
+    observe('soft-navigation', function (e) {
+      var prev = view;
+      flush();
+      send(prev, true);
+      start('soft_navigation', (perf.timeOrigin || Date.now() - perf.now()) + e.startTime);
+      view.m.url = e.name;
+      view.m.referrer = prev.m.url;
+      view.m.ttfb_ms = 0;
+      if (e.presentationTime || e.paintTime) view.m.fcp_ms = Math.max(0, (e.presentationTime || e.paintTime) - e.startTime);
     });
   } catch (e) {
     // Never break the page.

@@ -416,3 +416,86 @@ async fn synthetic_input_and_a_null_settings_answer_change_nothing() {
     assert_eq!(rows[0]["sample_rate"], 1.0);
     browser.quit().await;
 }
+
+/// Issue 26, item 2: a single-page app's route changes, which Chromium reports as
+/// `soft-navigation` entries, are page views of their own: each with its own id, URL and
+/// `navigation_type` `soft_navigation`, TTFB 0, FCP from the route change to its paint, CLS
+/// from then on; the view before it is sent when it ends. One request per page view.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn route_changes_of_a_single_page_app_are_page_views() {
+    let env = TestEnv::new(Stack::shared()).await;
+    let c = env.collector(&[]).await;
+    let site = "shop-spa";
+    let html = format!(
+        "<!doctype html><html><head><meta charset=\"utf-8\">\
+         <script>window.__errors=[];addEventListener('error',function(e){{__errors.push(String(e.message))}});</script>\
+         <script defer src=\"/perf/script.js\" data-site=\"{site}\"></script></head><body>\
+         <nav><a id=\"p2\" href=\"/shop/spa/page2\">Page 2</a> <a id=\"p3\" href=\"/shop/spa/page3\">Page 3</a></nav>\
+         <main id=\"main\"><h1>Home</h1><p>Welcome</p></main>\
+         <script>function go(ev) {{ ev.preventDefault(); var u = ev.currentTarget.getAttribute('href');\
+         history.pushState({{}}, '', u); document.getElementById('main').innerHTML =\
+         '<h1>' + u + '</h1><p>' + 'Route content. '.repeat(80) + '</p>'; }}\
+         document.getElementById('p2').addEventListener('click', go);\
+         document.getElementById('p3').addEventListener('click', go);</script></body></html>"
+    );
+    let shop = Shop::start(&c, &[("spa.html", html)], None).await;
+    env.cli(&["sites", "add", "--key", site, "--origin", &shop.proxy.url])
+        .success();
+    let browser = Browser::start(Engine::Chromium).await;
+    let start_url = format!("{}/shop/spa.html", shop.proxy.url);
+    browser.client.goto(&start_url).await.unwrap();
+    browser
+        .wait_for("document.readyState === 'complete' && performance.getEntriesByType('paint').length > 0")
+        .await;
+    for (n, link) in [(1, "p2"), (2, "p3")] {
+        browser
+            .client
+            .find(Locator::Id(link))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
+        browser
+            .wait_for(&format!(
+                "performance.getEntriesByType('soft-navigation').length === {n}"
+            ))
+            .await;
+    }
+    assert_eq!(browser.eval("return window.__errors;").await, json!([]));
+    browser.client.goto("about:blank").await.unwrap();
+    let rows = rows_for_site(&env, site, 3).await;
+    browser.quit().await;
+    assert_eq!(rows.len(), 3, "{rows:?}");
+    let by_url = |u: &str| -> &serde_json::Value {
+        rows.iter()
+            .find(|r| r["url"] == u)
+            .unwrap_or_else(|| panic!("no page view of {u}: {rows:?}"))
+    };
+    let page2 = format!("{}/shop/spa/page2", shop.proxy.url);
+    let page3 = format!("{}/shop/spa/page3", shop.proxy.url);
+    assert_eq!(by_url(&start_url)["navigation_type"], "navigate");
+    for (url, referrer) in [(&page2, &start_url), (&page3, &page2)] {
+        let r = by_url(url);
+        assert_eq!(r["navigation_type"], "soft_navigation", "{r}");
+        assert_eq!(r["referrer"], referrer.as_str(), "{r}");
+        assert_eq!(r["ttfb_ms"], 0.0, "{r}");
+        assert!(
+            r["fcp_ms"].as_f64().is_some_and(|v| v > 0.0 && v < 5000.0),
+            "{r}"
+        );
+        assert_eq!(r["cls"], 0.0, "{r}");
+        assert!(
+            r["lcp_ms"].is_null(),
+            "not measured for a route change: {r}"
+        );
+        assert!(
+            r["dom_content_loaded_ms"].is_null() && r["load_ms"].is_null(),
+            "{r}"
+        );
+    }
+    let beacons = shop.beacons();
+    assert_eq!(beacons.len(), 3, "one request per page view: {beacons:?}");
+    assert!(beacons.iter().all(|b| b.status == 202), "{beacons:?}");
+    assert_eq!(c.metric("collector_measurements_accepted_total").await, 3.0);
+}
