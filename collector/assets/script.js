@@ -113,7 +113,8 @@
       if (first.lcpDone) return;
       m.lcp_ms = since(e.startTime);
       m.lcp_target = e.element ? selector(e.element) : e.id ? '#' + e.id : undefined;
-      m.lcp_url = e.url || undefined;
+      // Only a fetched resource: a data: image's URL is the image itself (Firefox gives it whole).
+      m.lcp_url = /^https?:/.test(e.url) ? e.url : undefined;
       perf.getEntriesByType('resource').forEach(function (r) {
         if (e.url && r.name === e.url && (r.requestStart || r.startTime) <= e.startTime) res = r;
       });

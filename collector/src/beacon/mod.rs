@@ -207,9 +207,16 @@ pub fn validate<'a>(item: Item<'a>, ctx: &Context<'a>) -> Result<Valid<'a>, Reje
         optional_text(raw.effective_connection_type).check(|t| CONNECTION_TYPES.contains(&&**t)),
     );
     // Attribution (v3): a part or phase within its metric; without the metric, within the
-    // metric's own bound.
-    let within = |value: Option<&RawValue>, metric: Option<f64>, max: f64| {
-        number(value, max).check(|x| within_metric(*x, metric))
+    // metric's own bound; with the metric sent but dropped as invalid, nothing to be within.
+    let invalid_metric = |name: &str| dropped.0.contains(&name);
+    let bound = |metric: Option<f64>, name: &str| (!invalid_metric(name)).then_some(metric);
+    let (lcp_bound, inp_bound, cls_bound) = (
+        bound(lcp_ms, "lcp_ms"),
+        bound(inp_ms, "inp_ms"),
+        bound(cls, "cls"),
+    );
+    let within = |value: Option<&RawValue>, metric: Option<Option<f64>>, max: f64| {
+        number(value, max).check(|x| metric.is_some_and(|m| within_metric(*x, m)))
     };
     let lcp_target = dropped.keep("lcp_target", selector(raw.lcp_target));
     let inp_target = dropped.keep("inp_target", selector(raw.inp_target));
@@ -220,15 +227,15 @@ pub fn validate<'a>(item: Item<'a>, ctx: &Context<'a>) -> Result<Valid<'a>, Reje
     );
     let lcp_resource_load_delay_ms = dropped.keep(
         "lcp_resource_load_delay_ms",
-        within(raw.lcp_resource_load_delay_ms, lcp_ms, MAX_MS),
+        within(raw.lcp_resource_load_delay_ms, lcp_bound, MAX_MS),
     );
     let lcp_resource_load_duration_ms = dropped.keep(
         "lcp_resource_load_duration_ms",
-        within(raw.lcp_resource_load_duration_ms, lcp_ms, MAX_MS),
+        within(raw.lcp_resource_load_duration_ms, lcp_bound, MAX_MS),
     );
     let lcp_element_render_delay_ms = dropped.keep(
         "lcp_element_render_delay_ms",
-        within(raw.lcp_element_render_delay_ms, lcp_ms, MAX_MS),
+        within(raw.lcp_element_render_delay_ms, lcp_bound, MAX_MS),
     );
     let inp_type = dropped.keep(
         "inp_type",
@@ -236,22 +243,22 @@ pub fn validate<'a>(item: Item<'a>, ctx: &Context<'a>) -> Result<Valid<'a>, Reje
     );
     let inp_input_delay_ms = dropped.keep(
         "inp_input_delay_ms",
-        within(raw.inp_input_delay_ms, inp_ms, MAX_MS),
+        within(raw.inp_input_delay_ms, inp_bound, MAX_MS),
     );
     let inp_processing_duration_ms = dropped.keep(
         "inp_processing_duration_ms",
-        within(raw.inp_processing_duration_ms, inp_ms, MAX_MS),
+        within(raw.inp_processing_duration_ms, inp_bound, MAX_MS),
     );
     let inp_presentation_delay_ms = dropped.keep(
         "inp_presentation_delay_ms",
-        within(raw.inp_presentation_delay_ms, inp_ms, MAX_MS),
+        within(raw.inp_presentation_delay_ms, inp_bound, MAX_MS),
     );
     let inp_script_url = dropped.keep(
         "inp_script_url",
         optional_text(raw.inp_script_url).then(|u| normalise_url(&u)),
     );
     let cls_time_ms = dropped.keep("cls_time_ms", number(raw.cls_time_ms, MAX_MS));
-    let cls_value = dropped.keep("cls_value", within(raw.cls_value, cls, MAX_CLS));
+    let cls_value = dropped.keep("cls_value", within(raw.cls_value, cls_bound, MAX_CLS));
 
     let skewed = |t: i64| {
         t > ctx.received_at_ms.saturating_add(MAX_TS_AHEAD_MS)
@@ -326,17 +333,37 @@ fn optional_text(value: Option<&RawValue>) -> Field<Cow<'_, str>> {
     value.map_or(Field::Absent, decode::string)
 }
 
-/// A CSS selector of an attribution target (v3): a non-empty string without control
-/// characters, cut to [`MAX_SELECTOR_BYTES`] at a character boundary.
+/// A CSS selector of an attribution target (v3): a non-empty string of tag names, ids and
+/// classes, so without whitespace (no id, class token or tag name holds any, HTML Standard
+/// §3.2.6), control or invisible format characters (bidirectional overrides, zero-width
+/// spaces: Unicode category Cf); cut to [`MAX_SELECTOR_BYTES`] at a character boundary.
 fn selector(value: Option<&RawValue>) -> Field<Cow<'_, str>> {
     optional_text(value)
-        .check(|s| !s.trim().is_empty() && !s.chars().any(char::is_control))
+        .check(|s| {
+            !s.is_empty()
+                && !s
+                    .chars()
+                    .any(|c| c.is_whitespace() || c.is_control() || is_format(c))
+        })
         .then(|s| {
             Some(match s {
                 Cow::Borrowed(b) => Cow::Borrowed(truncate(b, MAX_SELECTOR_BYTES)),
                 Cow::Owned(o) => Cow::Owned(truncate(&o, MAX_SELECTOR_BYTES).to_owned()),
             })
         })
+}
+
+/// Whether `c` is an invisible format character (Unicode general category Cf, as of Unicode
+/// 15: soft hyphen, Arabic and Syriac marks, zero-width and bidirectional controls,
+/// invisible operators, the byte-order mark, interlinear annotation, and the tags block).
+fn is_format(c: char) -> bool {
+    matches!(c,
+        '\u{00AD}' | '\u{0600}'..='\u{0605}' | '\u{061C}' | '\u{06DD}' | '\u{070F}'
+        | '\u{0890}'..='\u{0891}' | '\u{08E2}' | '\u{180E}' | '\u{200B}'..='\u{200F}'
+        | '\u{202A}'..='\u{202E}' | '\u{2060}'..='\u{2064}' | '\u{2066}'..='\u{206F}'
+        | '\u{FEFF}' | '\u{FFF9}'..='\u{FFFB}' | '\u{110BD}' | '\u{110CD}'
+        | '\u{13430}'..='\u{1343F}' | '\u{1BCA0}'..='\u{1BCA3}' | '\u{1D173}'..='\u{1D17A}'
+        | '\u{E0001}' | '\u{E0020}'..='\u{E007F}')
 }
 
 /// Whether an attribution part or phase `x` lies within its metric's value (when the metric
@@ -584,6 +611,29 @@ mod tests {
         assert_eq!(
             m.inp_presentation_delay_ms, None,
             "null is absent, not dropped"
+        );
+        // A selector with whitespace or an invisible format character is not one we build.
+        for bad in [
+            "my password is hunter2",
+            "div\u{202E}.evil",
+            "a\u{2028}b",
+            "\u{200B}",
+        ] {
+            let v = one(&with(&format!(
+                r#","lcp_target":{}"#,
+                serde_json::to_string(bad).unwrap()
+            )))
+            .unwrap();
+            assert_eq!(v.dropped, ["lcp_target"], "{bad:?}");
+        }
+        // A metric sent but dropped as invalid bounds nothing: its parts go too.
+        let v = one(&with(
+            r#","lcp_ms":-5,"lcp_resource_load_delay_ms":999999,"cls":"x","cls_value":0.1"#,
+        ))
+        .unwrap();
+        assert_eq!(
+            v.dropped,
+            ["lcp_ms", "cls", "lcp_resource_load_delay_ms", "cls_value"]
         );
         // Without their metric, parts are bounded by the metric's own range.
         let v = one(&with(r#","lcp_resource_load_delay_ms":5000,"cls_value":2"#)).unwrap();

@@ -56,9 +56,17 @@ pub(super) fn recover_segment(
     let named = Version::of(&data[..MAGIC.len()]);
     let version = named.unwrap_or_else(|| {
         tracing::error!(segment = %path.display(), "spool: damaged segment header; reading its records anyway");
-        [Version::V4, Version::V1]
+        // RowBinary versions share their framing: the one whose first frame's rows decode to
+        // exactly the header's row count is the one that wrote it.
+        [Version::V4, Version::V3, Version::V2, Version::V1]
             .into_iter()
-            .find(|v| v.frame_at(&data, HEADER_LEN as usize).is_some())
+            .find(|v| {
+                v.frame_at(&data, HEADER_LEN as usize).is_some_and(|f| {
+                    super::format::current_rows(*v, f.payload)
+                        .and_then(|rows| crate::measurement::decode_all(&rows).ok())
+                        .is_some_and(|rows| rows.len() == f.rows as usize)
+                })
+            })
             .unwrap_or(Version::V4)
     });
     // Whole frames as (start, end) offsets, skipping damage.

@@ -276,6 +276,43 @@ async fn a_damaged_magic_loses_no_record() {
     assert_eq!(ids(&read_all(&mut reader)), [1, 2, 3]);
 }
 
+/// A segment of the previous release (`CSPOOL03`, rows without the attribution columns)
+/// whose magic is damaged is still read in its own layout: RowBinary versions share their
+/// framing, and only the right one decodes its first frame to the header's row count.
+#[tokio::test]
+async fn a_damaged_magic_of_a_previous_release_segment_is_read_in_its_layout() {
+    let dir = tempfile::tempdir().unwrap();
+    fs::create_dir_all(dir.path().join("segments")).unwrap();
+    let null_flags = crate::measurement::COLUMNS.len() - crate::measurement::V2_COLUMNS;
+    let mut data = super::format::MAGIC_V3.to_vec();
+    for batch in [[1u128, 2], [3, 4]] {
+        let mut payload = Vec::new();
+        for n in batch {
+            let mut row = Vec::new();
+            m(n).encode(&mut row);
+            row.truncate(row.len() - null_flags);
+            payload.extend(row);
+        }
+        super::format::encode_frame(
+            &mut data,
+            &EncodedRows {
+                bytes: payload,
+                count: 2,
+                earliest_received_at: 1,
+            },
+        );
+    }
+    data[3] ^= 0xff;
+    fs::write(segment_path(dir.path(), 1), &data).unwrap();
+    let (_spool, mut reader) = open(dir.path(), 1 << 20, Arc::new(Metrics::new())).unwrap();
+    let frames = read_all(&mut reader);
+    assert_eq!(ids(&frames), [1, 2, 3, 4]);
+    assert_eq!(
+        frames.iter().flat_map(measurements).collect::<Vec<_>>(),
+        [m(1), m(2), m(3), m(4)]
+    );
+}
+
 #[tokio::test]
 async fn numbering_goes_on_past_the_cursor() {
     let dir = tempfile::tempdir().unwrap();
