@@ -5,7 +5,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::browser::{page_dir, shop_html, Browser, Engine, Shop, SETTLE};
+use common::browser::{page_dir, shop_html, Browser, Engine, Shop, HIDE, SETTLE};
 use common::*;
 use fantoccini::Locator;
 use serde_json::{json, Value};
@@ -215,11 +215,6 @@ async fn an_unknown_site_stores_nothing_and_breaks_nothing() {
     );
     browser.quit().await;
 }
-
-/// Makes the page hidden as a tab switch does, while it stays alive to read answers and run
-/// timers (navigating away would end it).
-const HIDE: &str = "Object.defineProperty(document, 'visibilityState', {configurable: true, get: function () { return 'hidden'; }});\
-                    document.dispatchEvent(new Event('visibilitychange'));";
 
 /// Loads `url`, waits for the page to settle, and checks that it has no errors.
 async fn load(browser: &Browser, url: &str) {

@@ -14,7 +14,7 @@ mod common;
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
-use common::browser::{shop_html, Browser, Engine, Shop, SETTLE};
+use common::browser::{shop_html, Browser, Engine, Shop, HIDE, SETTLE};
 use common::*;
 use fantoccini::Locator;
 use serde_json::json;
@@ -407,11 +407,6 @@ async fn firefox_every_page_view_once() {
 async fn webkit_every_page_view_once() {
     every_page_view_once(Engine::WebKit).await;
 }
-
-/// Makes the page hidden as a tab switch does, for an engine that fires no
-/// `visibilitychange` when WebDriver opens a tab (WebKitGTK's MiniBrowser).
-const HIDE: &str = "Object.defineProperty(document, 'visibilityState', {configurable: true, get: function () { return 'hidden'; }});\
-                    document.dispatchEvent(new Event('visibilitychange'));";
 
 /// A send that fails is sent once more, from a page that can read the answer: the first
 /// beacon goes to a server answering 503 (nginx round robin), the page is hidden by a tab

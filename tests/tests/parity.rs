@@ -13,7 +13,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::browser::{shop_html, Browser, Engine, Shop, SETTLE};
+use common::browser::{shop_html, Browser, Engine, Shop, HIDE, SETTLE};
 use common::*;
 use fantoccini::Locator;
 use serde_json::Value;
@@ -80,10 +80,6 @@ const RECORDER: &str = "<script>window.__wv = {};
 window.__events = 0;
 new PerformanceObserver(function (l) { __events += l.getEntries().length; }).observe({ type: 'event', durationThreshold: 40, buffered: true });
 </script>";
-
-/// Makes the page hidden as a tab switch does.
-const HIDE: &str = "Object.defineProperty(document, 'visibilityState', {configurable: true, get: function () { return 'hidden'; }});\
-                    document.dispatchEvent(new Event('visibilitychange'));";
 
 /// `ours` within 1 ms or 1 % of `reference`.
 fn close(ours: f64, reference: f64) -> bool {

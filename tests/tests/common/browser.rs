@@ -17,6 +17,12 @@ use serde_json::{json, Value};
 
 use super::{free_port, root, terminate, Collector, Nginx};
 
+/// Makes the page hidden as a tab switch does, while it stays alive to read answers and run
+/// timers (navigating away would end it); also for an engine that fires no `visibilitychange`
+/// when WebDriver opens a tab (WebKitGTK's MiniBrowser).
+pub const HIDE: &str = "Object.defineProperty(document, 'visibilityState', {configurable: true, get: function () { return 'hidden'; }});\
+                        document.dispatchEvent(new Event('visibilitychange'));";
+
 /// How long a page or a row may take to appear before a wait fails.
 pub const SETTLE: Duration = Duration::from_secs(30);
 
