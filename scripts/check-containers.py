@@ -34,7 +34,7 @@ ONE_SHOTS = {"migrate", "seed"}
 # The collector's image as built by compose (every collector-image service has `build`).
 COLLECTOR_IMAGE = "collector:latest"
 # What the drain may take beyond COLLECTOR_DRAIN_GRACE: in-flight requests (10 s) and the
-# writer's last flush (10 s), README "Drain".
+# writer's last flush (10 s), docs/edge.md "Drain".
 DRAIN_EXTRA_S = 20.0
 # Services that may publish a port on the host's loopback (inspection, monitoring).
 LOOPBACK_PORTS = {"clickhouse-r1", "prometheus", "grafana"}

@@ -1,4 +1,4 @@
-/* Collector tracking script: one measurement per page view. Definitions: README, "The tracking script". */
+/* Collector tracking script: one measurement per page view. Definitions: docs/script.md. */
 (function () {
   try {
     // Loaders (Rocket Loader, fetch-and-eval) leave currentScript null: find our tag.
@@ -58,7 +58,7 @@
         navigation_type: type, effective_connection_type: navigator.connection && navigator.connection.effectiveType,
         viewport_width: innerWidth,
         // The page view's start, sent unchanged by every send of it: the collector files the
-        // row by it, so that every resend folds (README: storage).
+        // row by it, so that every resend folds (docs/storage.md).
         ts: Math.round(ts), cls: can('layout-shift') ? 0 : undefined },
         // One sampling decision per page view: it sends when draw < rate.
         draw: Math.random(), state: 0, sends: 0, cls: 0, clsStart: 0, clsLast: 0, inp: {} };

@@ -5,7 +5,7 @@
 //! [`Settings::from_args`], so an operator sees every bad value at once, on one line, named by
 //! its environment variable, and the process exits with code 2.
 //!
-//! Defaults are named constants so that the README, the doc comments and the code agree.
+//! Defaults are named constants so that docs/contract.md, the doc comments and the code agree.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -138,7 +138,7 @@ mod tests {
         assert!(BUILTIN.len() > served(BUILTIN).len());
     }
 
-    /// The stated bound (README, "The tracking script"): under 4 KiB gzipped.
+    /// The stated bound (docs/script.md, "The tracking script"): under 4 KiB gzipped.
     #[test]
     fn script_is_under_four_kib_gzipped() {
         let s = Script::default();

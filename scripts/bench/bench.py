@@ -702,7 +702,7 @@ does not touch this file). Everything runs on loopback on one machine.
 - Collector settings: `COLLECTOR_CLIENT_RATE=0 COLLECTOR_SITE_RATE=0` (one load source must not
   be rate-limited), `COLLECTOR_SPOOL_MAX_BYTES=8589934592`, spool on the local disk (durable:
   every 202 waits for `fdatasync`, group commit), everything else at its default (batches,
-  dedup window, the bound of 512 intake requests in flight: see the README's settings table
+  dedup window, the bound of 512 intake requests in flight: see docs/contract.md's settings table
   at the revision above).
 - Beacons: `scripts/bench/beacon.lua` (wrk) and `bench.py bodies` (oha) build realistic
   measurements: {r.get('sites', '?')} sites, varied page URLs, referrers, user agents and metric

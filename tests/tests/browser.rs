@@ -114,7 +114,7 @@ async fn page_view_lands_once(flaky: bool) {
     let page_url = format!("{}/shop/", proxy.url);
     let shift = if flaky {
         // A page that can still read the answer (hidden by a tab switch) retries the 503;
-        // one that is leaving cannot (README: "Sending").
+        // one that is leaving cannot (docs/script.md: "Sending").
         let shift = view(&browser, &page_url).await;
         browser.eval(HIDE).await;
         rows_for_site(&env, "shop-demo", 1).await;

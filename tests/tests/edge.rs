@@ -407,7 +407,7 @@ async fn ten_thousand_idle_connections_cost_bounded_memory() {
         after >> 20,
         growth >> 20
     );
-    // The documented bound (README, "Limits"): under 120 MiB for 10,000 idle connections
+    // The documented bound (docs/edge.md, "Limits"): under 120 MiB for 10,000 idle connections
     // (measured about 81 MiB: hyper keeps a read and a write buffer per connection).
     assert!(growth < 120 << 20, "RSS grew by {} MiB", growth >> 20);
     // The collector still serves.

@@ -19,8 +19,8 @@ use common::*;
 
 /// Beacons per second sent by the client (one new TLS connection each, like distinct browsers).
 const BEACONS_PER_SECOND: u64 = 25;
-/// keepalived's check interval in the test (the shipped default is 10 s; see the README's
-/// operations section: with 10 s the proxy's 5 s restart comes before the third failed check).
+/// keepalived's check interval in the test (the shipped default is 10 s; see docs/edge.md,
+/// "Operations: the edge": with 10 s the proxy's 5 s restart comes before the third failed check).
 const CHECK_INTERVAL_S: u64 = 1;
 /// Generous bound for every wait on a condition (a loaded two-core machine).
 const WAIT: Duration = Duration::from_secs(60);

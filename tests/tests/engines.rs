@@ -7,7 +7,7 @@
 //! quit the browser); each page view is told apart by the scenario in its URL (`?s=`). Then,
 //! per page view: rows stored (exactly one under `FINAL`), requests that carried its id (one,
 //! nothing failing), and which metrics are filled, against what the engine measures
-//! ([`Engine::measures`]). The table printed (`--nocapture`) is the one in the README.
+//! ([`Engine::measures`]). The table printed (`--nocapture`) is the one in docs/script.md.
 
 mod common;
 

@@ -177,7 +177,7 @@ fn libfaketime() -> &'static str {
 /// midnight on 30 November, the other its resend shortly after, on 1 December. `received_at` of the two
 /// copies differs in day and month, yet both land in the page view's partition and day and fold
 /// to one row. A beacon without `ts` resent the same way files by its own receipt: the known
-/// limit the README states (two rows, nothing lost); its resend on the same side of midnight
+/// limit docs/storage.md states (two rows, nothing lost); its resend on the same side of midnight
 /// folds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resend_received_after_midnight_of_a_month_end_folds() {

@@ -147,7 +147,7 @@ pub async fn run(settings: &Settings) -> Result<(), RunError> {
         if missed > 0 {
             eprintln!("collector: {missed} replica(s) did not answer and may still take writes into v1: run migrate again once they are back");
         } else {
-            println!("clickhouse: {V1_TABLE} is kept; drop it on every replica once no collector of an earlier release runs (README: moving a v1 table to v2)");
+            println!("clickhouse: {V1_TABLE} is kept; drop it on every replica once no collector of an earlier release runs (docs/storage.md: moving a v1 table to v2)");
         }
     }
     Ok(())

@@ -57,7 +57,7 @@ pub const V1_TABLE_DDL: &str = include_str!("../../../schema/clickhouse/v1/measu
 const V1_SAMPLE_RATE: &str = include_str!("../../../schema/clickhouse/v1/sample_rate.sql");
 
 /// The name a v1 `measurements` table is moved to when v2 takes its place. It is kept, and
-/// still replicated, until the operator drops it (README, "Moving a v1 table to v2").
+/// still replicated, until the operator drops it (docs/storage.md, "Moving a v1 table to v2").
 pub const V1_TABLE: &str = "measurements_v1";
 
 /// A column that v2 has and v1 lacks: how a v1 table is told apart.

@@ -43,7 +43,7 @@ impl Engine {
 
     /// What `PerformanceObserver.supportedEntryTypes` lets this engine measure, as
     /// `(lcp, cls, inp)`: Chromium all three, Firefox LCP and INP (no `layout-shift`),
-    /// WebKitGTK 2.50 none of them (README: "What each engine measures").
+    /// WebKitGTK 2.50 none of them (docs/script.md: "What each engine measures").
     pub fn measures(self) -> (bool, bool, bool) {
         match self {
             Engine::Chromium => (true, true, true),

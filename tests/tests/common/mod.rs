@@ -916,8 +916,8 @@ impl Collector {
     }
 }
 
-/// A real nginx in front of a collector, configured with the README's guide
-/// (`docs/proxy/nginx.conf`), mounting the collector under `/perf/`.
+/// A real nginx in front of a collector, configured with the guide of docs/edge.md ("Behind a
+/// proxy": `docs/proxy/nginx.conf`), mounting the collector under `/perf/`.
 pub struct Nginx {
     child: Child,
     /// Base URL of the shop site, e.g. `http://127.0.0.1:PORT`; the collector is at `/perf/`.
@@ -988,8 +988,8 @@ impl Drop for Nginx {
     }
 }
 
-/// A real Caddy in front of a collector, configured with the README's guide
-/// (`docs/proxy/Caddyfile`), mounting the collector under `/perf/`.
+/// A real Caddy in front of a collector, configured with the guide of docs/edge.md ("Behind a
+/// proxy": `docs/proxy/Caddyfile`), mounting the collector under `/perf/`.
 pub struct Caddy {
     child: Child,
     /// Base URL of the shop site.
