@@ -71,9 +71,10 @@ fn connection_limit(settings: &Settings) -> usize {
     cap
 }
 
-/// `collector serve`: runs until SIGTERM or SIGINT, then drains; `Ok` once drained.
+/// `collector serve`: runs until SIGTERM or SIGINT, then drains; `Ok` once drained. The
+/// production seams: the `sites` table in PostgreSQL ([`settings::SettingsStore`]) and the
+/// ClickHouse replicas of `COLLECTOR_CLICKHOUSE_URLS` over HTTP.
 pub async fn serve(settings: Settings) -> Result<(), RunError> {
-    let max_connections = connection_limit(&settings);
     // Listen first: a taken address is reported before anything else starts.
     let listener = tokio::net::TcpListener::bind(settings.listen)
         .await
@@ -84,21 +85,58 @@ pub async fn serve(settings: Settings) -> Result<(), RunError> {
             ))
         })?;
     let metrics = Arc::new(metrics::Metrics::new());
-    let (spool, reader) = spool::open(
-        &settings.spool_dir,
-        settings.spool_max_bytes,
-        metrics.clone(),
-    )
-    .map_err(failed)?;
     let store = settings::SettingsStore::new(
         &settings.database_url,
         settings.settings_backoff,
         metrics.clone(),
     )
     .map_err(failed)?;
+    let seams = Seams {
+        listener,
+        sites: Arc::new(store),
+        metrics,
+    };
+    run(settings, seams, shutdown_signal()).await
+}
+
+/// What [`run`] is given besides the configuration: the listener and the site source. The
+/// other seam, ClickHouse, is `settings.clickhouse_urls`: any server that answers
+/// ClickHouse's HTTP interface (the in-process tests start one in memory).
+pub struct Seams {
+    /// The bound listener intake serves on.
+    pub listener: tokio::net::TcpListener,
+    /// Where site settings come from.
+    pub sites: Arc<dyn settings::SiteSource>,
+    /// The metrics registry every part reports to (shared with `sites` when it reports too).
+    pub metrics: Arc<metrics::Metrics>,
+}
+
+/// Builds every part from `settings` and `seams`, serves until `stop` resolves, then drains:
+/// with `stop` answering `true` (SIGTERM), `/readyz` is 503 for `COLLECTOR_DRAIN_GRACE` before
+/// the listener closes; with `false` (SIGINT) the listener closes at once. Then in-flight
+/// intake requests finish (at most [`REQUESTS_DRAIN`]) and the writer flushes within its
+/// deadline ([`writer::DRAIN_DEADLINE`]). `Ok` once drained; an error when a part cannot start
+/// (the spool locked or unreadable, the writer thread).
+pub async fn run(
+    settings: Settings,
+    seams: Seams,
+    stop: impl std::future::Future<Output = bool> + Send + 'static,
+) -> Result<(), RunError> {
+    let max_connections = connection_limit(&settings);
+    let Seams {
+        listener,
+        sites,
+        metrics,
+    } = seams;
+    let (spool, reader) = spool::open(
+        &settings.spool_dir,
+        settings.spool_max_bytes,
+        metrics.clone(),
+    )
+    .map_err(failed)?;
     let snapshot = settings::snapshot::path(&settings.spool_dir);
     let site_settings = settings::SiteSettings::new(
-        store,
+        sites,
         settings.settings_ttl,
         Some(snapshot),
         metrics.clone(),
@@ -169,7 +207,7 @@ pub async fn serve(settings: Settings) -> Result<(), RunError> {
     let drain_state = state.clone();
     let grace = settings.drain_grace;
     let close = async move {
-        let with_grace = shutdown_signal().await;
+        let with_grace = stop.await;
         drain_state.start_draining();
         if with_grace {
             tracing::info!(grace = ?grace, "SIGTERM: /readyz now 503; closing the listener after the drain grace");

@@ -35,10 +35,13 @@ use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use futures_util::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{watch, Semaphore};
+// The runtime's clock, so that tests can pause and advance it.
+use tokio::time::Instant;
 
 use crate::metrics::Metrics;
 pub use store::{SettingsStore, StoreError};
@@ -55,6 +58,26 @@ pub const FIRST_FETCH_RATE: u32 = 5;
 /// passes the store's circuit breaker, so the store itself is asked at most once per
 /// `COLLECTOR_SETTINGS_BACKOFF`.
 pub const UNLOADED_RETRY: Duration = Duration::from_secs(1);
+
+/// Where site settings come from: the seam between the cache and its store. Production uses
+/// [`SettingsStore`] (PostgreSQL behind a circuit breaker); the in-process tests use an
+/// in-memory source. Each call answers or fails on its own; the cache decides when to call.
+pub trait SiteSource: Send + Sync + 'static {
+    /// One site by key; `Ok(None)` when it does not exist.
+    fn fetch<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Site>, StoreError>>;
+    /// Every site, ordered by key.
+    fn fetch_all(&self) -> BoxFuture<'_, Result<Vec<Site>, StoreError>>;
+}
+
+impl SiteSource for SettingsStore {
+    fn fetch<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Site>, StoreError>> {
+        Box::pin(SettingsStore::fetch(self, key))
+    }
+
+    fn fetch_all(&self) -> BoxFuture<'_, Result<Vec<Site>, StoreError>> {
+        Box::pin(SettingsStore::fetch_all(self))
+    }
+}
 
 /// One site's settings, as stored in the `sites` table.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -130,7 +153,7 @@ impl moka::Expiry<Arc<str>, Arc<Entry>> for EntryExpiry {
         &self,
         _key: &Arc<str>,
         value: &Arc<Entry>,
-        _now: Instant,
+        _now: std::time::Instant,
     ) -> Option<Duration> {
         // Known sites are never evicted by time: they are refreshed, and served stale while
         // the store is down. Unknown keys are forgotten after a while.
@@ -141,7 +164,7 @@ impl moka::Expiry<Arc<str>, Arc<Entry>> for EntryExpiry {
         &self,
         key: &Arc<str>,
         value: &Arc<Entry>,
-        now: Instant,
+        now: std::time::Instant,
         _current: Option<Duration>,
     ) -> Option<Duration> {
         self.expire_after_create(key, value, now)
@@ -156,7 +179,7 @@ pub struct SiteSettings {
 
 struct Inner {
     cache: moka::future::Cache<Arc<str>, Arc<Entry>>,
-    store: SettingsStore,
+    store: Arc<dyn SiteSource>,
     ttl: Duration,
     first_fetches: Semaphore,
     first_fetch_rate: governor::DefaultDirectRateLimiter,
@@ -169,7 +192,7 @@ struct Inner {
 impl SiteSettings {
     /// A cache over `store`; entries are fresh for `ttl`. Full loads are written to `snapshot`.
     pub fn new(
-        store: SettingsStore,
+        store: Arc<dyn SiteSource>,
         ttl: Duration,
         snapshot: Option<PathBuf>,
         metrics: Arc<Metrics>,
@@ -310,7 +333,7 @@ impl SiteSettings {
             }
             return entry.site.clone().map_or(Lookup::Unknown, Lookup::Known);
         }
-        let store = &inner.store;
+        let store = &*inner.store;
         let fetched = inner
             .cache
             .try_get_with(Arc::from(key), async {

@@ -29,7 +29,10 @@
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+// The runtime's clock, so that tests can pause and advance it.
+use tokio::time::Instant;
 
 use deadpool_postgres::{ManagerConfig, Object, Pool, PoolError, RecyclingMethod};
 use futures_util::future::BoxFuture;

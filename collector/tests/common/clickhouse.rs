@@ -1,0 +1,302 @@
+//! An in-memory ClickHouse: enough of its HTTP interface for the writer, the prober and the
+//! schema check, with the faults the in-process tests need.
+//!
+//! What it answers, and from where it is taken (ClickHouse's HTTP interface documentation and
+//! what the real 18.16 and 26.9 servers answered in `tests/tests/`):
+//! - `INSERT INTO measurements (...) FORMAT RowBinary` with `decompress=1`: the body is
+//!   ClickHouse's compressed-block framing (16-byte CityHash128 checksum, method byte `0x82`
+//!   for LZ4, compressed size including the 9-byte header, decompressed size, then one LZ4
+//!   block); rows are decoded with the collector's own RowBinary decoder. A batch whose
+//!   `insert_deduplication_token` was seen before is answered 200 and not stored again, as a
+//!   replicated table does within its deduplication window.
+//! - A refused row (its `url` contains [`ClickHouse::poison`]) fails the whole INSERT with
+//!   `500` and `Code: 27. DB::Exception: ...`, as ClickHouse refuses a batch that holds one row
+//!   it cannot take.
+//! - The prober's `SELECT version() ..., count() FROM system.columns` and its
+//!   `system.replicas` query: RowBinary rows of the shape the writer reads without validation.
+//! - Anything else (the schema's `CREATE`/`ALTER`): 200, empty.
+//!
+//! Faults: [`Fault::Refuse`] answers `503` to everything (a server that is up but failing),
+//! [`Fault::Hang`] reads the request and never answers (a frozen server), and
+//! [`ClickHouse::set_lagging`] makes the replica report a replication queue.
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use collector::measurement::{decode_all, Measurement, COLUMNS};
+use http_body_util::{BodyExt, Full};
+use hyper::{Request, Response, StatusCode};
+
+/// A fault the server shows until it is cleared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// Answers normally.
+    None,
+    /// Answers `503` with a ClickHouse exception text to every request.
+    Refuse,
+    /// Reads each request and never answers it.
+    Hang,
+}
+
+#[derive(Debug)]
+struct State {
+    fault: Fault,
+    lagging: bool,
+    poison: Option<String>,
+    rows: Vec<Measurement<'static>>,
+    tokens: HashSet<String>,
+    inserts: u64,
+    refused_inserts: u64,
+    probes: u64,
+}
+
+/// One in-memory ClickHouse server on `127.0.0.1:0`. Cheap to clone; stops with the runtime.
+#[derive(Clone)]
+pub struct ClickHouse {
+    addr: SocketAddr,
+    state: Arc<Mutex<State>>,
+}
+
+impl ClickHouse {
+    /// Starts a server that answers as a healthy, caught-up replica.
+    pub async fn start() -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind the fake ClickHouse");
+        let addr = listener.local_addr().unwrap();
+        let state = Arc::new(Mutex::new(State {
+            fault: Fault::None,
+            lagging: false,
+            poison: None,
+            rows: Vec::new(),
+            tokens: HashSet::new(),
+            inserts: 0,
+            refused_inserts: 0,
+            probes: 0,
+        }));
+        let shared = state.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
+                let state = shared.clone();
+                tokio::spawn(async move {
+                    let service = hyper::service::service_fn(move |req| {
+                        let state = state.clone();
+                        async move { Ok::<_, std::convert::Infallible>(answer(&state, req).await) }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        ClickHouse { addr, state }
+    }
+
+    /// The URL to give `COLLECTOR_CLICKHOUSE_URLS`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Sets the fault shown from now on.
+    pub fn set_fault(&self, fault: Fault) {
+        self.state.lock().unwrap().fault = fault;
+    }
+
+    /// Whether the replica reports a replication queue (`inserts_in_queue` 3): the
+    /// catch-up check fails while it does.
+    pub fn set_lagging(&self, lagging: bool) {
+        self.state.lock().unwrap().lagging = lagging;
+    }
+
+    /// Refuses every INSERT holding a row whose `url` contains `marker` (code 27).
+    pub fn poison(&self, marker: &str) {
+        self.state.lock().unwrap().poison = Some(marker.to_owned());
+    }
+
+    /// Every stored row, in insert order.
+    pub fn rows(&self) -> Vec<Measurement<'static>> {
+        self.state.lock().unwrap().rows.clone()
+    }
+
+    /// INSERTs answered 200 (first sends and folded resends).
+    pub fn inserts(&self) -> u64 {
+        self.state.lock().unwrap().inserts
+    }
+
+    /// INSERTs refused as bad data.
+    pub fn refused_inserts(&self) -> u64 {
+        self.state.lock().unwrap().refused_inserts
+    }
+
+    /// Probe queries answered (`SELECT version() ...`).
+    pub fn probes(&self) -> u64 {
+        self.state.lock().unwrap().probes
+    }
+}
+
+fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
+    Response::builder()
+        .status(status)
+        .body(Full::new(body.into()))
+        .unwrap()
+}
+
+/// Appends a ClickHouse `String` in RowBinary: LEB128 length, bytes.
+fn put_string(out: &mut Vec<u8>, s: &str) {
+    let mut n = s.len();
+    loop {
+        let byte = (n & 0x7f) as u8;
+        n >>= 7;
+        if n == 0 {
+            out.push(byte);
+            break;
+        }
+        out.push(byte | 0x80);
+    }
+    out.extend_from_slice(s.as_bytes());
+}
+
+/// Undoes ClickHouse's compressed-block framing (LZ4 blocks only; checksums not checked).
+fn decompress(mut body: &[u8]) -> Result<Vec<u8>, String> {
+    let mut out = Vec::new();
+    while !body.is_empty() {
+        if body.len() < 25 {
+            return Err(format!("a block header cut short: {} bytes", body.len()));
+        }
+        let method = body[16];
+        if method != 0x82 {
+            return Err(format!("compression method {method:#x}, not LZ4"));
+        }
+        let compressed = u32::from_le_bytes(body[17..21].try_into().unwrap()) as usize;
+        let size = u32::from_le_bytes(body[21..25].try_into().unwrap()) as usize;
+        if compressed < 9 || body.len() < 16 + compressed {
+            return Err(format!(
+                "a block of {compressed} bytes, {} left",
+                body.len()
+            ));
+        }
+        let block = &body[25..16 + compressed];
+        let data = lz4_flex::block::decompress(block, size).map_err(|e| e.to_string())?;
+        out.extend_from_slice(&data);
+        body = &body[16 + compressed..];
+    }
+    Ok(out)
+}
+
+async fn answer(
+    state: &Mutex<State>,
+    req: Request<hyper::body::Incoming>,
+) -> Response<Full<Bytes>> {
+    let params: Vec<(String, String)> = req
+        .uri()
+        .query()
+        .map(|q| {
+            url::form_urlencoded::parse(q.as_bytes())
+                .into_owned()
+                .collect()
+        })
+        .unwrap_or_default();
+    let param = |name: &str| {
+        params
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+    };
+    let body = match req.into_body().collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) => {
+            return text(
+                StatusCode::BAD_REQUEST,
+                format!("cannot read the body: {e}"),
+            )
+        }
+    };
+    let fault = state.lock().unwrap().fault;
+    match fault {
+        Fault::None => {}
+        Fault::Refuse => {
+            return text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "Code: 242. DB::Exception: Table is in readonly mode (fake)",
+            )
+        }
+        Fault::Hang => std::future::pending::<()>().await,
+    }
+    let sql = param("query").unwrap_or_else(|| String::from_utf8_lossy(&body).into_owned());
+    if sql.starts_with("INSERT INTO measurements") {
+        return insert(
+            state,
+            &body,
+            param("decompress").as_deref() == Some("1"),
+            param("insert_deduplication_token"),
+        );
+    }
+    let mut out = Vec::new();
+    if sql.contains("SELECT version()") {
+        state.lock().unwrap().probes += 1;
+        put_string(&mut out, "26.9.1.1");
+        out.extend_from_slice(&(COLUMNS.len() as u64).to_le_bytes());
+    } else if sql.contains("FROM system.replicas") {
+        let lagging = state.lock().unwrap().lagging;
+        // is_readonly, is_session_expired, log_pointer, log_max_index, inserts_in_queue,
+        // absolute_delay.
+        out.extend_from_slice(&[0, 0]);
+        for v in [1u64, 0, if lagging { 3 } else { 0 }, 0] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+    }
+    text(StatusCode::OK, out)
+}
+
+fn insert(
+    state: &Mutex<State>,
+    body: &[u8],
+    compressed: bool,
+    token: Option<String>,
+) -> Response<Full<Bytes>> {
+    let raw = if compressed {
+        match decompress(body) {
+            Ok(raw) => raw,
+            Err(e) => {
+                return text(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    format!("Code: 271. DB::Exception: cannot decompress: {e} (fake)"),
+                )
+            }
+        }
+    } else {
+        body.to_vec()
+    };
+    let rows = match decode_all(&raw) {
+        Ok(rows) => rows,
+        Err(e) => {
+            return text(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("Code: 33. DB::Exception: Cannot read all data: {e:?} (fake)"),
+            )
+        }
+    };
+    let mut s = state.lock().unwrap();
+    if let Some(marker) = &s.poison {
+        if rows.iter().any(|r| r.url.contains(marker.as_str())) {
+            s.refused_inserts += 1;
+            return text(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "Code: 27. DB::Exception: Cannot parse input: a poisoned row (fake)",
+            );
+        }
+    }
+    s.inserts += 1;
+    if let Some(token) = token {
+        if !s.tokens.insert(token) {
+            return text(StatusCode::OK, "");
+        }
+    }
+    s.rows.extend(rows);
+    text(StatusCode::OK, "")
+}
