@@ -5,6 +5,7 @@
 //! workspace.
 
 mod common;
+mod writer;
 
 use std::time::Duration;
 
