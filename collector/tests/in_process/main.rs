@@ -4,7 +4,9 @@
 //! pooler, a full disk, browsers, the edge, containers) is in `tests/tests/` of the
 //! workspace.
 
+mod cache;
 mod common;
+mod contract;
 mod writer;
 
 use std::time::Duration;
