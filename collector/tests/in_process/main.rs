@@ -7,6 +7,7 @@
 mod cache;
 mod common;
 mod contract;
+mod drain;
 mod writer;
 
 use std::time::Duration;

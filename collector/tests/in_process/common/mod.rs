@@ -180,7 +180,10 @@ impl App {
             "--database-url".into(),
             "postgres://unused@127.0.0.1:9/unused".into(),
         ];
-        for (name, value) in QUICK.iter().chain(options) {
+        let quick = QUICK
+            .iter()
+            .filter(|(name, _)| !options.iter().any(|(given, _)| given == name));
+        for (name, value) in quick.chain(options) {
             args.push((*name).into());
             args.push((*value).into());
         }
@@ -207,7 +210,20 @@ impl App {
     /// drain to end; returns how long that took and the spool folder.
     pub async fn stop(mut self, grace: bool) -> (Duration, tempfile::TempDir) {
         let began = Instant::now();
-        let _ = self.stop.take().unwrap().send(grace);
+        self.signal(grace);
+        let spool = self.stopped().await;
+        (began.elapsed(), spool)
+    }
+
+    /// Sends the stop signal (SIGTERM: `grace`; SIGINT: not) without waiting.
+    pub fn signal(&mut self, grace: bool) {
+        let stop = self.stop.take().expect("the stop signal is sent once");
+        let _ = stop.send(grace);
+    }
+
+    /// Waits (at most 60 s) for the collector to end after [`App::signal`]; panics when it
+    /// failed or did not end. Returns the spool folder.
+    pub async fn stopped(mut self) -> tempfile::TempDir {
         let result = tokio::time::timeout(Duration::from_secs(60), self.task.take().unwrap())
             .await
             .expect("the collector drained within 60 s")
@@ -215,7 +231,7 @@ impl App {
         if let Err(e) = result {
             panic!("the collector failed: {e}");
         }
-        (began.elapsed(), self.spool)
+        self.spool
     }
 
     /// POSTs `body` to the intake.
