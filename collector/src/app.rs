@@ -10,7 +10,7 @@ use tokio::sync::watch;
 use tokio_util::task::TaskTracker;
 
 use crate::cli::{failed, RunError};
-use crate::config::Settings;
+use crate::config::Config;
 use crate::{
     dedup, endpoints, limits, logging, metrics, script, server, settings, spool, state, useragent,
     writer,
@@ -35,7 +35,7 @@ pub const REQUESTS_DRAIN: std::time::Duration = std::time::Duration::from_secs(1
 /// to the hard limit. Lowering the default (20,000) is logged at info level, as it is the
 /// normal case on a host whose hard limit is about 20,000 (this project's CI VM: 20,000);
 /// lowering a value that was set explicitly is a warning.
-fn connection_limit(settings: &Settings) -> usize {
+fn connection_limit(config: &Config) -> usize {
     let nofile = match rlimit::increase_nofile_limit(u64::MAX) {
         Ok(n) => n,
         Err(e) => {
@@ -47,12 +47,12 @@ fn connection_limit(settings: &Settings) -> usize {
     let holds = usize::try_from(nofile)
         .unwrap_or(usize::MAX)
         .saturating_sub(RESERVED_FDS);
-    let wanted = settings.max_connections;
+    let wanted = config.max_connections;
     if wanted <= holds {
         return wanted;
     }
     let cap = holds.max(1);
-    if settings.max_connections_set {
+    if config.max_connections_set {
         tracing::warn!(
             nofile,
             reserved = RESERVED_FDS,
@@ -74,20 +74,20 @@ fn connection_limit(settings: &Settings) -> usize {
 /// `collector serve`: runs until SIGTERM or SIGINT, then drains; `Ok` once drained. The
 /// production seams: the `sites` table in PostgreSQL ([`settings::SettingsStore`]) and the
 /// ClickHouse replicas of `COLLECTOR_CLICKHOUSE_URLS` over HTTP.
-pub async fn serve(settings: Settings) -> Result<(), RunError> {
+pub async fn serve(config: Config) -> Result<(), RunError> {
     // Listen first: a taken address is reported before anything else starts.
-    let listener = tokio::net::TcpListener::bind(settings.listen)
+    let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .map_err(|e| {
             failed(format!(
                 "cannot listen on {} (COLLECTOR_LISTEN): {e}",
-                settings.listen
+                config.listen
             ))
         })?;
     let metrics = Arc::new(metrics::Metrics::new());
     let store = settings::SettingsStore::new(
-        &settings.database_url,
-        settings.settings_backoff,
+        &config.database_url,
+        config.settings_backoff,
         metrics.clone(),
     )
     .map_err(failed)?;
@@ -96,11 +96,11 @@ pub async fn serve(settings: Settings) -> Result<(), RunError> {
         sites: Arc::new(store),
         metrics,
     };
-    run(settings, seams, shutdown_signal()).await
+    run(config, seams, shutdown_signal()).await
 }
 
 /// What [`run`] is given besides the configuration: the listener and the site source. The
-/// other seam, ClickHouse, is `settings.clickhouse_urls`: any server that answers
+/// other seam, ClickHouse, is `config.clickhouse_urls`: any server that answers
 /// ClickHouse's HTTP interface (the in-process tests start one in memory).
 pub struct Seams {
     /// The bound listener intake serves on.
@@ -111,36 +111,28 @@ pub struct Seams {
     pub metrics: Arc<metrics::Metrics>,
 }
 
-/// Builds every part from `settings` and `seams`, serves until `stop` resolves, then drains:
+/// Builds every part from `config` and `seams`, serves until `stop` resolves, then drains:
 /// with `stop` answering `true` (SIGTERM), `/readyz` is 503 for `COLLECTOR_DRAIN_GRACE` before
 /// the listener closes; with `false` (SIGINT) the listener closes at once. Then in-flight
 /// intake requests finish (at most [`REQUESTS_DRAIN`]) and the writer flushes within its
 /// deadline ([`writer::DRAIN_DEADLINE`]). `Ok` once drained; an error when a part cannot start
 /// (the spool locked or unreadable, the writer thread).
 pub async fn run(
-    settings: Settings,
+    config: Config,
     seams: Seams,
     stop: impl std::future::Future<Output = bool> + Send + 'static,
 ) -> Result<(), RunError> {
-    let max_connections = connection_limit(&settings);
+    let max_connections = connection_limit(&config);
     let Seams {
         listener,
         sites,
         metrics,
     } = seams;
-    let (spool, reader) = spool::open(
-        &settings.spool_dir,
-        settings.spool_max_bytes,
-        metrics.clone(),
-    )
-    .map_err(failed)?;
-    let snapshot = settings::snapshot::path(&settings.spool_dir);
-    let site_settings = settings::SiteSettings::new(
-        sites,
-        settings.settings_ttl,
-        Some(snapshot),
-        metrics.clone(),
-    );
+    let (spool, reader) =
+        spool::open(&config.spool_dir, config.spool_max_bytes, metrics.clone()).map_err(failed)?;
+    let snapshot = settings::snapshot::path(&config.spool_dir);
+    let site_settings =
+        settings::SiteSettings::new(sites, config.settings_ttl, Some(snapshot), metrics.clone());
     match site_settings.reload().await {
         Ok(n) => tracing::info!(sites = n, "settings: loaded every site"),
         Err(e) => {
@@ -150,12 +142,8 @@ pub async fn run(
         }
     }
     let site_settings_reloader = site_settings.clone();
-    let dedup = dedup::Dedup::new(settings.dedup_capacity, settings.dedup_window);
-    let limits = limits::Limits::new(
-        settings.client_rate,
-        settings.site_rate,
-        settings.max_in_flight,
-    );
+    let dedup = dedup::Dedup::new(config.dedup_capacity, config.dedup_window);
+    let limits = limits::Limits::new(config.client_rate, config.site_rate, config.max_in_flight);
     let state = state::AppState::new(state::Inner {
         settings: site_settings,
         dedup,
@@ -168,27 +156,27 @@ pub async fn run(
         },
         metrics: metrics.clone(),
         limits: limits.clone(),
-        trusted_proxies: settings.trusted_proxies.clone(),
-        body_timeout: settings.body_timeout,
+        trusted_proxies: config.trusted_proxies.clone(),
+        body_timeout: config.body_timeout,
         draining: Default::default(),
         requests: TaskTracker::new(),
     });
 
     let (stop_writer, writer_shutdown) = watch::channel(false);
     let replicas = writer::Replicas::new(
-        &settings.clickhouse_urls,
-        &settings.clickhouse_database,
+        &config.clickhouse_urls,
+        &config.clickhouse_database,
         metrics.clone(),
     );
     let batch_limits = writer::BatchLimits {
-        max_rows: settings.batch_max_rows,
-        max_bytes: settings.batch_max_bytes,
-        max_age: settings.batch_max_age,
+        max_rows: config.batch_max_rows,
+        max_bytes: config.batch_max_bytes,
+        max_age: config.batch_max_age,
     };
-    let probing = writer::probe::Settings {
-        database: settings.clickhouse_database.clone(),
-        max_delay: settings.catchup_max_delay,
-        form: settings.clickhouse_table_form,
+    let probing = writer::probe::Options {
+        database: config.clickhouse_database.clone(),
+        max_delay: config.catchup_max_delay,
+        form: config.clickhouse_table_form,
     };
     let pruner = tokio::spawn(limits.run_pruner(writer_shutdown.clone()));
     let reloader = tokio::spawn(site_settings_reloader.run_reloader(writer_shutdown.clone()));
@@ -202,10 +190,10 @@ pub async fn run(
     )
     .map_err(|e| failed(format!("cannot start the writer thread: {e}")))?;
 
-    tracing::info!(listen = %settings.listen, replicas = settings.clickhouse_urls.len(), "collector: serving");
+    tracing::info!(listen = %config.listen, replicas = config.clickhouse_urls.len(), "collector: serving");
 
     let drain_state = state.clone();
-    let grace = settings.drain_grace;
+    let grace = config.drain_grace;
     let close = async move {
         let with_grace = stop.await;
         drain_state.start_draining();
@@ -218,7 +206,7 @@ pub async fn run(
     };
     let connection_limits = server::ConnectionLimits {
         max_connections,
-        header_timeout: settings.header_timeout,
+        header_timeout: config.header_timeout,
     };
     server::serve(
         listener,

@@ -2,7 +2,7 @@
 //!
 //! Every flag can also be set from the environment as `COLLECTOR_<FLAG>` (clap's `env`), as the
 //! contract (§1) requires. Values arrive as strings and are validated together in
-//! [`Settings::from_args`], so an operator sees every bad value at once, on one line, named by
+//! [`Config::from_args`], so an operator sees every bad value at once, on one line, named by
 //! its environment variable, and the process exits with code 2.
 //!
 //! Defaults are named constants so that docs/contract.md, the doc comments and the code agree.
@@ -281,7 +281,7 @@ pub enum LogFormat {
 
 /// Validated settings. Durations are wall-clock; byte sizes are bytes.
 #[derive(Debug, Clone)]
-pub struct Settings {
+pub struct Config {
     /// Address to listen on.
     pub listen: SocketAddr,
     /// PostgreSQL connection string, as given (validated by tokio-postgres).
@@ -340,9 +340,9 @@ pub struct Settings {
 #[error("invalid configuration: {}", .0.join("; "))]
 pub struct ConfigError(pub Vec<String>);
 
-impl Settings {
+impl Config {
     /// Validates every raw value, collecting all errors instead of stopping at the first.
-    pub fn from_args(raw: &RawArgs) -> Result<Settings, ConfigError> {
+    pub fn from_args(raw: &RawArgs) -> Result<Config, ConfigError> {
         let mut errors = Vec::new();
         let mut check = |name: &str, value: &str, result: Result<(), String>| {
             if let Err(reason) = result {
@@ -548,7 +548,7 @@ impl Settings {
         if !errors.is_empty() {
             return Err(ConfigError(errors));
         }
-        Ok(Settings {
+        Ok(Config {
             listen: listen.expect("checked"),
             database_url: raw.database_url.clone(),
             clickhouse_urls: urls.expect("checked"),
@@ -636,7 +636,7 @@ mod tests {
 
     #[test]
     fn defaults_are_valid() {
-        let s = Settings::from_args(&raw(&[])).unwrap();
+        let s = Config::from_args(&raw(&[])).unwrap();
         assert_eq!(s.listen.to_string(), DEFAULT_LISTEN);
         assert_eq!(s.settings_backoff, Duration::from_secs(10));
         assert_eq!(s.clickhouse_urls.len(), 1);
@@ -650,7 +650,7 @@ mod tests {
 
     #[test]
     fn the_single_form_takes_one_server() {
-        let two = Settings::from_args(&raw(&[
+        let two = Config::from_args(&raw(&[
             "--clickhouse-table-form",
             "single",
             "--clickhouse-urls",
@@ -663,7 +663,7 @@ mod tests {
             "{two}"
         );
         assert!(two.contains("lists 2"), "{two}");
-        let one = Settings::from_args(&raw(&[
+        let one = Config::from_args(&raw(&[
             "--clickhouse-table-form",
             "single",
             "--clickhouse-urls",
@@ -671,12 +671,12 @@ mod tests {
         ]))
         .unwrap();
         assert_eq!(one.clickhouse_table_form, TableForm::Single);
-        assert!(Settings::from_args(&raw(&["--clickhouse-table-form", "Single"])).is_err());
+        assert!(Config::from_args(&raw(&["--clickhouse-table-form", "Single"])).is_err());
     }
 
     #[test]
     fn every_bad_value_is_reported_at_once() {
-        let err = Settings::from_args(&raw(&[
+        let err = Config::from_args(&raw(&[
             "--listen",
             "nowhere",
             "--settings-ttl",
@@ -702,7 +702,7 @@ mod tests {
 
     #[test]
     fn zero_timeouts_and_empty_places_are_refused() {
-        let err = Settings::from_args(&raw(&[
+        let err = Config::from_args(&raw(&[
             "--header-timeout",
             "0s",
             "--body-timeout",
@@ -734,7 +734,7 @@ mod tests {
 
     #[test]
     fn credentials_in_replica_urls_are_refused_and_not_echoed() {
-        let err = Settings::from_args(&raw(&[
+        let err = Config::from_args(&raw(&[
             "--clickhouse-urls",
             "http://default:secret@ch1:8123",
         ]))
@@ -746,7 +746,7 @@ mod tests {
 
     #[test]
     fn replica_list_keeps_preference_order() {
-        let s = Settings::from_args(&raw(&["--clickhouse-urls", "http://b:8123, http://a:8123"]))
+        let s = Config::from_args(&raw(&["--clickhouse-urls", "http://b:8123, http://a:8123"]))
             .unwrap();
         let hosts: Vec<_> = s
             .clickhouse_urls
@@ -758,7 +758,7 @@ mod tests {
 
     #[test]
     fn durations_and_names_are_bounded_and_resolved() {
-        let err = Settings::from_args(&raw(&[
+        let err = Config::from_args(&raw(&[
             "--dedup-window",
             "2000years",
             "--drain-grace",
@@ -766,9 +766,9 @@ mod tests {
         ]))
         .unwrap_err();
         assert_eq!(err.0.len(), 2, "{err}");
-        let err = Settings::from_args(&raw(&["--batch-max-age", "abc"])).unwrap_err();
+        let err = Config::from_args(&raw(&["--batch-max-age", "abc"])).unwrap_err();
         assert_eq!(err.0.len(), 1, "one error per bad value: {err}");
-        let s = Settings::from_args(&raw(&["--listen", "localhost:8080"])).unwrap();
+        let s = Config::from_args(&raw(&["--listen", "localhost:8080"])).unwrap();
         assert!(s.listen.ip().is_loopback());
     }
 

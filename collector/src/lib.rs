@@ -36,6 +36,43 @@
 //! in the spool. The server and the endpoints do not import each other either: [`app`] builds
 //! the [`state`], hands `endpoints::router(state)` to [`server::serve`], and wires the rest;
 //! [`run`] only dispatches a command line.
+//!
+//! # Words
+//!
+//! One word for one thing, the field's where it has one:
+//!
+//! - **beacon**: one request from a visitor's browser to the intake; it carries one
+//!   **measurement** or an array of up to 50. A measurement is one page view's metrics, one row
+//!   ([`measurement::Measurement`]), named by its client-made `id`.
+//! - **site**: a shop, by its key. **Site settings** are a site's row in PostgreSQL's `sites`
+//!   table (allowed origins, sample rate, enabled): the [`settings`] module, its cache
+//!   [`settings::SiteSettings`], its store [`settings::SettingsStore`] behind the seam
+//!   [`settings::SiteSource`]. The process's own options (command line and `COLLECTOR_*`) are
+//!   the **configuration**, [`config::Config`]; "settings" never means them.
+//! - **dedup window**: how long intake remembers an id ([`dedup`]); ClickHouse folds what
+//!   passes it (the insert's deduplication token, then `ReplacingMergeTree`).
+//! - **spool**: the durable log on local disk, in **segments** of **frames** (the rows of one
+//!   request); **group commit**: one `fdatasync` for the frames of many requests. The cursor
+//!   marks what ClickHouse confirmed.
+//! - **batch**: the rows of a range of the spool sent in one INSERT, with one deduplication
+//!   token. A batch ClickHouse refuses as bad data is **bisected**; the rows it still refuses
+//!   are **kept aside**: written to the spool's dead-letter files (`kept-aside/`, counted in
+//!   `collector_spool_kept_aside_rows_total`). "Kept aside" is the project's one name for the
+//!   dead-letter queue.
+//! - **replica**: one ClickHouse server of `COLLECTOR_CLICKHOUSE_URLS`; its state is down,
+//!   catching up or healthy ([`writer::replicas`]). **Failover**: the writer moves to the next
+//!   healthy replica by itself; **catch-up gating**: a returning replica is written to again
+//!   only once it passed the catch-up check.
+//! - **probe**: the writer's check of a replica, about once a second ([`writer::probe`]).
+//!   `collector probe` is a different thing, the container health command ([`cli::probe`]).
+//!   A **trial** is one call let through to see whether a failure is over: the one insert into
+//!   a replica that failed inserts, the one call of the settings store's circuit breaker after
+//!   its backoff.
+//! - **circuit breaker**: *closed* lets calls through, *open* lets none through, *half-open*
+//!   lets one trial through ([`settings::store::Breaker`]).
+//! - **backoff**: the wait after a failure, growing and jittered, always bounded.
+//! - **drain**: what SIGTERM starts: `/readyz` fails for the grace, the listener closes,
+//!   in-flight requests finish, the writer flushes within its deadline ([`app::run`]).
 
 #![warn(missing_docs)]
 
@@ -61,7 +98,7 @@ pub mod useragent;
 pub mod writer;
 
 pub use cli::RunError;
-use config::{Cli, Command, Settings};
+use config::{Cli, Command, Config};
 
 /// Exit code for bad configuration or usage (contract §1).
 pub const EXIT_CONFIG: i32 = 2;
@@ -70,20 +107,20 @@ pub const EXIT_FAILURE: i32 = 1;
 
 /// Runs a parsed command line; returns the process exit code.
 pub async fn run(cli: Cli) -> i32 {
-    let settings = match Settings::from_args(&cli.args) {
+    let config = match Config::from_args(&cli.args) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("collector: {e}");
             return EXIT_CONFIG;
         }
     };
-    logging::init(settings.log_format);
+    logging::init(config.log_format);
     let result = match cli.command.unwrap_or(Command::Serve) {
-        Command::Serve => app::serve(settings).await,
-        Command::Migrate => cli::migrate::run(&settings).await,
-        Command::Sites { command } => cli::sites::run(&settings, command).await,
-        Command::Probe => cli::probe::run(&settings).await,
-        Command::Spool { command } => cli::spool::run(&settings, command),
+        Command::Serve => app::serve(config).await,
+        Command::Migrate => cli::migrate::run(&config).await,
+        Command::Sites { command } => cli::sites::run(&config, command).await,
+        Command::Probe => cli::probe::run(&config).await,
+        Command::Spool { command } => cli::spool::run(&config, command),
     };
     match result {
         Ok(()) => 0,

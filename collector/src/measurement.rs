@@ -35,7 +35,7 @@ pub const MAX_USER_AGENT_BYTES: usize = 512;
 /// Why bytes are not a RowBinary [`Measurement`]: cut short, or a length beyond the input.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("not a RowBinary measurement: {0}")]
-pub struct DecodeError(&'static str);
+pub struct RowDecodeError(&'static str);
 
 /// A Rust type that is one ClickHouse column type in RowBinary.
 pub trait Column: Sized {
@@ -44,12 +44,12 @@ pub trait Column: Sized {
     /// Appends the value's RowBinary encoding.
     fn encode(&self, out: &mut Vec<u8>);
     /// Reads one value from the front of `input`, advancing it.
-    fn decode(input: &mut &[u8]) -> Result<Self, DecodeError>;
+    fn decode(input: &mut &[u8]) -> Result<Self, RowDecodeError>;
 }
 
-fn take<'a>(input: &mut &'a [u8], n: usize) -> Result<&'a [u8], DecodeError> {
+fn take<'a>(input: &mut &'a [u8], n: usize) -> Result<&'a [u8], RowDecodeError> {
     if input.len() < n {
-        return Err(DecodeError("cut short"));
+        return Err(RowDecodeError("cut short"));
     }
     let (head, rest) = input.split_at(n);
     *input = rest;
@@ -65,7 +65,7 @@ macro_rules! fixed_width {
             fn encode(&self, out: &mut Vec<u8>) {
                 out.extend_from_slice(&self.to_le_bytes());
             }
-            fn decode(input: &mut &[u8]) -> Result<Self, DecodeError> {
+            fn decode(input: &mut &[u8]) -> Result<Self, RowDecodeError> {
                 let bytes = take(input, std::mem::size_of::<$t>())?;
                 Ok(<$t>::from_le_bytes(bytes.try_into().expect("sized above")))
             }
@@ -89,7 +89,7 @@ impl Column for DateTime {
     fn encode(&self, out: &mut Vec<u8>) {
         self.0.encode(out);
     }
-    fn decode(input: &mut &[u8]) -> Result<Self, DecodeError> {
+    fn decode(input: &mut &[u8]) -> Result<Self, RowDecodeError> {
         u32::decode(input).map(DateTime)
     }
 }
@@ -103,7 +103,7 @@ impl Column for Uuid {
         out.extend_from_slice(&high.to_le_bytes());
         out.extend_from_slice(&low.to_le_bytes());
     }
-    fn decode(input: &mut &[u8]) -> Result<Self, DecodeError> {
+    fn decode(input: &mut &[u8]) -> Result<Self, RowDecodeError> {
         let bytes = take(input, 16)?;
         let high = u64::from_le_bytes(bytes[..8].try_into().expect("16 bytes"));
         let low = u64::from_le_bytes(bytes[8..].try_into().expect("16 bytes"));
@@ -125,7 +125,7 @@ impl Column for Cow<'_, str> {
         out.push(n as u8);
         out.extend_from_slice(self.as_bytes());
     }
-    fn decode(input: &mut &[u8]) -> Result<Self, DecodeError> {
+    fn decode(input: &mut &[u8]) -> Result<Self, RowDecodeError> {
         let mut n = 0usize;
         for shift in (0..64).step_by(7) {
             let b = *take(input, 1)?.first().expect("one byte");
@@ -136,7 +136,7 @@ impl Column for Cow<'_, str> {
                 return Ok(Cow::Owned(String::from_utf8_lossy(bytes).into_owned()));
             }
         }
-        Err(DecodeError("string length beyond 64 bits"))
+        Err(RowDecodeError("string length beyond 64 bits"))
     }
 }
 
@@ -153,7 +153,7 @@ impl<T: Column> Column for Option<T> {
             }
         }
     }
-    fn decode(input: &mut &[u8]) -> Result<Self, DecodeError> {
+    fn decode(input: &mut &[u8]) -> Result<Self, RowDecodeError> {
         match take(input, 1)?[0] {
             0 => T::decode(input).map(Some),
             _ => Ok(None),
@@ -175,7 +175,7 @@ impl Column for Label<'_> {
     fn encode(&self, out: &mut Vec<u8>) {
         self.0.encode(out);
     }
-    fn decode(input: &mut &[u8]) -> Result<Self, DecodeError> {
+    fn decode(input: &mut &[u8]) -> Result<Self, RowDecodeError> {
         Cow::decode(input).map(Label)
     }
 }
@@ -268,7 +268,7 @@ macro_rules! measurement_columns {
             }
 
             /// Reads one row from the front of `input`, advancing it past the row.
-            pub fn decode(input: &mut &[u8]) -> Result<Measurement<'static>, DecodeError> {
+            pub fn decode(input: &mut &[u8]) -> Result<Measurement<'static>, RowDecodeError> {
                 Ok(Measurement { $($name: Column::decode(input)?,)* })
             }
 
@@ -277,7 +277,7 @@ macro_rules! measurement_columns {
             pub fn decode_prefix(
                 input: &mut &[u8],
                 n: usize,
-            ) -> Result<Measurement<'static>, DecodeError> {
+            ) -> Result<Measurement<'static>, RowDecodeError> {
                 let mut k = 0;
                 Ok(Measurement {
                     $($name: {
@@ -466,7 +466,7 @@ pub const EARLIER_COLUMNS: usize = 18;
 
 /// Decodes one row of the previous release's RowBinary layout (its first [`EARLIER_COLUMNS`]
 /// columns), completed by [`complete_earlier`].
-pub fn decode_earlier(input: &mut &[u8]) -> Result<Measurement<'static>, DecodeError> {
+pub fn decode_earlier(input: &mut &[u8]) -> Result<Measurement<'static>, RowDecodeError> {
     Measurement::decode_prefix(input, EARLIER_COLUMNS).map(complete_earlier)
 }
 
@@ -507,7 +507,7 @@ impl EncodedRows {
 
 /// Decodes every row of a RowBinary byte string (for people and for the failure path: the
 /// spool dump, kept-aside files, splitting a refused batch; never on the way to ClickHouse).
-pub fn decode_all(mut bytes: &[u8]) -> Result<Vec<Measurement<'static>>, DecodeError> {
+pub fn decode_all(mut bytes: &[u8]) -> Result<Vec<Measurement<'static>>, RowDecodeError> {
     let mut rows = Vec::new();
     while !bytes.is_empty() {
         rows.push(Measurement::decode(&mut bytes)?);
@@ -517,7 +517,7 @@ pub fn decode_all(mut bytes: &[u8]) -> Result<Vec<Measurement<'static>>, DecodeE
 
 /// The byte offset where each row of a RowBinary byte string starts, and its length as the
 /// last entry (so row `i` is `bounds[i]..bounds[i + 1]`).
-pub fn row_bounds(bytes: &[u8]) -> Result<Vec<usize>, DecodeError> {
+pub fn row_bounds(bytes: &[u8]) -> Result<Vec<usize>, RowDecodeError> {
     let mut bounds = vec![0];
     let mut rest = bytes;
     while !rest.is_empty() {

@@ -7,7 +7,7 @@ pub mod spool;
 
 use std::sync::Arc;
 
-use crate::config::Settings;
+use crate::config::Config;
 use crate::{metrics, settings, EXIT_CONFIG, EXIT_FAILURE};
 
 /// A failure that ends a command.
@@ -37,9 +37,9 @@ pub(crate) fn failed(e: impl std::fmt::Display) -> RunError {
 }
 
 /// The settings store for one-shot commands (no backoff: one attempt, then exit).
-pub(crate) fn cli_store(settings: &Settings) -> Result<settings::SettingsStore, RunError> {
+pub(crate) fn cli_store(config: &Config) -> Result<settings::SettingsStore, RunError> {
     settings::SettingsStore::new(
-        &settings.database_url,
+        &config.database_url,
         std::time::Duration::ZERO,
         Arc::new(metrics::Metrics::new()),
     )

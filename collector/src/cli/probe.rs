@@ -1,13 +1,13 @@
 //! `collector probe`: the container health check.
 
 use super::{failed, RunError};
-use crate::config::Settings;
+use crate::config::Config;
 
 /// `collector probe`: `GET /readyz` on the listen address (an unspecified address such as
 /// `0.0.0.0` is probed on loopback), 2 s at most.
-pub async fn run(settings: &Settings) -> Result<(), RunError> {
+pub async fn run(config: &Config) -> Result<(), RunError> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut addr = settings.listen;
+    let mut addr = config.listen;
     if addr.ip().is_unspecified() {
         addr.set_ip(if addr.is_ipv4() {
             std::net::Ipv4Addr::LOCALHOST.into()

@@ -2,12 +2,12 @@
 
 use super::{cli_store, failed, RunError};
 use crate::beacon;
-use crate::config::{Settings, SitesCommand};
+use crate::config::{Config, SitesCommand};
 use crate::settings;
 
 /// Runs one `sites` subcommand.
-pub async fn run(settings: &Settings, command: SitesCommand) -> Result<(), RunError> {
-    let store = cli_store(settings)?;
+pub async fn run(config: &Config, command: SitesCommand) -> Result<(), RunError> {
+    let store = cli_store(config)?;
     match command {
         SitesCommand::Add {
             key,

@@ -1,13 +1,13 @@
 //! `collector spool dump`: what the spool holds, as JSON lines.
 
 use super::{failed, RunError};
-use crate::config::{Settings, SpoolCommand};
+use crate::config::{Config, SpoolCommand};
 use crate::spool;
 
 /// `collector spool dump`.
-pub fn run(settings: &Settings, command: SpoolCommand) -> Result<(), RunError> {
+pub fn run(config: &Config, command: SpoolCommand) -> Result<(), RunError> {
     let SpoolCommand::Dump { all } = command;
-    let dir = &settings.spool_dir;
+    let dir = &config.spool_dir;
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
     let summary = match spool::dump::dump(dir, all, &mut out) {

@@ -3,7 +3,7 @@
 //! Every call goes through a circuit breaker ([`Breaker`]): after a failed query or
 //! connection it opens, and the store is not contacted again for `COLLECTOR_SETTINGS_BACKOFF`
 //! by any path of this process, however many requests arrive; then exactly one call is let
-//! through as a probe, and only its success closes the breaker again. Connections are opened
+//! through as a trial, and only its success closes the breaker again. Connections are opened
 //! one at a time and the breaker opens before a failed attempt's call returns, so calls that
 //! were admitted together make one connection attempt between them, not one each. The pool
 //! is deadpool-postgres's, small ([`POOL_SIZE`]), with every wait bounded; its connector is
@@ -72,22 +72,22 @@ enum BreakerState {
     Closed,
     /// Nothing goes through until `until`.
     Open { until: Instant },
-    /// One probe is in flight; nothing else goes through.
+    /// One trial is in flight; nothing else goes through.
     HalfOpen,
 }
 
 /// The circuit breaker in front of the store: *closed* lets calls through; a failure opens it
-/// for the backoff; then one probe (half-open) decides.
+/// for the backoff; then one trial (half-open) decides.
 #[derive(Debug)]
 pub struct Breaker {
     state: Mutex<BreakerState>,
     backoff: Duration,
 }
 
-/// Permission for one call; `probe` when it is the single call after a backoff.
+/// Permission for one call; `trial` when it is the single call after a backoff.
 #[derive(Debug, Clone, Copy)]
 pub struct Admission {
-    probe: bool,
+    trial: bool,
 }
 
 impl Breaker {
@@ -103,10 +103,10 @@ impl Breaker {
     pub fn admit(&self) -> Option<Admission> {
         let mut state = self.state.lock().unwrap();
         match *state {
-            BreakerState::Closed => Some(Admission { probe: false }),
+            BreakerState::Closed => Some(Admission { trial: false }),
             BreakerState::Open { until } if Instant::now() >= until => {
                 *state = BreakerState::HalfOpen;
-                Some(Admission { probe: true })
+                Some(Admission { trial: true })
             }
             BreakerState::Open { .. } | BreakerState::HalfOpen => None,
         }
@@ -116,7 +116,7 @@ impl Breaker {
     pub fn report(&self, admission: Admission, ok: bool) {
         let mut state = self.state.lock().unwrap();
         *state = match (ok, *state) {
-            (true, BreakerState::HalfOpen) if admission.probe => BreakerState::Closed,
+            (true, BreakerState::HalfOpen) if admission.trial => BreakerState::Closed,
             (true, s) => s,
             (false, s) => self.opened(s),
         };
@@ -615,7 +615,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn one_probe_after_the_backoff() {
+    fn one_trial_call_after_the_backoff() {
         let breaker = Breaker::new(Duration::from_millis(50));
         let a = breaker.admit().unwrap();
         let b = breaker.admit().unwrap();
@@ -623,13 +623,13 @@ mod tests {
         breaker.report(b, false);
         assert!(breaker.admit().is_none(), "open for the backoff");
         std::thread::sleep(Duration::from_millis(60));
-        let probe = breaker.admit().expect("one probe after the backoff");
-        assert!(breaker.admit().is_none(), "only one probe at a time");
-        breaker.report(probe, false);
-        assert!(breaker.admit().is_none(), "a failed probe closes it again");
+        let trial = breaker.admit().expect("one trial after the backoff");
+        assert!(breaker.admit().is_none(), "only one trial at a time");
+        breaker.report(trial, false);
+        assert!(breaker.admit().is_none(), "a failed trial opens it again");
         std::thread::sleep(Duration::from_millis(60));
-        let probe = breaker.admit().unwrap();
-        breaker.report(probe, true);
+        let trial = breaker.admit().unwrap();
+        breaker.report(trial, true);
         assert!(breaker.is_closed());
         assert!(breaker.admit().is_some() && breaker.admit().is_some());
     }

@@ -12,8 +12,8 @@ use std::time::Instant;
 use super::files::{fault, is_no_space};
 use super::format::{encode_frame, FRAME_HEADER_LEN, HEADER_LEN, MAGIC};
 use super::{
-    segment_path, AppendError, AppendRequest, Position, Shared, GROUP_MAX_BYTES, PROBE_INTERVAL,
-    RESUME_ROOM_BYTES, UNWRITABLE_DISK_FULL, UNWRITABLE_IO,
+    segment_path, AppendError, AppendRequest, Position, Shared, GROUP_MAX_BYTES, RESUME_ROOM_BYTES,
+    RETRY_WRITE_INTERVAL, UNWRITABLE_DISK_FULL, UNWRITABLE_IO,
 };
 
 pub(super) struct Appender {
@@ -36,7 +36,7 @@ impl Appender {
             // While unwritable, wake up every probe interval to try again: no request may come
             // (load balancers follow /readyz), and readiness must return by itself.
             let first = if self.unwritable_since.is_some() {
-                match rx.recv_timeout(PROBE_INTERVAL) {
+                match rx.recv_timeout(RETRY_WRITE_INTERVAL) {
                     Ok(req) => Some(req),
                     Err(mpsc::RecvTimeoutError::Timeout) => None,
                     Err(mpsc::RecvTimeoutError::Disconnected) => break,
@@ -47,7 +47,8 @@ impl Appender {
                     Err(_) => break,
                 }
             };
-            if self.unwritable_since.is_some() && self.last_probe.elapsed() >= PROBE_INTERVAL {
+            if self.unwritable_since.is_some() && self.last_probe.elapsed() >= RETRY_WRITE_INTERVAL
+            {
                 self.probe();
             }
             let Some(first) = first else { continue };

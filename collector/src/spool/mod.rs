@@ -27,7 +27,7 @@
 //! ```
 //!
 //! A segment is a magic and frames; a frame holds one request's accepted measurements as the
-//! RowBinary rows the writer sends (see [`format`] and [`crate::measurement`]): encoded once,
+//! RowBinary rows the writer sends (see [`mod@format`] and [`crate::measurement`]): encoded once,
 //! at intake, and never decoded on the way to ClickHouse. Segments of the JSON format of
 //! earlier releases are still read, and replayed.
 //!
@@ -80,7 +80,7 @@
 //! `collector_spool_disk_full` is 1. Reading, delivering and confirming go on, and need no free
 //! space: the cursor is rewritten in place, and a sealed segment is deleted as soon as the
 //! durable cursor has passed it (even the newest one: numbering goes on from the cursor). Every
-//! [`PROBE_INTERVAL`] the appender tries to leave the state: start a new segment if it has none
+//! [`RETRY_WRITE_INTERVAL`] the appender tries to leave the state: start a new segment if it has none
 //! and reserve [`RESUME_ROOM_BYTES`] in it (`fallocate` with `FALLOC_FL_KEEP_SIZE`); once both
 //! succeed, appends are taken again. So the state ends by itself when space returns or when the
 //! drain of the spool frees it. Opening needs no free space either when the spool's files exist:
@@ -149,7 +149,7 @@ pub const INFLIGHT_FILE: &str = "INFLIGHT";
 /// File recording the cursor: everything before it is confirmed by ClickHouse.
 pub const CURSOR_FILE: &str = "CURSOR";
 /// While the spool is unwritable, how often it tries to write again.
-pub const PROBE_INTERVAL: Duration = Duration::from_millis(500);
+pub const RETRY_WRITE_INTERVAL: Duration = Duration::from_millis(500);
 /// Room the spool must be able to reserve in its segment before it takes appends again after
 /// a write failed, in bytes: a typical request's group several times over, small enough for a
 /// small volume. It keeps a disk with a few KiB free from flapping between ready and not.

@@ -677,7 +677,7 @@ async fn a_full_disk_refuses_appends_until_space_returns() {
     assert_eq!(spool.unwritable(), Some("spool cannot write: disk full"));
     assert_eq!(metrics.spool_disk_full.get(), 1);
     // Refused at once while the state lasts, and it lasts past several probes.
-    tokio::time::sleep(PROBE_INTERVAL * 3).await;
+    tokio::time::sleep(RETRY_WRITE_INTERVAL * 3).await;
     assert_eq!(
         spool.append(rows(&[m(3)]), limit).await,
         Err(AppendError::DiskFull)

@@ -116,7 +116,7 @@ pub fn spawn(
     reader: SpoolReader,
     replicas: Replicas,
     limits: BatchLimits,
-    probing: probe::Settings,
+    probing: probe::Options,
     metrics: Arc<Metrics>,
     shutdown: watch::Receiver<bool>,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {

@@ -123,8 +123,8 @@ async fn check(
 /// Probes replica `i` once: what it found, or why it did not answer in [`PROBE_TIMEOUT`]
 /// (the error with its causes). A replica found without the schema gets it applied here
 /// (within [`SCHEMA_TIMEOUT`]); it still counts as lacking it until the next probe sees it.
-pub async fn probe(replicas: &Replicas, i: usize, settings: &Settings) -> Result<Probe, String> {
-    let (database, max_delay) = (settings.database.as_str(), settings.max_delay);
+pub async fn probe(replicas: &Replicas, i: usize, options: &Options) -> Result<Probe, String> {
+    let (database, max_delay) = (options.database.as_str(), options.max_delay);
     // The `system` database, not the measurements' one, which may not exist yet.
     let client = replicas.client(i).clone().with_database("system");
     let run = async {
@@ -142,7 +142,7 @@ pub async fn probe(replicas: &Replicas, i: usize, settings: &Settings) -> Result
         Err(_) => return Err(format!("no answer within {PROBE_TIMEOUT:?}")),
     };
     if !found.schema {
-        let apply = crate::clickhouse::schema::apply_clickhouse(&client, database, settings.form);
+        let apply = crate::clickhouse::schema::apply_clickhouse(&client, database, options.form);
         match tokio::time::timeout(SCHEMA_TIMEOUT, apply).await {
             Ok(Ok(applied)) => {
                 if applied.moved_v1_aside {
@@ -169,7 +169,7 @@ pub async fn probe(replicas: &Replicas, i: usize, settings: &Settings) -> Result
 
 /// What the prober needs to know.
 #[derive(Debug, Clone)]
-pub struct Settings {
+pub struct Options {
     /// The ClickHouse database holding `measurements`.
     pub database: String,
     /// Most replication delay a replica may have and still count as caught up.
@@ -179,21 +179,20 @@ pub struct Settings {
 }
 
 /// One round over every replica, concurrently. `initial` trusts a single result.
-pub async fn round(replicas: &Replicas, settings: &Settings, initial: bool) {
-    let probes =
-        (0..replicas.len()).map(|i| async move { (i, probe(replicas, i, settings).await) });
+pub async fn round(replicas: &Replicas, options: &Options, initial: bool) {
+    let probes = (0..replicas.len()).map(|i| async move { (i, probe(replicas, i, options).await) });
     for (i, result) in futures_util::future::join_all(probes).await {
         replicas.probed(i, result, initial);
     }
 }
 
 /// Probes every [`PROBE_INTERVAL`] until `shutdown` turns true.
-pub async fn run(replicas: Replicas, settings: Settings, mut shutdown: watch::Receiver<bool>) {
+pub async fn run(replicas: Replicas, options: Options, mut shutdown: watch::Receiver<bool>) {
     let mut tick = tokio::time::interval(PROBE_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
-            _ = tick.tick() => round(&replicas, &settings, false).await,
+            _ = tick.tick() => round(&replicas, &options, false).await,
             _ = shutdown.changed() => return,
         }
     }

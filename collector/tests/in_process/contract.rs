@@ -26,6 +26,9 @@ async fn exactly(ch: &ClickHouse, n: usize) {
     );
 }
 
+/// A refused request: its name, headers, body and status.
+type Case = (&'static str, Vec<(&'static str, &'static str)>, Vec<u8>, u16);
+
 const JSON: &[(&str, &str)] = &[("content-type", "application/json")];
 
 #[tokio::test]
@@ -107,7 +110,7 @@ async fn each_refusal_has_its_status_a_json_error_and_stores_nothing() {
     let addr = app.addr;
     let path = "/api/v1/measurements";
     let big = vec![b' '; 64 * 1024 + 1];
-    let cases: Vec<(&str, Vec<(&str, &str)>, Vec<u8>, u16)> = vec![
+    let cases: Vec<Case> = vec![
         ("broken JSON", JSON.to_vec(), b"{\"id\":".to_vec(), 400),
         (
             "bytes after the value",

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use clap::Parser;
-use collector::config::{Cli, Settings};
+use collector::config::{Cli, Config};
 use collector::settings::{Site, SiteSource, StoreError};
 use futures_util::future::BoxFuture;
 use http_body_util::{BodyExt, Full};
@@ -188,14 +188,14 @@ impl App {
             args.push((*value).into());
         }
         let cli = Cli::try_parse_from(&args).unwrap_or_else(|e| panic!("{args:?}: {e}"));
-        let settings = Settings::from_args(&cli.args).unwrap_or_else(|e| panic!("{args:?}: {e}"));
+        let config = Config::from_args(&cli.args).unwrap_or_else(|e| panic!("{args:?}: {e}"));
         let (stop, stopped) = tokio::sync::oneshot::channel::<bool>();
         let seams = collector::app::Seams {
             listener,
             sites,
             metrics: Arc::new(collector::metrics::Metrics::new()),
         };
-        let task = tokio::spawn(collector::app::run(settings, seams, async move {
+        let task = tokio::spawn(collector::app::run(config, seams, async move {
             stopped.await.unwrap_or(false)
         }));
         App {
