@@ -97,13 +97,8 @@ pub mod state;
 pub mod useragent;
 pub mod writer;
 
-pub use cli::RunError;
+pub use cli::{RunError, EXIT_CONFIG, EXIT_FAILURE};
 use config::{Cli, Command, Config};
-
-/// Exit code for bad configuration or usage (contract §1).
-pub const EXIT_CONFIG: i32 = 2;
-/// Exit code for a runtime failure (a server unreachable, the spool locked, ...).
-pub const EXIT_FAILURE: i32 = 1;
 
 /// Runs a parsed command line; returns the process exit code.
 pub async fn run(cli: Cli) -> i32 {

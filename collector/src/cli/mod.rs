@@ -8,7 +8,12 @@ pub mod spool;
 use std::sync::Arc;
 
 use crate::config::Config;
-use crate::{metrics, settings, EXIT_CONFIG, EXIT_FAILURE};
+use crate::{metrics, settings};
+
+/// Exit code for bad configuration or usage (contract §1).
+pub const EXIT_CONFIG: i32 = 2;
+/// Exit code for a runtime failure (a server unreachable, the spool locked, ...).
+pub const EXIT_FAILURE: i32 = 1;
 
 /// A failure that ends a command.
 #[derive(Debug, thiserror::Error)]
