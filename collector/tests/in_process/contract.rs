@@ -27,7 +27,12 @@ async fn exactly(ch: &ClickHouse, n: usize) {
 }
 
 /// A refused request: its name, headers, body and status.
-type Case = (&'static str, Vec<(&'static str, &'static str)>, Vec<u8>, u16);
+type Case = (
+    &'static str,
+    Vec<(&'static str, &'static str)>,
+    Vec<u8>,
+    u16,
+);
 
 const JSON: &[(&str, &str)] = &[("content-type", "application/json")];
 
