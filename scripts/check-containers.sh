@@ -54,6 +54,9 @@
 #               servers and Caddy are not run (no images for them here): they stay checked
 #               statically. Ends with "containers-engine: N passed, 0 failed".
 set -euo pipefail
+SCRIPT_NAME=check-containers
+# shellcheck source=scripts/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"   # log, die, wait_until, alloc_ports, ...
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 PY=/usr/bin/python3          # Debian's, which has python3-yaml (a docker-compose dependency)
@@ -113,8 +116,8 @@ install_missing() {
     for p in docker-compose caddy python3-yaml; do pkg_installed "$p" || need+=("$p"); done
     [[ -x $PG_BIN/postgres && -x $PG_BIN/pg_basebackup ]] || need+=(postgresql-15)
     [[ ${#need[@]} -eq 0 ]] && return 0
-    [[ $EUID -eq 0 ]] || { echo "check-containers: run as root to install: ${need[*]}" >&2; exit 1; }
-    echo "check-containers: installing ${need[*]}" >&2
+    [[ $EUID -eq 0 ]] || die "run as root to install: ${need[*]}"
+    log "installing ${need[*]}"
     # Keep the packages' maintainer scripts from starting Caddy or PostgreSQL as services.
     local policy=/usr/sbin/policy-rc.d added=0 rc=0
     if [[ ! -e $policy ]]; then
@@ -130,8 +133,7 @@ install_missing() {
     [[ $added -eq 1 ]] && rm -f "$policy"
     if [[ $rc -ne 0 ]]; then
         tail -n 20 "$TMP/apt.log" >&2
-        echo "check-containers: apt-get install ${need[*]} failed" >&2
-        exit 1
+        die "apt-get install ${need[*]} failed"
     fi
 }
 
@@ -166,7 +168,6 @@ caddy_formatted() {
 # --------------------------------------------------------------- postgres ---
 
 as_pg() { runuser -u postgres -- "$@"; }
-free_port() { "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
 # pg_start NAME PORT: the server of $PG/NAME/pgdata with the deploy configs, on loopback.
 pg_start() {
@@ -177,16 +178,11 @@ pg_start() {
 }
 # sql PORT DB SQL: as the postgres superuser over the unix socket (peer authentication).
 sql() { as_pg "$PG_BIN/psql" -X -qtA -v ON_ERROR_STOP=1 -h "$PG" -p "$1" -d "$2" -c "$3"; }
-# wait_for PORT DB SQL WANT: until SQL answers WANT (10 s at most).
+sql_is() { [[ $(sql "$1" "$2" "$3" 2>/dev/null) == "$4" ]]; }   # sql_is PORT DB SQL WANT
+# wait_for PORT DB SQL WANT: until SQL answers WANT (10 s at most); says what it answers if not.
 wait_for() {
-    local i got=""
-    for ((i = 0; i < 100; i++)); do
-        got=$(sql "$1" "$2" "$3" 2>/dev/null || true)
-        [[ $got == "$4" ]] && return 0
-        sleep 0.1
-    done
-    echo "port $1: '$3' answered '$got', not '$4'"
-    return 1
+    (wait_until 10 "port $1: '$3' answering '$4'" sql_is "$@") ||
+        { echo "port $1: '$3' answers '$(sql "$1" "$2" "$3" 2>&1 || true)'"; return 1; }
 }
 
 pg_primary() {
@@ -313,8 +309,8 @@ engine_install_missing() {
     local need=() p
     for p in "${ENGINE_PKGS[@]}"; do pkg_installed "$p" || need+=("$p"); done
     [[ ${#need[@]} -eq 0 ]] && return 0
-    [[ $EUID -eq 0 ]] || { echo "check-containers: run as root to install: ${need[*]}" >&2; exit 1; }
-    echo "check-containers: installing ${need[*]}" >&2
+    [[ $EUID -eq 0 ]] || die "run as root to install: ${need[*]}"
+    log "installing ${need[*]}"
     {
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" ||
             { apt-get update -qq &&
@@ -356,19 +352,6 @@ pm() { podman "$@" 2> >(grep -v 'systemd connection' >&2); }
 engine_works() {
     podman info --format '{{.Host.OCIRuntime.Name}} {{.Store.GraphDriverName}}'
     pm run --rm --network host docker.io/library/debian:bookworm-slim true
-}
-
-# wait_until WHAT SECONDS CMD...: polls CMD every half second; fails naming WHAT.
-wait_until() {
-    local what=$1 limit=$2 t0=$SECONDS
-    shift 2
-    until "$@" >/dev/null 2>&1; do
-        if ((SECONDS - t0 >= limit)); then
-            echo "timed out after ${limit}s waiting for: $what"
-            return 1
-        fi
-        sleep 0.5
-    done
 }
 
 ch() { curl -sS -m 10 "$CH1_URL/" --data-binary "$1"; }
@@ -441,8 +424,8 @@ stored_once() {
 }
 # wait_stored IDS_FILE SITE SECONDS: waits for stored_once; says what is stored either way.
 wait_stored() {
-    if ! wait_until "$(wc -l <"$1") measurements of site $2 in ClickHouse, each once under FINAL" "$3" \
-        stored_once "$1" "$2"; then
+    if ! (wait_until "$3" "$(wc -l <"$1") measurements of site $2 in ClickHouse, each once under FINAL" \
+        stored_once "$1" "$2"); then
         stored_once "$1" "$2" || true
         echo "stored: $(wc -l <"$TMP/got") distinct ids, $(comm -23 "$TMP/want" "$TMP/got" | wc -l) missing," \
             "$(comm -13 "$TMP/want" "$TMP/got" | wc -l) unexpected," \
@@ -483,7 +466,7 @@ image_build() {
             --ulimit "nofile=$NOFILE:$NOFILE" --ulimit nproc=4096:4096 \
             -v "$cache/registry:/usr/local/cargo/registry" -v "$cache/git:/usr/local/cargo/git" \
             -v "$cache/target:/src/target" \
-            -t "$IMAGE" "$ROOT" >"$TMP/build.log" 2>&1
+            -t "$IMAGE" "$ROOT" >"$TMP/build.log">&1
         # Disk: the builder stage's last image is tagged (its layers stay cached), then the
         # images of earlier builds (untagged, made FROM the local base images) are pruned.
         builder=$(awk '/^\[1\/2\] STEP/ { s = 1 } /^\[2\/2\]/ { exit } s && /^--> / { id = $NF } END { print id }' \
@@ -533,9 +516,8 @@ bad_setting() {
 }
 
 migrate_and_sites() {
-    one_shot migrate
-    one_shot sites add --key engine-a
-    one_shot sites add --key engine-b
+    local COLLECTOR=(one_shot)
+    bootstrap_site "$TMP/bootstrap.log" engine-a engine-b
     one_shot sites list | cut -f1 | sort | tr '\n' ' ' | tee "$TMP/sites"
     echo
     grep -q 'engine-a engine-b' "$TMP/sites"
@@ -543,13 +525,13 @@ migrate_and_sites() {
 
 never_reachable() {
     local port i
-    port=$(free_port)
+    port=$(alloc_ports 1)
     # A settings store that never answers: a closed loopback port.
     pm run -d --name "$PROJECT-nostore" --network host --read-only --read-only-tmpfs=false \
-        -e "COLLECTOR_DATABASE_URL=postgres://collector@127.0.0.1:$(free_port)/collector" \
+        -e "COLLECTOR_DATABASE_URL=postgres://collector@127.0.0.1:$(alloc_ports 1)/collector" \
         -e "COLLECTOR_CLICKHOUSE_URLS=$CLICKHOUSE_URLS" -e "COLLECTOR_LISTEN=127.0.0.1:$port" \
         "$IMAGE" >/dev/null
-    wait_until "the collector without a settings store to listen on 127.0.0.1:$port" 60 listening "$port"
+    wait_until 60 "the collector without a settings store to listen on 127.0.0.1:$port" listening "$port"
     # Three times over several seconds: a store never reached keeps the check failing.
     for i in 1 2 3; do
         if pm healthcheck run "$PROJECT-nostore"; then
@@ -565,7 +547,7 @@ never_reachable() {
 healthcheck_passes() {
     pm volume create "$SPOOL_VOL" >/dev/null
     run_collector "$PROJECT-1" "$PORT1" "$SPOOL_VOL"
-    wait_until "podman healthcheck run $PROJECT-1 to pass" 90 healthy "$PROJECT-1"
+    wait_until 90 "podman healthcheck run $PROJECT-1 to pass" healthy "$PROJECT-1"
     pm inspect --format '{{.State.Health.Status}}' "$PROJECT-1" | tee "$TMP/health"
     [[ $(cat "$TMP/health") == healthy ]]
 }
@@ -608,7 +590,7 @@ spool_survives() {
     local i n
     pm rm "$PROJECT-1" >/dev/null # the spool volume is named: it stays
     run_collector "$PROJECT-2" "$PORT2" "$SPOOL_VOL"
-    wait_until "$PROJECT-2 ready" 90 ready "$PORT2"
+    wait_until 90 "$PROJECT-2 ready" ready "$PORT2"
     for ((i = 1; i <= CH_REPLICAS; i++)); do "$ROOT/scripts/stack.sh" replica "$STACK" "$i" stop; done
     : >"$TMP/ids-b"
     send_beacons "$PORT2" engine-b 150 "$TMP/ids-b"
@@ -620,11 +602,11 @@ spool_survives() {
     if pm container exists "$PROJECT-2"; then echo "$PROJECT-2 still exists"; return 1; fi
     echo "$PROJECT-2 removed; $PROJECT-3 on the same volume $SPOOL_VOL"
     run_collector "$PROJECT-3" "$PORT3" "$SPOOL_VOL"
-    wait_until "$PROJECT-3 to answer /healthz" 60 listening "$PORT3"
+    wait_until 60 "$PROJECT-3 to answer /healthz" listening "$PORT3"
     if [[ $(ch "SELECT 1" 2>/dev/null) == 1 ]]; then echo "ClickHouse answers before it was started again"; return 1; fi
     for ((i = 1; i <= CH_REPLICAS; i++)); do "$ROOT/scripts/stack.sh" replica "$STACK" "$i" start; done
     wait_stored "$TMP/ids-b" engine-b 180
-    wait_until "collector_spool_records 0 on $PROJECT-3" 60 spool_empty "$PORT3"
+    wait_until 60 "collector_spool_records 0 on $PROJECT-3" spool_empty "$PORT3"
     stop_timed "$PROJECT-3"
 }
 
@@ -634,7 +616,7 @@ api_service() {
     rm -f "$TMP/podman.sock"
     podman system service --time=0 "unix://$TMP/podman.sock" >"$TMP/podman-service.log" 2>&1 &
     echo $! >"$TMP/api.pid"
-    wait_until "podman's API socket $TMP/podman.sock" 30 \
+    wait_until 30 "podman's API socket $TMP/podman.sock" \
         curl -sf --unix-socket "$TMP/podman.sock" http://d/_ping
     DOCKER_HOST=unix://$TMP/podman.sock docker-compose version --short
 }
@@ -692,7 +674,7 @@ standby_streams() {
         -c "SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'") == 1 ]]
 }
 compose_standby() {
-    wait_until "postgres-standby streaming from postgres-primary" 60 standby_streams
+    wait_until 60 "postgres-standby streaming from postgres-primary" standby_streams
     pm exec -u postgres "$(cname postgres-standby)" psql -qtA -h /var/run/postgresql -p "$CP2" -U postgres -d postgres \
         -c 'SELECT pg_is_in_recovery()' | tee "$TMP/recovery"
     [[ $(cat "$TMP/recovery") == t ]]
@@ -704,7 +686,7 @@ compose_collectors() {
     : >"$TMP/ids-c"
     for c in collector-a collector-b; do
         [[ $c == collector-a ]] && port=$CA || port=$CB
-        wait_until "$c healthy" 90 compose_healthy "$(cname "$c")"
+        wait_until 90 "$c healthy" compose_healthy "$(cname "$c")"
         echo "$c: healthy; user $(pm inspect --format '{{.Config.User}}' "$(cname "$c")")," \
             "read-only root $(pm inspect --format '{{.HostConfig.ReadonlyRootfs}}' "$(cname "$c")")"
         send_beacons "$port" demo 50 "$TMP/ids-c"
@@ -778,7 +760,8 @@ engine_main() {
     # shellcheck disable=SC1091
     source "$STACK/stack.env"
     STOP_GRACE=$("$PY" "$ROOT/scripts/check-containers.py" stop-grace "$TMP/compose.yaml" collector-a)
-    PORT1=$(free_port) PORT2=$(free_port) PORT3=$(free_port)
+    ports=$(alloc_ports 3)
+    read -r PORT1 PORT2 PORT3 <<<"$ports"
     SPOOL_VOL=$PROJECT-spool
 
     check "run: collector migrate and sites add from the image (loopback PostgreSQL and ClickHouse)" migrate_and_sites
@@ -790,7 +773,8 @@ engine_main() {
     check "run: replicas stopped, beacons acknowledged, container removed; a new one on the volume delivers each once" \
         spool_survives
 
-    CP1=$(free_port) CP2=$(free_port) CA=$(free_port) CB=$(free_port)
+    ports=$(alloc_ports 4)
+    read -r CP1 CP2 CA CB <<<"$ports"
     check "compose: podman's API socket (podman system service) answers docker-compose" api_service
     if [[ $LAST_OK -eq 1 ]]; then
         check "compose: docker-compose up -d ${COMPOSE_SERVICES[*]} (depends_on conditions met)" compose_up
@@ -845,8 +829,8 @@ main() {
     # shellcheck disable=SC2016 # expanded by the inner bash
     check "postgres: deploy/postgres/*.sh parse (bash -n)" \
         bash -ec 'for f in deploy/postgres/*.sh; do bash -n "$f"; done'
-    P1=$(free_port)
-    P2=$(free_port)
+    ports=$(alloc_ports 2)
+    read -r P1 P2 <<<"$ports"
     check "postgres: a primary runs with deploy/postgres configs; init-primary.sh creates roles, database, slot" \
         pg_primary
     if [[ $LAST_OK -eq 1 ]]; then

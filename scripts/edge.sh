@@ -74,6 +74,9 @@
 # shipped), EDGE_HOLD_MS (see deploy/edge/haproxy.cfg), EDGE_KEEP_FAILED (set: a failed `up`
 # leaves what it built, for a look; `down` removes it). Needs root (namespaces).
 set -euo pipefail
+SCRIPT_NAME=edge
+# shellcheck source=scripts/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"   # log, die, wait_until, alloc_ports, ...
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 DEPLOY=$ROOT/deploy/edge
@@ -83,25 +86,11 @@ VIP=$NET.100
 PORT=443
 WAIT=${EDGE_WAIT_TIMEOUT:-60}   # seconds any wait may take
 
-log() { printf 'edge: %s\n' "$*" >&2; }
-die() { printf 'edge: error: %s\n' "$*" >&2; exit 1; }
-now_ms() { local t; t=$(date +%s%N); echo $((t / 1000000)); }
 stamp() { date +%H:%M:%S.%3N; }
 
 usage() {
     sed -n '/^# Subcommands/,/^# Topology/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2
     exit 2
-}
-
-# wait_until SECONDS WHAT CMD...: polls CMD every 100 ms; dies naming WHAT after SECONDS.
-wait_until() {
-    local limit=$1 what=$2 deadline
-    shift 2
-    deadline=$(( $(now_ms) + limit * 1000 ))
-    until "$@" >/dev/null 2>&1; do
-        (( $(now_ms) < deadline )) || die "timed out after ${limit}s waiting for: $what"
-        sleep 0.1
-    done
 }
 
 # ------------------------------------------------------------------ state ---
@@ -446,9 +435,9 @@ cmd_up() {
     mkdir -p "$DIR"/{collector-a,collector-b}/spool "$DIR"/{edge1,edge2}/run
     # Markers a previous topology in this DIR may have left.
     rm -f "$DIR"/{edge1,edge2}/{cut,stop,restart-now}
-    local pa pb
-    read -r pa pb < <("$ROOT/scripts/stack.sh" ports 2)
-    [[ -n ${pb:-} ]] || die "scripts/stack.sh ports 2 gave no ports"
+    local pa pb ports
+    ports=$(alloc_ports 2)
+    read -r pa pb <<<"$ports"
     echo "$pa" >"$DIR/collector-a/port"
     echo "$pb" >"$DIR/collector-b/port"
     {
@@ -465,15 +454,12 @@ cmd_up() {
     trap 'if [[ $UP_DONE != 1 && -z ${EDGE_KEEP_FAILED:-} ]]; then log "up failed; removing what was built"; cmd_down "$DIR" || true; fi' EXIT
 
     tls_files
-    local bin
+    local bin envs COLLECTOR
     bin=$(collector_bin)
-    env $(collector_env a) "$bin" migrate >"$DIR/migrate.log" 2>&1 ||
-        { cat "$DIR/migrate.log" >&2; die "collector migrate failed"; }
-    if ! env $(collector_env a) "$bin" sites list 2>"$DIR/sites.log" | grep -q '^demo[[:space:]]'; then
-        env $(collector_env a) "$bin" sites add --key demo >>"$DIR/sites.log" 2>&1 ||
-            { cat "$DIR/sites.log" >&2; die "could not register the site demo"; }
-        log "registered the site demo (any origin)"
-    fi
+    read -ra envs <<<"$(collector_env a)"
+    COLLECTOR=(env "${envs[@]}" "$bin")
+    # The site demo, any origin (no --origin).
+    bootstrap_site "$DIR/bootstrap.log" --if-missing demo
     collector_start a
     collector_start b
 

@@ -37,6 +37,9 @@
 # the builder image so that `cargo build` inside it reaches crates.io as the host does.
 # Environment: COLLECTOR_IMAGE_CACHE (default /var/cache/collector-images).
 set -euo pipefail
+SCRIPT_NAME=base-images
+# shellcheck source=scripts/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"   # log, die
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 
@@ -50,9 +53,6 @@ LABEL=collector.local-base
 # The VM also refuses podman's default ulimits inside containers (above the host's hard limit).
 PODMAN=(podman --runtime runc --cgroup-manager cgroupfs)
 RUN_LIMITS=(--ulimit nofile=20000:20000 --ulimit nproc=4096:4096)
-
-log() { printf 'base-images: %s\n' "$*" >&2; }
-die() { printf 'base-images: error: %s\n' "$*" >&2; exit 1; }
 
 # The Debian mirror apt uses here (deb822 or one-line sources), so that debootstrap goes
 # where apt-get already goes.

@@ -68,8 +68,9 @@
 #       wait until it is out of recovery; it does not fence the old primary,
 #       so do not start that one again while the promoted one runs.
 #   stack.sh ports N
-#       Prints N free loopback ports, reserved like the stack's own (for other
-#       scripts that start servers beside a stack, e.g. scripts/edge.sh).
+#       Prints N free loopback ports, reserved like the stack's own (alloc_ports
+#       of scripts/lib.sh, which the shell scripts source; this is for programs
+#       that start servers beside a stack and cannot).
 #   stack.sh status DIR
 #       One line per server; exit status 0 only if every server is running
 #       (not frozen) and answers its health probe. A stopped standby is
@@ -122,22 +123,20 @@
 # venv with chdb-core and where `up --ch26` takes it from. Subcommands on the
 # same DIR are serialised with flock on DIR/.lock.
 set -euo pipefail
+SCRIPT_NAME=stack
+# shellcheck source=scripts/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"   # log, die, wait_until, alloc_ports, ...
 
 PG_BIN=/usr/lib/postgresql/15/bin
 CH_SERVER=$(command -v clickhouse-server || echo /usr/sbin/clickhouse-server)
 ZK_JARS=/usr/share/java
 READY_TIMEOUT=${STACK_READY_TIMEOUT:-60}   # seconds to wait for a server to answer
 STOP_TIMEOUT=${STACK_STOP_TIMEOUT:-30}     # seconds between SIGTERM and SIGKILL
-PORT_MIN=20000                              # ports are picked in [PORT_MIN, ephemeral low)
 LOCK_FD=9                                   # fd of DIR/.lock; closed in every server we spawn
 CH26_PACKAGE=chdb-core==26.9.0              # ClickHouse 26.9 (clickhouse-local) for `up --ch26`
 CH26_VENV=${STACK_CH26_VENV:-${XDG_CACHE_HOME:-${HOME:-/root}/.cache}/collector-stack/ch26-venv}
 CH26_LAUNCHER=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/ch26/server.py
 CH26=0                                      # 1: this DIR runs the 26.x server (`up --ch26`)
-
-log() { printf 'stack: %s\n' "$*" >&2; }
-die() { printf 'stack: error: %s\n' "$*" >&2; exit 1; }
-now_ms() { local t; t=$(date +%s%N); echo $((t / 1000000)); }
 
 usage() {
     sed -n '/^# Subcommands/,/^# DIR\/stack.env/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2
@@ -384,67 +383,9 @@ spawn() {
     done
 }
 
-fail_with_log() { # fail_with_log MESSAGE LOGFILE...
-    local msg=$1 f; shift
-    printf 'stack: error: %s\n' "$msg" >&2
-    for f in "$@"; do
-        [[ -s $f ]] || continue
-        printf -- '----- last lines of %s -----\n' "$f" >&2
-        tail -n 25 "$f" >&2
-    done
-    exit 1
-}
-
 # ------------------------------------------------------------------ ports ---
-
-# port_in_use PORT: true if any TCP socket (v4 or v6, any state) uses it as
-# its local port. Used when picking new ports: stay clear of everything.
-port_in_use() {
-    local hex
-    hex=$(printf ':%04X ' "$1")
-    grep -qF -- "$hex" /proc/net/tcp /proc/net/tcp6 2>/dev/null
-}
-
-# port_listening PORT: true if some socket listens on PORT. Used before
-# restarting a server on its old port: leftover TIME_WAIT connections of the
-# previous run do not count, since all three servers bind with SO_REUSEADDR.
-port_listening() {
-    awk -v p="$(printf ':%04X' "$1")" '$4 == "0A" && substr($2, length($2) - 4) == p { f = 1 } END { exit !f }' \
-        /proc/net/tcp /proc/net/tcp6 2>/dev/null
-}
-
-# alloc_ports N: print N distinct free ports. A machine-wide reservation file
-# (under flock) keeps parallel `up`s in other DIRs from picking the same port
-# before their servers have bound it; reservations expire after 10 minutes.
-alloc_ports() {
-    local n=$1 hi reserve now
-    hi=$(awk '{print $1 - 1}' /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32767)
-    (( hi > PORT_MIN + 1000 )) || hi=$(( PORT_MIN + 10000 ))
-    reserve=${TMPDIR:-/tmp}/collector-stack-ports.reserved
-    now=$(date +%s)
-    (
-        flock -w 30 8 || die "cannot lock $reserve"
-        declare -A taken=()
-        local p ts out=() tries=0
-        if [[ -f $reserve ]]; then
-            while read -r p ts; do
-                [[ $p =~ ^[0-9]+$ && $ts =~ ^[0-9]+$ ]] || continue
-                (( now - ts < 600 )) && taken[$p]=$ts
-            done <"$reserve"
-        fi
-        while (( ${#out[@]} < n )); do
-            (( ++tries < 10000 )) || die "no free port found in $PORT_MIN..$hi"
-            p=$(( PORT_MIN + (RANDOM * 32768 + RANDOM) % (hi - PORT_MIN + 1) ))
-            [[ -z ${taken[$p]:-} ]] || continue
-            port_in_use "$p" && continue
-            taken[$p]=$now
-            out+=("$p")
-        done
-        for p in "${!taken[@]}"; do echo "$p ${taken[$p]}"; done >"$reserve.tmp"
-        mv -f "$reserve.tmp" "$reserve"
-        echo "${out[*]}"
-    ) 8>>"$reserve.lock"
-}
+# port_in_use, port_listening and alloc_ports are in scripts/lib.sh (shared with the other
+# scripts that start servers).
 
 # ------------------------------------------------------------- stack.env ---
 
@@ -594,7 +535,7 @@ pg_init() {
     # --no-sync: a test cluster need not survive a power loss while being made.
     as_pg "$PG_BIN/initdb" -D "$DIR/pg/data" -U postgres --auth-local=trust --auth-host=trust \
         --encoding=UTF8 --locale=C --no-sync --no-instructions >"$DIR/pg/initdb.log" 2>&1 ||
-        fail_with_log "initdb failed" "$DIR/pg/initdb.log"
+        die_with_log "initdb failed" "$DIR/pg/initdb.log"
     echo "include = 'stack.conf'" >>"$DIR/pg/data/postgresql.conf"
 }
 
@@ -621,7 +562,7 @@ pg_launch() {
     # and waits (bounded) until it accepts connections.
     as_pg "$PG_BIN/pg_ctl" -D "$DIR/$name/data" -l "$DIR/$name/postgres.log" -w -t "$READY_TIMEOUT" start \
         </dev/null >>"$DIR/$name/pg_ctl.log" 2>&1 9>&- ||
-        fail_with_log "pg_ctl start ($name) failed" "$DIR/$name/pg_ctl.log" "$DIR/$name/postgres.log"
+        die_with_log "pg_ctl start ($name) failed" "$DIR/$name/pg_ctl.log" "$DIR/$name/postgres.log"
 }
 
 pg_wait() {
@@ -632,7 +573,7 @@ pg_wait() {
             break
         fi
         (( $(now_ms) < deadline )) ||
-            fail_with_log "PostgreSQL did not accept connections on 127.0.0.1:$PG_PORT within ${READY_TIMEOUT}s" \
+            die_with_log "PostgreSQL did not accept connections on 127.0.0.1:$PG_PORT within ${READY_TIMEOUT}s" \
                 "$DIR/pg/postgres.log"
         sleep 0.1
     done
@@ -753,7 +694,7 @@ pg_allow_replication() {
     deadline=$(( $(now_ms) + READY_TIMEOUT * 1000 ))
     until pg_replication_ok; do
         (( $(now_ms) < deadline )) ||
-            fail_with_log "PostgreSQL on 127.0.0.1:$PG_PORT refuses replication connections from postgres" \
+            die_with_log "PostgreSQL on 127.0.0.1:$PG_PORT refuses replication connections from postgres" \
                 "$DIR/pg/postgres.log"
         sleep 0.1
     done
@@ -777,7 +718,7 @@ pg_standby_create() {
     as_pg timeout "$READY_TIMEOUT" "$PG_BIN/pg_basebackup" -h 127.0.0.1 -p "$PG_PORT" -U postgres -w \
         -D "$d/data.tmp" -R -X stream -c fast --no-sync \
         </dev/null >>"$d/basebackup.log" 2>&1 9>&- ||
-        fail_with_log "pg_basebackup from 127.0.0.1:$PG_PORT failed" "$d/basebackup.log" "$DIR/pg/postgres.log"
+        die_with_log "pg_basebackup from 127.0.0.1:$PG_PORT failed" "$d/basebackup.log" "$DIR/pg/postgres.log"
     # -R wrote standby.signal and primary_conninfo; the latter moves to
     # stack.conf (see pg_write_conf). As postgres: sed -i replaces the file.
     as_pg sed -i '/^primary_conninfo[[:space:]]*=/d' "$d/data.tmp/postgresql.auto.conf"
@@ -791,11 +732,11 @@ pg_standby_wait() {
     [[ -f $d/data/standby.signal ]] || want=f
     while :; do
         pid=$(pid_of pg-standby)
-        [[ -n $pid ]] || fail_with_log "the PostgreSQL standby exited during startup" "$d/postgres.log"
+        [[ -n $pid ]] || die_with_log "the PostgreSQL standby exited during startup" "$d/postgres.log"
         got=$(pg_in_recovery "$PG_STANDBY_PORT")
         [[ $got == "$want" ]] && break
         (( $(now_ms) < deadline )) ||
-            fail_with_log "PostgreSQL standby on 127.0.0.1:$PG_STANDBY_PORT: pg_is_in_recovery() is '$got', not '$want', after ${READY_TIMEOUT}s" \
+            die_with_log "PostgreSQL standby on 127.0.0.1:$PG_STANDBY_PORT: pg_is_in_recovery() is '$got', not '$want', after ${READY_TIMEOUT}s" \
                 "$d/postgres.log"
         sleep 0.1
     done
@@ -838,7 +779,7 @@ pg_standby_promote() {
     fi
     as_pg "$PG_BIN/pg_ctl" -D "$d/data" promote -w -t "$READY_TIMEOUT" \
         </dev/null >>"$d/pg_ctl.log" 2>&1 9>&- ||
-        fail_with_log "pg_ctl promote failed" "$d/pg_ctl.log" "$d/postgres.log"
+        die_with_log "pg_ctl promote failed" "$d/pg_ctl.log" "$d/postgres.log"
     # pg_ctl -w waits for the control file to say "in production"; wait
     # for what clients see too.
     deadline=$(( $(now_ms) + READY_TIMEOUT * 1000 ))
@@ -846,7 +787,7 @@ pg_standby_promote() {
         got=$(pg_in_recovery "$PG_STANDBY_PORT")
         [[ $got == f ]] && break
         (( $(now_ms) < deadline )) ||
-            fail_with_log "PostgreSQL standby on 127.0.0.1:$PG_STANDBY_PORT still in recovery ${READY_TIMEOUT}s after promote" \
+            die_with_log "PostgreSQL standby on 127.0.0.1:$PG_STANDBY_PORT still in recovery ${READY_TIMEOUT}s after promote" \
                 "$d/postgres.log"
         sleep 0.1
     done
@@ -900,9 +841,9 @@ zk_wait() {
     local deadline=$(( $(now_ms) + READY_TIMEOUT * 1000 ))
     # `srvr` only reports a Mode once the server really serves requests.
     until zk_cmd srvr | grep -q '^Mode: standalone'; do
-        [[ -n $(pid_of zk) ]] || fail_with_log "ZooKeeper exited during startup" "$DIR/zk/zookeeper.log"
+        [[ -n $(pid_of zk) ]] || die_with_log "ZooKeeper exited during startup" "$DIR/zk/zookeeper.log"
         (( $(now_ms) < deadline )) ||
-            fail_with_log "ZooKeeper did not answer on 127.0.0.1:$ZK_PORT within ${READY_TIMEOUT}s" \
+            die_with_log "ZooKeeper did not answer on 127.0.0.1:$ZK_PORT within ${READY_TIMEOUT}s" \
                 "$DIR/zk/zookeeper.log"
         sleep 0.1
     done
@@ -1090,10 +1031,10 @@ ch_wait() {
             # 18.16 aborts startup when it cannot reach ZooKeeper while
             # attaching existing replicated tables.
             zk_ruok || why+=" (ZooKeeper on 127.0.0.1:$ZK_PORT is not answering: ClickHouse 18.16 cannot attach replicated tables without it)"
-            fail_with_log "$why" "${logs[@]}"
+            die_with_log "$why" "${logs[@]}"
         fi
         (( $(now_ms) < deadline )) ||
-            fail_with_log "ClickHouse replica $i did not answer SELECT 1 on 127.0.0.1:${!h} within ${READY_TIMEOUT}s" \
+            die_with_log "ClickHouse replica $i did not answer SELECT 1 on 127.0.0.1:${!h} within ${READY_TIMEOUT}s" \
                 "${logs[@]}"
         sleep 0.1
     done
@@ -1111,7 +1052,7 @@ ch_wait() {
             --data-binary 'SELECT count() FROM system.replicas WHERE is_readonly OR is_session_expired' 2>/dev/null || true)
         [[ $ro == 0 ]] && break
         (( $(now_ms) < deadline )) ||
-            fail_with_log "ClickHouse replica $i: replicated tables still read-only after ${READY_TIMEOUT}s (ZooKeeper on 127.0.0.1:$ZK_PORT?)" \
+            die_with_log "ClickHouse replica $i: replicated tables still read-only after ${READY_TIMEOUT}s (ZooKeeper on 127.0.0.1:$ZK_PORT?)" \
                 "${logs[@]}"
         sleep 0.1
     done
@@ -1142,9 +1083,9 @@ ch26_wait() {
     local deadline=$(( $(now_ms) + READY_TIMEOUT * 1000 ))
     until ch26_ping; do
         [[ -n $(pid_of ch26) ]] ||
-            fail_with_log "the ClickHouse 26.x server exited during startup" "$DIR/ch26/log/server.log"
+            die_with_log "the ClickHouse 26.x server exited during startup" "$DIR/ch26/log/server.log"
         (( $(now_ms) < deadline )) ||
-            fail_with_log "the ClickHouse 26.x server did not answer /ping (as ch26:$DIR/ch26) on 127.0.0.1:$CH26_HTTP_PORT within ${READY_TIMEOUT}s" \
+            die_with_log "the ClickHouse 26.x server did not answer /ping (as ch26:$DIR/ch26) on 127.0.0.1:$CH26_HTTP_PORT within ${READY_TIMEOUT}s" \
                 "$DIR/ch26/log/server.log"
         sleep 0.05
     done
@@ -1430,8 +1371,13 @@ ch_profile_lines() {
 }
 
 # ch_set_profile I [SETTING=VALUE ...]: see `replica DIR I profile` in the header.
+# ch_setting_is URL SETTING VALUE: the server's session shows SETTING = VALUE.
+ch_setting_is() {
+    [[ $(curl -sS --max-time 2 "$1" --data-binary "SELECT value FROM system.settings WHERE name = '$2'" 2>/dev/null) == "$3" ]]
+}
+
 ch_set_profile() {
-    local i=$1 kv k v h="CH${1}_HTTP_PORT" url deadline; shift
+    local i=$1 kv k v h="CH${1}_HTTP_PORT" url; shift
     for kv in "$@"; do
         k=${kv%%=*} v=${kv#*=}
         [[ $kv == *=* && $k =~ ^[a-z_]+$ && $v =~ ^[A-Za-z0-9_.]+$ ]] || die "profile: not SETTING=VALUE: $kv"
@@ -1447,13 +1393,9 @@ ch_set_profile() {
     # until readonly and max_memory_usage are the stack's own again).
     local told="${*:-the stack default}"
     [[ $# -gt 0 ]] || set -- readonly=0 max_memory_usage=1073741824
-    deadline=$(( $(date +%s) + 30 ))
     for kv in "$@"; do
         k=${kv%%=*} v=${kv#*=}
-        until [[ $(curl -sS --max-time 2 "$url" --data-binary "SELECT value FROM system.settings WHERE name = '$k'" 2>/dev/null) == "$v" ]]; do
-            [[ $(date +%s) -lt $deadline ]] || die "replica $i did not read $k=$v from users.xml within 30 s"
-            sleep 0.2
-        done
+        wait_until 30 "replica $i reading $k=$v from users.xml" ch_setting_is "$url" "$k" "$v"
     done
     log "replica $i profile: $told"
 }
