@@ -38,6 +38,9 @@
 # Every process it starts, and the stack, is stopped on exit (success, failure or Ctrl-C).
 # Logs of a failed run are kept and their folder is printed. Traffic goes to 127.0.0.1 only.
 set -euo pipefail
+SCRIPT_NAME=bench
+# shellcheck source=scripts/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"   # die, wait_until, alloc_ports, bootstrap_site
 cd "$(dirname "$0")/.."
 root=$PWD
 
@@ -63,9 +66,8 @@ else
 fi
 LAT_CONNS=64
 
-log() { printf '\n== %s\n' "$*" >&2; }
+section() { printf '\n== %s\n' "$*" >&2; }
 note() { printf '   %s\n' "$*" >&2; }
-die() { printf 'bench: error: %s\n' "$*" >&2; exit 1; }
 
 # ------------------------------------------------------------------- install ---
 
@@ -98,7 +100,7 @@ perf_usable() {
 ensure_oha() {
     local stamp=$tools/oha-$OHA_VERSION-in-order.stamp
     [[ -x $oha && -f $stamp ]] && return 0
-    log "building oha $OHA_VERSION with -Z lines in order (once; about 4 minutes on 2 cores)"
+    section "building oha $OHA_VERSION with -Z lines in order (once; about 4 minutes on 2 cores)"
     command -v cargo >/dev/null || die "cargo is missing"
     mkdir -p "$tools"
     local fetch=$tools/fetch src cargo_home=${CARGO_HOME:-$HOME/.cargo}
@@ -143,7 +145,7 @@ PY
 }
 
 install_tools() {
-    log "installing what is missing"
+    section "installing what is missing"
     scripts/stack.sh install
     local need=()
     command -v wrk >/dev/null || need+=(wrk)
@@ -155,7 +157,7 @@ install_tools() {
     fi
     if (( ${#need[@]} )); then apt_install "${need[@]}" || die "apt-get install ${need[*]} failed"; fi
     ensure_oha
-    log "building the collector (release)"
+    section "building the collector (release)"
     cargo build -q --release -p collector --bin collector
 }
 
@@ -191,17 +193,17 @@ trap 'exit 130' INT TERM
 if [[ $mode == storage ]]; then
     scripts/stack.sh install
     work=$(mktemp -d /tmp/collector-bench.XXXXXX)
-    log "the user-agent derivation's cost per beacon (cargo test --release, ignored test user_agent_cost)"
+    section "the user-agent derivation's cost per beacon (cargo test --release, ignored test user_agent_cost)"
     ua_cost=$(cargo test -q --release -p collector --lib user_agent_cost -- --ignored --nocapture 2>&1 | grep '^user agent per beacon:') \
         || die "the user_agent_cost test printed no figure"
     note "$ua_cost"
-    log "starting one ClickHouse 18.16 replica and the 26.x server in $work/stack"
+    section "starting one ClickHouse 18.16 replica and the 26.x server in $work/stack"
     scripts/stack.sh up "$work/stack" --replicas 1 --ch26 >"$work/stack-up.log" 2>&1 || { cat "$work/stack-up.log" >&2; die "stack up failed"; }
     # shellcheck disable=SC1091
     source "$work/stack/stack.env"
-    log "loading and querying on 18.16 (scripts/bench/storage.py)"
+    section "loading and querying on 18.16 (scripts/bench/storage.py)"
     python3 scripts/bench/storage.py --clickhouse "$CH1_URL" --doc docs/benchmarks.md --note "${ua_cost}."
-    log "the same on 26.x, single-server tables"
+    section "the same on 26.x, single-server tables"
     python3 scripts/bench/storage.py --clickhouse "$CH26_URL" --single-server --marker storage-26 --doc docs/benchmarks.md
     status=0
     exit 0
@@ -247,7 +249,8 @@ start_collector() { # start_collector [ENV=VALUE...]
         COLLECTOR_DRAIN_GRACE=0s \
         taskset -c 0 "$bin" serve >>"$logs/collector.log" 2>&1 &
     collector_pid=$!
-    bench_py wait-ready "http://127.0.0.1:$cport/readyz" 60 || die "the collector did not become ready (see $logs/collector.log)"
+    wait_until 60 "the collector ready on 127.0.0.1:$cport (see $logs/collector.log)" \
+        curl -fsS --max-time 2 -o /dev/null "http://127.0.0.1:$cport/readyz"
 }
 
 stop_collector() {
@@ -304,18 +307,17 @@ results=$work/results
 : >"$logs/commands.txt"
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 
-log "starting the stack in $work/stack"
+section "starting the stack in $work/stack"
 cmd scripts/stack.sh up DIR/stack --replicas 2
 scripts/stack.sh up "$work/stack" --replicas 2 >"$logs/stack-up.log" 2>&1 || { cat "$logs/stack-up.log" >&2; die "stack up failed"; }
 # shellcheck disable=SC1091
 source "$work/stack/stack.env"
 export COLLECTOR_DATABASE_URL=$DATABASE_URL COLLECTOR_CLICKHOUSE_URLS=$CLICKHOUSE_URLS
 cmd collector migrate
-"$bin" migrate >>"$logs/collector.log" 2>&1 || die "collector migrate failed (see $logs/collector.log)"
 cmd "for i in 01..$SITES: collector sites add --key bench-\$i"
-for (( i = 1; i <= SITES; i++ )); do
-    "$bin" sites add --key "$(printf 'bench-%02d' "$i")" >/dev/null
-done
+COLLECTOR=("$bin")
+mapfile -t site_keys < <(seq -f 'bench-%02g' 1 "$SITES")
+bootstrap_site "$logs/collector.log" "${site_keys[@]}"
 
 ch() { curl -sS --max-time 30 "$CH1_URL/" --data-binary "$1"; }
 ch2() { curl -sS --max-time 30 "$CH2_URL/" --data-binary "$1"; }
@@ -340,7 +342,7 @@ put tp_conns "${TP_CONNS// /, }"
 put lat_secs "$LAT_SECS"
 
 # nginx: one worker answering 204 to everything, on core 0.
-nport=$(bench_py freeport)
+nport=$(alloc_ports 1)
 mkdir -p "$work/nginx/tmp"
 cat >"$work/nginx/nginx.conf" <<EOF
 worker_processes 1;
@@ -369,23 +371,20 @@ cmd taskset -c 0 nginx -p DIR/nginx -e DIR/nginx/error.log -c DIR/nginx/nginx.co
 taskset -c 0 nginx -p "$work/nginx" -e "$work/nginx/error.log" -c "$work/nginx/nginx.conf" >"$logs/nginx.log" 2>&1 &
 nginx_pid=$!
 nurl=http://127.0.0.1:$nport/api/v1/measurements
-for (( i = 0; i < 100; i++ )); do
-    [[ $(curl -s -o /dev/null -w '%{http_code}' "$nurl" 2>/dev/null) == 204 ]] && break
-    sleep 0.1
-done
-(( i < 100 )) || die "nginx did not start (see $work/nginx/error.log)"
+nginx_answers() { [[ $(curl -s -o /dev/null -w '%{http_code}' "$nurl" 2>/dev/null) == 204 ]]; }
+wait_until 10 "nginx answering 204 on $nurl (see $work/nginx/error.log)" nginx_answers
 # shellcheck disable=SC2046
 nginx_pids() { echo "$nginx_pid" $(pgrep -P "$nginx_pid"); }
 
-log "starting the collector on core 0"
-cport=$(bench_py freeport)
+section "starting the collector on core 0"
+cport=$(alloc_ports 1)
 curl_url=http://127.0.0.1:$cport/api/v1/measurements
 cmd taskset -c 0 env COLLECTOR_CLIENT_RATE=0 COLLECTOR_SITE_RATE=0 COLLECTOR_SPOOL_MAX_BYTES=8589934592 \
     COLLECTOR_SPOOL_DIR=DIR/spool COLLECTOR_DRAIN_GRACE=0s COLLECTOR_LISTEN=127.0.0.1:PORT ... collector serve
 start_collector
 lua=$root/scripts/bench/beacon.lua
 
-log "warm-up (${WARMUP_SECS}s each)"
+section "warm-up (${WARMUP_SECS}s each)"
 run_wrk "$curl_url" 16 "$WARMUP_SECS" 1 "$lua"
 note "collector: $W_rps req/s, $W_errors errors"
 run_wrk "$nurl" 16 "$WARMUP_SECS" 1 "$lua"
@@ -394,7 +393,7 @@ wait_drained
 
 # ------------------------------------------------------- (a) throughput (c) CPU ---
 
-log "(a) throughput: wrk ${TP_SECS}s runs at $TP_CONNS connections, 1 and 10 beacons per request"
+section "(a) throughput: wrk ${TP_SECS}s runs at $TP_CONNS connections, 1 and 10 beacons per request"
 run_n=0
 for batch in 1 10; do
     for server in collector nginx; do
@@ -463,7 +462,7 @@ done
 # ---------------------------------------------------------------- profile -------
 
 if (( PROFILE_SECS > 0 )) && perf_usable; then
-    log "profile: perf record -g (dwarf) of the collector for ${PROFILE_SECS}s under wrk at c=$bestc_collector_1"
+    section "profile: perf record -g (dwarf) of the collector for ${PROFILE_SECS}s under wrk at c=$bestc_collector_1"
     put perf_version "$(perf version 2>/dev/null | head -n1)"
     wait_drained
     next_nonce
@@ -494,7 +493,7 @@ fi
 
 rate=$(python3 -c "print(int($best_collector_1 * 0.7))")
 put lat_rate "$rate"
-log "(b) latency: oha open loop at $rate req/s (70 %), ${LAT_SECS}s, $LAT_CONNS connections"
+section "(b) latency: oha open loop at $rate req/s (70 %), ${LAT_SECS}s, $LAT_CONNS connections"
 lines=$(( rate * LAT_SECS * 12 / 10 + 1000 ))
 for server in collector nginx; do
     wait_drained
@@ -527,7 +526,7 @@ done
 
 # ---------------------------------------------- (f) visibility (g) inserts/parts ---
 
-log "(f)+(g) ${SOAK_SECS}s at $rate beacons/s with $PROBES probes"
+section "(f)+(g) ${SOAK_SECS}s at $rate beacons/s with $PROBES probes"
 wait_drained
 # wrk paces each connection with delay(): rate ~ conns / (delay + latency).
 soak_delay_ms=20
@@ -616,7 +615,7 @@ stop_collector
 
 # --------------------------------------------------------- (e) idle connections ---
 
-log "(e) $IDLE_CONNS idle keep-alive connections (fresh collector, COLLECTOR_HEADER_TIMEOUT=120s)"
+section "(e) $IDLE_CONNS idle keep-alive connections (fresh collector, COLLECTOR_HEADER_TIMEOUT=120s)"
 start_collector COLLECTOR_HEADER_TIMEOUT=120s
 for (( i = 0; i < 50; i++ )); do curl -s -o /dev/null "http://127.0.0.1:$cport/healthz"; done
 sleep 2
@@ -644,7 +643,7 @@ put loadavg_end "$(cut -d' ' -f1-3 /proc/loadavg)"
 
 # ------------------------------------------------------------------- report ---
 
-log "results ($mode run)"
+section "results ($mode run)"
 if [[ $mode == full ]]; then
     bench_py report "$results" "$root/docs/benchmarks.md" --doc --dir "$logs"
 else

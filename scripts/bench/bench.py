@@ -1,12 +1,10 @@
 #!/usr/bin/env python3
 """Helpers of scripts/bench.sh (standard library only; `profile` runs perf report).
 
-    bench.py freeport                         print a free TCP port on 127.0.0.1 (20000-32767)
     bench.py bodies OUT N NONCE SITES         N single-beacon bodies, one per line, unique ids
     bench.py metrics URL                      the collector's /metrics, summed: KEY=VALUE lines
     bench.py proc PID [PID...]                cpu seconds (utime+stime), VmHWM, VmRSS (kB)
     bench.py core0                            busy, total, interrupt seconds of CPU 0 since boot
-    bench.py wait-ready URL SECONDS           poll URL until it answers 200
     bench.py probes --port P --clickhouse URL --out F ...   time from 202 to a visible row
     bench.py idle --port P --count N --ready F ...          hold N idle keep-alive connections
     bench.py oha FILE                         KEY=VALUE figures of an oha JSON result
@@ -32,22 +30,6 @@ import urllib.request
 import uuid
 
 # ----------------------------------------------------------------- small tools ---
-
-
-def cmd_freeport(_args):
-    for _ in range(2000):
-        port = random.randint(20000, 32767)
-        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        finally:
-            s.close()
-        print(port)
-        return 0
-    print("no free port found", file=sys.stderr)
-    return 1
 
 
 PATHS = ["/", "/products/{a}", "/products/{a}?variant={b}", "/category/{b}",
@@ -185,20 +167,6 @@ def cmd_core0(_args):
                 irq = v[5] + v[6]  # hardirq + softirq: not in any process's utime/stime
                 print(f"{(total - idle) / ticks:.2f} {total / ticks:.2f} {irq / ticks:.2f}")
                 return 0
-    return 1
-
-
-def cmd_wait_ready(args):
-    deadline = time.monotonic() + args.seconds
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(args.url, timeout=2) as r:
-                if r.status == 200:
-                    return 0
-        except Exception:
-            pass
-        time.sleep(0.2)
-    print(f"{args.url} did not answer 200 within {args.seconds}s", file=sys.stderr)
     return 1
 
 
@@ -771,7 +739,6 @@ Collector health over the whole run: {r.get('health', '?')}
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("freeport")
     b = sub.add_parser("bodies")
     b.add_argument("out")
     b.add_argument("n", type=int)
@@ -782,9 +749,6 @@ def main():
     pr = sub.add_parser("proc")
     pr.add_argument("pids", nargs="+")
     sub.add_parser("core0")
-    w = sub.add_parser("wait-ready")
-    w.add_argument("url")
-    w.add_argument("seconds", type=float)
     q = sub.add_parser("probes")
     q.add_argument("--host", default="127.0.0.1")
     q.add_argument("--port", type=int, required=True)
@@ -819,8 +783,8 @@ def main():
     rp.add_argument("--dir", default=".", help="folder with commands.txt and profile.md")
     args = p.parse_args()
     return {
-        "freeport": cmd_freeport, "bodies": cmd_bodies, "metrics": cmd_metrics,
-        "proc": cmd_proc, "wait-ready": cmd_wait_ready, "probes": cmd_probes,
+        "bodies": cmd_bodies, "metrics": cmd_metrics,
+        "proc": cmd_proc, "probes": cmd_probes,
         "idle": cmd_idle, "report": cmd_report, "oha": cmd_oha, "json-kv": cmd_json_kv,
         "profile": cmd_profile, "core0": cmd_core0,
     }[args.cmd](args)
