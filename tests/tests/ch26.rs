@@ -49,7 +49,7 @@ async fn migrate_creates_the_single_server_form_on_clickhouse_26() {
     let env = TestEnv::empty_on_ch26(stack).await;
     let version = one_row(&env, "SELECT version() AS v").await;
     assert!(
-        version["v"].as_str().unwrap().starts_with("26."),
+        col(&version, "v").as_str().unwrap().starts_with("26."),
         "{version}"
     );
 
@@ -85,11 +85,11 @@ async fn migrate_creates_the_single_server_form_on_clickhouse_26() {
         ),
     )
     .await;
-    assert_eq!(table["engine"], "ReplacingMergeTree", "{table}");
-    assert_eq!(table["sorting_key"], "site, toDate(page_view_at), id");
-    assert_eq!(table["partition_key"], "toYYYYMM(page_view_at)");
+    assert_eq!(col(&table, "engine"), "ReplacingMergeTree", "{table}");
+    assert_eq!(col(&table, "sorting_key"), "site, toDate(page_view_at), id");
+    assert_eq!(col(&table, "partition_key"), "toYYYYMM(page_view_at)");
     assert!(
-        table["create_table_query"]
+        col(&table, "create_table_query")
             .as_str()
             .unwrap()
             .contains("non_replicated_deduplication_window = 1000"),
@@ -118,17 +118,17 @@ async fn beacons_become_one_row_each_on_clickhouse_26() {
     let rows = env.wait_rows(&ids, STORED).await;
     assert_eq!(rows.len(), 20);
     for row in &rows {
-        let (_, m) = sent.iter().find(|(id, _)| *id == row["id"]).unwrap();
-        for field in [
+        let (_, m) = sent.iter().find(|(id, _)| col(row, "id") == id).unwrap();
+        for name in [
             "site",
             "url",
             "referrer",
             "navigation_type",
             "effective_connection_type",
         ] {
-            assert_eq!(row[field], m[field], "{field} of {row}");
+            assert_eq!(col(row, name), field(m, name), "{name} of {row}");
         }
-        for field in [
+        for name in [
             "ttfb_ms",
             "fcp_ms",
             "lcp_ms",
@@ -138,10 +138,10 @@ async fn beacons_become_one_row_each_on_clickhouse_26() {
             "load_ms",
             "viewport_width",
         ] {
-            let stored = row[field]
+            let stored = col(row, name)
                 .as_f64()
-                .unwrap_or_else(|| panic!("{field} not stored as a number: {row}"));
-            assert_eq!(stored, m[field].as_f64().unwrap(), "{field} of {row}");
+                .unwrap_or_else(|| panic!("{name} not stored as a number: {row}"));
+            assert_eq!(stored, field(m, name).as_f64().unwrap(), "{name} of {row}");
         }
     }
     let all = one_row(
@@ -149,7 +149,11 @@ async fn beacons_become_one_row_each_on_clickhouse_26() {
         &format!("SELECT count() AS n FROM {}.measurements", env.db),
     )
     .await;
-    assert_eq!(as_i64(&all["n"]), Some(20), "one row per id, before FINAL");
+    assert_eq!(
+        as_i64(col(&all, "n")),
+        Some(20),
+        "one row per id, before FINAL"
+    );
     assert!(
         c.logs().contains("measurements is not replicated here"),
         "the collector says there is no catch-up to gate on:\n{}",
@@ -196,8 +200,8 @@ async fn two_collectors_with_fresh_spools_never_share_a_token_on_clickhouse_26()
     )
     .await;
     assert_eq!(
-        folded["ids"],
-        serde_json::json!([first]),
+        col(&folded, "ids"),
+        &serde_json::json!([first]),
         "a seen token stores nothing"
     );
 
@@ -227,7 +231,7 @@ async fn two_collectors_with_fresh_spools_never_share_a_token_on_clickhouse_26()
     )
     .await;
     assert_eq!(
-        as_i64(&rows["n"]),
+        as_i64(col(&rows, "n")),
         Some(30),
         "30 one-row batches, none folded"
     );
@@ -312,7 +316,7 @@ async fn refused_by(server: Option<&str>, check: &str, code: &str) -> (usize, us
         ),
     )
     .await;
-    (good.len(), as_i64(&copies["n"]).unwrap() as usize)
+    (good.len(), as_i64(col(&copies, "n")).unwrap() as usize)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -377,7 +381,7 @@ async fn a_retried_batch_is_folded_by_the_server_on_clickhouse_26() {
     )
     .await;
     assert_eq!(
-        as_i64(&copies["n"]),
+        as_i64(col(&copies, "n")),
         Some(5),
         "the server folded each resent batch by its token (merges stopped)"
     );
@@ -449,15 +453,15 @@ async fn migrate_moves_a_v1_table_to_v2_on_clickhouse_26() {
         ),
     )
     .await;
-    assert_eq!(as_i64(&counts["v2"]), Some(20001), "{counts}");
-    assert_eq!(as_i64(&counts["ids"]), Some(20001), "{counts}");
+    assert_eq!(as_i64(col(&counts, "v2")), Some(20001), "{counts}");
+    assert_eq!(as_i64(col(&counts, "ids")), Some(20001), "{counts}");
     assert_eq!(
-        as_i64(&counts["v1"]),
+        as_i64(col(&counts, "v1")),
         Some(20002),
         "v1 kept as it was: {counts}"
     );
-    assert_eq!(as_i64(&counts["missing"]), Some(0), "{counts}");
-    assert_eq!(counts["engine"], "ReplacingMergeTree", "{counts}");
+    assert_eq!(as_i64(col(&counts, "missing")), Some(0), "{counts}");
+    assert_eq!(col(&counts, "engine"), "ReplacingMergeTree", "{counts}");
 
     env.cli(&["sites", "add", "--key", "site-1"]).success();
     let c = collector(&env, &[]).await;

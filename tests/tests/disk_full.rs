@@ -8,7 +8,7 @@
 //! deleted, `/readyz` 200 and intake 202 again without a restart; every acknowledged id
 //! stored once; then full again, `kill -9`, a restart on the full disk → `/healthz` 200,
 //! `/readyz` 503, what the spool held delivered, then ready. Needs root (to mount the tmpfs):
-//! without it the test says loudly that it did not run.
+//! without it the test fails, saying so (a test that cannot run here does not pass).
 
 mod common;
 
@@ -123,7 +123,14 @@ async fn fill(c: &Collector, site: &str) -> Vec<String> {
 /// `GET /readyz`: status and body.
 async fn readyz(c: &Collector) -> (u16, String) {
     match http().get(format!("{}/readyz", c.url)).send().await {
-        Ok(r) => (r.status().as_u16(), r.text().await.unwrap_or_default()),
+        Ok(r) => {
+            let status = r.status().as_u16();
+            let body = r
+                .text()
+                .await
+                .unwrap_or_else(|e| format!("(the body cannot be read: {e})"));
+            (status, body)
+        }
         Err(e) => (0, e.to_string()),
     }
 }

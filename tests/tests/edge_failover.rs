@@ -307,13 +307,20 @@ async fn run_load(
             let (status, duplicates, error) = match req.send().await {
                 Ok(r) => {
                     let status = r.status().as_u16();
-                    let body = r.text().await.unwrap_or_default();
-                    let dups = serde_json::from_str::<serde_json::Value>(&body)
-                        .ok()
-                        .and_then(|v| v["duplicates"].as_u64())
-                        .unwrap_or(0);
-                    let err = (status != 202).then(|| body.chars().take(200).collect());
-                    (status, dups, err)
+                    match r.text().await {
+                        // A 202 says how many it had seen: one that does not is a broken
+                        // answer, not 0 duplicates (the panic fails the load thread).
+                        Ok(body) if status == 202 => {
+                            let answer: serde_json::Value = serde_json::from_str(&body)
+                                .unwrap_or_else(|e| panic!("a 202 that is not JSON: {e}: {body}"));
+                            let dups = field(&answer, "duplicates").as_u64().unwrap_or_else(|| {
+                                panic!("a 202 whose duplicates is not a count: {body}")
+                            });
+                            (status, dups, None)
+                        }
+                        Ok(body) => (status, 0, Some(body.chars().take(200).collect())),
+                        Err(e) => (status, 0, Some(format!("the body cannot be read: {e}"))),
+                    }
                 }
                 Err(e) => (0, 0, Some(format!("{e:?}").chars().take(300).collect())),
             };
@@ -326,9 +333,14 @@ async fn run_load(
                 error,
             });
         });
-        while tasks.try_join_next().is_some() {}
+        // A request task that panicked (a broken answer) fails the load, not silently.
+        while let Some(done) = tasks.try_join_next() {
+            done.expect("a request of the load");
+        }
     }
-    while tasks.join_next().await.is_some() {}
+    while let Some(done) = tasks.join_next().await {
+        done.expect("a request of the load");
+    }
 }
 
 // -------------------------------------------------------------------- steps ---
@@ -421,8 +433,8 @@ async fn copies_per_id(env: &TestEnv<'_>) -> HashMap<String, u64> {
     rows.iter()
         .map(|r| {
             (
-                r["id"].as_str().unwrap().to_owned(),
-                as_i64(&r["n"]).unwrap() as u64,
+                col(r, "id").as_str().unwrap().to_owned(),
+                as_i64(col(r, "n")).unwrap() as u64,
             )
         })
         .collect()

@@ -225,7 +225,7 @@ async fn every_page_view_once(engine: Engine) {
         )
         .await
         .iter()
-        .map(|r| (r["id"].as_str().unwrap().to_owned(), as_i64(&r["n"]).unwrap()))
+        .map(|r| (col(r, "id").as_str().unwrap().to_owned(), as_i64(col(r, "n")).unwrap()))
         .collect();
     let beacons = shop.beacons();
     let mut requests: HashMap<String, usize> = HashMap::new();
@@ -239,8 +239,8 @@ async fn every_page_view_once(engine: Engine) {
     let mut found: BTreeMap<(String, &'static str), usize> = BTreeMap::new();
     let mut table: BTreeMap<String, (usize, usize, usize, String)> = BTreeMap::new();
     for r in &rows {
-        let id = r["id"].as_str().unwrap();
-        let url = url::Url::parse(r["url"].as_str().unwrap()).unwrap();
+        let id = col(r, "id").as_str().unwrap();
+        let url = url::Url::parse(col(r, "url").as_str().unwrap()).unwrap();
         let scenario = url
             .query_pairs()
             .find(|(k, _)| k == "s")
@@ -264,12 +264,17 @@ async fn every_page_view_once(engine: Engine) {
             Some(&1),
             "{engine:?}: one request for page view {id} ({scenario}, {page}); beacons: {beacons:?}"
         );
-        assert_eq!(r["browser"], engine.browser_family(), "{engine:?}: {r}");
+        assert_eq!(
+            col(r, "browser"),
+            engine.browser_family(),
+            "{engine:?}: {r}"
+        );
 
         // Metrics: filled when the engine measures them, NULL when it does not.
-        let nav = r["navigation_type"].as_str().unwrap_or("");
+        // NULL (no navigation type) reads as "".
+        let nav = col(r, "navigation_type").as_str().unwrap_or("");
         let restored = nav == "back_forward_cache";
-        let filled = |m: &str| !r[m].is_null();
+        let filled = |m: &str| !col(r, m).is_null();
         // "Add to cart" was clicked: INP where the engine measures it. No input at all: none.
         // (A link followed by a WebDriver click may or may not make an interaction.)
         let interacted = page == "a.html" && (scenario == "navigate" || scenario == "quit");
@@ -287,7 +292,7 @@ async fn every_page_view_once(engine: Engine) {
         // Attribution comes with the metric it explains: the LCP element and parts of a
         // loaded view (a restore has no element), the largest shift's source where a shift
         // was measured, the interaction's target and phases after the click.
-        let shifted = r["cls"].as_f64().is_some_and(|v| v > 0.0);
+        let shifted = col(r, "cls").as_f64().is_some_and(|v| v > 0.0);
         assert_eq!(filled("lcp_target"), lcp && !restored, "{engine:?}: {r}");
         assert_eq!(
             filled("lcp_element_render_delay_ms"),
@@ -300,8 +305,8 @@ async fn every_page_view_once(engine: Engine) {
             "{engine:?}: {r}"
         );
         if interacted && inp {
-            assert_eq!(r["inp_target"], "#add", "{engine:?}: {r}");
-            assert_eq!(r["inp_type"], "pointer", "{engine:?}: {r}");
+            assert_eq!(col(r, "inp_target"), "#add", "{engine:?}: {r}");
+            assert_eq!(col(r, "inp_type"), "pointer", "{engine:?}: {r}");
             assert!(filled("inp_processing_duration_ms"), "{engine:?}: {r}");
         }
         if !inp {
@@ -321,7 +326,8 @@ async fn every_page_view_once(engine: Engine) {
         }
         if restored {
             assert_eq!(
-                r["ttfb_ms"], 0.0,
+                col(r, "ttfb_ms"),
+                0.0,
                 "{engine:?}: a restore has no request: {r}"
             );
             assert!(
@@ -330,14 +336,15 @@ async fn every_page_view_once(engine: Engine) {
             );
             if cls {
                 assert_eq!(
-                    r["cls"], 0.0,
+                    col(r, "cls"),
+                    0.0,
                     "{engine:?}: nothing shifted since the restore: {r}"
                 );
             }
             if lcp {
                 // Both from the restore to its next frame, as web-vitals measures a restore;
                 // never an LCP entry of the original load.
-                assert_eq!(r["lcp_ms"], r["fcp_ms"], "{engine:?}: {r}");
+                assert_eq!(col(r, "lcp_ms"), col(r, "fcp_ms"), "{engine:?}: {r}");
             }
         } else {
             assert!(
@@ -462,7 +469,10 @@ async fn a_failed_send_is_sent_once_more(engine: Engine) {
     assert_eq!(statuses, [503, 202], "{engine:?}: {beacons:?}");
     assert_eq!(beacons[0].ids, beacons[1].ids, "{engine:?}: one id");
     assert_eq!(rows.len(), 1);
-    assert_eq!(rows[0]["id"].as_str(), Some(beacons[0].ids[0].as_str()));
+    assert_eq!(
+        col(&rows[0], "id").as_str(),
+        Some(beacons[0].ids[0].as_str())
+    );
     let waited = beacons[1].at - beacons[0].at;
     assert!(
         (0.4..5.0).contains(&waited),

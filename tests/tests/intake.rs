@@ -20,7 +20,7 @@ fn gzip(data: &[u8]) -> Vec<u8> {
 }
 
 fn row<'a>(rows: &'a [Value], id: &str) -> &'a Value {
-    let matching: Vec<&Value> = rows.iter().filter(|r| r["id"] == id).collect();
+    let matching: Vec<&Value> = rows.iter().filter(|r| col(r, "id") == id).collect();
     assert_eq!(matching.len(), 1, "exactly one row for {id} in {rows:?}");
     matching[0]
 }
@@ -92,22 +92,22 @@ async fn every_body_form_lands_with_the_values_sent() {
     assert_eq!(rows.len(), ids.len(), "{rows:?}");
     for id in &ids {
         let r = row(&rows, id);
-        assert_eq!(r["site"], env.site);
-        assert_eq!(r["url"], "https://shop.example/product/1?color=red");
-        assert_eq!(r["ttfb_ms"], 120.5);
-        assert_eq!(r["fcp_ms"], 800.0);
-        assert_eq!(r["lcp_ms"], 1500.25);
-        assert_eq!(r["cls"], 0.05);
-        assert_eq!(r["inp_ms"], 64.0);
-        assert_eq!(r["dom_content_loaded_ms"], 900.0);
-        assert_eq!(r["load_ms"], 1800.0);
-        assert_eq!(r["viewport_width"], 1280);
-        assert_eq!(r["navigation_type"], "navigate");
-        assert_eq!(r["effective_connection_type"], "4g");
-        assert_eq!(r["referrer"], "https://search.example/?q=shoes");
-        assert_eq!(r["user_agent"], "TestBrowser/1.0");
-        assert_eq!(r["ts"], Value::Null);
-        let received = r["received_at"].as_i64().unwrap();
+        assert_eq!(col(r, "site"), env.site.as_str());
+        assert_eq!(col(r, "url"), "https://shop.example/product/1?color=red");
+        assert_eq!(col(r, "ttfb_ms"), 120.5);
+        assert_eq!(col(r, "fcp_ms"), 800.0);
+        assert_eq!(col(r, "lcp_ms"), 1500.25);
+        assert_eq!(col(r, "cls"), 0.05);
+        assert_eq!(col(r, "inp_ms"), 64.0);
+        assert_eq!(col(r, "dom_content_loaded_ms"), 900.0);
+        assert_eq!(col(r, "load_ms"), 1800.0);
+        assert_eq!(col(r, "viewport_width"), 1280);
+        assert_eq!(col(r, "navigation_type"), "navigate");
+        assert_eq!(col(r, "effective_connection_type"), "4g");
+        assert_eq!(col(r, "referrer"), "https://search.example/?q=shoes");
+        assert_eq!(col(r, "user_agent"), "TestBrowser/1.0");
+        assert_eq!(col(r, "ts"), &Value::Null, "{r}");
+        let received = col(r, "received_at").as_i64().unwrap();
         assert!(
             (received - sent_at).abs() <= 1,
             "received_at {received} vs sent {sent_at}"
@@ -129,11 +129,11 @@ async fn urls_are_stored_normalised_and_ts_kept() {
     assert_eq!((s, a["accepted"].clone()), (202, json!(2)), "{a}");
     let rows = env.wait_rows(&[id1.clone(), id2.clone()], VISIBLE).await;
     assert_eq!(
-        row(&rows, &id1)["url"],
+        col(row(&rows, &id1), "url"),
         "https://shop.example/Produkt/Gr%C3%BCn?x=1"
     );
-    assert_eq!(row(&rows, &id2)["url"], row(&rows, &id1)["url"]);
-    assert_eq!(as_i64(&row(&rows, &id1)["ts"]), Some(ts));
+    assert_eq!(col(row(&rows, &id2), "url"), col(row(&rows, &id1), "url"));
+    assert_eq!(as_i64(col(row(&rows, &id1), "ts")), Some(ts));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -204,7 +204,7 @@ async fn a_retried_id_is_stored_once_and_answered_as_duplicate() {
             )
             .await;
         assert_eq!(
-            as_i64(&n[0]["n"]),
+            as_i64(col(&n[0], "n")),
             Some(1),
             "{id}: {n:?}; without FINAL: {all:?}"
         );
@@ -344,7 +344,7 @@ async fn bad_requests_get_their_status_and_store_nothing() {
         .rows(&bad_ids)
         .await
         .iter()
-        .map(|r| r["id"].as_str().unwrap().to_owned())
+        .map(|r| col(r, "id").as_str().unwrap().to_owned())
         .collect();
     assert_eq!(
         stored,
@@ -391,14 +391,15 @@ async fn invalid_optional_fields_are_dropped_and_listed() {
     let rows = env.wait_rows(&ids, VISIBLE).await;
     for id in &ids[..4] {
         let r = row(&rows, id);
-        assert_eq!(r["lcp_ms"], Value::Null, "{r}");
+        assert_eq!(col(r, "lcp_ms"), &Value::Null, "{r}");
         assert_eq!(
-            r["fcp_ms"], 800.0,
+            col(r, "fcp_ms"),
+            800.0,
             "the other metrics of the page view are kept"
         );
     }
-    assert_eq!(row(&rows, &skew_id)["ts"], Value::Null);
-    assert_eq!(row(&rows, &skew_id)["lcp_ms"], 1500.25);
+    assert_eq!(col(row(&rows, &skew_id), "ts"), &Value::Null);
+    assert_eq!(col(row(&rows, &skew_id), "lcp_ms"), 1500.25);
     assert_eq!(
         c.metric("collector_measurements_clock_skew_total").await,
         1.0
@@ -606,13 +607,10 @@ async fn cli_manages_sites_and_rejects_bad_settings() {
     );
 }
 
-/// A stored row's value of `column`, for the row with `id`.
-/// Column `column` of `id`'s row; panics when the row has no such column (a `Null` read from
-/// a missing key would pass an assertion that the value is NULL).
+/// Column `column` of `id`'s row; panics when the row has no such column (see [`col`]: a
+/// `Null` read from a missing key would pass an assertion that the value is NULL).
 fn stored<'a>(rows: &'a [Value], id: &str, column: &str) -> &'a Value {
-    row(rows, id)
-        .get(column)
-        .unwrap_or_else(|| panic!("the row of {id} has no column {column}: {}", row(rows, id)))
+    col(row(rows, id), column)
 }
 
 /// Issue 13, kinds 1, 2, 3, 5, 10 and 11, end to end: each broken piece costs only itself.
@@ -1075,7 +1073,7 @@ async fn migrate_adds_sample_rate_to_an_existing_table() {
         .await
         .unwrap();
         assert_eq!(cols.len(), 1, "{url}: {cols:?}");
-        assert_eq!(cols[0]["type"], "Float64");
+        assert_eq!(col(&cols[0], "type"), "Float64");
     }
     let c = env
         .collector(&[("COLLECTOR_CLICKHOUSE_DATABASE", &old_db)])
@@ -1087,7 +1085,7 @@ async fn migrate_adds_sample_rate_to_an_existing_table() {
     loop {
         let rows = env.query(0, &sql).await;
         if let Some(r) = rows.first() {
-            assert_eq!(r["sample_rate"], 1.0);
+            assert_eq!(col(r, "sample_rate"), 1.0);
             break;
         }
         assert!(start.elapsed() < VISIBLE, "{id} never visible in {old_db}");
@@ -1158,12 +1156,13 @@ async fn the_per_client_rate_is_off_by_default_and_keyed_by_site() {
 }
 
 /// The helpers fail loudly: a metric that is not there is not 0, rows that never come are
-/// not an empty answer.
+/// not an empty answer, a column that is not there is not NULL, a log without levels has no
+/// "no warnings", a collector that does not answer has no status.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn helpers_fail_loudly_on_what_they_cannot_find() {
     use futures::FutureExt;
     let env = TestEnv::new(Stack::shared()).await;
-    let c = env.collector(&[]).await;
+    let mut c = env.collector(&[]).await;
     assert_eq!(c.metric("collector_measurements_accepted_total").await, 0.0);
     let misspelt = std::panic::AssertUnwindSafe(c.metric("collector_measurement_accepted_total"))
         .catch_unwind()
@@ -1176,6 +1175,38 @@ async fn helpers_fail_loudly_on_what_they_cannot_find() {
     .catch_unwind()
     .await;
     assert!(never.is_err(), "rows that never come must fail the wait");
+
+    let (id, m) = measurement(&env.site);
+    assert_eq!(c.post_json(&m).await.0, 202);
+    let rows = env.wait_rows(std::slice::from_ref(&id), VISIBLE).await;
+    assert_eq!(
+        col(&rows[0], "ts"),
+        &Value::Null,
+        "a NULL column reads as NULL"
+    );
+    let missing = std::panic::catch_unwind(|| col(&rows[0], "no_such_column").clone());
+    assert!(missing.is_err(), "a missing column must not read as NULL");
+    let missing = std::panic::catch_unwind(|| field(&json!({"accepted": 1}), "duplicates").clone());
+    assert!(missing.is_err(), "a missing field must not read as null");
+
+    // A collector's log carries levels: warning_lines reads it.
+    warning_lines(&c.logs());
+    let unparsed = std::panic::catch_unwind(|| warning_lines("").len());
+    assert!(
+        unparsed.is_err(),
+        "an empty log must not read as no warnings"
+    );
+    let unparsed = std::panic::catch_unwind(|| warning_lines(r#"{"level":"WARN"}"#).len());
+    assert!(
+        unparsed.is_err(),
+        "a log in another format must not read as no warnings"
+    );
+
+    c.kill().await;
+    let unanswered = std::panic::AssertUnwindSafe(c.status_of("/readyz"))
+        .catch_unwind()
+        .await;
+    assert!(unanswered.is_err(), "no answer must not read as a status");
 }
 
 /// Contract v3, §2 metrics (issue 27, item 5): a browser that quits closes its connections

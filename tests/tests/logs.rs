@@ -9,13 +9,6 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
-/// Lines of `logs` at WARN or ERROR level (text format: `<time>  WARN target: ...`).
-fn warnings(logs: &str) -> Vec<&str> {
-    logs.lines()
-        .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
-        .collect()
-}
-
 /// Waits until `c` answers `/readyz` with 200, or panics after 30 s.
 async fn wait_ready(c: &Collector) {
     let start = Instant::now();
@@ -82,7 +75,7 @@ async fn a_healthy_start_and_a_clean_restart_log_no_warning() {
         "the third start did not meet the empty segment a clean stop leaves:\n{restart}"
     );
     assert_eq!(
-        warnings(&logs),
+        warning_lines(&logs),
         Vec::<&str>::new(),
         "WARN/ERROR lines on a healthy start and a clean restart"
     );
@@ -188,7 +181,7 @@ async fn a_replica_down_for_a_minute_logs_a_bounded_number_of_lines() {
         2 + summaries,
         "lines about the replica: exactly down, the summaries, back:\n{shown}"
     );
-    let warned = warnings(window);
+    let warned = warning_lines(window);
     assert_eq!(
         warned.len(),
         1 + summaries,

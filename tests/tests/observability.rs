@@ -105,7 +105,7 @@ impl Prometheus {
     }
 
     fn logs(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("prometheus.log")).unwrap_or_default()
+        log_text(&self.dir.path().join("prometheus.log"))
     }
 
     /// `GET /api/v1/<path>` with `query` parameters; its `data`. Panics unless the API
@@ -125,10 +125,14 @@ impl Prometheus {
         body["data"].clone()
     }
 
-    /// An instant query's result vector.
+    /// An instant query's result vector; panics naming the query when the answer has no
+    /// `result` list (no result list is not "no series").
     async fn query(&self, promql: &str) -> Vec<Value> {
         let data = self.api("query", &[("query", promql)]).await;
-        data["result"].as_array().cloned().unwrap_or_default()
+        field(&data, "result")
+            .as_array()
+            .unwrap_or_else(|| panic!("{promql}: the result is not a vector: {data}"))
+            .clone()
     }
 
     /// Active (pending or firing) alerts named `name`.
@@ -653,9 +657,14 @@ async fn prometheus_scrapes_the_collector_and_alerts_on_no_healthy_replica() {
             .as_array()
             .expect("rule groups")
             .iter()
-            .flat_map(|g| g["rules"].as_array().cloned().unwrap_or_default())
+            .flat_map(|g| {
+                field(g, "rules")
+                    .as_array()
+                    .unwrap_or_else(|| panic!("a rule group's rules: {g}"))
+                    .clone()
+            })
             .collect();
-        if rules.len() >= 10 && rules.iter().all(|r| r["health"] == "ok") {
+        if rules.len() >= 10 && rules.iter().all(|r| field(r, "health") == "ok") {
             break rules;
         }
         assert!(
@@ -675,10 +684,7 @@ async fn prometheus_scrapes_the_collector_and_alerts_on_no_healthy_replica() {
     // Every dashboard query is valid PromQL for this Prometheus.
     let mut with_data = 0;
     for (_, expr) in dashboard_queries() {
-        let data = prom
-            .api("query", &[("query", &grafana_expanded(&expr))])
-            .await;
-        with_data += usize::from(data["result"].as_array().is_some_and(|r| !r.is_empty()));
+        with_data += usize::from(!prom.query(&grafana_expanded(&expr)).await.is_empty());
     }
     assert!(
         with_data >= 10,

@@ -34,13 +34,6 @@ async fn admin(bouncer: &PgBouncer, command: &str) -> Vec<Vec<String>> {
         .collect()
 }
 
-/// Lines of `logs` at WARN or ERROR level.
-fn warnings(logs: &str) -> Vec<&str> {
-    logs.lines()
-        .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
-        .collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrate_sites_and_serve_work_through_pgbouncer_in_transaction_mode() {
     let stack = Stack::shared();
@@ -184,7 +177,7 @@ async fn migrate_sites_and_serve_work_through_pgbouncer_in_transaction_mode() {
         "store errors behind pgbouncer:\n{logs}"
     );
     assert_eq!(
-        warnings(&logs),
+        warning_lines(&logs),
         Vec::<&str>::new(),
         "warnings while serving through pgbouncer"
     );

@@ -289,7 +289,7 @@ async fn the_documented_dashboard_queries_answer_what_the_beacons_say() {
     )
     .await;
     assert_eq!(
-        number(&stored[0]["n"]),
+        number(col(&stored[0], "n")),
         Some((SHOP.len() + RESENT.len()) as f64),
         "the resends are stored as rows of their own until they fold"
     );

@@ -9,9 +9,12 @@ use common::*;
 
 const SETTLE: Duration = Duration::from_secs(30);
 
-/// Lines of the stack's PostgreSQL log that contain `needle`.
+/// Lines of the stack's PostgreSQL log that contain `needle`; panics naming the log when it
+/// cannot be read (no log is not "no such line").
 fn pg_log_count(stack: &Stack, needle: &str) -> usize {
-    let log = std::fs::read_to_string(stack.dir.join("pg/postgres.log")).unwrap_or_default();
+    let path = stack.dir.join("pg/postgres.log");
+    let log = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("the PostgreSQL log {}: {e}", path.display()));
     log.lines().filter(|l| l.contains(needle)).count()
 }
 

@@ -318,13 +318,14 @@ async fn a_hung_settings_host_listed_first_costs_only_its_timeout() {
     );
 }
 
-/// A count from a `SELECT count() AS n` on replica `url`, `None` while the replica or the
-/// table is not there.
-async fn count_on(url: &str, sql: &str) -> Option<i64> {
-    clickhouse_query(url, sql)
-        .await
-        .ok()
-        .and_then(|rows| rows.first().and_then(|r| as_i64(&r["n"])))
+/// A count from a `SELECT count() AS n` on replica `url`, or ClickHouse's refusal while the
+/// replica or the table is not there (for waiting on it; the refusal is shown). An answer
+/// without its one row and column `n` fails at once: it is no count.
+async fn count_or_refusal(url: &str, sql: &str) -> Result<i64, String> {
+    let rows = clickhouse_query(url, sql).await?;
+    assert_eq!(rows.len(), 1, "{url}: {sql}: one row: {rows:?}");
+    let n = col(&rows[0], "n");
+    Ok(as_i64(n).unwrap_or_else(|| panic!("{url}: {sql}: n is not a count: {n}")))
 }
 
 /// A deploy while one replica is down: `migrate` succeeds naming it, the collector never
@@ -376,13 +377,13 @@ async fn migrate_with_a_replica_down_and_the_replica_gets_the_table_when_it_retu
     let sql = format!("SELECT count() AS n FROM {}.measurements FINAL", env.db);
     let start = Instant::now();
     loop {
-        if count_on(&urls[2], &sql).await == Some(20) {
+        let count = count_or_refusal(&urls[2], &sql).await;
+        if count == Ok(20) {
             break;
         }
         assert!(
             start.elapsed() < Duration::from_secs(90),
-            "replica 3 has {:?} of 20 rows:\n{}",
-            count_on(&urls[2], &sql).await,
+            "replica 3 has {count:?} of 20 rows:\n{}",
             c.logs()
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
@@ -514,8 +515,8 @@ async fn a_collector_killed_mid_stream_while_clients_resend_to_the_other_loses_n
         )
         .await;
     assert_eq!(
-        as_i64(&counts[0]["n"]),
-        as_i64(&counts[0]["u"]),
+        as_i64(col(&counts[0], "n")),
+        as_i64(col(&counts[0], "u")),
         "one row per id under FINAL: {counts:?}"
     );
     a.wait_metric("collector_spool_records 0", STORED).await;
@@ -529,7 +530,7 @@ async fn a_collector_killed_mid_stream_while_clients_resend_to_the_other_loses_n
         "figures: collector killed mid-stream: {} acked, {} resent to the other, all stored; {:?} rows before FINAL, {:?} under FINAL (one per id)",
         acked.len(),
         resent.load(std::sync::atomic::Ordering::SeqCst),
-        as_i64(&raw[0]["n"]),
-        as_i64(&counts[0]["n"])
+        as_i64(col(&raw[0], "n")),
+        as_i64(col(&counts[0], "n"))
     );
 }

@@ -104,8 +104,8 @@ async fn every_resend_folds_whatever_its_time_of_receipt() {
             "{id}: every copy on one partition and day: {rows:?}"
         );
         let expect_day = utc_date(ts / 1000);
-        assert_eq!(rows[0]["day"], json!(expect_day), "{id}: {rows:?}");
-        assert_eq!(as_i64(&rows[0]["at"]), Some(ts / 1000), "{id}");
+        assert_eq!(col(&rows[0], "day"), &json!(expect_day), "{id}: {rows:?}");
+        assert_eq!(as_i64(col(&rows[0], "at")), Some(ts / 1000), "{id}");
     }
     let month_end = env
         .query(
@@ -233,7 +233,7 @@ async fn a_resend_received_after_midnight_of_a_month_end_folds() {
     assert_eq!(copies.len(), 2, "{copies:?}");
     let received: Vec<&str> = copies
         .iter()
-        .map(|r| r["received"].as_str().expect("received_at"))
+        .map(|r| col(r, "received").as_str().expect("received_at"))
         .collect();
     assert!(
         received[0].starts_with("2026-11-30 23:5") && received[1].starts_with("2026-12-01 00:0"),
@@ -241,7 +241,7 @@ async fn a_resend_received_after_midnight_of_a_month_end_folds() {
     );
     for r in &copies {
         assert_eq!(
-            (&r["p"], &r["day"]),
+            (col(r, "p"), col(r, "day")),
             (&json!("202611"), &json!("2026-11-30")),
             "{copies:?}"
         );
@@ -264,8 +264,8 @@ async fn a_resend_received_after_midnight_of_a_month_end_folds() {
     assert_eq!(
         days.iter()
             .map(|r| (
-                r["day"].as_str().unwrap().to_owned(),
-                as_i64(&r["n"]).unwrap()
+                col(r, "day").as_str().unwrap().to_owned(),
+                as_i64(col(r, "n")).unwrap()
             ))
             .collect::<Vec<_>>(),
         vec![("2026-11-30".to_owned(), 1), ("2026-12-01".to_owned(), 1)],
@@ -345,7 +345,7 @@ async fn migrate_moves_a_v1_table_with_rows_to_v2_while_a_collector_writes() {
                 ),
             )
             .await;
-        if as_i64(&v2[0]["n"]) == Some(1) {
+        if as_i64(col(&v2[0], "n")) == Some(1) {
             let n = count(&env, &total).await;
             if n > 0 {
                 first.kill().expect("kill migrate");

@@ -73,16 +73,16 @@ async fn a_spool_of_the_previous_release_is_delivered_after_the_upgrade() {
     let rows = env.wait_rows(&ids, Duration::from_secs(60)).await;
     assert_eq!(rows.len(), 40);
     for r in &rows {
-        assert_eq!(r["site"], "upgrade-fixture", "{r}");
+        assert_eq!(col(r, "site"), "upgrade-fixture", "{r}");
         assert!(
-            r["url"].as_str().unwrap().ends_with("?q=%C3%BC"),
+            col(r, "url").as_str().unwrap().ends_with("?q=%C3%BC"),
             "the URL as stored then: {r}"
         );
-        assert_eq!(r["user_agent"], "fixture/1", "{r}");
-        assert_eq!(r["navigation_type"], "navigate", "{r}");
-        assert_eq!(r["viewport_width"], 390, "{r}");
-        assert_eq!(r["sample_rate"], 1.0, "{r}");
-        let lcp = r["lcp_ms"].as_f64().unwrap();
+        assert_eq!(col(r, "user_agent"), "fixture/1", "{r}");
+        assert_eq!(col(r, "navigation_type"), "navigate", "{r}");
+        assert_eq!(col(r, "viewport_width"), 390, "{r}");
+        assert_eq!(col(r, "sample_rate"), 1.0, "{r}");
+        let lcp = col(r, "lcp_ms").as_f64().unwrap();
         assert!(lcp > 1000.0 && lcp.fract() == 0.5, "{r}");
     }
     env.assert_stored_once(&ids, Duration::from_secs(60)).await;
@@ -207,10 +207,10 @@ async fn previous_release_upgraded(env: TestEnv<'_>) {
     let rows = env.wait_rows(&ids, Duration::from_secs(60)).await;
     assert_eq!(rows.len(), 40);
     for r in &rows {
-        assert_eq!(r["site"], "upgrade-fixture", "{r}");
-        assert_eq!(r["user_agent"], "fixture/1", "{r}");
-        assert_eq!(r["viewport_width"], 390, "{r}");
-        let lcp = r["lcp_ms"].as_f64().unwrap();
+        assert_eq!(col(r, "site"), "upgrade-fixture", "{r}");
+        assert_eq!(col(r, "user_agent"), "fixture/1", "{r}");
+        assert_eq!(col(r, "viewport_width"), 390, "{r}");
+        let lcp = col(r, "lcp_ms").as_f64().unwrap();
         assert!(lcp > 1000.0 && lcp.fract() == 0.5, "{r}");
     }
     env.assert_stored_once(&ids, Duration::from_secs(60)).await;
@@ -229,7 +229,7 @@ async fn previous_release_upgraded(env: TestEnv<'_>) {
         )
         .await;
     assert_eq!(
-        as_i64(&nulls[0]["n"]),
+        as_i64(col(&nulls[0], "n")),
         Some(40),
         "old rows: attribution NULL"
     );
@@ -254,7 +254,7 @@ async fn previous_release_upgraded(env: TestEnv<'_>) {
         )
         .await
         .unwrap();
-        assert_eq!(as_i64(&columns[0]["n"]), Some(14), "server {i}: {ch}");
+        assert_eq!(as_i64(col(&columns[0], "n")), Some(14), "server {i}: {ch}");
     }
     let row = env
         .query(
@@ -267,11 +267,11 @@ async fn previous_release_upgraded(env: TestEnv<'_>) {
         )
         .await;
     assert_eq!(row.len(), 1);
-    assert_eq!(row[0]["lcp_target"], "main>img.hero");
-    assert_eq!(row[0]["lcp_element_render_delay_ms"], 12.5);
-    assert_eq!(row[0]["inp_type"], "pointer");
-    assert_eq!(row[0]["cls_value"], 0.05);
-    assert_eq!(row[0]["inp_target"], serde_json::Value::Null);
+    assert_eq!(col(&row[0], "lcp_target"), "main>img.hero");
+    assert_eq!(col(&row[0], "lcp_element_render_delay_ms"), 12.5);
+    assert_eq!(col(&row[0], "inp_type"), "pointer");
+    assert_eq!(col(&row[0], "cls_value"), 0.05);
+    assert_eq!(col(&row[0], "inp_target"), &Value::Null, "{}", row[0]);
     env.cli(&["migrate"]).success();
 }
 

@@ -226,19 +226,20 @@ impl Browser {
     pub async fn wait_for(&self, condition: &str) {
         let start = Instant::now();
         loop {
-            // A page in the middle of a navigation may refuse a script: try again.
-            if let Ok(v) = self
+            // A page in the middle of a navigation may refuse a script: try again (the last
+            // refusal is shown if the page never gets there).
+            let last = match self
                 .client
                 .execute(&format!("return !!({condition});"), vec![])
                 .await
             {
-                if v == json!(true) {
-                    return;
-                }
-            }
+                Ok(Value::Bool(true)) => return,
+                Ok(v) => format!("it was {v}"),
+                Err(e) => format!("the script was refused: {e}"),
+            };
             assert!(
                 start.elapsed() < SETTLE,
-                "{:?}: the page never reached: {condition}",
+                "{:?}: the page never reached: {condition} ({last})",
                 self.engine
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -351,11 +352,12 @@ impl Shop {
         self._pages.path()
     }
 
-    /// Every beacon nginx answered so far, in order.
+    /// Every beacon nginx answered so far, in order; panics naming the log when it cannot be
+    /// read (nginx creates it at its start: no log is not "no beacons").
     pub fn beacons(&self) -> Vec<Beacon> {
         let ids = regex::Regex::new(r#"\\"id\\":\\"([0-9a-f-]{36})\\""#).unwrap();
         std::fs::read_to_string(&self.log)
-            .unwrap_or_default()
+            .unwrap_or_else(|e| panic!("nginx's beacon log {}: {e}", self.log.display()))
             .lines()
             .map(|l| {
                 let mut parts = l.splitn(3, ' ');

@@ -375,8 +375,14 @@ impl<'a> TestEnv<'a> {
         let start = Instant::now();
         loop {
             let rows = self.rows(ids).await;
-            let found: std::collections::HashSet<&str> =
-                rows.iter().filter_map(|r| r["id"].as_str()).collect();
+            let found: std::collections::HashSet<&str> = rows
+                .iter()
+                .map(|r| {
+                    col(r, "id")
+                        .as_str()
+                        .unwrap_or_else(|| panic!("id is text: {r}"))
+                })
+                .collect();
             let missing: Vec<&String> = ids
                 .iter()
                 .filter(|id| !found.contains(id.as_str()))
@@ -405,6 +411,53 @@ pub const ROW_COLUMNS: &str = "toString(id) AS id, site, url, toUInt32(received_
 pub fn as_i64(v: &Value) -> Option<i64> {
     v.as_i64()
         .or_else(|| v.as_str().and_then(|s| s.parse().ok()))
+}
+
+/// Column `column` of a ClickHouse JSON row; panics naming the column (and showing the row)
+/// when the row has no such column. Indexing (`row["lcp_ms"]`) reads a missing column as
+/// `Null`, which an assertion that the value is NULL would pass: through `col`, `Null` means
+/// the column holds NULL.
+pub fn col<'a>(row: &'a Value, column: &str) -> &'a Value {
+    row.as_object()
+        .unwrap_or_else(|| {
+            panic!("looking for column {column}: the row is not a JSON object: {row}")
+        })
+        .get(column)
+        .unwrap_or_else(|| {
+            panic!("no column {column} in the row (a missing column is not NULL): {row}")
+        })
+}
+
+/// Field `key` of a JSON object (an answer, an API's document); panics naming the field (and
+/// showing the object) when it is not there, as [`col`] does for rows.
+pub fn field<'a>(v: &'a Value, key: &str) -> &'a Value {
+    v.as_object()
+        .unwrap_or_else(|| panic!("looking for field {key}: not a JSON object: {v}"))
+        .get(key)
+        .unwrap_or_else(|| panic!("no field {key} in {v}"))
+}
+
+/// Lines of a collector log (text format: `<time>  WARN target: ...`) at WARN or ERROR level.
+/// Panics when no line of `logs` carries a level at all: an empty log, or one in another
+/// format, would otherwise read as "no warnings".
+pub fn warning_lines(logs: &str) -> Vec<&str> {
+    const LEVELS: [&str; 5] = [" TRACE ", " DEBUG ", " INFO ", " WARN ", " ERROR "];
+    assert!(
+        logs.lines()
+            .any(|l| LEVELS.iter().any(|level| l.contains(level))),
+        "no log line with a level (TRACE, DEBUG, INFO, WARN, ERROR) to look for warnings in: \
+         an empty log or not the text format:\n{logs}"
+    );
+    logs.lines()
+        .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
+        .collect()
+}
+
+/// The text of a log file for a failure message; names the file and the error when it cannot
+/// be read (an empty string would look like an empty log).
+pub fn log_text(path: &Path) -> String {
+    std::fs::read_to_string(path)
+        .unwrap_or_else(|e| format!("(the log {} cannot be read: {e})", path.display()))
 }
 
 /// Output of a CLI run.
@@ -458,10 +511,15 @@ pub async fn clickhouse_exec(url: &str, sql: &str) -> Result<(), String> {
         .send()
         .await
         .map_err(|e| e.to_string())?;
-    if resp.status().is_success() {
+    let status = resp.status();
+    if status.is_success() {
         Ok(())
     } else {
-        Err(resp.text().await.unwrap_or_default())
+        let text = resp
+            .text()
+            .await
+            .unwrap_or_else(|e| format!("(its body cannot be read: {e})"));
+        Err(format!("{status}: {text}"))
     }
 }
 
@@ -609,10 +667,17 @@ impl Collector {
         for (k, v) in headers {
             req = req.header(*k, *v);
         }
-        let resp = req.send().await.expect("post");
+        let url = format!("{}/api/v1/measurements", self.url);
+        let resp = req
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("POST {url}: no answer: {e}"));
         let status = resp.status().as_u16();
         let headers = resp.headers().clone();
-        let text = resp.text().await.unwrap_or_default();
+        let text = resp
+            .text()
+            .await
+            .unwrap_or_else(|e| panic!("POST {url}: the body of the {status} answer: {e}"));
         (
             status,
             serde_json::from_str(&text).unwrap_or(Value::String(text)),
@@ -849,8 +914,11 @@ impl TestEnv<'_> {
                 .iter()
                 .map(|r| {
                     (
-                        r["id"].as_str().unwrap().to_owned(),
-                        as_i64(&r["n"]).unwrap(),
+                        col(r, "id")
+                            .as_str()
+                            .unwrap_or_else(|| panic!("id is text: {r}"))
+                            .to_owned(),
+                        as_i64(col(r, "n")).unwrap_or_else(|| panic!("n is a count: {r}")),
                     )
                 })
                 .collect();
@@ -884,10 +952,15 @@ impl Collector {
     /// `limit`.
     pub async fn wait_metric(&self, line: &str, limit: Duration) {
         let start = Instant::now();
+        let url = format!("{}/metrics", self.url);
         loop {
-            let text = match http().get(format!("{}/metrics", self.url)).send().await {
-                Ok(r) => r.text().await.unwrap_or_default(),
-                Err(_) => String::new(),
+            // No answer (a restart under way) is waited through; the last one is shown.
+            let text = match http().get(&url).send().await {
+                Ok(r) => match r.text().await {
+                    Ok(t) => t,
+                    Err(e) => format!("(GET {url}: the body cannot be read: {e})"),
+                },
+                Err(e) => format!("(GET {url}: no answer: {e})"),
             };
             if text.lines().any(|l| l == line) {
                 return;
@@ -897,7 +970,8 @@ impl Collector {
                 "metrics never showed {line:?}:\n{}",
                 text.lines()
                     .filter(|l| l.starts_with("collector_clickhouse")
-                        || l.starts_with("collector_spool"))
+                        || l.starts_with("collector_spool")
+                        || l.starts_with("(GET"))
                     .collect::<Vec<_>>()
                     .join("\n")
             );
@@ -905,14 +979,16 @@ impl Collector {
         }
     }
 
-    /// Status code of `GET path`.
+    /// Status code of `GET path`; panics naming the URL when the collector does not answer
+    /// (no answer is not a status).
     pub async fn status_of(&self, path: &str) -> u16 {
+        let url = format!("{}{path}", self.url);
         http()
-            .get(format!("{}{path}", self.url))
+            .get(&url)
             .send()
             .await
             .map(|r| r.status().as_u16())
-            .unwrap_or(0)
+            .unwrap_or_else(|e| panic!("GET {url}: no answer: {e}"))
     }
 }
 
@@ -968,8 +1044,8 @@ impl Nginx {
             assert!(
                 start.elapsed() < Duration::from_secs(10),
                 "nginx did not start: {}{}",
-                std::fs::read_to_string(dir.path().join("stderr.log")).unwrap_or_default(),
-                std::fs::read_to_string(dir.path().join("error.log")).unwrap_or_default()
+                log_text(&dir.path().join("stderr.log")),
+                log_text(&dir.path().join("error.log"))
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -1028,7 +1104,7 @@ impl Caddy {
             assert!(
                 start.elapsed() < Duration::from_secs(10),
                 "caddy did not start: {}",
-                std::fs::read_to_string(dir.path().join("stderr.log")).unwrap_or_default()
+                log_text(&dir.path().join("stderr.log"))
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -1194,9 +1270,9 @@ impl PgBouncer {
         format!("postgres://postgres@127.0.0.1:{}/{db}", self.port)
     }
 
-    /// PgBouncer's own log so far.
+    /// PgBouncer's own log so far (for failure messages).
     pub fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("pgbouncer.log")).unwrap_or_default()
+        log_text(&self.dir.path().join("pgbouncer.log"))
     }
 }
 
@@ -1278,7 +1354,7 @@ impl Ch26Server {
                 exited.is_none() && start.elapsed() < Duration::from_secs(30),
                 "the 26.x server did not answer /ping on {} (exit {exited:?}); its log:\n{}",
                 server.url,
-                std::fs::read_to_string(server.dir.path().join("server.log")).unwrap_or_default()
+                log_text(&server.dir.path().join("server.log"))
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
