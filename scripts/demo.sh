@@ -7,6 +7,9 @@
 #
 # Settings: COLLECTOR_LISTEN (default 127.0.0.1:8080), DEMO_PAGE_PORT (default 8000).
 set -euo pipefail
+SCRIPT_NAME=demo
+# shellcheck source=scripts/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"   # die, port_listening, bootstrap_site
 cd "$(dirname "$0")/.."
 root=$PWD
 
@@ -15,24 +18,12 @@ page_port="${DEMO_PAGE_PORT:-8000}"
 listen="${COLLECTOR_LISTEN:-127.0.0.1:8080}"
 # One demo per checkout: a second one would share (and, on exit, stop) the first one's stack.
 if [[ -f $stack_dir/demo.pid ]] && kill -0 "$(cat "$stack_dir/demo.pid")" 2>/dev/null; then
-  echo "demo: a demo of this checkout is already running (pid $(cat "$stack_dir/demo.pid")); stop it with Ctrl-C first" >&2
-  exit 1
+  die "a demo of this checkout is already running (pid $(cat "$stack_dir/demo.pid")); stop it with Ctrl-C first"
 fi
 # Both ports must be free before anything starts (a taken one would fail out of sight).
 for addr in "127.0.0.1:$page_port" "$listen"; do
-  if python3 - "$addr" <<'PY'
-import socket, sys
-host, port = sys.argv[1].rsplit(":", 1)
-s = socket.socket()
-try:
-    s.bind((host, int(port)))
-except OSError:
-    sys.exit(0)
-sys.exit(1)
-PY
-  then
-    echo "demo: $addr is taken; pick other ports: COLLECTOR_LISTEN=127.0.0.1:18080 DEMO_PAGE_PORT=18000 scripts/demo.sh" >&2
-    exit 1
+  if port_listening "${addr##*:}"; then
+    die "$addr is taken; pick other ports: COLLECTOR_LISTEN=127.0.0.1:18080 DEMO_PAGE_PORT=18000 scripts/demo.sh"
   fi
 done
 
@@ -64,8 +55,8 @@ export COLLECTOR_CLICKHOUSE_DATABASE=collector
 export COLLECTOR_SPOOL_DIR="$stack_dir/spool"
 collector_url="http://$COLLECTOR_LISTEN"
 
-"$bin" migrate
-"$bin" sites add --key demo --origin "http://127.0.0.1:$page_port" --origin "http://localhost:$page_port" >/dev/null
+COLLECTOR=("$bin")
+bootstrap_site "$stack_dir/bootstrap.log" demo --origin "http://127.0.0.1:$page_port" --origin "http://localhost:$page_port"
 
 # The demo shop page, with the script tag pointing at this collector.
 page_dir="$stack_dir/page"
