@@ -80,5 +80,5 @@ fi
 
 step "container image and compose services on podman"
 # Builds the Dockerfile with podman (base images made locally, cached) and runs it against
-# its own loopback stack; skipped with a note where podman cannot run containers.
+# its own loopback stack; fails where podman cannot run containers.
 scripts/check-containers.sh --engine
