@@ -19,6 +19,8 @@
 //! Faults: [`Fault::Refuse`] answers `503` to everything (a server that is up but failing),
 //! [`Fault::Hang`] reads the request and never answers (a frozen server), and
 //! [`ClickHouse::set_lagging`] makes the replica report a replication queue.
+//! [`ClickHouse::lose_answers`] stores the next INSERTs and answers them as failed (an answer
+//! lost after the insert landed); [`ClickHouse::insert_log`] lists every INSERT taken.
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
@@ -50,6 +52,21 @@ struct State {
     inserts: u64,
     refused_inserts: u64,
     probes: u64,
+    /// Every INSERT that decoded and was not refused, in order.
+    log: Vec<InsertRecord>,
+    /// INSERTs still to store and then answer as failed ([`ClickHouse::lose_answers`]).
+    lose_answers: u64,
+}
+
+/// One INSERT the server took (decoded, not refused), for [`ClickHouse::insert_log`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InsertRecord {
+    /// Rows it held.
+    pub rows: usize,
+    /// Its `insert_deduplication_token` had been seen: answered 200, nothing stored.
+    pub folded: bool,
+    /// Stored, but answered as failed ([`ClickHouse::lose_answers`]).
+    pub answer_lost: bool,
 }
 
 /// One in-memory ClickHouse server on `127.0.0.1:0`. Cheap to clone; stops with the runtime.
@@ -75,6 +92,8 @@ impl ClickHouse {
             inserts: 0,
             refused_inserts: 0,
             probes: 0,
+            log: Vec::new(),
+            lose_answers: 0,
         }));
         let shared = state.clone();
         tokio::spawn(async move {
@@ -136,6 +155,19 @@ impl ClickHouse {
     /// Probe queries answered (`SELECT version() ...`).
     pub fn probes(&self) -> u64 {
         self.state.lock().unwrap().probes
+    }
+
+    /// Every INSERT taken (decoded, not refused), in order: its rows, whether its token
+    /// folded it, whether its answer was lost.
+    pub fn insert_log(&self) -> Vec<InsertRecord> {
+        self.state.lock().unwrap().log.clone()
+    }
+
+    /// The next `n` INSERTs that store rows store them and then answer `500` (code 209, a
+    /// socket timeout: transient), as when the answer of a landed insert is lost. A resend
+    /// with the same token is folded (answered 200, not stored again).
+    pub fn lose_answers(&self, n: u64) {
+        self.state.lock().unwrap().lose_answers = n;
     }
 }
 
@@ -291,12 +323,24 @@ fn insert(
             );
         }
     }
-    s.inserts += 1;
-    if let Some(token) = token {
-        if !s.tokens.insert(token) {
-            return text(StatusCode::OK, "");
-        }
+    let n = rows.len();
+    let folded = token.is_some_and(|token| !s.tokens.insert(token));
+    let answer_lost = !folded && s.lose_answers > 0;
+    s.log.push(InsertRecord {
+        rows: n,
+        folded,
+        answer_lost,
+    });
+    if !folded {
+        s.rows.extend(rows);
     }
-    s.rows.extend(rows);
+    if answer_lost {
+        s.lose_answers -= 1;
+        return text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "Code: 209. DB::Exception: Timeout exceeded while writing to socket (fake: stored, answer lost)",
+        );
+    }
+    s.inserts += 1;
     text(StatusCode::OK, "")
 }
