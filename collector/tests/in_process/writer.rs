@@ -410,7 +410,6 @@ async fn the_drain_ends_at_its_deadline_and_the_restart_stores_every_acknowledge
 /// rounds. Measured (8 idle collectors, SIGINT): 1.9, 2.0, 2.0, 3.9, 4.0, 6.0, 8.0 and 14.0 s.
 /// Eight collectors all stop within one round only with probability 1/256 until it is fixed.
 #[tokio::test]
-#[ignore = "collector bug: the prober may run more rounds after the shutdown (probe::run's unbiased select!)"]
 async fn an_idle_collector_stops_within_one_probe_round_when_a_replica_hangs() {
     let runs = (0..8).map(|_| async {
         let ch = ClickHouse::start().await;
@@ -515,7 +514,6 @@ async fn after_a_refusal_storm_every_acknowledged_row_is_stored_once() {
 /// twice once the next insert went through). Here the only replica is down by its inserts
 /// and lags, so it stays down: the batch is never confirmed while the server holds it.
 #[tokio::test]
-#[ignore = "collector bug: an insert in rotation into a down replica is abandoned at once by wait_down, yet may reach the server"]
 async fn with_every_replica_down_the_writer_delivers_in_rotation() {
     let ch = ClickHouse::start().await;
     let app = App::start(Sites::with(&[SITE]), &[&ch], &[]).await;

@@ -579,15 +579,18 @@ impl Replicas {
     }
 
     /// Inserts `body` into replica `i` once (plus one immediate retry on a fresh connection
-    /// when the pooled one was found dead), abandoning it if `i` is marked down meanwhile.
+    /// when the pooled one was found dead), abandoning it if `i` is marked down meanwhile. An
+    /// insert into a replica already down (a trial, or the rotation while every replica is
+    /// down) is bounded by [`TRIAL_TIMEOUT`] instead: it must be let finish, or it could
+    /// never succeed.
     pub async fn insert(&self, i: usize, body: &InsertBody) -> Result<(), InsertError> {
-        let (token, schema, trial) = {
+        let (token, schema, down) = {
             let inner = self.inner.lock().unwrap();
             let h = &inner.health[i];
             (
                 h.dedup_token.then(|| body.token.clone()),
                 h.schema,
-                h.trial_ready(),
+                h.state == State::Down,
             )
         };
         if !schema {
@@ -606,23 +609,23 @@ impl Replicas {
             }
             .map_err(|e| classify(&e))
         };
-        // A trial goes to a replica that is down: `wait_down` would end it at once, so
-        // TRIAL_TIMEOUT bounds it.
+        // An insert into a replica that is down (a trial, or the rotation): `wait_down` would
+        // end it at once, so TRIAL_TIMEOUT bounds it.
         let attempt = async {
-            if !trial {
+            if !down {
                 return attempt.await;
             }
             tokio::time::timeout(TRIAL_TIMEOUT, attempt)
                 .await
                 .unwrap_or_else(|_| {
                     Err(InsertError::Transient(format!(
-                        "trial insert: no answer within {TRIAL_TIMEOUT:?}"
+                        "insert into a replica that is down: no answer within {TRIAL_TIMEOUT:?}"
                     )))
                 })
         };
         let result = tokio::select! {
             r = attempt => r,
-            () = self.wait_down(i), if !trial => {
+            () = self.wait_down(i), if !down => {
                 let cause = self.inner.lock().unwrap().health[i].last_error.clone();
                 Err(InsertError::Transient(format!("replica marked down during the insert: {cause}")))
             }
