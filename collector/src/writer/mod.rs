@@ -171,9 +171,12 @@ pub async fn run(
             return;
         };
         writer.reader.record_in_flight(batch.start, batch.end);
-        // When the drain began, as seen by this batch: set by `drain_deadline` when shutdown
-        // is asked for (a batch begun before it must give up too, not retry forever).
-        writer.draining_since = (*writer.shutdown.borrow()).then(Instant::now);
+        // When the drain began: set once, here or by `drain_deadline` when shutdown is asked
+        // for (a batch begun before it must give up too, not retry forever), and never moved
+        // on: the drain ends DRAIN_DEADLINE after it began, however many batches are left.
+        if writer.draining_since.is_none() && *writer.shutdown.borrow() {
+            writer.draining_since = Some(Instant::now());
+        }
         let delivered = match writer.send(&batch.whole()).await {
             Ok(()) => Ok(()),
             Err(Failure::Refused(reason)) => writer.deliver_refused(&batch, reason).await,
