@@ -58,3 +58,44 @@ async fn sigint_closes_at_once() {
         "no grace on SIGINT: {took:?}"
     );
 }
+
+/// The writer's drain ends [`collector::writer::DRAIN_DEADLINE`] after the drain began,
+/// however many batches are left, even when each batch alone would finish in time: a slow
+/// replica (2 s per INSERT) and a backlog of 10 one-row batches (20 s of inserts).
+#[tokio::test]
+async fn the_drain_ends_at_its_deadline_with_a_backlog_on_a_slow_replica() {
+    let ch = ClickHouse::start().await;
+    let sites = Sites::with(&["shop"]);
+    let options = [("--batch-max-rows", "1"), ("--drain-grace", "100ms")];
+    let app = App::start(sites.clone(), &[&ch], &options).await;
+    ch.set_insert_delay(Duration::from_secs(2));
+    let mut ids = Vec::new();
+    for _ in 0..10 {
+        let (id, body) = beacon("shop");
+        assert_eq!(app.send(&body).await.status, 202);
+        ids.push(id);
+    }
+    let (took, spool) = app.stop(false).await;
+    let bound = collector::writer::DRAIN_DEADLINE + Duration::from_secs(3);
+    assert!(
+        took < bound,
+        "drained in {took:?}: the writer's deadline counts from the drain's start ({bound:?})"
+    );
+    assert!(
+        ch.rows().len() < 10,
+        "the backlog outlasts the deadline here"
+    );
+    // Restarted on the same spool, with the replica fast again: every id once.
+    ch.set_insert_delay(Duration::ZERO);
+    let app = App::start_on(spool, sites, &[&ch], &[]).await;
+    let what = "the 10 acknowledged rows after the restart";
+    wait_until(what, Duration::from_secs(10), || async {
+        ch.rows().len() >= 10
+    })
+    .await;
+    let mut stored: Vec<_> = ch.rows().iter().map(|r| r.id).collect();
+    stored.sort();
+    ids.sort();
+    assert_eq!(stored, ids, "each acknowledged id once");
+    app.stop(false).await;
+}

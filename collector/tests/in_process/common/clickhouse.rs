@@ -56,6 +56,8 @@ struct State {
     log: Vec<InsertRecord>,
     /// INSERTs still to store and then answer as failed ([`ClickHouse::lose_answers`]).
     lose_answers: u64,
+    /// How long each INSERT takes before it is answered ([`ClickHouse::set_insert_delay`]).
+    insert_delay: std::time::Duration,
 }
 
 /// One INSERT the server took (decoded, not refused), for [`ClickHouse::insert_log`].
@@ -94,6 +96,7 @@ impl ClickHouse {
             probes: 0,
             log: Vec::new(),
             lose_answers: 0,
+            insert_delay: std::time::Duration::ZERO,
         }));
         let shared = state.clone();
         tokio::spawn(async move {
@@ -161,6 +164,11 @@ impl ClickHouse {
     /// folded it, whether its answer was lost.
     pub fn insert_log(&self) -> Vec<InsertRecord> {
         self.state.lock().unwrap().log.clone()
+    }
+
+    /// Each INSERT from now on is answered after `delay` (a slow server that still answers).
+    pub fn set_insert_delay(&self, delay: std::time::Duration) {
+        self.state.lock().unwrap().insert_delay = delay;
     }
 
     /// The next `n` INSERTs that store rows store them and then answer `500` (code 209, a
@@ -261,6 +269,10 @@ async fn answer(
     }
     let sql = param("query").unwrap_or_else(|| String::from_utf8_lossy(&body).into_owned());
     if sql.starts_with("INSERT INTO measurements") {
+        let delay = state.lock().unwrap().insert_delay;
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
         return insert(
             state,
             &body,
