@@ -129,8 +129,13 @@ pub fn spawn(
             lower_priority();
             runtime.block_on(async move {
                 probe::round(&replicas, &probing, true).await;
-                let prober = tokio::spawn(probe::run(replicas.clone(), probing, shutdown.clone()));
+                // The prober has a stop of its own, sent once the writer has drained: during
+                // the drain its probes still mark a hanging replica down, which ends the
+                // insert waiting on it and fails the batch over.
+                let (stop_prober, prober_stop) = watch::channel(false);
+                let prober = tokio::spawn(probe::run(replicas.clone(), probing, prober_stop));
                 run(reader, replicas, limits, metrics, shutdown).await;
+                let _ = stop_prober.send(true);
                 let _ = prober.await;
             });
         })

@@ -51,9 +51,11 @@ impl Writer {
         // Ranges of rows refused as a whole and not yet resolved, the earliest last.
         let mut refused = vec![(0usize, n, reason)];
         let (mut inserts, budget) = (0u32, bisect_budget(n));
-        let (mut stored, mut kept) = (0usize, 0usize);
+        let (mut stored, mut kept, mut spent) = (0usize, 0usize, false);
         while let Some((lo, hi, reason)) = refused.pop() {
-            if hi - lo == 1 || inserts >= budget {
+            // A split costs two inserts: only made while both fit in the budget.
+            spent |= hi - lo > 1 && inserts + 2 > budget;
+            if hi - lo == 1 || inserts + 2 > budget {
                 self.keep_aside(batch, lo, bounds[lo]..bounds[hi], &reason)
                     .await?;
                 kept += hi - lo;
@@ -76,7 +78,7 @@ impl Writer {
             }
             refused.extend(halves.into_iter().rev());
         }
-        if inserts >= budget {
+        if spent {
             tracing::warn!(rows = n, stored, kept_aside = kept, inserts, budget, "writer: bisect budget spent: the pieces still unresolved were kept aside whole, good rows among them");
         } else {
             tracing::warn!(

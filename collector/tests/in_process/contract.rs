@@ -99,6 +99,39 @@ async fn accepted_duplicates_rejected_and_dropped_fields_are_reported_and_stored
     app.stop(false).await;
 }
 
+/// One id twice in one request counts once: `accepted` 2, `duplicates` 1, two rows, and
+/// `collector_measurements_accepted_total` counts measurements, not requests.
+#[tokio::test]
+async fn an_id_repeated_within_one_request_is_a_duplicate() {
+    let ch = ClickHouse::start().await;
+    let app = App::start(Sites::with(&["shop"]), &[&ch], &[]).await;
+    let (a, first) = beacon("shop");
+    let (b, second) = beacon("shop");
+    let answer = app.send(&json!([first, second, first])).await;
+    assert_eq!(answer.status, 202, "{}", answer.text());
+    let body = answer.json();
+    assert_eq!(
+        (body["accepted"].clone(), body["duplicates"].clone()),
+        (json!(2), json!(1)),
+        "{body}"
+    );
+    exactly(&ch, 2).await;
+    let mut stored: Vec<_> = ch.rows().iter().map(|r| r.id).collect();
+    let mut sent = vec![a, b];
+    stored.sort();
+    sent.sort();
+    assert_eq!(stored, sent);
+    assert_eq!(
+        app.metric("collector_measurements_accepted_total").await,
+        2.0
+    );
+    assert_eq!(
+        app.metric("collector_measurements_duplicate_total").await,
+        1.0
+    );
+    app.stop(false).await;
+}
+
 #[tokio::test]
 async fn each_refusal_has_its_status_a_json_error_and_stores_nothing() {
     let ch = ClickHouse::start().await;

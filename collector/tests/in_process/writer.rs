@@ -381,8 +381,8 @@ async fn the_drain_ends_at_its_deadline_and_the_restart_stores_every_acknowledge
         held.extend(ids);
     }
     // The harness's drain grace (100 ms), then the writer tries until DRAIN_DEADLINE and
-    // leaves the batch in the spool. Margin: a probe round under way when the writer gives
-    // up is not cut (PROBE_TIMEOUT), plus a second.
+    // leaves the batch in the spool (the only replica hangs: nothing to fail over to).
+    // Margin: one probe timeout and a second.
     let grace = Duration::from_millis(100);
     let (took, spool) = app.stop(true).await;
     let bound = grace + DRAIN_DEADLINE + PROBE_TIMEOUT + Duration::from_secs(1);
@@ -549,5 +549,70 @@ async fn with_every_replica_down_the_writer_delivers_in_rotation() {
         insert_errors(&app, &ch, "transient").await
     );
     stored_once(&[&ch], &sent);
+    app.stop(false).await;
+}
+
+/// A preferred replica that hangs as the drain begins: the prober goes on during the drain,
+/// its failed probes mark the replica down within PROBE_INTERVAL + 3 × PROBE_TIMEOUT (7 s),
+/// which ends the insert waiting on it, and the batch fails over to replica 1 before the
+/// drain deadline (found by review: the prober stopped with the drain's start, so the
+/// batch waited in the spool until the restart).
+#[tokio::test]
+async fn a_replica_hanging_during_the_drain_is_failed_over() {
+    let (ch0, ch1) = (ClickHouse::start().await, ClickHouse::start().await);
+    let app = App::start(Sites::with(&[SITE]), &[&ch0, &ch1], &[]).await;
+    let (sent, body) = array(1);
+    accepted(&app, &body).await;
+    holds(&ch0, &sent, Duration::from_secs(5)).await;
+    ch0.set_fault(Fault::Hang);
+    let (next, body) = array(5);
+    accepted(&app, &body).await;
+    let (took, _spool) = app.stop(false).await;
+    assert!(
+        next.iter().all(|id| ids(&ch1).contains(id)),
+        "failed over during the drain (it took {took:?}); replica 1 holds {:?}",
+        ids(&ch1)
+    );
+    assert!(
+        took < DRAIN_DEADLINE + PROBE_TIMEOUT,
+        "the drain took {took:?}"
+    );
+}
+
+/// A batch whose every row is refused: bisecting it alone would take about 2 n inserts; the
+/// budget (`64 + rows / 32` inserts after the first refusal, `writer/refused.rs`) ends it, the
+/// pieces still unresolved are kept aside whole, nothing is stored, and the writer goes on.
+#[tokio::test]
+async fn a_batch_refused_row_by_row_spends_at_most_its_bisect_budget() {
+    let ch = ClickHouse::start().await;
+    ch.poison("refused-everywhere");
+    let app = App::start(Sites::with(&[SITE]), &[&ch], &[]).await;
+    let (bad, mut body) = array(50);
+    for row in body.as_array_mut().unwrap() {
+        row["url"] = "https://shop.example/refused-everywhere".into();
+    }
+    accepted(&app, &body).await;
+    wait_until("50 kept-aside rows", Duration::from_secs(20), || async {
+        app.metric("collector_spool_kept_aside_rows_total").await >= 50.0
+    })
+    .await;
+    assert_eq!(
+        app.metric("collector_spool_kept_aside_rows_total").await,
+        50.0
+    );
+    let budget = 64 + 50 / 32;
+    let refused = ch.refused_inserts();
+    assert!(
+        (2..=1 + budget).contains(&refused),
+        "{refused} refused inserts: the first, then at most the budget of {budget}"
+    );
+    assert!(
+        ids(&ch).iter().all(|id| !bad.contains(id)),
+        "no refused row stored"
+    );
+    // The writer goes on with the next batch.
+    let (next, body) = array(1);
+    accepted(&app, &body).await;
+    holds(&ch, &next, Duration::from_secs(10)).await;
     app.stop(false).await;
 }

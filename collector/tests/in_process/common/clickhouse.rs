@@ -3,17 +3,20 @@
 //!
 //! What it answers, and from where it is taken (ClickHouse's HTTP interface documentation and
 //! what the real 18.16 and 26.9 servers answered in `tests/tests/`):
-//! - `INSERT INTO measurements (...) FORMAT RowBinary` with `decompress=1`: the body is
+//! - `INSERT INTO measurements (...) FORMAT RowBinary` into [`DATABASE`], naming every
+//!   column in the table's order (else code 81 or 16), with `decompress=1`: the body is
 //!   ClickHouse's compressed-block framing (16-byte CityHash128 checksum, method byte `0x82`
 //!   for LZ4, compressed size including the 9-byte header, decompressed size, then one LZ4
-//!   block); rows are decoded with the collector's own RowBinary decoder. A batch whose
-//!   `insert_deduplication_token` was seen before is answered 200 and not stored again, as a
-//!   replicated table does within its deduplication window.
+//!   block; the checksum is not checked); rows are decoded with the collector's own RowBinary
+//!   decoder, so the encoding is checked against the decoder, not against a server. A batch
+//!   whose `insert_deduplication_token` was seen before is answered 200 and not stored again,
+//!   as a replicated table does within its deduplication window (here without end).
 //! - A refused row (its `url` contains [`ClickHouse::poison`]) fails the whole INSERT with
 //!   `500` and `Code: 27. DB::Exception: ...`, as ClickHouse refuses a batch that holds one row
 //!   it cannot take.
 //! - The prober's `SELECT version() ..., count() FROM system.columns` and its
-//!   `system.replicas` query: RowBinary rows of the shape the writer reads without validation.
+//!   `system.replicas` query: RowBinary rows of the shape the writer reads without validation;
+//!   the table always has every column (the schema-missing path is left to real servers).
 //! - Anything else (the schema's `CREATE`/`ALTER`): 200, empty.
 //!
 //! Faults: [`Fault::Refuse`] answers `503` to everything (a server that is up but failing),
@@ -30,6 +33,9 @@ use bytes::Bytes;
 use collector::measurement::{decode_all, Measurement, COLUMNS};
 use http_body_util::{BodyExt, Full};
 use hyper::{Request, Response, StatusCode};
+
+/// The database the collector writes to by default (`COLLECTOR_CLICKHOUSE_DATABASE`).
+pub const DATABASE: &str = "collector";
 
 /// A fault the server shows until it is cleared.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -269,6 +275,27 @@ async fn answer(
     }
     let sql = param("query").unwrap_or_else(|| String::from_utf8_lossy(&body).into_owned());
     if sql.starts_with("INSERT INTO measurements") {
+        // As a real server would: the table is in the configured database, and the INSERT
+        // names every column in the table's order (the rows are RowBinary: by position).
+        if param("database").as_deref() != Some(DATABASE) {
+            return text(
+                StatusCode::NOT_FOUND,
+                format!(
+                    "Code: 81. DB::Exception: Database {:?} does not exist (fake)",
+                    param("database")
+                ),
+            );
+        }
+        let wanted = format!(
+            "INSERT INTO measurements ({}) FORMAT RowBinary",
+            COLUMNS.join(", ")
+        );
+        if sql.trim() != wanted {
+            return text(
+                StatusCode::BAD_REQUEST,
+                format!("Code: 16. DB::Exception: the INSERT's columns are not the table's: {sql} (fake)"),
+            );
+        }
         let delay = state.lock().unwrap().insert_delay;
         if !delay.is_zero() {
             tokio::time::sleep(delay).await;
