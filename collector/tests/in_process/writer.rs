@@ -28,6 +28,16 @@ async fn accepted(app: &App, body: &Value) {
     assert_eq!(answer.status, 202, "{}", answer.text());
 }
 
+/// Sends one row and waits until `ch` holds it: the writer's first probe round is then over
+/// and found a server that knows `insert_deduplication_token` (a round that fails leaves
+/// tokens off until one passes). Returns the row's id.
+async fn one_row_stored(app: &App, ch: &ClickHouse) -> Vec<Uuid> {
+    let (sent, body) = array(1);
+    accepted(app, &body).await;
+    holds(ch, &sent, Duration::from_secs(5)).await;
+    sent
+}
+
 /// Ids stored in `ch`, in insert order.
 fn ids(ch: &ClickHouse) -> Vec<Uuid> {
     ch.rows().iter().map(|r| r.id).collect()
@@ -331,9 +341,7 @@ async fn a_returning_replica_is_gated_on_catching_up_then_on_a_trial_insert() {
 async fn a_hanging_replica_is_failed_over_once_its_probes_mark_it_down() {
     let (ch0, ch1) = (ClickHouse::start().await, ClickHouse::start().await);
     let app = App::start(Sites::with(&[SITE]), &[&ch0, &ch1], &[]).await;
-    let (mut sent, body) = array(1);
-    accepted(&app, &body).await;
-    holds(&ch0, &sent, Duration::from_secs(5)).await;
+    let mut sent = one_row_stored(&app, &ch0).await;
 
     // Replica 0 takes requests and never answers. The insert into it waits for its answer
     // (END_TIMEOUT, 20 s, per attempt) unless the replica is marked down meanwhile: failed
@@ -370,9 +378,7 @@ async fn the_drain_ends_at_its_deadline_and_the_restart_stores_every_acknowledge
     let app = App::start(sites.clone(), &[&ch], &[]).await;
     // One row stored first: the writer runs (its first probe round, which precedes it, is
     // over), so the drain deadline starts when the drain does.
-    let (mut sent, body) = array(1);
-    accepted(&app, &body).await;
-    holds(&ch, &sent, Duration::from_secs(5)).await;
+    let mut sent = one_row_stored(&app, &ch).await;
     ch.set_fault(Fault::Hang);
     let mut held = Vec::new();
     for _ in 0..3 {
@@ -437,11 +443,7 @@ async fn an_idle_collector_stops_within_one_probe_round_when_a_replica_hangs() {
 async fn after_a_refusal_storm_every_acknowledged_row_is_stored_once() {
     let ch = ClickHouse::start().await;
     let app = App::start(Sites::with(&[SITE]), &[&ch], &[]).await;
-    // One row stored first: the writer's first probe round is over and found a server that
-    // knows insert_deduplication_token (a round that fails leaves tokens off until one passes).
-    let (mut sent, body) = array(1);
-    accepted(&app, &body).await;
-    holds(&ch, &sent, Duration::from_secs(5)).await;
+    let mut sent = one_row_stored(&app, &ch).await;
     ch.set_fault(Fault::Refuse);
     let (first, body) = array(3);
     accepted(&app, &body).await;
@@ -501,25 +503,18 @@ async fn after_a_refusal_storm_every_acknowledged_row_is_stored_once() {
     app.stop(false).await;
 }
 
-/// Found while writing the refusal-storm test. With every replica down the writer writes to
-/// the next in rotation (`Replicas::pick` and the module doc of `replicas.rs`: "so that
-/// whichever replica comes back first gets the spool's backlog"; the unit test
-/// `an_insert_that_succeeds_in_rotation_leaves_the_return_to_the_probes`). But
-/// `Replicas::insert` races every non-trial insert against `wait_down`, which resolves at
-/// once for a replica that is already down: the insert is abandoned ("replica marked down
-/// during the insert") as soon as it starts, so an insert in rotation never succeeds. It
-/// may still reach the server: the client has queued the whole request by the time the
-/// future is dropped. Measured: the only replica, down by its probes and answering again,
-/// stored a batch from an insert the writer had logged as abandoned (no token yet: stored
-/// twice once the next insert went through). Here the only replica is down by its inserts
-/// and lags, so it stays down: the batch is never confirmed while the server holds it.
+/// With every replica down the writer writes to the next in rotation (`Replicas::pick` and
+/// the module doc of `writer/replicas`: "so that whichever replica comes back first gets the
+/// spool's backlog"). Found while writing the refusal-storm test and fixed since: an insert
+/// into a replica already down was abandoned at once (`wait_down`), so an insert in rotation
+/// never succeeded, while the abandoned request could still reach the server. Such an insert
+/// now runs, bounded by `TRIAL_TIMEOUT`. Here the only replica is down by its inserts and
+/// answers again: the batch is delivered by the rotation, once.
 #[tokio::test]
 async fn with_every_replica_down_the_writer_delivers_in_rotation() {
     let ch = ClickHouse::start().await;
     let app = App::start(Sites::with(&[SITE]), &[&ch], &[]).await;
-    let (mut sent, body) = array(1);
-    accepted(&app, &body).await;
-    holds(&ch, &sent, Duration::from_secs(5)).await;
+    let mut sent = one_row_stored(&app, &ch).await;
     ch.set_fault(Fault::Refuse);
     let (next, body) = array(3);
     accepted(&app, &body).await;
@@ -561,9 +556,7 @@ async fn with_every_replica_down_the_writer_delivers_in_rotation() {
 async fn a_replica_hanging_during_the_drain_is_failed_over() {
     let (ch0, ch1) = (ClickHouse::start().await, ClickHouse::start().await);
     let app = App::start(Sites::with(&[SITE]), &[&ch0, &ch1], &[]).await;
-    let (sent, body) = array(1);
-    accepted(&app, &body).await;
-    holds(&ch0, &sent, Duration::from_secs(5)).await;
+    one_row_stored(&app, &ch0).await;
     ch0.set_fault(Fault::Hang);
     let (next, body) = array(5);
     accepted(&app, &body).await;
