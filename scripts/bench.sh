@@ -9,6 +9,12 @@
 #   scripts/bench.sh --quick   smoke test, about 2 minutes: a few seconds per step, no
 #                              five-minute run, 200 idle connections instead of 10,000, no
 #                              profile; prints the table and leaves docs/ alone
+#   scripts/bench.sh --ablation the spool append's share of a request, in one run: the
+#                              release build, the same build without the append (cargo
+#                              feature bench-no-append, never shipped) and nginx `return 204`,
+#                              interleaved; throughput, core time per request, CPU per 100,000
+#                              beacons, p99 at 70 % and a profile; about 8 minutes (plus two
+#                              release builds); writes its section of docs/benchmarks.md
 #   scripts/bench.sh --storage the read side: docs/queries.md's queries on 10,000,000 rows
 #                              of 2,000 shops, v1's table layout against v2's, on one
 #                              ClickHouse 18.16 replica and on the 26.x server (single-server
@@ -51,13 +57,17 @@ case ${1:-} in
     "") ;;
     --quick) mode=quick ;;
     --storage) mode=storage ;;
+    --ablation) mode=ablation ;;
     -h|--help) usage ;;
     *) usage ;;
 esac
 
 SITES=20
 OHA_VERSION=1.16.0
-if [[ $mode == full ]]; then
+if [[ $mode == ablation ]]; then
+    TP_SECS=15; TP_CONNS="64 256"; LAT_SECS=20; SOAK_SECS=0; PROBES=0
+    IDLE_CONNS=0; PROFILE_SECS=10; WARMUP_SECS=3
+elif [[ $mode == full ]]; then
     TP_SECS=20; TP_CONNS="16 64 256"; LAT_SECS=30; SOAK_SECS=300; PROBES=200
     IDLE_CONNS=10000; PROFILE_SECS=15; WARMUP_SECS=5
 else
@@ -152,18 +162,25 @@ install_tools() {
     command -v nginx >/dev/null || need+=(nginx)
     command -v taskset >/dev/null || need+=(util-linux)
     command -v python3 >/dev/null || need+=(python3)
-    if [[ $mode == full ]] && ! command -v perf >/dev/null; then
+    if [[ $mode != quick ]] && ! command -v perf >/dev/null; then
         apt_install linux-perf || note "linux-perf could not be installed: no profile"
     fi
     if (( ${#need[@]} )); then apt_install "${need[@]}" || die "apt-get install ${need[*]} failed"; fi
     ensure_oha
+    if [[ $mode == ablation ]]; then
+        # The same source without the append; built first, so that target/release/collector
+        # is the shipped build afterwards (only the collector crate is rebuilt each time).
+        section "building the collector without the spool append (release, feature bench-no-append)"
+        cargo build -q --release -p collector --bin collector --features bench-no-append
+        cp target/release/collector target/release/collector-no-append
+    fi
     section "building the collector (release)"
     cargo build -q --release -p collector --bin collector
 }
 
 # ----------------------------------------------------------------- processes ---
 
-work="" logs="" collector_pid="" nginx_pid="" bg_pids=() status=1
+work="" logs="" collector_pid="" noappend_pid="" nginx_pid="" bg_pids=() status=1
 bin=$root/target/release/collector
 bench_py() { python3 "$root/scripts/bench/bench.py" "$@"; }
 
@@ -172,10 +189,11 @@ cleanup() {
     set +e
     for pid in "${bg_pids[@]}"; do kill "$pid" 2>/dev/null; done
     [[ -n $collector_pid ]] && stop_pid "$collector_pid"
+    [[ -n $noappend_pid ]] && stop_pid "$noappend_pid"
     [[ -n $nginx_pid ]] && stop_pid "$nginx_pid"
     if [[ -n $work ]]; then
         scripts/stack.sh down "$work/stack" --purge >/dev/null 2>&1
-        rm -rf "$work/spool" "$work/bodies.txt" "$work/nginx/tmp"
+        rm -rf "$work/spool" "$work/spool-no-append" "$work/bodies.txt" "$work/nginx/tmp"
         if [[ $status -eq 0 ]]; then
             # The logs of the last successful run (collector log, wrk/oha outputs, perf.data).
             rm -rf "$root/target/bench-last"
@@ -233,24 +251,31 @@ kv_into() {
     done
 }
 
-metrics() { kv_into "$1" < <(bench_py metrics "http://127.0.0.1:$cport/metrics"); }
+metrics() { kv_into "$1" < <(bench_py metrics "http://127.0.0.1:${2:-$cport}/metrics"); } # metrics PREFIX [PORT]
 proc_cpu() { bench_py proc "$1" | sed 's/ .*//; s/cpu=//'; }
 
-start_collector() { # start_collector [ENV=VALUE...]
+start_collector() { # start_collector [ENV=VALUE...]: $bin on $cport, spool $work/spool
+    launch_collector "$bin" "$cport" "$work/spool" "$logs/collector.log" "$@"
+    collector_pid=$launched_pid
+}
+
+launch_collector() { # launch_collector BIN PORT SPOOL LOG [ENV=VALUE...]: sets launched_pid
+    local bin=$1 port=$2 spool=$3 log=$4
+    shift 4
     env "$@" \
-        COLLECTOR_LISTEN="127.0.0.1:$cport" \
+        COLLECTOR_LISTEN="127.0.0.1:$port" \
         COLLECTOR_DATABASE_URL="$DATABASE_URL" \
         COLLECTOR_CLICKHOUSE_URLS="$CLICKHOUSE_URLS" \
         COLLECTOR_CLICKHOUSE_DATABASE=collector \
-        COLLECTOR_SPOOL_DIR="$work/spool" \
+        COLLECTOR_SPOOL_DIR="$spool" \
         COLLECTOR_SPOOL_MAX_BYTES=8589934592 \
         COLLECTOR_CLIENT_RATE=0 \
         COLLECTOR_SITE_RATE=0 \
         COLLECTOR_DRAIN_GRACE=0s \
-        taskset -c 0 "$bin" serve >>"$logs/collector.log" 2>&1 &
-    collector_pid=$!
-    wait_until 60 "the collector ready on 127.0.0.1:$cport (see $logs/collector.log)" \
-        curl -fsS --max-time 2 -o /dev/null "http://127.0.0.1:$cport/readyz"
+        taskset -c 0 "$bin" serve >>"$log" 2>&1 &
+    launched_pid=$!
+    wait_until 60 "the collector ready on 127.0.0.1:$port (see $log)" \
+        curl -fsS --max-time 2 -o /dev/null "http://127.0.0.1:$port/readyz"
 }
 
 stop_collector() {
@@ -294,6 +319,70 @@ run_wrk() {
     # shellcheck disable=SC2086
     set -- $rest
     W_gen_cpu=$(python3 -c "print(round(100 * (${14} + ${15}) / $(getconf CLK_TCK) / ($W_duration_us / 1e6)))")
+}
+
+# latency_run NAME URL RATE KEY: oha open loop at RATE req/s for LAT_SECS on URL; puts
+# KEY_NAME_{p50,p99,p999,max}_ms and KEY_NAME_errors (a collector's duplicates are counted)
+latency_run() {
+    local server=$1 url=$2 rate=$3 key=$4 lines sent extra=""
+    lines=$(( rate * LAT_SECS * 12 / 10 + 1000 ))
+    wait_drained
+    next_nonce
+    bench_py bodies "$work/bodies.txt" "$lines" "$nonce" "$SITES"
+    oha_cmd=(taskset -c 1 "$oha" --no-tui --worker-threads 1 -z "${LAT_SECS}s" -q "$rate" --latency-correction -w
+             -c "$LAT_CONNS" -m POST -T 'text/plain;charset=UTF-8' -H 'Origin: https://shop01.example'
+             -H 'User-Agent: Mozilla/5.0 (X11; Linux x86_64; rv:125.0) Gecko/20100101 Firefox/125.0'
+             -Z "$work/bodies.txt" --output-format json -o "$logs/oha-$key-$server.json" "$url")
+    cmd "${oha_cmd[@]}"
+    [[ $server == collector ]] && metrics B
+    "${oha_cmd[@]}" >"$logs/oha-$key-$server.log" 2>&1 || { cat "$logs/oha-$key-$server.log" >&2; die "oha failed"; }
+    kv_into O < <(bench_py oha "$logs/oha-$key-$server.json")
+    sent=$(( O_ok + O_non2xx + O_errors ))
+    (( sent < lines )) || note "warning: oha sent $sent requests but only $lines bodies exist: ids repeated"
+    if [[ $server == collector ]]; then
+        metrics A
+        extra=" accepted=$(( ${A_accepted%.*} - ${B_accepted%.*} )) duplicates=$(( ${A_duplicates%.*} - ${B_duplicates%.*} ))"
+    fi
+    note "$server: $O_rps req/s, p50 $O_p50_ms ms, p99 $O_p99_ms ms, p99.9 $O_p999_ms ms, max $O_max_ms ms; 2xx=$O_ok other=$O_non2xx errors=$O_errors$extra"
+    put "${key}_${server}_p50_ms" "$O_p50_ms"
+    put "${key}_${server}_p99_ms" "$O_p99_ms"
+    put "${key}_${server}_p999_ms" "$O_p999_ms"
+    put "${key}_${server}_max_ms" "$O_max_ms"
+    put "${key}_${server}_errors" "$((O_non2xx + O_errors))"
+    rm -f "$work/bodies.txt"
+}
+
+# profile_run PORT_PID CONNS: perf record of PID for PROFILE_SECS under wrk at CONNS on
+# $curl_url; writes $logs/profile.md (nothing when perf is not usable)
+profile_run() {
+    local pid=$1 conns=$2 wrk_pid prof_note
+    if ! perf_usable; then
+        note "perf is not usable here: no profile"
+        return 0
+    fi
+    section "profile: perf record -g (dwarf) of the collector for ${PROFILE_SECS}s under wrk at c=$conns"
+    put perf_version "$(perf version 2>/dev/null | head -n1)"
+    wait_drained
+    next_nonce
+    taskset -c 1 wrk -t1 -c"$conns" -d"$((PROFILE_SECS + 4))s" -s "$lua" "$curl_url" -- "$nonce" 1 "$SITES" >"$logs/wrk-profile.txt" 2>&1 &
+    wrk_pid=$!; bg_pids+=("$wrk_pid")
+    sleep 2
+    cmd taskset -c 1 perf record -e cpu-clock -F 499 --call-graph dwarf,16384 -p COLLECTOR_PID -o DIR/perf.data -- sleep "$PROFILE_SECS"
+    taskset -c 1 perf record -q -e cpu-clock -F 499 --call-graph dwarf,16384 -p "$pid" \
+        -o "$work/perf.data" -- sleep "$PROFILE_SECS" >"$logs/perf-record.log" 2>&1 || note "perf record failed"
+    wait "$wrk_pid" || true
+    bg_pids=()
+    prof_note=$(python3 - "$logs/wrk-profile.txt" "$conns" <<'PY'
+import re, sys
+text = open(sys.argv[1]).read()
+m = re.search(r"requests=(\d+) duration_us=(\d+)", text)
+rate = f"{int(m.group(1)) / (int(m.group(2)) / 1e6):,.0f} req/s with the profiler attached" if m else "rate unknown"
+print(f"wrk -t1 -c{sys.argv[2]}, 1 beacon per request, {rate}")
+PY
+)
+    if [[ -s $work/perf.data ]]; then
+        bench_py profile "$work/perf.data" "$logs/profile.md" "$prof_note" || note "perf report failed"
+    fi
 }
 
 # ---------------------------------------------------------------------- main ---
@@ -391,6 +480,83 @@ run_wrk "$nurl" 16 "$WARMUP_SECS" 1 "$lua"
 note "nginx:     $W_rps req/s, $W_errors errors"
 wait_drained
 
+# ---------------------------------------------------------------- ablation ---
+
+if [[ $mode == ablation ]]; then
+    # The release build, the same build without the spool append (feature bench-no-append:
+    # every station up to and including the RowBinary encoding, then 202) and nginx, each
+    # at each connection count, in ABL_ROUNDS interleaved rounds.
+    ABL_ROUNDS=2
+    aport=$(alloc_ports 1)
+    aurl=http://127.0.0.1:$aport/api/v1/measurements
+    cmd "same, COLLECTOR_LISTEN=127.0.0.1:PORT2 COLLECTOR_SPOOL_DIR=DIR/spool-no-append target/release/collector-no-append serve"
+    launch_collector "$root/target/release/collector-no-append" "$aport" "$work/spool-no-append" "$logs/collector-no-append.log"
+    noappend_pid=$launched_pid
+    run_wrk "$aurl" 16 "$WARMUP_SECS" 1 "$lua"
+    note "no-append: $W_rps req/s, $W_errors errors (warm-up)"
+    put abl_rounds "$ABL_ROUNDS"
+    section "ablation: wrk -t1 ${TP_SECS}s at $TP_CONNS connections, 1 beacon per request, main / no-append / nginx, $ABL_ROUNDS rounds"
+    for variant in main no-append nginx; do printf -v "abest_${variant//-/_}" '%s' 0; done
+    for (( round = 1; round <= ABL_ROUNDS; round++ )); do
+        for conns in $TP_CONNS; do
+            for variant in main no-append nginx; do
+                case $variant in
+                    main) url=$curl_url port=$cport; pids=("$collector_pid"); wait_drained ;;
+                    no-append) url=$aurl port=$aport; pids=("$noappend_pid") ;;
+                    nginx) url=$nurl port=""; read -ra pids <<<"$(nginx_pids)" ;;
+                esac
+                [[ -n $port ]] && metrics B "$port"
+                cpu0=$(bench_py proc "${pids[@]}" | sed 's/ .*//; s/cpu=//')
+                run_wrk "$url" "$conns" "$TP_SECS" 1 "$lua"
+                cpu1=$(bench_py proc "${pids[@]}" | sed 's/ .*//; s/cpu=//')
+                extra="" cpu100k=""
+                if [[ -n $port ]]; then
+                    metrics A "$port"
+                    accepted=$(( ${A_accepted%.*} - ${B_accepted%.*} ))
+                    non202=$(( ${A_intake_other%.*} - ${B_intake_other%.*} ))
+                    cpu100k=$(python3 -c "print(f'{($cpu1 - $cpu0) / max(1, $accepted) * 1e5:.2f}')")
+                    extra=" accepted=$accepted non-202=$non202 cpu/100k=${cpu100k}s"
+                    # wrk counts a request cut off at the end of the run too: allow that much slack.
+                    if (( non202 > 0 || accepted + conns < W_requests )); then
+                        W_errors=$(( W_errors + non202 + 1 ))
+                        extra+=" (mismatch: $W_requests sent)"
+                    fi
+                fi
+                us=$(python3 -c "print(f'{($cpu1 - $cpu0) / max(1, $W_requests) * 1e6:.1f}')")
+                note "$variant c=$conns round $round: $W_rps req/s, errors=$W_errors, ${us} µs of core per request, wrk CPU ${W_gen_cpu}%$extra"
+                v=${variant//-/_}
+                put "abl_run_${round}_${conns}_$v" "rps:$W_rps,errors:$W_errors,us:$us,cpu100k:${cpu100k:--},gen_cpu:$W_gen_cpu"
+                best_var="abest_$v"
+                if (( W_errors == 0 )) && python3 -c "import sys; sys.exit(0 if $W_rps > ${!best_var} else 1)"; then
+                    printf -v "$best_var" '%s' "$W_rps"
+                    printf -v "abestc_$v" '%s' "$conns"
+                    printf -v "abestus_$v" '%s' "$us"
+                    printf -v "abest100k_$v" '%s' "${cpu100k:--}"
+                fi
+                sleep 1
+            done
+        done
+    done
+    for v in main no_append nginx; do
+        b="abest_$v" c="abestc_$v" u="abestus_$v" k="abest100k_$v"
+        put "abl_best_$v" "rps:${!b},conns:${!c:--},us:${!u:--},cpu100k:${!k:--}"
+    done
+    [[ $abest_main != 0 ]] || die "no run of main without errors: cannot derive the 70 % rate"
+    stop_pid "$noappend_pid"; noappend_pid=""
+    rate=$(python3 -c "print(int($abest_main * 0.7))")
+    put abl_lat_rate "$rate"
+    section "ablation: latency, oha open loop at $rate req/s (70 % of main's best), ${LAT_SECS}s, $LAT_CONNS connections"
+    latency_run collector "$curl_url" "$rate" abl_lat
+    latency_run nginx "$nurl" "$rate" abl_lat
+    (( PROFILE_SECS > 0 )) && profile_run "$collector_pid" "$abestc_main"
+    put loadavg_end "$(cut -d' ' -f1-3 /proc/loadavg)"
+    stop_collector
+    section "results (ablation)"
+    bench_py ablation "$results" "$root/docs/benchmarks.md" --profile "$logs/profile.md"
+    status=0
+    exit 0
+fi
+
 # ------------------------------------------------------- (a) throughput (c) CPU ---
 
 section "(a) throughput: wrk ${TP_SECS}s runs at $TP_CONNS connections, 1 and 10 beacons per request"
@@ -461,32 +627,8 @@ done
 
 # ---------------------------------------------------------------- profile -------
 
-if (( PROFILE_SECS > 0 )) && perf_usable; then
-    section "profile: perf record -g (dwarf) of the collector for ${PROFILE_SECS}s under wrk at c=$bestc_collector_1"
-    put perf_version "$(perf version 2>/dev/null | head -n1)"
-    wait_drained
-    next_nonce
-    taskset -c 1 wrk -t1 -c"$bestc_collector_1" -d"$((PROFILE_SECS + 4))s" -s "$lua" "$curl_url" -- "$nonce" 1 "$SITES" >"$logs/wrk-profile.txt" 2>&1 &
-    wrk_pid=$!; bg_pids+=("$wrk_pid")
-    sleep 2
-    cmd taskset -c 1 perf record -e cpu-clock -F 499 --call-graph dwarf,16384 -p COLLECTOR_PID -o DIR/perf.data -- sleep "$PROFILE_SECS"
-    taskset -c 1 perf record -q -e cpu-clock -F 499 --call-graph dwarf,16384 -p "$collector_pid" \
-        -o "$work/perf.data" -- sleep "$PROFILE_SECS" >"$logs/perf-record.log" 2>&1 || note "perf record failed"
-    wait "$wrk_pid" || true
-    bg_pids=()
-    prof_note=$(python3 - "$logs/wrk-profile.txt" "$bestc_collector_1" <<'PY'
-import re, sys
-text = open(sys.argv[1]).read()
-m = re.search(r"requests=(\d+) duration_us=(\d+)", text)
-rate = f"{int(m.group(1)) / (int(m.group(2)) / 1e6):,.0f} req/s with the profiler attached" if m else "rate unknown"
-print(f"wrk -t1 -c{sys.argv[2]}, 1 beacon per request, {rate}")
-PY
-)
-    if [[ -s $work/perf.data ]]; then
-        bench_py profile "$work/perf.data" "$logs/profile.md" "$prof_note" || note "perf report failed"
-    fi
-elif (( PROFILE_SECS > 0 )); then
-    note "perf is not usable here: no profile"
+if (( PROFILE_SECS > 0 )); then
+    profile_run "$collector_pid" "$bestc_collector_1"
 fi
 
 # ------------------------------------------------------------- (b) latency ---
@@ -494,34 +636,9 @@ fi
 rate=$(python3 -c "print(int($best_collector_1 * 0.7))")
 put lat_rate "$rate"
 section "(b) latency: oha open loop at $rate req/s (70 %), ${LAT_SECS}s, $LAT_CONNS connections"
-lines=$(( rate * LAT_SECS * 12 / 10 + 1000 ))
 for server in collector nginx; do
-    wait_drained
-    next_nonce
-    bench_py bodies "$work/bodies.txt" "$lines" "$nonce" "$SITES"
     [[ $server == collector ]] && url=$curl_url || url=$nurl
-    oha_cmd=(taskset -c 1 "$oha" --no-tui --worker-threads 1 -z "${LAT_SECS}s" -q "$rate" --latency-correction -w
-             -c "$LAT_CONNS" -m POST -T 'text/plain;charset=UTF-8' -H 'Origin: https://shop01.example'
-             -H 'User-Agent: Mozilla/5.0 (X11; Linux x86_64; rv:125.0) Gecko/20100101 Firefox/125.0'
-             -Z "$work/bodies.txt" --output-format json -o "$logs/oha-$server.json" "$url")
-    cmd "${oha_cmd[@]}"
-    [[ $server == collector ]] && metrics B
-    "${oha_cmd[@]}" >"$logs/oha-$server.log" 2>&1 || { cat "$logs/oha-$server.log" >&2; die "oha failed"; }
-    kv_into O < <(bench_py oha "$logs/oha-$server.json")
-    sent=$(( O_ok + O_non2xx + O_errors ))
-    (( sent < lines )) || note "warning: oha sent $sent requests but only $lines bodies exist: ids repeated"
-    extra=""
-    if [[ $server == collector ]]; then
-        metrics A
-        extra=" accepted=$(( ${A_accepted%.*} - ${B_accepted%.*} )) duplicates=$(( ${A_duplicates%.*} - ${B_duplicates%.*} ))"
-    fi
-    note "$server: $O_rps req/s, p50 $O_p50_ms ms, p99 $O_p99_ms ms, p99.9 $O_p999_ms ms, max $O_max_ms ms; 2xx=$O_ok other=$O_non2xx errors=$O_errors$extra"
-    put "lat_${server}_p50_ms" "$O_p50_ms"
-    put "lat_${server}_p99_ms" "$O_p99_ms"
-    put "lat_${server}_p999_ms" "$O_p999_ms"
-    put "lat_${server}_max_ms" "$O_max_ms"
-    put "lat_${server}_errors" "$((O_non2xx + O_errors))"
-    rm -f "$work/bodies.txt"
+    latency_run "$server" "$url" "$rate" lat
 done
 
 # ---------------------------------------------- (f) visibility (g) inserts/parts ---
