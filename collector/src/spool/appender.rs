@@ -1,26 +1,30 @@
-//! The appender: one thread that takes every append queued while the previous sync was in
-//! flight, writes them with one `write` and makes them durable with one `fdatasync` (group
-//! commit), and the unwritable state a failed write or sync puts the spool in.
+//! The committer: one thread that takes the open group, writes it with one `pwrite` and makes
+//! it durable with one `fdatasync` (group commit), releases the group's answers, and keeps the
+//! unwritable state a failed write or sync puts the spool in.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
+use std::os::unix::fs::FileExt;
 use std::path::Path;
-use std::sync::mpsc::{self, Receiver};
 use std::sync::Arc;
 use std::time::Instant;
 
 use super::files::{fault, is_no_space};
-use super::format::{encode_frame, FRAME_HEADER_LEN, HEADER_LEN, MAGIC};
+use super::format::{HEADER_LEN, MAGIC};
+use super::group::{Groups, Taken};
+use super::prepare::Preparer;
 use super::{
-    segment_path, AppendError, AppendRequest, Position, Shared, GROUP_MAX_BYTES, RESUME_ROOM_BYTES,
-    RETRY_WRITE_INTERVAL, UNWRITABLE_DISK_FULL, UNWRITABLE_IO,
+    segment_path, AppendError, Position, Shared, RESUME_ROOM_BYTES, RETRY_WRITE_INTERVAL,
+    UNWRITABLE_DISK_FULL, UNWRITABLE_IO,
 };
 
 pub(super) struct Appender {
     pub shared: Arc<Shared>,
-    /// The active segment, open for appending; `None` while sealed (see [`State::sealed`]).
+    pub groups: Arc<Groups>,
+    pub preparer: Arc<Preparer>,
+    /// The active segment, open for writing; `None` while sealed (see [`State::sealed`]).
     pub file: Option<File>,
-    /// Length of the active segment.
+    /// Length of what the active segment holds (a prepared segment's file is longer: zeros).
     pub size: u64,
     /// When the appender last tried to leave the unwritable state.
     pub last_probe: Instant,
@@ -29,44 +33,53 @@ pub(super) struct Appender {
 }
 
 impl Appender {
-    pub fn run(mut self, rx: Receiver<AppendRequest>) {
-        let mut buf = Vec::with_capacity(1 << 20);
-        let mut group = Vec::with_capacity(256);
+    /// Commits groups until the spool closes, then commits what is open and returns.
+    pub fn run(mut self) {
+        let mut spare = Vec::with_capacity(1 << 16);
         loop {
-            // While unwritable, wake up every probe interval to try again: no request may come
-            // (load balancers follow /readyz), and readiness must return by itself.
-            let first = if self.unwritable_since.is_some() {
-                match rx.recv_timeout(RETRY_WRITE_INTERVAL) {
-                    Ok(req) => Some(req),
-                    Err(mpsc::RecvTimeoutError::Timeout) => None,
-                    Err(mpsc::RecvTimeoutError::Disconnected) => break,
-                }
-            } else {
-                match rx.recv() {
-                    Ok(req) => Some(req),
-                    Err(_) => break,
+            let taken = {
+                let mut open = self.groups.open.lock().unwrap();
+                loop {
+                    if open.requests > 0 {
+                        break Some(Groups::take(&mut open, std::mem::take(&mut spare)));
+                    }
+                    if open.stopping {
+                        break None;
+                    }
+                    // While unwritable, wake up every retry interval to try again: no request
+                    // may come (load balancers follow /readyz), and readiness must return by
+                    // itself.
+                    open.committer_idle = true;
+                    open = if self.unwritable_since.is_some() {
+                        let (open, _) = self
+                            .groups
+                            .work
+                            .wait_timeout(open, RETRY_WRITE_INTERVAL)
+                            .unwrap();
+                        open
+                    } else {
+                        self.groups.work.wait(open).unwrap()
+                    };
+                    open.committer_idle = false;
+                    if self.unwritable_since.is_some()
+                        && self.last_probe.elapsed() >= RETRY_WRITE_INTERVAL
+                    {
+                        drop(open);
+                        self.probe();
+                        open = self.groups.open.lock().unwrap();
+                    }
                 }
             };
-            if self.unwritable_since.is_some() && self.last_probe.elapsed() >= RETRY_WRITE_INTERVAL
-            {
-                self.probe();
-            }
-            let Some(first) = first else { continue };
-            group.push(first);
-            let mut bytes = group[0].rows.bytes.len();
-            while bytes < GROUP_MAX_BYTES {
-                match rx.try_recv() {
-                    Ok(req) => {
-                        bytes += req.rows.bytes.len();
-                        group.push(req);
-                    }
-                    Err(_) => break,
-                }
-            }
-            self.commit_group(&mut group, &mut buf);
-            group.clear();
-            buf.clear();
+            let Some(mut taken) = taken else { break };
+            let bytes = taken.buf.len() as u64;
+            let outcome = self.commit(&taken);
+            self.groups.done(bytes);
+            taken.group.finish(outcome);
+            taken.buf.clear();
+            spare = taken.buf;
         }
+        self.trim_active();
+        self.preparer.stop();
         tracing::debug!("spool: appender stopped");
     }
 
@@ -78,80 +91,53 @@ impl Appender {
         }
     }
 
-    fn commit_group(&mut self, group: &mut Vec<AppendRequest>, buf: &mut Vec<u8>) {
+    /// Writes and syncs one group; counts it in the spool's state once durable.
+    fn commit(&mut self, taken: &Taken) -> Result<(), AppendError> {
         if self.unwritable_since.is_some() {
-            let refusal = self.refusal();
-            for req in group.drain(..) {
-                let _ = req.ack.send(Err(refusal));
-            }
-            return;
+            return Err(self.refusal());
         }
         if self.file.is_none() || self.size >= self.shared.segment_target {
             if let Err(e) = self.rotate() {
                 // No new segment: the full one takes no more either.
                 self.seal();
                 self.enter_unwritable(&e, "cannot start a new segment");
-                let refusal = self.refusal();
-                for req in group.drain(..) {
-                    let _ = req.ack.send(Err(refusal));
-                }
-                return;
+                return Err(self.refusal());
             }
         }
-        let held = self.shared.state.lock().unwrap().unconfirmed_bytes;
-        let mut accepted = Vec::with_capacity(group.len());
-        let mut records = 0;
-        for req in group.drain(..) {
-            let framed = (FRAME_HEADER_LEN + req.rows.bytes.len()) as u64;
-            if held + buf.len() as u64 + framed > self.shared.max_bytes {
-                let _ = req.ack.send(Err(AppendError::Full));
-                continue;
-            }
-            encode_frame(buf, &req.rows);
-            records += u64::from(req.rows.count);
-            accepted.push(req.ack);
-        }
-        if accepted.is_empty() {
-            return;
-        }
-        let file = self.file.as_mut().expect("rotated above");
+        let file = self.file.as_ref().expect("rotated above");
         // The group is held from here on (its records were received moments ago).
         let held_since = crate::metrics::monotonic_nanos();
         let began = Instant::now();
         let result = fault(&self.shared.dir)
-            .and_then(|()| file.write_all(buf))
+            .and_then(|()| file.write_all_at(&taken.buf, self.size))
             .and_then(|()| file.sync_data());
         self.shared
             .metrics
             .spool_sync_duration
             .observe(began.elapsed().as_secs_f64());
+        let len = taken.buf.len() as u64;
         match result {
             Ok(()) => {
-                self.size += buf.len() as u64;
-                {
+                self.size += len;
+                let end = {
                     let mut st = self.shared.state.lock().unwrap();
                     let active = st.active;
                     st.segments.insert(active, self.size);
-                    st.disk_bytes += buf.len() as u64;
-                    st.unconfirmed_bytes += buf.len() as u64;
-                    st.unconfirmed_records += records;
-                    if records > 0 {
-                        let end = Position {
-                            segment: active,
-                            offset: self.size,
-                        };
+                    st.disk_bytes += len;
+                    st.unconfirmed_bytes += len;
+                    st.unconfirmed_records += taken.records;
+                    let end = Position {
+                        segment: active,
+                        offset: self.size,
+                    };
+                    if taken.records > 0 {
                         st.received.appended(end, held_since);
                     }
                     self.shared.publish(&st);
-                }
-                let active = self.shared.state.lock().unwrap().active;
-                self.shared.committed.send_replace(Position {
-                    segment: active,
-                    offset: self.size,
-                });
-                for ack in accepted {
-                    let _ = ack.send(Ok(()));
-                }
+                    end
+                };
+                self.shared.committed.send_replace(end);
+                Ok(())
             }
             Err(e) => {
                 // Back to the last durable length; after a failed sync the page cache cannot
@@ -159,10 +145,7 @@ impl Appender {
                 let _ = file.set_len(self.size);
                 self.seal();
                 self.enter_unwritable(&e, "write or sync failed");
-                let refusal = self.refusal();
-                for ack in accepted {
-                    let _ = ack.send(Err(refusal));
-                }
+                Err(self.refusal())
             }
         }
     }
@@ -170,8 +153,19 @@ impl Appender {
     /// Closes the active segment for good: it is deleted once confirmed, even if no new one
     /// can be made (see [`State::sealed`]).
     fn seal(&mut self) {
+        self.trim_active();
         self.file = None;
         self.shared.state.lock().unwrap().sealed = true;
+    }
+
+    /// Cuts a prepared active segment's unused zeros, so that a segment no longer written
+    /// holds only frames (recovery would cut them anyway).
+    fn trim_active(&mut self) {
+        if let Some(file) = &self.file {
+            if file.metadata().is_ok_and(|m| m.len() > self.size) {
+                let _ = file.set_len(self.size);
+            }
+        }
     }
 
     /// Turns the spool unwritable (appends refused, `/readyz` 503) after `e`; one warning.
@@ -270,9 +264,20 @@ impl Appender {
         self.shared.forget_segment(active, len);
     }
 
+    /// Starts the next segment: the prepared one when it is ready, else a new file that grows
+    /// as it is written.
     pub fn rotate(&mut self) -> io::Result<()> {
         let next = self.shared.state.lock().unwrap().active + 1;
-        let file = create_segment(&self.shared.dir, next)?;
+        let dest = segment_path(&self.shared.dir, next);
+        let file = match self.preparer.take(&dest) {
+            Some(file) => {
+                let file = file?;
+                File::open(self.shared.dir.join("segments"))?.sync_all()?;
+                file
+            }
+            None => create_segment(&self.shared.dir, next)?,
+        };
+        self.trim_active();
         {
             let mut st = self.shared.state.lock().unwrap();
             st.segments.insert(next, HEADER_LEN);
@@ -295,7 +300,8 @@ fn create_segment(dir: &Path, n: u64) -> io::Result<File> {
     let path = segment_path(dir, n);
     let mut f = OpenOptions::new()
         .create_new(true)
-        .append(true)
+        .read(true)
+        .write(true)
         .open(&path)?;
     // A segment that was made but could not be written is removed, so that the next attempt
     // can make it again.

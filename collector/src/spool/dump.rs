@@ -55,7 +55,7 @@ pub fn dump(dir: &Path, all: bool, out: &mut impl Write) -> io::Result<Summary> 
         let mut off = HEADER_LEN as usize;
         loop {
             let Some(frame) = version.frame_at(&data, off) else {
-                if off < data.len() {
+                if !format::is_unused(&data[off.min(data.len())..]) {
                     // Torn (a write in progress, or a crash) or damaged: recovery at the next
                     // start decides; the dump says where its listing of the segment stops.
                     summary.damaged += 1;

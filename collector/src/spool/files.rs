@@ -298,8 +298,24 @@ pub(super) fn is_no_space(e: &io::Error) -> bool {
 #[cfg(test)]
 pub(super) static FULL_DISKS: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
 
-/// `Err(ENOSPC)` when a unit test made `dir` full.
+/// Spool folders whose writes take this long, for unit tests of a slow or hung disk.
+#[cfg(test)]
+pub(super) static SLOW_DISKS: Mutex<Vec<(PathBuf, std::time::Duration)>> = Mutex::new(Vec::new());
+
+/// `Err(ENOSPC)` when a unit test made `dir` full; a sleep first when one made it slow.
 pub(super) fn fault(dir: &Path) -> io::Result<()> {
+    #[cfg(test)]
+    {
+        let slow = SLOW_DISKS
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|(d, _)| dir.starts_with(d))
+            .map(|&(_, t)| t);
+        if let Some(t) = slow {
+            std::thread::sleep(t);
+        }
+    }
     #[cfg(test)]
     if FULL_DISKS
         .lock()

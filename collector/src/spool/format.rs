@@ -165,13 +165,26 @@ impl Version {
 
 /// Appends one v4 frame holding `rows` to `out`.
 pub fn encode_frame(out: &mut Vec<u8>, rows: &EncodedRows) {
-    let at = out.len();
-    out.extend_from_slice(&(rows.bytes.len() as u32).to_le_bytes());
-    out.extend_from_slice(&rows.count.to_le_bytes());
-    out.extend_from_slice(&rows.earliest_received_at.to_le_bytes());
-    let crc = crc32c::crc32c_append(crc32c::crc32c(&out[at..at + 12]), &rows.bytes);
-    out.extend_from_slice(&crc.to_le_bytes());
+    out.extend_from_slice(&frame_header(rows));
     out.extend_from_slice(&rows.bytes);
+}
+
+/// The header of the v4 frame holding `rows` (its payload is `rows.bytes`), checksum included.
+pub fn frame_header(rows: &EncodedRows) -> [u8; FRAME_HEADER_LEN] {
+    let mut header = [0u8; FRAME_HEADER_LEN];
+    header[0..4].copy_from_slice(&(rows.bytes.len() as u32).to_le_bytes());
+    header[4..8].copy_from_slice(&rows.count.to_le_bytes());
+    header[8..12].copy_from_slice(&rows.earliest_received_at.to_le_bytes());
+    let crc = crc32c::crc32c_append(crc32c::crc32c(&header[..12]), &rows.bytes);
+    header[12..16].copy_from_slice(&crc.to_le_bytes());
+    header
+}
+
+/// Whether `rest`, the bytes of a segment after its last whole frame, is space never written:
+/// zeros, as a segment is made ([`super::prepare`]). No frame is all zeros (its length and
+/// row count are at least 1), so zeros are never a torn or damaged frame.
+pub fn is_unused(rest: &[u8]) -> bool {
+    rest.iter().all(|&b| b == 0)
 }
 
 /// The rows of a v1 payload (a JSON array of measurements), encoded as RowBinary; `None` when

@@ -108,12 +108,11 @@ use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::mpsc::{self, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use fs4::fs_std::FileExt as _;
-use tokio::sync::{oneshot, watch};
+use tokio::sync::watch;
 
 use crate::measurement::EncodedRows;
 use crate::metrics::Metrics;
@@ -122,6 +121,8 @@ mod appender;
 pub mod dump;
 pub mod files;
 pub mod format;
+mod group;
+mod prepare;
 mod reader;
 mod recovery;
 #[cfg(test)]
@@ -130,6 +131,8 @@ mod tests;
 use appender::Appender;
 use files::{identity, parse_in_flight, Cursor, SlotFile};
 pub use format::{HEADER_LEN, MAGIC, MAX_RECORD_BYTES};
+use group::Groups;
+use prepare::Preparer;
 pub use reader::{Frame, SpoolReader};
 use recovery::recover_segment;
 
@@ -196,11 +199,6 @@ pub enum OpenError {
     /// A filesystem error.
     #[error("spool folder {0}: {1}")]
     Io(PathBuf, io::Error),
-}
-
-struct AppendRequest {
-    rows: EncodedRows,
-    ack: oneshot::Sender<Result<(), AppendError>>,
 }
 
 #[derive(Debug, Default)]
@@ -341,17 +339,21 @@ pub struct Spool {
     appender: Arc<AppenderHandle>,
 }
 
-/// Owns the appender thread: when the last [`Spool`] goes, the queue closes, the thread
-/// commits what is queued and is joined, so the spool's lock is released deterministically.
+/// Owns the spool's threads (the appender, the watchdog, the segment preparer): when the last
+/// [`Spool`] goes, appends stop, the appender commits what is open, and every thread is
+/// joined, so the spool's lock is released deterministically.
 struct AppenderHandle {
-    tx: Option<SyncSender<AppendRequest>>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    groups: Arc<Groups>,
+    threads: Vec<std::thread::JoinHandle<()>>,
 }
 
 impl Drop for AppenderHandle {
     fn drop(&mut self) {
-        drop(self.tx.take());
-        if let Some(thread) = self.thread.take() {
+        self.groups.open.lock().unwrap().stopping = true;
+        self.groups.work.notify_all();
+        self.groups.tick.notify_all();
+        // The appender stops the preparer once it has committed the last group.
+        for thread in self.threads.drain(..) {
             let _ = thread.join();
         }
     }
@@ -513,8 +515,12 @@ pub fn open(
     shared.set_unwritable(0);
     shared.publish(&shared.state.lock().unwrap());
 
+    let groups = Arc::new(Groups::new());
+    let preparer = Arc::new(Preparer::new(dir, shared.segment_target));
     let mut appender = Appender {
         shared: shared.clone(),
+        groups: groups.clone(),
+        preparer: preparer.clone(),
         file: None,
         size: active_len,
         last_probe: Instant::now(),
@@ -524,15 +530,34 @@ pub fn open(
     if let Err(e) = appender.resume() {
         appender.enter_unwritable(&e, "cannot start a segment at open");
     }
-    let (tx, rx) = mpsc::sync_channel(APPEND_QUEUE);
-    let thread = std::thread::Builder::new()
-        .name("spool-appender".into())
-        .spawn(move || appender.run(rx))
-        .map_err(err)?;
-    let appender = Arc::new(AppenderHandle {
-        tx: Some(tx),
-        thread: Some(thread),
-    });
+    let mut handle = AppenderHandle {
+        groups: groups.clone(),
+        threads: Vec::with_capacity(3),
+    };
+    let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
+        std::thread::Builder::new()
+            .name(name.into())
+            .spawn(f)
+            .map_err(err)
+    };
+    handle.threads.push(spawn(
+        "spool-prepare",
+        Box::new({
+            let preparer = preparer.clone();
+            move || preparer.run()
+        }),
+    )?);
+    handle.threads.push(spawn(
+        "spool-watchdog",
+        Box::new({
+            let groups = groups.clone();
+            move || group::watchdog(&groups)
+        }),
+    )?);
+    handle
+        .threads
+        .push(spawn("spool-appender", Box::new(move || appender.run()))?);
+    let appender = Arc::new(handle);
 
     let reader = SpoolReader {
         shared: shared.clone(),
@@ -555,24 +580,17 @@ impl Spool {
     /// duplicate), [`AppendError::DiskFull`] and [`AppendError::Io`] while the spool cannot
     /// write.
     pub async fn append(&self, rows: EncodedRows, limit: Duration) -> Result<(), AppendError> {
-        let (ack, done) = oneshot::channel();
-        let req = AppendRequest { rows, ack };
-        match self
+        match self.shared.unwritable() {
+            0 => {}
+            UNWRITABLE_DISK_FULL => return Err(AppendError::DiskFull),
+            _ => return Err(AppendError::Io),
+        }
+        let held = self.shared.state.lock().unwrap().unconfirmed_bytes;
+        let group = self
             .appender
-            .tx
-            .as_ref()
-            .expect("open until dropped")
-            .try_send(req)
-        {
-            Ok(()) => {}
-            Err(TrySendError::Full(_)) => return Err(AppendError::QueueFull),
-            Err(TrySendError::Disconnected(_)) => return Err(AppendError::Io),
-        }
-        match tokio::time::timeout(limit, done).await {
-            Ok(Ok(result)) => result,
-            Ok(Err(_)) => Err(AppendError::Io),
-            Err(_) => Err(AppendError::SyncTimeout),
-        }
+            .groups
+            .join(&rows, limit, held, self.shared.max_bytes)?;
+        group.wait().await
     }
 
     /// Whether the spool has room for at least `headroom` more unconfirmed bytes.

@@ -6,7 +6,7 @@ use std::io::{self, Write};
 use std::path::Path;
 
 use super::files::Cursor;
-use super::format::{Version, HEADER_LEN, MAGIC};
+use super::format::{is_unused, Version, HEADER_LEN, MAGIC};
 use super::{held_since_recovered, segment_path, HeldTimes, Position};
 use crate::metrics::Metrics;
 
@@ -42,10 +42,13 @@ pub(super) fn recover_segment(
 ) -> io::Result<Option<Recovered>> {
     let path = segment_path(dir, n);
     let data = fs::read(&path)?;
-    if data.len() <= MAGIC.len() {
-        // Just the magic is an empty segment, what a clean stop leaves: normal. Less than the
-        // magic is a torn segment start.
-        if data.len() == MAGIC.len() {
+    let no_frame = data.len() >= MAGIC.len()
+        && Version::of(&data[..MAGIC.len()]).is_some()
+        && is_unused(&data[MAGIC.len()..]);
+    if data.len() <= MAGIC.len() || no_frame {
+        // Just the magic (and a prepared segment's zeros) is an empty segment, what a clean
+        // stop leaves: normal. Less than the magic is a torn segment start.
+        if data.len() >= MAGIC.len() {
             tracing::debug!(segment = %path.display(), "spool: removing an empty segment");
         } else if !data.is_empty() {
             tracing::warn!(segment = %path.display(), bytes = data.len(), "spool: removing a segment too short to hold a record");
@@ -78,6 +81,10 @@ pub(super) fn recover_segment(
             off = f.next;
             continue;
         }
+        if is_unused(&data[off..]) {
+            // The zeros of a prepared segment after its last frame: never written.
+            break;
+        }
         match (off + 1..data.len()).find(|&p| version.frame_at(&data, p).is_some()) {
             Some(p) => {
                 skipped += p - off;
@@ -87,7 +94,10 @@ pub(super) fn recover_segment(
         }
     }
     let valid_end = frames.last().map_or(HEADER_LEN as usize, |f| f.1);
-    let cut = data.len() - valid_end;
+    // Zeros after the last frame are a prepared segment's space, never written: cut without
+    // a word (and not counted as damage).
+    let unused = is_unused(&data[valid_end..]);
+    let cut = if unused { 0 } else { data.len() - valid_end };
     let rewrite = skipped > 0 || named.is_none();
     let len = if rewrite {
         let aside = dir.join("kept-aside").join(format!("damaged-{n:020}.seg"));
@@ -130,6 +140,11 @@ pub(super) fn recover_segment(
                 tracing::warn!(segment = %path.display(), cut_bytes = cut, "spool: cut a torn tail");
             }
             metrics.spool_damaged_bytes.inc_by(cut as u64);
+        }
+        if valid_end < data.len() {
+            if unused {
+                tracing::debug!(segment = %path.display(), bytes = data.len() - valid_end, "spool: cutting a prepared segment's unused space");
+            }
             let f = OpenOptions::new().write(true).open(&path)?;
             f.set_len(valid_end as u64)?;
             f.sync_all()?;

@@ -954,3 +954,210 @@ async fn the_dump_lists_rows_and_says_where_a_segment_is_damaged() {
     let e = super::dump::dump(empty.path(), false, &mut Vec::new()).unwrap_err();
     assert!(e.to_string().contains("not a spool folder"), "{e}");
 }
+
+/// Makes writes under `dir` take `t` each (or none).
+fn set_slow(dir: &Path, t: Option<Duration>) {
+    let mut disks = SLOW_DISKS.lock().unwrap();
+    disks.retain(|(d, _)| d != dir);
+    if let Some(t) = t {
+        disks.push((dir.to_owned(), t));
+    }
+}
+
+/// The count of `collector_spool_sync_duration_seconds`: syncs so far.
+fn syncs(metrics: &Metrics) -> u64 {
+    let text = metrics.encode();
+    text.lines()
+        .find_map(|l| l.strip_prefix("collector_spool_sync_duration_seconds_count "))
+        .unwrap_or_else(|| panic!("no sync count in:\n{text}"))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// Many requests at once share syncs (group commit), and each is read back once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_appends_share_syncs_and_each_is_read_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let metrics = Arc::new(Metrics::new());
+    let (spool, mut reader) = open(dir.path(), 1 << 26, metrics.clone()).unwrap();
+    let before = syncs(&metrics);
+    let tasks: Vec<_> = (0..400u128)
+        .map(|n| {
+            let spool = spool.clone();
+            tokio::spawn(async move { spool.append(rows(&[m(n)]), Duration::from_secs(5)).await })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap().unwrap();
+    }
+    let mut got = ids(&read_all(&mut reader));
+    got.sort_unstable();
+    assert_eq!(got, (0..400).collect::<Vec<u128>>(), "each once");
+    let syncs = syncs(&metrics) - before;
+    assert!(
+        (1..400).contains(&syncs),
+        "{syncs} syncs for 400 requests: no group shared a sync"
+    );
+    assert_eq!(metrics.spool_records.get(), 400);
+}
+
+/// Segments after the first are prepared: made at their full length ahead of time, so
+/// appending to one writes no inode; its zeros are never read as frames, a restart cuts them
+/// without counting damage, and a clean stop leaves neither zeros nor the prepared file.
+#[tokio::test]
+async fn prepared_segments_are_used_and_their_zeros_are_not_damage() {
+    let dir = tempfile::tempdir().unwrap();
+    let metrics = Arc::new(Metrics::new());
+    // max / 8 = the smallest segment target, 64 KiB.
+    let max = 8 * SEGMENT_MIN_BYTES;
+    let prepared = dir.path().join(prepare::PREPARED_FILE);
+    let mut n = 0u128;
+    {
+        let (spool, mut reader) = open(dir.path(), max, metrics.clone()).unwrap();
+        assert_eq!(spool.shared.segment_target, SEGMENT_MIN_BYTES);
+        let start = Instant::now();
+        while !prepared
+            .metadata()
+            .is_ok_and(|m| m.len() == SEGMENT_MIN_BYTES)
+        {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "nothing prepared"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        while spool.shared.state.lock().unwrap().active == 1 {
+            spool
+                .append(rows(&[m(n)]), Duration::from_secs(5))
+                .await
+                .unwrap();
+            n += 1;
+        }
+        // Segment 2 is the prepared file: full length at once, holding what was appended.
+        let len2 = fs::metadata(segment_path(dir.path(), 2)).unwrap().len();
+        let data2 = spool.shared.state.lock().unwrap().segments[&2];
+        assert_eq!(len2, SEGMENT_MIN_BYTES, "made at its full length");
+        assert!(data2 < len2, "{data2} bytes of data");
+        assert_eq!(ids(&read_all(&mut reader)), (0..n).collect::<Vec<_>>());
+        // Unused space is zeros, not frames.
+        let raw = fs::read(segment_path(dir.path(), 2)).unwrap();
+        assert!(format::is_unused(&raw[data2 as usize..]));
+        // A crash now leaves the zeros: simulated on a copy of the folder.
+        let copy = tempfile::tempdir().unwrap();
+        for sub in ["segments", "kept-aside"] {
+            fs::create_dir_all(copy.path().join(sub)).unwrap();
+        }
+        for n in [1, 2] {
+            fs::copy(segment_path(dir.path(), n), segment_path(copy.path(), n)).unwrap();
+        }
+        let copied = Arc::new(Metrics::new());
+        let (_s, mut r) = open(copy.path(), max, copied.clone()).unwrap();
+        assert_eq!(
+            ids(&read_all(&mut r)),
+            (0..n).collect::<Vec<_>>(),
+            "each once"
+        );
+        assert_eq!(copied.spool_damaged_bytes.get(), 0, "zeros are not damage");
+        assert_eq!(
+            fs::metadata(segment_path(copy.path(), 2)).unwrap().len(),
+            data2,
+            "cut to its frames"
+        );
+        assert_eq!(
+            fs::read_dir(copy.path().join("kept-aside"))
+                .unwrap()
+                .count(),
+            0
+        );
+    }
+    // A clean stop: the active segment holds its frames only, the prepared file is gone.
+    assert!(!prepared.exists(), "prepared file left after a clean stop");
+    let len2 = fs::metadata(segment_path(dir.path(), 2)).unwrap().len();
+    let raw = fs::read(segment_path(dir.path(), 2)).unwrap();
+    assert!(
+        !format::is_unused(&raw[raw.len() - 4..]),
+        "{len2} bytes end in zeros"
+    );
+    let (_spool, mut reader) = open(dir.path(), max, metrics.clone()).unwrap();
+    assert_eq!(ids(&read_all(&mut reader)), (0..n).collect::<Vec<_>>());
+}
+
+/// A sync that outlives its requests' limit answers them `SyncTimeout` (no timer per request:
+/// the watchdog ends the group), their rows still land, and later requests go on normally.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sync_past_the_limit_answers_sync_timeout_and_the_rows_still_land() {
+    let dir = tempfile::tempdir().unwrap();
+    let metrics = Arc::new(Metrics::new());
+    let (spool, mut reader) = open(dir.path(), 1 << 26, metrics.clone()).unwrap();
+    spool
+        .append(rows(&[m(1)]), Duration::from_secs(5))
+        .await
+        .unwrap();
+    set_slow(dir.path(), Some(Duration::from_millis(1500)));
+    let start = Instant::now();
+    let timed_out = spool
+        .append(rows(&[m(2)]), Duration::from_millis(300))
+        .await;
+    let waited = start.elapsed();
+    assert_eq!(timed_out, Err(AppendError::SyncTimeout));
+    assert!(
+        waited >= Duration::from_millis(300) && waited < Duration::from_millis(1000),
+        "answered after {waited:?}, limit 300 ms"
+    );
+    // Joins the next group while the slow sync goes on, and waits it out within its limit.
+    let patient = spool.append(rows(&[m(3)]), Duration::from_secs(10));
+    set_slow(dir.path(), None);
+    patient.await.unwrap();
+    let mut got = ids(&read_all(&mut reader));
+    got.sort_unstable();
+    assert_eq!(got, [1, 2, 3], "the timed-out rows landed too");
+}
+
+/// With a sync stuck, the open group takes `APPEND_QUEUE` requests; the next is shed at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_open_group_sheds_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let metrics = Arc::new(Metrics::new());
+    let (spool, mut reader) = open(dir.path(), 1 << 28, metrics.clone()).unwrap();
+    set_slow(dir.path(), Some(Duration::from_secs(2)));
+    let first = tokio::spawn({
+        let spool = spool.clone();
+        async move { spool.append(rows(&[m(0)]), Duration::from_secs(10)).await }
+    });
+    let start = Instant::now();
+    while spool.appender.groups.open.lock().unwrap().syncing.is_none() {
+        assert!(start.elapsed() < Duration::from_secs(5), "never synced");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let waiting: Vec<_> = (1..=APPEND_QUEUE as u128)
+        .map(|n| {
+            let spool = spool.clone();
+            tokio::spawn(async move { spool.append(rows(&[m(n)]), Duration::from_secs(10)).await })
+        })
+        .collect();
+    while spool.appender.groups.open.lock().unwrap().requests < APPEND_QUEUE {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "the group did not fill"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let shed_at = Instant::now();
+    assert_eq!(
+        spool
+            .append(rows(&[m(99_999)]), Duration::from_secs(10))
+            .await,
+        Err(AppendError::QueueFull)
+    );
+    assert!(
+        shed_at.elapsed() < Duration::from_millis(100),
+        "shed at once"
+    );
+    set_slow(dir.path(), None);
+    first.await.unwrap().unwrap();
+    for w in waiting {
+        w.await.unwrap().unwrap();
+    }
+    assert_eq!(read_all(&mut reader).len(), APPEND_QUEUE + 1);
+}

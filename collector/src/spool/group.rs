@@ -1,0 +1,205 @@
+//! The open group: where requests leave their frames for the next group commit, and how their
+//! answers come back, without a thread hand-over per request (see the module doc of
+//! [`super`], "Group commit").
+//!
+//! A request encodes its frame into the open group's buffer under one short lock and waits on
+//! the group's [`Group`]: one completion per group, set once by the committer and released to
+//! every waiter in one pass (`Notify::notify_waiters`). The committer thread is woken only when
+//! it sleeps for lack of work, by the first request of a group; under load it finds the next
+//! group already filled when its sync returns. No request has a timer of its own: the
+//! [`watchdog`] ends a group that outlives its deadline.
+
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
+
+use super::format::{frame_header, FRAME_HEADER_LEN};
+use super::{AppendError, APPEND_QUEUE, GROUP_MAX_BYTES};
+use crate::measurement::EncodedRows;
+
+/// How often the watchdog looks for a group past its deadline: the precision of
+/// [`AppendError::SyncTimeout`].
+pub(super) const WATCHDOG_TICK: Duration = Duration::from_millis(100);
+
+/// One group commit's outcome, shared by the requests in it.
+#[derive(Default)]
+pub(super) struct Group {
+    outcome: OnceLock<Result<(), AppendError>>,
+    done: Notify,
+}
+
+impl Group {
+    /// Sets the outcome (the first call wins: a group the watchdog timed out stays timed out
+    /// for its requests even if its sync returns later) and wakes every waiter.
+    pub(super) fn finish(&self, outcome: Result<(), AppendError>) {
+        if self.outcome.set(outcome).is_ok() {
+            self.done.notify_waiters();
+        }
+    }
+
+    /// Waits for the outcome.
+    pub(super) async fn wait(&self) -> Result<(), AppendError> {
+        let notified = self.done.notified();
+        tokio::pin!(notified);
+        // Registered before the check, so a `finish` between the two is not missed.
+        notified.as_mut().enable();
+        if let Some(outcome) = self.outcome.get() {
+            return *outcome;
+        }
+        notified.await;
+        *self
+            .outcome
+            .get()
+            .expect("set before the waiters are woken")
+    }
+}
+
+/// The frames waiting for the next group commit, and the committer's state.
+pub(super) struct Open {
+    /// Frames of the open group, encoded ([`super::format`]), in arrival order.
+    pub buf: Vec<u8>,
+    /// Requests in the open group.
+    pub requests: usize,
+    /// Measurements in the open group.
+    pub records: u64,
+    /// The open group's completion.
+    pub group: Arc<Group>,
+    /// When the open group's earliest-ending request stops waiting.
+    pub deadline: Option<Instant>,
+    /// The group being written and synced, with its deadline, for the watchdog.
+    pub syncing: Option<(Arc<Group>, Instant)>,
+    /// Frame bytes in the open group and in the one being synced: they count against the
+    /// spool's bound before they are durable.
+    pub pending_bytes: u64,
+    /// The committer sleeps for lack of work: the next request wakes it.
+    pub committer_idle: bool,
+    /// The spool is closing: no more appends; the committer commits what is open and stops.
+    pub stopping: bool,
+}
+
+/// The open group, its lock and the committer's wake-up.
+pub(super) struct Groups {
+    pub open: Mutex<Open>,
+    /// The committer waits here for a group (or for its retry interval while unwritable).
+    pub work: Condvar,
+    /// The watchdog waits here for its tick (or for the spool to close).
+    pub tick: Condvar,
+}
+
+/// A group taken by the committer.
+pub(super) struct Taken {
+    pub buf: Vec<u8>,
+    pub records: u64,
+    pub group: Arc<Group>,
+}
+
+impl Groups {
+    pub(super) fn new() -> Groups {
+        Groups {
+            open: Mutex::new(Open {
+                buf: Vec::with_capacity(1 << 16),
+                requests: 0,
+                records: 0,
+                group: Arc::default(),
+                deadline: None,
+                syncing: None,
+                pending_bytes: 0,
+                committer_idle: false,
+                stopping: false,
+            }),
+            work: Condvar::new(),
+            tick: Condvar::new(),
+        }
+    }
+
+    /// Adds one request's rows to the open group and returns the group to wait on.
+    ///
+    /// `held` is what the spool holds unconfirmed; `max_bytes` its bound. Errors at once:
+    /// [`AppendError::Full`] when the frame would cross the bound, [`AppendError::QueueFull`]
+    /// when the open group holds [`APPEND_QUEUE`] requests or [`GROUP_MAX_BYTES`],
+    /// [`AppendError::Io`] when the spool is closing.
+    pub(super) fn join(
+        &self,
+        rows: &EncodedRows,
+        limit: Duration,
+        held: u64,
+        max_bytes: u64,
+    ) -> Result<Arc<Group>, AppendError> {
+        // The header (and its checksum over the payload) is computed outside the lock.
+        let header = frame_header(rows);
+        let framed = FRAME_HEADER_LEN + rows.bytes.len();
+        let deadline = Instant::now() + limit;
+        let mut open = self.open.lock().unwrap();
+        if open.stopping {
+            return Err(AppendError::Io);
+        }
+        if open.requests >= APPEND_QUEUE || open.buf.len() + framed > GROUP_MAX_BYTES {
+            return Err(AppendError::QueueFull);
+        }
+        if held + open.pending_bytes + framed as u64 > max_bytes {
+            return Err(AppendError::Full);
+        }
+        open.buf.extend_from_slice(&header);
+        open.buf.extend_from_slice(&rows.bytes);
+        open.requests += 1;
+        open.records += u64::from(rows.count);
+        open.pending_bytes += framed as u64;
+        open.deadline = Some(open.deadline.map_or(deadline, |d| d.min(deadline)));
+        let group = open.group.clone();
+        if open.committer_idle {
+            open.committer_idle = false;
+            self.work.notify_one();
+        }
+        Ok(group)
+    }
+
+    /// Takes the open group (not empty) for committing, with `spare`, an empty buffer, in its
+    /// place. The caller holds the lock.
+    pub(super) fn take(open: &mut Open, spare: Vec<u8>) -> Taken {
+        open.requests = 0;
+        let taken = Taken {
+            buf: std::mem::replace(&mut open.buf, spare),
+            records: std::mem::take(&mut open.records),
+            group: std::mem::take(&mut open.group),
+        };
+        let deadline = open.deadline.take().unwrap_or_else(Instant::now);
+        open.syncing = Some((taken.group.clone(), deadline));
+        taken
+    }
+
+    /// The committer is done with a group of `bytes` frame bytes (durable and counted in the
+    /// spool's state, or refused).
+    pub(super) fn done(&self, bytes: u64) {
+        let mut open = self.open.lock().unwrap();
+        open.pending_bytes -= bytes;
+        open.syncing = None;
+    }
+}
+
+/// The watchdog: every [`WATCHDOG_TICK`], ends the groups past their deadline with
+/// [`AppendError::SyncTimeout`] (a sync stuck on a slow or hung disk). Their frames stay in
+/// place and may still become durable: a client's retry is then folded as a duplicate.
+/// Returns when the spool closes.
+pub(super) fn watchdog(groups: &Groups) {
+    let mut open = groups.open.lock().unwrap();
+    loop {
+        if open.stopping {
+            return;
+        }
+        open = groups.tick.wait_timeout(open, WATCHDOG_TICK).unwrap().0;
+        let now = Instant::now();
+        if let Some((group, deadline)) = &open.syncing {
+            if now >= *deadline {
+                group.finish(Err(AppendError::SyncTimeout));
+            }
+        }
+        if open.deadline.is_some_and(|d| now >= d) {
+            // Those who joined so far get their answer; later ones wait in a new group, in the
+            // same buffer.
+            open.group.finish(Err(AppendError::SyncTimeout));
+            open.group = Arc::default();
+            open.deadline = None;
+        }
+    }
+}
