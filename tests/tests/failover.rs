@@ -186,6 +186,58 @@ async fn a_collector_killed_mid_stream_replays_its_spool() {
     assert!(c.logs().contains("spool: replaying"), "{}", c.logs());
 }
 
+/// Killed with groups in flight at its maximum rate (issue 28): 64 clients back to back, so
+/// that a group is always being synced while the next fills; every id answered 202 is stored
+/// exactly once after the restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_collector_killed_with_groups_in_flight_at_its_maximum_rate_loses_nothing() {
+    let _turn = SERIAL.lock().await;
+    let stack = Stack::failover();
+    let env = setup(stack).await;
+    let mut c = env.collector(&[("COLLECTOR_BATCH_MAX_AGE", "3s")]).await;
+    let flood = Traffic::flood(&c.url, &env.site, 64);
+    flood.wait_acked(2000, SWITCH).await;
+    let (acked0, syncs0) = (
+        flood.snapshot().acked.len(),
+        c.metric("collector_spool_sync_duration_seconds_count")
+            .await,
+    );
+    flood.wait_acked(2000, SWITCH).await;
+    let (acked1, syncs1) = (
+        flood.snapshot().acked.len(),
+        c.metric("collector_spool_sync_duration_seconds_count")
+            .await,
+    );
+    let per_sync = (acked1 - acked0) as f64 / (syncs1 - syncs0).max(1.0);
+    assert!(
+        per_sync > 2.0,
+        "{per_sync:.1} requests per sync: groups were not shared, nothing was in flight together"
+    );
+    c.signal("KILL");
+    assert!(c.wait_exit(Duration::from_secs(10)).await.is_some());
+    let cut = flood.snapshot().statuses.get(&0).copied().unwrap_or(0);
+    assert!(
+        cut > 0,
+        "no request was cut by the kill: none was in flight"
+    );
+    c.restart().await;
+    flood.wait_acked(500, SWITCH).await;
+    let report = flood.stop().await;
+
+    let other: Vec<_> = report
+        .statuses
+        .iter()
+        .filter(|(s, _)| **s != 202 && **s != 0)
+        .collect();
+    assert!(other.is_empty(), "answers other than 202: {other:?}");
+    eprintln!(
+        "killed at {per_sync:.1} requests per sync; {cut} requests cut; {} acknowledged",
+        report.acked.len()
+    );
+    env.assert_stored_once(&report.acked, SETTLE).await;
+    assert!(c.logs().contains("spool: replaying"), "{}", c.logs());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_spool_answers_503_and_keeps_what_it_acknowledged() {
     let _turn = SERIAL.lock().await;

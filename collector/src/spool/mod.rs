@@ -140,9 +140,11 @@ use recovery::recover_segment;
 pub const SEGMENT_TARGET_BYTES: u64 = 16 * 1024 * 1024;
 /// Smallest segment target.
 const SEGMENT_MIN_BYTES: u64 = 64 * 1024;
-/// Requests waiting for the appender at most; beyond this intake is shed with 503.
+/// Requests in the open group at most (those waiting for the next sync); beyond this intake
+/// is shed at once with 503.
 pub const APPEND_QUEUE: usize = 4096;
-/// Most bytes written by one group commit.
+/// Most frame bytes in the open group, so most written by one group commit; beyond this
+/// intake is shed at once with 503.
 const GROUP_MAX_BYTES: usize = 8 * 1024 * 1024;
 
 /// File holding the spool's identity (see the module doc).

@@ -873,6 +873,65 @@ impl Traffic {
         Traffic { stop, task, report }
     }
 
+    /// Starts `senders` clients posting to `base_url` for `site` back to back, each its next
+    /// beacon as soon as the last is answered: the collector's maximum rate for that many
+    /// connections. A request without an answer (the collector killed) counts under 0.
+    pub fn flood(base_url: &str, site: &str, senders: usize) -> Traffic {
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let report = std::sync::Arc::new(std::sync::Mutex::new(TrafficReport::default()));
+        let url = format!("{base_url}/api/v1/measurements");
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(10))
+            .pool_max_idle_per_host(senders)
+            .build()
+            .unwrap();
+        let tasks: Vec<_> = (0..senders)
+            .map(|_| {
+                let (client, url, site, shared) =
+                    (client.clone(), url.clone(), site.to_owned(), report.clone());
+                let stopped = stopped.clone();
+                tokio::spawn(async move {
+                    while !*stopped.borrow() {
+                        let (id, m) = measurement(&site);
+                        let answer = client
+                            .post(&url)
+                            .header("content-type", "text/plain")
+                            .body(m.to_string())
+                            .send()
+                            .await;
+                        let (status, retry_after) = match answer {
+                            Ok(r) => (r.status().as_u16(), r.headers().contains_key("retry-after")),
+                            Err(_) => (0, false),
+                        };
+                        {
+                            let mut rep = shared.lock().unwrap();
+                            *rep.statuses.entry(status).or_default() += 1;
+                            if status == 202 {
+                                rep.acked.push(id);
+                            }
+                            if status == 503 && !retry_after {
+                                rep.unavailable_without_retry_after += 1;
+                            }
+                        }
+                        if status == 0 {
+                            // Refused while the collector is down: not a busy loop.
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                        }
+                    }
+                })
+            })
+            .collect();
+        let shared = report.clone();
+        let task = tokio::spawn(async move {
+            for t in tasks {
+                t.await.unwrap();
+            }
+            let rep = shared.lock().unwrap().clone();
+            rep
+        });
+        Traffic { stop, task, report }
+    }
+
     /// What was seen so far.
     pub fn snapshot(&self) -> TrafficReport {
         self.report.lock().unwrap().clone()
