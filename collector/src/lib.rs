@@ -26,7 +26,7 @@
 //! - [`endpoints`]: the routes ([`endpoints::router`]) and one handler per file, each reading
 //!   the shared [`state`]; [`error`]: the intake's errors and their statuses.
 //! - [`script`]: the tracking script.
-//! - [`metrics`], [`logging`]: operations.
+//! - [`metrics`], [`logging`]: operations; [`priority`]: the background threads' nice value.
 //! - [`app`]: the composition root: builds every part of `collector serve` from the
 //!   configuration, wires them, and drains them on a signal.
 //! - [`cli`]: the one-shot commands (`migrate`, `sites`, `probe`, `spool dump`), one file each,
@@ -89,6 +89,7 @@ pub mod limits;
 pub mod logging;
 pub mod measurement;
 pub mod metrics;
+pub mod priority;
 pub mod script;
 pub mod server;
 pub mod settings;

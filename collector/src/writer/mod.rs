@@ -126,7 +126,7 @@ pub fn spawn(
     std::thread::Builder::new()
         .name("writer".into())
         .spawn(move || {
-            lower_priority();
+            crate::priority::lower_this_thread(WRITER_NICE, "writer");
             runtime.block_on(async move {
                 probe::round(&replicas, &probing, true).await;
                 // The prober has a stop of its own, sent once the writer has drained: during
@@ -139,18 +139,6 @@ pub fn spawn(
                 let _ = prober.await;
             });
         })
-}
-
-/// Raises this thread's nice value by [`WRITER_NICE`] (to at most 19); a failure (a seccomp
-/// profile that forbids it) costs only the priority.
-fn lower_priority() {
-    let tid = rustix::thread::gettid();
-    let set = rustix::process::getpriority_process(Some(tid)).and_then(|now| {
-        rustix::process::setpriority_process(Some(tid), (now + WRITER_NICE).min(19))
-    });
-    if let Err(e) = set {
-        tracing::info!(error = %e, "writer: cannot lower the thread's priority; it runs at the request threads' priority");
-    }
 }
 
 /// Runs the writer until `shutdown` turns true; then flushes what it can within
