@@ -123,7 +123,9 @@ pub struct Metrics {
     /// another write error the log names; `/readyz` answers 503 meanwhile), else 0.
     pub spool_disk_full: Gauge<i64, AtomicI64>,
     /// `collector_spool_sync_duration_seconds`: how long one group commit's `write` and
-    /// `fdatasync` took (every 202 waits for one); its count is the number of syncs.
+    /// `fdatasync` took (every 202 waits for one); its count is the number of syncs. On a full
+    /// core it includes the appender's wait for the CPU after the disk answered (the appender
+    /// runs below the request threads: `spool::appender::APPENDER_NICE`).
     pub spool_sync_duration: Histogram,
     /// Since when ([`monotonic_nanos`]) the spool holds the oldest measurement ClickHouse has
     /// not confirmed; [`NOTHING_HELD`] when there is none. Kept by the spool; exported as an age.
