@@ -393,6 +393,8 @@ pub struct Spool {
 /// joined, so the spool's lock is released deterministically.
 struct AppenderHandle {
     groups: Arc<Groups>,
+    preparer: Arc<Preparer>,
+    /// The appender first: it commits the last group before the others stop.
     threads: Vec<std::thread::JoinHandle<()>>,
 }
 
@@ -401,8 +403,13 @@ impl Drop for AppenderHandle {
         self.groups.open.lock().unwrap().stopping = true;
         self.groups.work.notify_all();
         self.groups.tick.notify_all();
-        // The appender stops the preparer once it has committed the last group.
-        for thread in self.threads.drain(..) {
+        let mut threads = self.threads.drain(..);
+        if let Some(appender) = threads.next() {
+            let _ = appender.join();
+        }
+        // The appender stops the preparer when it ends; again here in case it panicked.
+        self.preparer.stop();
+        for thread in threads {
             let _ = thread.join();
         }
     }
@@ -581,6 +588,7 @@ pub fn open(
     }
     let mut handle = AppenderHandle {
         groups: groups.clone(),
+        preparer: preparer.clone(),
         threads: Vec::with_capacity(3),
     };
     let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
@@ -589,6 +597,9 @@ pub fn open(
             .spawn(f)
             .map_err(err)
     };
+    handle
+        .threads
+        .push(spawn("spool-appender", Box::new(move || appender.run()))?);
     handle.threads.push(spawn(
         "spool-prepare",
         Box::new({
@@ -603,9 +614,6 @@ pub fn open(
             move || group::watchdog(&groups)
         }),
     )?);
-    handle
-        .threads
-        .push(spawn("spool-appender", Box::new(move || appender.run()))?);
     let appender = Arc::new(handle);
 
     let reader = SpoolReader {
