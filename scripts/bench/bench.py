@@ -366,7 +366,7 @@ STAGES = [
     ("      site settings `SiteSettings::lookup`", r"^(collector::settings::SiteSettings::)?lookup(::\{\{closure\}\})?$"),
     ("      dedup window `Dedup::claim`", r"^(collector::dedup::Dedup::)?claim$"),
     ("      rows encoded once for the spool `EncodedRows::encode` (RowBinary)", r"^(collector::measurement::EncodedRows::)?encode"),
-    ("spool appender thread `Appender::commit_group`", r"^(collector::spool::appender::Appender::run|(collector::spool::appender::Appender::)?commit_group)$"),
+    ("spool appender thread `Appender::run`", r"^(collector::spool::appender::Appender::(run|commit(_group)?)|commit_group)$"),
     ("  fdatasync", r"^__x64_sys_fdatasync$"),
     ("writer thread (own runtime, nice +10) `writer::run`", r"^(collector::writer::run|collector::writer::spawn::\{\{closure\}\})"),
     ("  spool read `SpoolReader::read_available` (pread, no decoding)", r"^collector::spool::reader::SpoolReader::read_(available|frames)"),
@@ -665,7 +665,7 @@ does not touch this file). Everything runs on loopback on one machine.
 - `collector migrate`, then `collector sites add --key bench-NN` for {r.get('sites', '?')}
   sites (any origin, sample rate 1).
 - **Server under test on core 0** (`taskset -c 0`): the collector (release build; the tokio
-  request runtime then has one worker thread, plus the spool's appender thread and the
+  request runtime then has one worker thread, plus the spool's threads (appender at nice +10, preparer, watchdog) and the
   writer's thread with its own runtime at nice +10, all on core 0) or
   nginx (one worker, `location / {{ return 204; }}`, access log off). **Load generator on
   core 1** (`taskset -c 1`).

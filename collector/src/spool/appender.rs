@@ -42,7 +42,9 @@ pub(super) struct Appender {
 }
 
 impl Appender {
-    /// Commits groups until the spool closes, then commits what is open and returns.
+    /// Commits groups until the spool closes, then commits what is open and returns. (Never
+    /// inlined, so that a profile names the thread's work.)
+    #[inline(never)]
     pub fn run(mut self) {
         crate::priority::lower_this_thread(APPENDER_NICE, "spool appender");
         let mut spare = Vec::with_capacity(1 << 16);
@@ -102,6 +104,7 @@ impl Appender {
     }
 
     /// Writes and syncs one group; counts it in the spool's state once durable.
+    #[inline(never)]
     fn commit(&mut self, taken: &Taken) -> Result<(), AppendError> {
         if self.unwritable_since.is_some() {
             return Err(self.refusal());
