@@ -48,7 +48,7 @@ pub enum IntakeError {
     #[error("too many never-seen site keys; retry shortly")]
     SiteLookupLimited(Duration),
     /// 503: the request was shed for overload (every in-flight place taken, or the spool's
-    /// append queue full); counted in `collector_http_shed_total`.
+    /// open group full); counted in `collector_http_shed_total`.
     #[error("overloaded")]
     Overloaded(Duration),
     /// 503: the collector cannot accept durably right now (spool full or unable to write, a

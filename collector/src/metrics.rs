@@ -105,8 +105,9 @@ pub struct Metrics {
     pub spool_bytes: Gauge<i64, AtomicI64>,
     /// `collector_spool_records`: spooled measurements ClickHouse has not confirmed.
     pub spool_records: Gauge<i64, AtomicI64>,
-    /// `collector_spool_disk_bytes`: size of the spool's segment files, confirmed records
-    /// awaiting deletion included.
+    /// `collector_spool_disk_bytes`: bytes of frames in the spool's segments, confirmed records
+    /// awaiting deletion included; the preallocated room of the segment being written and of
+    /// the prepared next one (up to two segments) is not counted.
     pub spool_disk_bytes: Gauge<i64, AtomicI64>,
     /// `collector_spool_damaged_bytes_total`: bytes of damaged or torn records skipped or cut
     /// when the spool was recovered at start.
@@ -306,7 +307,7 @@ impl Metrics {
         );
         r.register(
             "collector_spool_disk_bytes",
-            "Size of the spool's segment files",
+            "Bytes of frames in the spool's segments (preallocated room not counted)",
             m.spool_disk_bytes.clone(),
         );
         r.register(

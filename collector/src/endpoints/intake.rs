@@ -534,7 +534,7 @@ async fn append(state: &AppState, to_store: &[Measurement<'_>]) -> Result<(), In
         .map_err(append_refused)
 }
 
-/// The 503 for a refused append; a full append queue is overload, and shed.
+/// The 503 for a refused append; a full open group is overload, and shed.
 fn append_refused(e: AppendError) -> IntakeError {
     match e {
         AppendError::Full => IntakeError::Unavailable("spool full", RETRY_AFTER),

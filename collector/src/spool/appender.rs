@@ -283,10 +283,21 @@ impl Appender {
         let next = self.shared.state.lock().unwrap().active + 1;
         let dest = segment_path(&self.shared.dir, next);
         let file = match self.preparer.take(&dest) {
-            Some(file) => {
-                let file = file?;
-                File::open(self.shared.dir.join("segments"))?.sync_all()?;
+            Some(Ok(file)) => {
+                let synced =
+                    File::open(self.shared.dir.join("segments")).and_then(|d| d.sync_all());
+                if let Err(e) = synced {
+                    // Not durably named: removed, so that the next attempt can make it again.
+                    drop(file);
+                    let _ = fs::remove_file(&dest);
+                    return Err(e);
+                }
                 file
+            }
+            Some(Err(e)) => {
+                tracing::debug!(error = %e, "spool: cannot move the prepared segment into place; making one");
+                let _ = fs::remove_file(&dest);
+                create_segment(&self.shared.dir, next)?
             }
             None => create_segment(&self.shared.dir, next)?,
         };

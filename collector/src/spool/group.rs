@@ -115,7 +115,9 @@ impl Groups {
 
     /// Adds one request's rows to the open group and returns the group to wait on.
     ///
-    /// `held` is what the spool holds unconfirmed; `max_bytes` its bound. Errors at once:
+    /// `held` says what the spool holds unconfirmed (durable, counted in its state); it is read
+    /// under this lock, so that a group committed meanwhile is counted once, in `held` or in
+    /// `pending_bytes`, never in neither; `max_bytes` is the bound. Errors at once:
     /// [`AppendError::Full`] when the frame would cross the bound, [`AppendError::QueueFull`]
     /// when the open group holds [`APPEND_QUEUE`] requests or [`GROUP_MAX_BYTES`],
     /// [`AppendError::Io`] when the spool is closing.
@@ -123,7 +125,7 @@ impl Groups {
         &self,
         rows: &EncodedRows,
         limit: Duration,
-        held: u64,
+        held: impl FnOnce() -> u64,
         max_bytes: u64,
     ) -> Result<Arc<Group>, AppendError> {
         // The header (and its checksum over the payload) is computed outside the lock.
@@ -137,7 +139,9 @@ impl Groups {
         if open.requests >= APPEND_QUEUE || open.buf.len() + framed > GROUP_MAX_BYTES {
             return Err(AppendError::QueueFull);
         }
-        if held + open.pending_bytes + framed as u64 > max_bytes {
+        // The committer adds a group to `held` before it takes it out of `pending_bytes`: a
+        // group may be counted twice for a moment (a 503 too early), never not at all.
+        if held() + open.pending_bytes + framed as u64 > max_bytes {
             return Err(AppendError::Full);
         }
         open.buf.extend_from_slice(&header);

@@ -22,7 +22,9 @@
 //! ```text
 //! SPOOL_DIR/
 //!   LOCK                      advisory exclusive lock (fs4): one collector per folder
-//!   IDENTITY                  this spool's random identity (32 hex digits), made once
+//!   IDENTITY                  this spool's random identity (32 hex digits) and the folder's
+//!                             DEV:INO (a copied folder gets a new identity)
+//!   settings-snapshot.json    the site settings last read (see docs/settings-store.md)
 //!   CURSOR                    "<segment> <offset>": everything before it is confirmed
 //!   INFLIGHT                  "<identity> <seg> <off> <seg> <off>": the batch last sent
 //!   segments/<20 digits>.seg  the log, in order of the number (format: [`format`]); the
@@ -49,8 +51,9 @@
 //! start every segment is scanned; a frame that is cut short or fails its checksum ends the
 //! segment there (the file is truncated to the last whole frame), so a torn tail after a
 //! crash is never replayed as garbage. A write or sync error truncates the segment back to
-//! its last durable length and continues in a new segment (after a failed fsync the page
-//! cache cannot be trusted, so the data is never re-synced: the affected requests got 503).
+//! its last durable length and seals it (after a failed fsync the page cache cannot be
+//! trusted, so the data is never re-synced: the affected requests got 503); the spool is then
+//! unwritable until it can start a new segment (see "A full disk").
 //!
 //! # Identity and the batch in flight
 //!
@@ -104,7 +107,7 @@
 //! thread ends a group past its deadline (the least limit of its requests, checked every
 //! 100 ms) with [`AppendError::SyncTimeout`].
 //!
-//! **Commit policy.** The appender runs 10 nice levels below the request threads
+//! **Commit policy.** The appender (and the preparer) run 10 nice levels below the request threads
 //! ([`appender::APPENDER_NICE`]). On an idle core that changes nothing: it runs as soon as it
 //! is woken, so a lone request waits one sync. On a full core its wake-up after a sync no
 //! longer preempts the request thread, so the next group keeps filling until the event loop
@@ -145,10 +148,12 @@
 //! ([`crate::config::DEFAULT_SPOOL_MAX_BYTES`]): an append that would cross it is refused
 //! ([`AppendError::Full`], a 503), and nothing already acknowledged is ever dropped. On disk
 //! there may be, in addition, up to about one segment of confirmed records waiting for their
-//! segment to be sealed and deleted; segments are sized `max_bytes / 8` (between 64 KiB and
-//! [`SEGMENT_TARGET_BYTES`]) so that this stays small next to the bound. The append queue holds [`APPEND_QUEUE`] requests;
-//! beyond that intake is shed at once ([`AppendError::QueueFull`]); an append whose sync takes
-//! longer than its caller waits gets [`AppendError::SyncTimeout`].
+//! segment to be sealed and deleted, and up to two segments of preallocated room (the zeros
+//! of the segment being written and the prepared next one); segments are sized
+//! `max_bytes / 8` (between 64 KiB and [`SEGMENT_TARGET_BYTES`]) so that this stays small next
+//! to the bound. The open group holds at most [`APPEND_QUEUE`] requests and
+//! [`GROUP_MAX_BYTES`]; beyond that intake is shed at once ([`AppendError::QueueFull`]); an
+//! append whose group is not durable by its deadline gets [`AppendError::SyncTimeout`].
 
 use std::collections::{BTreeMap, VecDeque};
 use std::fs::{self, File, OpenOptions};
@@ -224,8 +229,9 @@ pub enum AppendError {
     /// The spool is at its bound.
     #[error("spool full")]
     Full,
-    /// The append queue ([`APPEND_QUEUE`] requests) is full: refused at once.
-    #[error("spool append queue full")]
+    /// The open group is full ([`APPEND_QUEUE`] requests or [`GROUP_MAX_BYTES`]): refused at
+    /// once.
+    #[error("spool open group full")]
     QueueFull,
     /// Queued, but not durable within the caller's limit (a slow disk).
     #[error("spool sync timed out")]
@@ -499,7 +505,7 @@ pub fn open(
         state.unconfirmed_bytes += recovered.bytes_after;
         state.unconfirmed_records += recovered.records_after;
     }
-    if !state.segments.is_empty() {
+    if state.unconfirmed_records > 0 {
         tracing::info!(
             segments = state.segments.len(),
             records = state.unconfirmed_records,
@@ -629,20 +635,24 @@ pub fn open(
 }
 
 impl Spool {
-    /// Appends one request's rows and waits until they are durable, at most `limit`.
+    /// Appends one request's rows and waits until they are durable, at most about `limit`.
     ///
-    /// Errors: [`AppendError::Full`] at the bound, [`AppendError::QueueFull`] when the queue
-    /// is full (at once), [`AppendError::SyncTimeout`] when the sync takes longer than
-    /// `limit` (the rows may still become durable; a client retry is then folded as a
+    /// Errors: [`AppendError::Full`] at the bound, [`AppendError::QueueFull`] when the open
+    /// group is full (at once), [`AppendError::SyncTimeout`] when the group is not durable by
+    /// its deadline (the rows may still become durable; a client retry is then folded as a
     /// duplicate), [`AppendError::DiskFull`] and [`AppendError::Io`] while the spool cannot
-    /// write.
+    /// write. A group's deadline is the earliest of its requests' (`limit` after each joined;
+    /// checked every [`group::WATCHDOG_TICK`]), so a request that joined a group late may be
+    /// answered up to that group's age before its own `limit`; intake gives every request the
+    /// same limit, so this is at most the time the group stayed open.
     pub async fn append(&self, rows: EncodedRows, limit: Duration) -> Result<(), AppendError> {
         match self.shared.unwritable() {
             0 => {}
             UNWRITABLE_DISK_FULL => return Err(AppendError::DiskFull),
             _ => return Err(AppendError::Io),
         }
-        let held = self.shared.state.lock().unwrap().unconfirmed_bytes;
+        // Lock order: the open group, then the state (the appender never holds both).
+        let held = || self.shared.state.lock().unwrap().unconfirmed_bytes;
         let group = self
             .appender
             .groups

@@ -94,15 +94,18 @@ pub(super) fn recover_segment(
         }
     }
     let valid_end = frames.last().map_or(HEADER_LEN as usize, |f| f.1);
-    // Zeros after the last frame are a prepared segment's space, never written: cut without
-    // a word (and not counted as damage).
-    let unused = is_unused(&data[valid_end..]);
-    let cut = if unused { 0 } else { data.len() - valid_end };
+    // Zeros after the last byte written are a prepared segment's room, never written: cut
+    // without a word and not counted as damage, also after a torn frame.
+    let written_end = data
+        .iter()
+        .rposition(|&b| b != 0)
+        .map_or(0, |p| p + 1)
+        .max(valid_end);
+    let cut = written_end - valid_end;
     let rewrite = skipped > 0 || named.is_none();
     let len = if rewrite {
-        let aside = dir.join("kept-aside").join(format!("damaged-{n:020}.seg"));
-        fs::write(&aside, &data)?;
-        tracing::error!(segment = %path.display(), skipped_bytes = skipped, kept = %aside.display(), "spool: skipped damaged records; the original is kept aside");
+        let aside = keep_aside(dir, n, &data[..written_end]);
+        tracing::error!(segment = %path.display(), skipped_bytes = skipped, kept = %aside, "spool: skipped damaged records; the original is kept aside");
         metrics.spool_damaged_bytes.inc_by((skipped + cut) as u64);
         // Rewrite with the whole frames only, remapping the cursor if it points in here.
         let mut out = Vec::with_capacity(data.len());
@@ -133,16 +136,15 @@ pub(super) fn recover_segment(
                 .frame_len(&data[valid_end..])
                 .is_some_and(|len| len <= cut);
             if whole {
-                let aside = dir.join("kept-aside").join(format!("damaged-{n:020}.seg"));
-                fs::write(&aside, &data)?;
-                tracing::error!(segment = %path.display(), cut_bytes = cut, kept = %aside.display(), "spool: cut a damaged tail; the original is kept aside");
+                let aside = keep_aside(dir, n, &data[..written_end]);
+                tracing::error!(segment = %path.display(), cut_bytes = cut, kept = %aside, "spool: cut a damaged tail; the original is kept aside");
             } else {
                 tracing::warn!(segment = %path.display(), cut_bytes = cut, "spool: cut a torn tail");
             }
             metrics.spool_damaged_bytes.inc_by(cut as u64);
         }
         if valid_end < data.len() {
-            if unused {
+            if cut == 0 {
                 tracing::debug!(segment = %path.display(), bytes = data.len() - valid_end, "spool: cutting a prepared segment's unused space");
             }
             let f = OpenOptions::new().write(true).open(&path)?;
@@ -180,4 +182,18 @@ pub(super) fn recover_segment(
         off = f.next;
     }
     Ok(Some(result))
+}
+
+/// Copies a damaged segment's bytes (its prepared zeros left out) to
+/// `kept-aside/damaged-<n>.seg` for inspection, and says where for the log. Best effort: the
+/// copy needs space, and opening a spool on a full disk must not fail for it.
+fn keep_aside(dir: &Path, n: u64, bytes: &[u8]) -> String {
+    let aside = dir.join("kept-aside").join(format!("damaged-{n:020}.seg"));
+    match fs::write(&aside, bytes) {
+        Ok(()) => aside.display().to_string(),
+        Err(e) => {
+            let _ = fs::remove_file(&aside);
+            format!("nowhere ({e})")
+        }
+    }
 }

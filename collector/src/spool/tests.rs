@@ -1161,3 +1161,114 @@ async fn a_full_open_group_sheds_at_once() {
     }
     assert_eq!(read_all(&mut reader).len(), APPEND_QUEUE + 1);
 }
+
+/// Appends racing at the bound never cross it: bytes waiting in groups count against it
+/// before they are durable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_appends_at_the_bound_never_cross_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let metrics = Arc::new(Metrics::new());
+    let max = 64 * 1024;
+    let (spool, mut reader) = open(dir.path(), max, metrics.clone()).unwrap();
+    // Slow syncs keep bytes waiting in groups while more requests arrive.
+    set_slow(dir.path(), Some(Duration::from_millis(50)));
+    let big = |n: u128| Measurement {
+        user_agent: "x".repeat(900).into(),
+        ..m(n)
+    };
+    let tasks: Vec<_> = (0..300u128)
+        .map(|n| {
+            let spool = spool.clone();
+            let r = rows(&[big(n)]);
+            tokio::spawn(async move { spool.append(r, Duration::from_secs(10)).await })
+        })
+        .collect();
+    let mut accepted = 0;
+    for t in tasks {
+        match t.await.unwrap() {
+            Ok(()) => accepted += 1,
+            Err(AppendError::Full) => {}
+            Err(e) => panic!("{e}"),
+        }
+    }
+    set_slow(dir.path(), None);
+    let held: u64 = read_all(&mut reader).iter().map(|f| f.bytes).sum();
+    assert!(held <= max, "{held} bytes held, bound {max}");
+    assert!(accepted > 0 && accepted < 300, "{accepted} of 300 accepted");
+    assert_eq!(metrics.spool_bytes.get() as u64, held);
+}
+
+/// An open group past its deadline (behind a stuck sync) is answered `SyncTimeout`, and a
+/// request arriving after that waits in a new group instead of getting the old answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timed_out_open_group_is_replaced_for_later_requests() {
+    let dir = tempfile::tempdir().unwrap();
+    let metrics = Arc::new(Metrics::new());
+    let (spool, mut reader) = open(dir.path(), 1 << 26, metrics.clone()).unwrap();
+    set_slow(dir.path(), Some(Duration::from_millis(1500)));
+    let stuck = tokio::spawn({
+        let spool = spool.clone();
+        async move { spool.append(rows(&[m(1)]), Duration::from_secs(10)).await }
+    });
+    let start = Instant::now();
+    while spool.appender.groups.open.lock().unwrap().syncing.is_none() {
+        assert!(start.elapsed() < Duration::from_secs(5), "never synced");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Waits in the open group behind the stuck sync, past its limit.
+    assert_eq!(
+        spool
+            .append(rows(&[m(2)]), Duration::from_millis(200))
+            .await,
+        Err(AppendError::SyncTimeout)
+    );
+    set_slow(dir.path(), None);
+    // Joins after the timeout: not answered with the old group's outcome.
+    let joined = Instant::now();
+    spool
+        .append(rows(&[m(3)]), Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert!(
+        joined.elapsed() > Duration::from_millis(100),
+        "answered before its sync"
+    );
+    stuck.await.unwrap().unwrap();
+    let mut got = ids(&read_all(&mut reader));
+    got.sort_unstable();
+    assert_eq!(got, [1, 2, 3]);
+}
+
+/// A frame torn by a machine crash in a prepared segment, zeros after it: a torn tail, not
+/// damage: no copy aside (which would need space), only the torn bytes counted.
+#[tokio::test]
+async fn a_torn_frame_before_a_prepared_segments_zeros_is_a_torn_tail() {
+    let dir = tempfile::tempdir().unwrap();
+    for sub in ["segments", "kept-aside"] {
+        fs::create_dir_all(dir.path().join(sub)).unwrap();
+    }
+    let mut data = MAGIC.to_vec();
+    for n in 1..=2 {
+        format::encode_frame(&mut data, &rows(&[m(n)]));
+    }
+    let mut third = Vec::new();
+    format::encode_frame(&mut third, &rows(&[m(3)]));
+    data.extend_from_slice(&third[..40]);
+    data.resize(64 * 1024, 0);
+    fs::write(segment_path(dir.path(), 1), &data).unwrap();
+    set_full(dir.path(), true);
+    let metrics = Arc::new(Metrics::new());
+    let (spool, mut reader) = open(dir.path(), 1 << 20, metrics.clone()).unwrap();
+    assert_eq!(ids(&read_all(&mut reader)), [1, 2]);
+    assert_eq!(
+        metrics.spool_damaged_bytes.get(),
+        40,
+        "the torn bytes, not the zeros"
+    );
+    assert_eq!(
+        fs::read_dir(dir.path().join("kept-aside")).unwrap().count(),
+        0
+    );
+    assert!(spool.unwritable().is_some());
+    set_full(dir.path(), false);
+}
