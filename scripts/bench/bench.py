@@ -807,23 +807,12 @@ side (each idle while the other is measured), with their own spools on the local
 
 </details>
 """
-    write_marked(args.out, section, "ablation")
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from storage import write_doc  # the one writer of a marked section of docs/benchmarks.md
+    write_doc(args.out, section, "ablation")
     print(f"wrote the ablation section of {args.out}")
     return 0
 
-
-def write_marked(path, text, marker):
-    """Replaces the text between <!-- MARKER:begin --> and <!-- MARKER:end --> in PATH (appends
-    the section when the markers are missing)."""
-    old = open(path).read() if os.path.exists(path) else ""
-    begin, end = f"<!-- {marker}:begin -->", f"<!-- {marker}:end -->"
-    block = f"{begin}\n{text}{end}"
-    if begin in old and end in old:
-        new = old[:old.index(begin)] + block + old[old.index(end) + len(end):]
-    else:
-        new = old.rstrip("\n") + "\n\n" + block + "\n"
-    with open(path, "w") as f:
-        f.write(new)
 
 
 def main():

@@ -816,6 +816,24 @@ pub struct TrafficReport {
     pub unavailable_without_retry_after: usize,
 }
 
+impl TrafficReport {
+    /// Counts the answer to the beacon `id` (or its absence, as status 0); returns the status.
+    fn record(&mut self, id: String, answer: reqwest::Result<reqwest::Response>) -> u16 {
+        let (status, retry_after) = match answer {
+            Ok(r) => (r.status().as_u16(), r.headers().contains_key("retry-after")),
+            Err(_) => (0, false),
+        };
+        *self.statuses.entry(status).or_default() += 1;
+        if status == 202 {
+            self.acked.push(id);
+        }
+        if status == 503 && !retry_after {
+            self.unavailable_without_retry_after += 1;
+        }
+        status
+    }
+}
+
 /// A steady stream of single measurements with unique ids, one every `interval`.
 pub struct Traffic {
     stop: tokio::sync::watch::Sender<bool>,
@@ -848,18 +866,8 @@ impl Traffic {
                         let req = client.post(&url).header("content-type", "text/plain").body(m.to_string()).send();
                         let shared = shared.clone();
                         inflight.push(async move {
-                            let (status, retry_after) = match req.await {
-                                Ok(r) => (r.status().as_u16(), r.headers().contains_key("retry-after")),
-                                Err(_) => (0, false),
-                            };
-                            let mut rep = shared.lock().unwrap();
-                            *rep.statuses.entry(status).or_default() += 1;
-                            if status == 202 {
-                                rep.acked.push(id);
-                            }
-                            if status == 503 && !retry_after {
-                                rep.unavailable_without_retry_after += 1;
-                            }
+                            let answer = req.await;
+                            shared.lock().unwrap().record(id, answer);
                         });
                     }
                     Some(()) = futures::StreamExt::next(&mut inflight), if !inflight.is_empty() => {}
@@ -899,20 +907,7 @@ impl Traffic {
                             .body(m.to_string())
                             .send()
                             .await;
-                        let (status, retry_after) = match answer {
-                            Ok(r) => (r.status().as_u16(), r.headers().contains_key("retry-after")),
-                            Err(_) => (0, false),
-                        };
-                        {
-                            let mut rep = shared.lock().unwrap();
-                            *rep.statuses.entry(status).or_default() += 1;
-                            if status == 202 {
-                                rep.acked.push(id);
-                            }
-                            if status == 503 && !retry_after {
-                                rep.unavailable_without_retry_after += 1;
-                            }
-                        }
+                        let status = shared.lock().unwrap().record(id, answer);
                         if status == 0 {
                             // Refused while the collector is down: not a busy loop.
                             tokio::time::sleep(Duration::from_millis(20)).await;
