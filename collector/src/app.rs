@@ -12,8 +12,8 @@ use tokio_util::task::TaskTracker;
 use crate::cli::{failed, RunError};
 use crate::config::Config;
 use crate::{
-    dedup, endpoints, limits, logging, metrics, script, server, settings, spool, state, useragent,
-    writer,
+    dedup, endpoints, limits, logging, measurement, metrics, script, server, settings, spool,
+    state, useragent, writer,
 };
 
 /// File descriptors kept for the collector's own use besides client connections: standard
@@ -128,8 +128,13 @@ pub async fn run(
         sites,
         metrics,
     } = seams;
-    let (spool, reader) =
-        spool::open(&config.spool_dir, config.spool_max_bytes, metrics.clone()).map_err(failed)?;
+    let (spool, reader) = spool::open(
+        &config.spool_dir,
+        config.spool_max_bytes,
+        measurement::LAYOUTS,
+        metrics.clone(),
+    )
+    .map_err(failed)?;
     let snapshot = settings::snapshot::path(&config.spool_dir);
     let site_settings =
         settings::SiteSettings::new(sites, config.settings_ttl, Some(snapshot), metrics.clone());

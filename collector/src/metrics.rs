@@ -458,7 +458,7 @@ impl Metrics {
             "Start time of the process since the Unix epoch",
             m.process_start.clone(),
         );
-        for reason in crate::beacon::REJECTION_REASONS {
+        for reason in crate::beacon::rejection_reasons() {
             drop(m.rejected.get_or_create(&ReasonLabel {
                 reason: reason.to_owned(),
             }));
@@ -472,7 +472,7 @@ impl Metrics {
         drop(m.http_duration.get_or_create(&RouteOnly {
             route: INTAKE_ROUTE,
         }));
-        for field in crate::beacon::OPTIONAL_FIELDS {
+        for field in crate::measurement::optional_fields() {
             drop(m.field_dropped.get_or_create(&FieldLabel {
                 field: field.to_owned(),
             }));
@@ -545,8 +545,8 @@ impl Metrics {
     /// Counts one rejected measurement.
     pub fn reject(&self, reason: &str) {
         debug_assert!(
-            crate::beacon::REJECTION_REASONS.contains(&reason),
-            "{reason:?} is missing from beacon::REJECTION_REASONS"
+            crate::beacon::rejection_reasons().any(|r| r == reason),
+            "{reason:?} is missing from beacon::rejection_reasons()"
         );
         self.rejected
             .get_or_create(&ReasonLabel {
@@ -558,8 +558,8 @@ impl Metrics {
     /// Counts one dropped optional field.
     pub fn drop_field(&self, field: &str) {
         debug_assert!(
-            crate::beacon::OPTIONAL_FIELDS.contains(&field),
-            "{field:?} is missing from beacon::OPTIONAL_FIELDS"
+            crate::measurement::optional_fields().any(|f| f == field),
+            "{field:?} is not an optional field of the field table"
         );
         self.field_dropped
             .get_or_create(&FieldLabel {
@@ -671,10 +671,9 @@ mod tests {
         m.init_replica("http://b:8123");
         let text = m.encode();
         let mut expected: Vec<String> =
-            crate::beacon::REJECTION_REASONS
-                .iter()
+            crate::beacon::rejection_reasons()
                 .map(|r| format!("collector_measurements_rejected_total{{reason=\"{r}\"}} 0"))
-                .chain(crate::beacon::OPTIONAL_FIELDS.iter().map(|f| {
+                .chain(crate::measurement::optional_fields().map(|f| {
                     format!("collector_measurements_field_dropped_total{{field=\"{f}\"}} 0")
                 }))
                 .collect();

@@ -13,9 +13,10 @@
 //!   [`RawValue`], which serde_json skips over without decoding: it checks the number grammar
 //!   but not the range, and a `\u` escape's hex digits but not whether a surrogate is paired
 //!   (`ignore_value`, `ignore_integer`, `ignore_escape` in serde_json 1.0's `de.rs` and
-//!   `read.rs`). So `1e400` or `"\ud83d"` fail only when their own field is decoded
-//!   ([`string`], [`number`], [`integer`]), and that field alone is invalid. Skipping is
-//!   iterative, so an unknown field nested as deep as 64 KiB allow is ignored too.
+//!   `read.rs`). So `1e400` or `"\ud83d"` fail only when their own field is judged (the
+//!   decoders in [`crate::measurement::rules`]), and that field alone is invalid. Skipping is
+//!   iterative, so an unknown field nested as deep as 64 KiB allow is ignored too. The fields
+//!   kept are the request fields of the field table ([`RawBeacon`]).
 //! - **Shape**: only objects are measurements; an array item that is not one is rejected
 //!   alone. A duplicated key takes its last value, as `JSON.parse` does.
 
@@ -26,7 +27,9 @@ use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::{DecodeError, Rejection, MAX_BATCH};
+use super::{DecodeError, MAX_BATCH};
+use crate::measurement::rules::string;
+use crate::measurement::{Field, RawBeacon, Rejection};
 
 /// The rejection of an array item that is not a JSON object.
 pub const NOT_AN_OBJECT: Rejection = "not a measurement object";
@@ -104,94 +107,33 @@ fn non_finite_as_strings(text: &str) -> Option<String> {
     changed.then(|| String::from_utf8(out).expect("still UTF-8"))
 }
 
-/// Declares the request fields once: [`RawBeacon`], its field setter, and [`REQUEST_FIELDS`].
-macro_rules! request_fields {
-    ($($name:ident),* $(,)?) => {
-        /// One measurement object with its known fields undecoded; unknown fields are skipped.
-        /// A field sent as `null` is absent. Each field is the request field of its name
-        /// (contract §2), which is also the column it is stored in.
-        #[derive(Debug, Default, Clone, Copy)]
-        pub struct RawBeacon<'a> {
-            $(
-                #[doc = concat!("`", stringify!($name), "`.")]
-                pub $name: Option<&'a RawValue>,
-            )*
+/// Reads one measurement object into the request fields of the field table
+/// ([`RawBeacon::set`]), each value undecoded.
+fn object_from_map<'a, A: MapAccess<'a>>(mut map: A) -> Result<RawBeacon<'a>, A::Error> {
+    let mut beacon = RawBeacon::default();
+    while let Some(key) = map.next_key::<&'a RawValue>()? {
+        let value = map.next_value::<&'a RawValue>()?;
+        // A key that does not decode (a lone surrogate) is no known field's name.
+        if let Field::Valid(key) = string(key) {
+            beacon.set(&key, value);
         }
-
-        /// The request fields of a measurement object, in column order (contract §2); every
-        /// other column is set by the collector (`received_at`, `user_agent`, `sample_rate`).
-        pub const REQUEST_FIELDS: &[&str] = &[$(stringify!($name)),*];
-
-        impl<'a> RawBeacon<'a> {
-            /// Keeps `value` under `key` when the key names a known field (the last duplicate
-            /// wins).
-            fn set(&mut self, key: &str, value: &'a RawValue) {
-                let slot = match key {
-                    $(stringify!($name) => &mut self.$name,)*
-                    _ => return,
-                };
-                *slot = (value.get() != "null").then_some(value);
-            }
-        }
-    };
-}
-
-request_fields!(
-    id,
-    site,
-    url,
-    ts,
-    referrer,
-    navigation_type,
-    ttfb_ms,
-    fcp_ms,
-    lcp_ms,
-    inp_ms,
-    dom_content_loaded_ms,
-    load_ms,
-    cls,
-    viewport_width,
-    effective_connection_type,
-    lcp_target,
-    inp_target,
-    cls_target,
-    lcp_url,
-    lcp_resource_load_delay_ms,
-    lcp_resource_load_duration_ms,
-    lcp_element_render_delay_ms,
-    inp_type,
-    inp_input_delay_ms,
-    inp_processing_duration_ms,
-    inp_presentation_delay_ms,
-    inp_script_url,
-    cls_time_ms,
-    cls_value,
-);
-
-impl<'a> RawBeacon<'a> {
-    fn from_map<A: MapAccess<'a>>(mut map: A) -> Result<Self, A::Error> {
-        let mut beacon = RawBeacon::default();
-        while let Some(key) = map.next_key::<&'a RawValue>()? {
-            let value = map.next_value::<&'a RawValue>()?;
-            // A key that does not decode (a lone surrogate) is no known field's name.
-            if let Field::Valid(key) = string(key) {
-                beacon.set(&key, value);
-            }
-        }
-        Ok(beacon)
     }
+    Ok(beacon)
 }
 
-impl<'de> Deserialize<'de> for RawBeacon<'de> {
+/// One measurement object, as [`object_from_map`] reads it.
+struct Object<'a>(RawBeacon<'a>);
+
+impl<'de> Deserialize<'de> for Object<'de> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         struct ObjectVisitor;
         impl<'de> Visitor<'de> for ObjectVisitor {
-            type Value = RawBeacon<'de>;
+            type Value = Object<'de>;
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
                 f.write_str("a measurement object")
             }
             fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
-                RawBeacon::from_map(map)
+                object_from_map(map).map(Object)
             }
         }
         d.deserialize_map(ObjectVisitor)
@@ -237,7 +179,7 @@ impl<'de> Deserialize<'de> for Top<'de> {
                 f.write_str("a measurement object or an array of them")
             }
             fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Top<'de>, A::Error> {
-                RawBeacon::from_map(map).map(|b| Top::Items(vec![Ok(b)]))
+                object_from_map(map).map(|b| Top::Items(vec![Ok(b)]))
             }
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Top<'de>, A::Error> {
                 let mut items = Vec::new();
@@ -251,8 +193,9 @@ impl<'de> Deserialize<'de> for Top<'de> {
                     }
                     let item = if raw.get().starts_with('{') {
                         // Syntax was checked while skipping: this cannot fail.
-                        Ok(serde_json::from_str::<RawBeacon>(raw.get())
-                            .map_err(de::Error::custom)?)
+                        Ok(serde_json::from_str::<Object>(raw.get())
+                            .map_err(de::Error::custom)?
+                            .0)
                     } else {
                         Err(NOT_AN_OBJECT)
                     };
@@ -269,89 +212,17 @@ impl<'de> Deserialize<'de> for Top<'de> {
     }
 }
 
-/// One field's value after decoding.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Field<T> {
-    /// Not sent, or `null`.
-    Absent,
-    /// Of the field's JSON type and decodable.
-    Valid(T),
-    /// Of another type, or a fault inside the value (beyond f64, a lone surrogate).
-    Invalid,
-}
-
-impl<T> Field<T> {
-    /// Keeps a valid value only if `ok` holds for it.
-    pub fn check(self, ok: impl FnOnce(&T) -> bool) -> Field<T> {
-        match self {
-            Field::Valid(v) if !ok(&v) => Field::Invalid,
-            other => other,
-        }
-    }
-
-    /// Turns a valid value into another, or into an invalid field where `f` gives `None`.
-    pub fn then<U>(self, f: impl FnOnce(T) -> Option<U>) -> Field<U> {
-        match self {
-            Field::Valid(v) => f(v).map_or(Field::Invalid, Field::Valid),
-            Field::Absent => Field::Absent,
-            Field::Invalid => Field::Invalid,
-        }
-    }
-}
-
-/// Decodes a JSON string, borrowing it when it has no escape.
-pub fn string(raw: &RawValue) -> Field<Cow<'_, str>> {
-    let text = raw.get();
-    if !text.starts_with('"') {
-        return Field::Invalid;
-    }
-    if !text.contains('\\') {
-        return Field::Valid(Cow::Borrowed(&text[1..text.len() - 1]));
-    }
-    match serde_json::from_str::<String>(text) {
-        Ok(s) => Field::Valid(Cow::Owned(s)),
-        Err(_) => Field::Invalid,
-    }
-}
-
-/// Decodes a JSON number as f64; a number beyond f64's range is invalid.
-pub fn number(raw: &RawValue) -> Field<f64> {
-    let text = raw.get();
-    if !text.starts_with(|c: char| c == '-' || c.is_ascii_digit()) {
-        return Field::Invalid;
-    }
-    match serde_json::from_str::<f64>(text) {
-        Ok(x) if x.is_finite() => Field::Valid(x),
-        _ => Field::Invalid,
-    }
-}
-
-/// Decodes a JSON number with no fractional part, in any spelling (`1280`, `1280.0`,
-/// `1.28e3`): JavaScript has one number type, and `Number.isInteger(1280.0)` holds.
-pub fn integer(raw: &RawValue) -> Field<i64> {
-    // Exact first, so that integers beyond 2^53 written as such are not rounded.
-    if let Ok(n) = serde_json::from_str::<i64>(raw.get()) {
-        return Field::Valid(n);
-    }
-    match number(raw) {
-        // i64::MAX as f64 is 2^63, itself out of range: the bound is exclusive.
-        Field::Valid(x) if x.fract() == 0.0 && x >= i64::MIN as f64 && x < i64::MAX as f64 => {
-            Field::Valid(x as i64)
-        }
-        Field::Absent => Field::Absent,
-        _ => Field::Invalid,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use crate::measurement::rules::{integer, number};
 
     /// Every request field is a column, in column order, and the columns that are not request
     /// fields are exactly those the collector sets.
     #[test]
     fn request_fields_are_the_columns_the_client_sends() {
-        let fields = REQUEST_FIELDS;
+        let fields: Vec<&str> = crate::measurement::request_fields().collect();
         let sent: Vec<&str> = crate::measurement::COLUMNS
             .iter()
             .copied()

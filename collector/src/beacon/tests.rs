@@ -1,6 +1,9 @@
 //! Validation and normalisation of measurements, field by field (contract §2).
 
 use super::*;
+use crate::measurement::filing::{FILING_MAX_AHEAD_MS, MAX_TS_AHEAD_MS, MAX_TS_BEHIND_MS};
+use crate::measurement::rules::MAX_SELECTOR_BYTES;
+use crate::measurement::DateTime;
 
 const NOW: i64 = 1_780_000_000_000;
 const ID: &str = "7f1c2a3e-9b4d-4c6e-8f00-123456789abc";

@@ -1,24 +1,60 @@
 //! `collector spool dump`: what the spool holds, as JSON lines.
+//!
+//! The spool hands over its frames as they are on disk ([`spool::dump`]); the rows are read
+//! here, with the row's one decoder ([`measurement::read_record`]), in whichever layout a
+//! frame holds.
+
+use std::io::Write;
 
 use super::{failed, RunError};
 use crate::config::{Config, SpoolCommand};
-use crate::spool;
+use crate::measurement;
+use crate::spool::{self, dump::Found};
 
-/// `collector spool dump`.
+/// `collector spool dump`: one line per row, `{"segment":N,"offset":N,"row":{...}}` (the
+/// position being that of the row's frame), one `{"segment":N,"offset":N,"error":"..."}` per
+/// frame that is torn or does not hold whole rows, and a summary on stderr.
 pub fn run(config: &Config, command: SpoolCommand) -> Result<(), RunError> {
     let SpoolCommand::Dump { all } = command;
     let dir = &config.spool_dir;
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
-    let summary = match spool::dump::dump(dir, all, &mut out) {
+    let (mut rows, mut undecodable) = (0usize, 0usize);
+    let result = spool::dump::dump(dir, all, |found| {
+        let line = match found {
+            Found::Torn { at } => serde_json::json!({"segment": at.segment, "offset": at.offset,
+                "error": "torn or damaged frame: the rest of this segment is not listed"}),
+            Found::Frame {
+                at,
+                layout,
+                payload,
+            } => match measurement::read_record(layout, payload) {
+                Ok(read) => {
+                    for row in read {
+                        rows += 1;
+                        let line = serde_json::json!({"segment": at.segment, "offset": at.offset, "row": row});
+                        writeln!(out, "{line}")?;
+                    }
+                    return Ok(());
+                }
+                Err(error) => {
+                    undecodable += 1;
+                    serde_json::json!({"segment": at.segment, "offset": at.offset, "error": error})
+                }
+            },
+        };
+        writeln!(out, "{line}")
+    })
+    .and_then(|summary| out.flush().map(|()| summary));
+    let summary = match result {
         Ok(s) => s,
         // `collector spool dump | head`: the reader has seen enough.
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(()),
         Err(e) => return Err(failed(format!("spool folder {}: {e}", dir.display()))),
     };
+    let damaged = summary.torn + undecodable;
     eprintln!(
-        "collector: {} rows in {} frames of {} segments ({}); cursor at segment {} offset {}{}",
-        summary.rows,
+        "collector: {rows} rows in {} frames of {} segments ({}); cursor at segment {} offset {}{}",
         summary.frames,
         summary.segments,
         if all {
@@ -28,8 +64,8 @@ pub fn run(config: &Config, command: SpoolCommand) -> Result<(), RunError> {
         },
         summary.cursor.segment,
         summary.cursor.offset,
-        if summary.damaged > 0 {
-            format!("; {} frames could not be decoded", summary.damaged)
+        if damaged > 0 {
+            format!("; {damaged} frames could not be decoded")
         } else {
             String::new()
         }

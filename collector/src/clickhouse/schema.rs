@@ -127,12 +127,18 @@ pub fn measurements_statement(database: &str, form: TableForm, dedup_window: boo
     }
 }
 
-/// `ALTER TABLE ... ADD COLUMN` of each column after [`crate::measurement::V2_COLUMNS`] (the
-/// attribution of contract v3), for a `measurements` an earlier release created; the column
-/// list of `002_measurements.sql`, which a new table gets, is the same (a unit test checks the
-/// file against the row).
-pub fn attribution_statements(database: &str) -> Vec<String> {
-    crate::measurement::columns()[crate::measurement::V2_COLUMNS..]
+/// The layout of the field table whose columns v2 of the table was first made with; every
+/// column after them (the attribution of contract v3, and any added since) is added to a table
+/// of an earlier release by [`added_column_statements`].
+pub const TABLE_V2_LAYOUT: u16 = 3;
+
+/// `ALTER TABLE ... ADD COLUMN` of each column after those of [`TABLE_V2_LAYOUT`], for a
+/// `measurements` an earlier release created; the column list of `002_measurements.sql`,
+/// which a new table gets, is the same (a unit test checks the file against the row).
+pub fn added_column_statements(database: &str) -> Vec<String> {
+    let first = crate::measurement::layouts::columns_in(TABLE_V2_LAYOUT)
+        .expect("the table knows its own layouts");
+    crate::measurement::columns()[first..]
         .iter()
         .map(|(name, ty)| format!("ALTER TABLE {database}.measurements ADD COLUMN {name} {ty}"))
         .collect()
@@ -324,9 +330,9 @@ pub async fn apply_clickhouse(
             None => SchemaError::Failed(format!("{}: {e}", CLICKHOUSE[1].0)),
         });
     }
-    // v3 of the layout: the attribution columns, added to a table an earlier release made
-    // (one statement each, so that one found there does not hide another that is missing).
-    for sql in attribution_statements(database) {
+    // The columns added since v2 of the table, added to a table an earlier release made (one
+    // statement each, so that one found there does not hide another that is missing).
+    for sql in added_column_statements(database) {
         run(sql.clone()).await.map_err(|e| format!("{sql}: {e}"))?;
     }
     let engine = engine_of(client, database).await.map_err(|e| {
@@ -404,7 +410,8 @@ pub async fn copy_v1(client: &clickhouse::Client, database: &str) -> Result<Copi
         .fetch_all()
         .await
         .map_err(ch)?;
-    let v1_columns = &crate::measurement::COLUMNS[..crate::measurement::EARLIER_COLUMNS];
+    let v1_columns = &crate::measurement::COLUMNS
+        [..crate::measurement::layouts::columns_in(2).expect("the table knows its own layouts")];
     let insert_sql = format!(
         "INSERT INTO {database}.measurements ({}) FORMAT RowBinary",
         crate::measurement::COLUMNS.join(", ")
@@ -435,7 +442,7 @@ pub async fn copy_v1(client: &clickhouse::Client, database: &str) -> Result<Copi
             let mut input = &pending[..];
             loop {
                 let before = input;
-                match crate::measurement::decode_earlier(&mut input) {
+                match crate::measurement::layouts::decode_one(2, &mut input) {
                     Ok(row) => {
                         row.encode(&mut batch);
                         in_batch += 1;

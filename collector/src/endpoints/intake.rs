@@ -26,7 +26,7 @@ use crate::beacon::{self, Context, Encoding, Valid, MAX_BODY_BYTES, UNKNOWN_SITE
 use crate::client_ip::client_ip;
 use crate::dedup::{Claim, ClaimGuard};
 use crate::error::{IntakeError, Rejected};
-use crate::measurement::{EncodedRows, Measurement};
+use crate::measurement::{self, Measurement};
 use crate::metrics::Metrics;
 use crate::settings::{Lookup, Site};
 use crate::spool::AppendError;
@@ -524,12 +524,12 @@ async fn append(state: &AppState, to_store: &[Measurement<'_>]) -> Result<(), In
     // The ablation benchmark's build (scripts/bench.sh --ablation): every station, then 202
     // without storing anything. Never in a shipped build (the branch is compiled out).
     if cfg!(feature = "bench-no-append") {
-        std::hint::black_box(EncodedRows::encode(to_store));
+        std::hint::black_box(measurement::encode(to_store));
         return Ok(());
     }
     state
         .spool
-        .append(EncodedRows::encode(to_store), APPEND_TIMEOUT)
+        .append(measurement::encode(to_store), APPEND_TIMEOUT)
         .await
         .map_err(append_refused)
 }

@@ -14,9 +14,8 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
-use super::format::{frame_header, FRAME_HEADER_LEN};
+use super::format::{frame_header, Record, FRAME_HEADER_LEN};
 use super::{AppendError, APPEND_QUEUE, GROUP_MAX_BYTES};
-use crate::measurement::EncodedRows;
 
 /// How often the watchdog looks for a group past its deadline: the precision of
 /// [`AppendError::SyncTimeout`].
@@ -113,7 +112,7 @@ impl Groups {
         }
     }
 
-    /// Adds one request's rows to the open group and returns the group to wait on.
+    /// Adds one request's record to the open group and returns the group to wait on.
     ///
     /// `held` says what the spool holds unconfirmed (durable, counted in its state); it is read
     /// under this lock, so that a group committed meanwhile is counted once, in `held` or in
@@ -123,14 +122,14 @@ impl Groups {
     /// [`AppendError::Io`] when the spool is closing.
     pub(super) fn join(
         &self,
-        rows: &EncodedRows,
+        record: &Record,
         limit: Duration,
         held: impl FnOnce() -> u64,
         max_bytes: u64,
     ) -> Result<Arc<Group>, AppendError> {
         // The header (and its checksum over the payload) is computed outside the lock.
-        let header = frame_header(rows);
-        let framed = FRAME_HEADER_LEN + rows.bytes.len();
+        let header = frame_header(record);
+        let framed = FRAME_HEADER_LEN + record.payload.len();
         let deadline = Instant::now() + limit;
         let mut open = self.open.lock().unwrap();
         if open.stopping {
@@ -145,9 +144,9 @@ impl Groups {
             return Err(AppendError::Full);
         }
         open.buf.extend_from_slice(&header);
-        open.buf.extend_from_slice(&rows.bytes);
+        open.buf.extend_from_slice(&record.payload);
         open.requests += 1;
-        open.records += u64::from(rows.count);
+        open.records += u64::from(record.rows);
         open.pending_bytes += framed as u64;
         open.deadline = Some(open.deadline.map_or(deadline, |d| d.min(deadline)));
         let group = open.group.clone();

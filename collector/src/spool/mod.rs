@@ -166,7 +166,6 @@ use std::time::{Duration, Instant};
 use fs4::fs_std::FileExt as _;
 use tokio::sync::watch;
 
-use crate::measurement::EncodedRows;
 use crate::metrics::Metrics;
 
 mod appender;
@@ -182,7 +181,7 @@ mod tests;
 
 use appender::Appender;
 use files::{identity, parse_in_flight, Cursor, SlotFile};
-pub use format::{HEADER_LEN, MAGIC, MAX_RECORD_BYTES};
+pub use format::{Layouts, Record, HEADER_LEN, MAGIC, MAX_RECORD_BYTES};
 use group::Groups;
 use prepare::Preparer;
 pub use reader::{Frame, SpoolReader};
@@ -337,6 +336,8 @@ struct Shared {
     identity: String,
     max_bytes: u64,
     segment_target: u64,
+    /// The rows' layouts: the current one and the upgrade of earlier ones.
+    layouts: Layouts,
     state: Mutex<State>,
     committed: watch::Sender<Position>,
     metrics: Arc<Metrics>,
@@ -443,6 +444,8 @@ fn segment_path(dir: &Path, n: u64) -> PathBuf {
 
 /// Opens (creating if needed) the spool in `dir`, recovers it, and starts the appender thread.
 ///
+/// `layouts` says which layout of rows the appender is given and the writer must receive,
+/// and how rows of an earlier layout left by an earlier release become it ([`Layouts`]).
 /// Recovery cuts torn tails, deletes confirmed segments, and leaves every unconfirmed record
 /// for the reader, which starts at the cursor. Opening an existing spool needs no free space:
 /// when no new segment can be made (a full disk), the spool opens unwritable (see the module
@@ -450,8 +453,83 @@ fn segment_path(dir: &Path, n: u64) -> PathBuf {
 pub fn open(
     dir: &Path,
     max_bytes: u64,
+    layouts: Layouts,
     metrics: Arc<Metrics>,
 ) -> Result<(Spool, SpoolReader), OpenError> {
+    let err = |e| OpenError::Io(dir.to_owned(), e);
+    let lock = lock_folder(dir)?;
+    let (mut cursor_file, cursor) = Cursor::open(dir).map_err(err)?;
+    let recovered = recover_all(dir, &layouts, cursor, &mut cursor_file, &metrics).map_err(err)?;
+    let Recovery {
+        mut state,
+        cursor,
+        last_seen,
+        rewritten,
+    } = recovered;
+
+    let identity = identity(dir, rewritten).map_err(err)?;
+    let (in_flight_file, in_flight) = match SlotFile::open(dir, INFLIGHT_FILE) {
+        Ok((file, body)) => (Some(file), body),
+        Err(e) => {
+            tracing::debug!(error = %e, "spool: no in-flight file yet");
+            (None, None)
+        }
+    };
+
+    // The last segment made: the appender starts sealed on it and makes the next one below
+    // (or, if it cannot, stays unwritable while the reader delivers what is here).
+    let active = last_seen.max(cursor.segment);
+    let active_len = state.segments.get(&active).copied().unwrap_or(HEADER_LEN);
+    state.active = active;
+    state.sealed = true;
+    state.durable = cursor_file.durable;
+    let start = reading_start(&state, cursor);
+    // Only a bound that recovery left reachable: it starts where reading starts and ends on
+    // a record boundary inside what was kept.
+    let replay_bound = in_flight
+        .and_then(|body| parse_in_flight(&body, &identity))
+        .filter(|(from, to)| {
+            *from == start
+                && to > from
+                && state
+                    .segments
+                    .get(&to.segment)
+                    .is_some_and(|&len| to.offset <= len)
+        })
+        .map(|(_, to)| to);
+    let (committed, committed_rx) = watch::channel(Position {
+        segment: active,
+        offset: active_len,
+    });
+    let shared = Arc::new(Shared {
+        dir: dir.to_owned(),
+        identity,
+        max_bytes,
+        segment_target: (max_bytes / 8).clamp(SEGMENT_MIN_BYTES, SEGMENT_TARGET_BYTES),
+        layouts,
+        state: Mutex::new(state),
+        committed,
+        metrics,
+        unwritable: AtomicU8::new(0),
+        _lock: lock,
+    });
+    shared.set_unwritable(0);
+    shared.publish(&shared.state.lock().unwrap());
+    let appender = start_threads(&shared, active_len).map_err(err)?;
+    let reader = SpoolReader {
+        shared: shared.clone(),
+        pos: start,
+        replay_bound,
+        committed: committed_rx,
+        open: None,
+        cursor: cursor_file,
+        in_flight: in_flight_file,
+    };
+    Ok((Spool { shared, appender }, reader))
+}
+
+/// Makes the folder's layout and takes its lock: one collector per folder.
+fn lock_folder(dir: &Path) -> Result<File, OpenError> {
     let err = |e| OpenError::Io(dir.to_owned(), e);
     fs::create_dir_all(dir.join("segments")).map_err(err)?;
     fs::create_dir_all(dir.join("kept-aside")).map_err(err)?;
@@ -462,41 +540,55 @@ pub fn open(
         .open(dir.join("LOCK"))
         .map_err(err)?;
     match lock.try_lock_exclusive() {
-        Ok(true) => {}
-        Ok(false) => return Err(OpenError::Locked(dir.to_owned())),
-        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-            return Err(OpenError::Locked(dir.to_owned()))
-        }
-        Err(e) => return Err(err(e)),
+        Ok(true) => Ok(lock),
+        Ok(false) => Err(OpenError::Locked(dir.to_owned())),
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Err(OpenError::Locked(dir.to_owned())),
+        Err(e) => Err(err(e)),
     }
+}
 
-    let (mut cursor_file, cursor) = Cursor::open(dir).map_err(err)?;
+/// What recovery found: the segments and their counts, the cursor (moved if a rewrite moved
+/// its frame), the highest segment number seen, and whether a segment was rewritten.
+struct Recovery {
+    state: State,
+    cursor: Position,
+    last_seen: u64,
+    rewritten: bool,
+}
+
+/// Recovers every segment of `dir` ([`recover_segment`]) and deletes the confirmed ones.
+fn recover_all(
+    dir: &Path,
+    layouts: &Layouts,
+    mut cursor: Position,
+    cursor_file: &mut Cursor,
+    metrics: &Metrics,
+) -> io::Result<Recovery> {
     let mut state = State::default();
-    let numbers = segment_numbers(dir).map_err(err)?;
+    let numbers = segment_numbers(dir)?;
     // Numbering goes on past every segment seen, even one deleted below, and past the cursor:
     // a new segment numbered like an earlier one would repeat positions, and with them the
     // insert tokens of batches already sent.
     let last_seen = numbers.last().copied().unwrap_or(0);
-    let mut cursor = cursor;
     let mut rewritten = false;
     for n in numbers {
         let path = segment_path(dir, n);
         if n < cursor.segment {
             // Everything in it was confirmed by ClickHouse before the cursor moved past it.
             tracing::info!(segment = %path.display(), "spool: deleting a confirmed segment");
-            fs::remove_file(&path).map_err(err)?;
+            fs::remove_file(&path)?;
             continue;
         }
-        let Some(recovered) = recover_segment(
+        let found = recover_segment(
             dir,
+            layouts,
             n,
             &mut cursor,
-            &mut cursor_file,
-            &metrics,
+            cursor_file,
+            metrics,
             &mut state.received,
-        )
-        .map_err(err)?
-        else {
+        )?;
+        let Some(recovered) = found else {
             continue;
         };
         rewritten |= recovered.rewritten;
@@ -513,26 +605,18 @@ pub fn open(
             "spool: replaying what ClickHouse has not confirmed"
         );
     }
+    Ok(Recovery {
+        state,
+        cursor,
+        last_seen,
+        rewritten,
+    })
+}
 
-    let identity = identity(dir, rewritten).map_err(err)?;
-    let (in_flight_file, in_flight) = match SlotFile::open(dir, INFLIGHT_FILE) {
-        Ok((file, body)) => (Some(file), body),
-        Err(e) => {
-            tracing::debug!(error = %e, "spool: no in-flight file yet");
-            (None, None)
-        }
-    };
-    let replay_bound = in_flight.and_then(|body| parse_in_flight(&body, &identity));
-
-    // The last segment made: the appender starts sealed on it and makes the next one below
-    // (or, if it cannot, stays unwritable while the reader delivers what is here).
-    let active = last_seen.max(cursor.segment);
-    let active_len = state.segments.get(&active).copied().unwrap_or(HEADER_LEN);
-    state.active = active;
-    state.sealed = true;
-    state.durable = cursor_file.durable;
-
-    let start = match state.segments.range(cursor.segment..).next() {
+/// Where reading starts: at the cursor, or at the first segment after it; with nothing to
+/// replay, in the segment the appender makes next.
+fn reading_start(state: &State, cursor: Position) -> Position {
+    match state.segments.range(cursor.segment..).next() {
         Some((&n, _)) if n == cursor.segment => Position {
             segment: n,
             offset: cursor.offset.max(HEADER_LEN),
@@ -541,44 +625,18 @@ pub fn open(
             segment: n,
             offset: HEADER_LEN,
         },
-        // Nothing to replay: reading starts in the segment the appender makes next.
         None => Position {
-            segment: active + 1,
+            segment: state.active + 1,
             offset: HEADER_LEN,
         },
-    };
-    let (committed, committed_rx) = watch::channel(Position {
-        segment: active,
-        offset: active_len,
-    });
-    // Only a bound that recovery left reachable: it starts where reading starts and ends on
-    // a record boundary inside what was kept.
-    let replay_bound = replay_bound
-        .filter(|(from, to)| {
-            *from == start
-                && to > from
-                && state
-                    .segments
-                    .get(&to.segment)
-                    .is_some_and(|&len| to.offset <= len)
-        })
-        .map(|(_, to)| to);
-    let shared = Arc::new(Shared {
-        dir: dir.to_owned(),
-        identity,
-        max_bytes,
-        segment_target: (max_bytes / 8).clamp(SEGMENT_MIN_BYTES, SEGMENT_TARGET_BYTES),
-        state: Mutex::new(state),
-        committed,
-        metrics,
-        unwritable: AtomicU8::new(0),
-        _lock: lock,
-    });
-    shared.set_unwritable(0);
-    shared.publish(&shared.state.lock().unwrap());
+    }
+}
 
+/// Starts the appender (on a fresh segment with room reserved, or unwritable on a full disk),
+/// the segment preparer and the watchdog.
+fn start_threads(shared: &Arc<Shared>, active_len: u64) -> io::Result<Arc<AppenderHandle>> {
     let groups = Arc::new(Groups::new());
-    let preparer = Arc::new(Preparer::new(dir, shared.segment_target));
+    let preparer = Arc::new(Preparer::new(&shared.dir, shared.segment_target));
     let mut appender = Appender {
         shared: shared.clone(),
         groups: groups.clone(),
@@ -588,7 +646,6 @@ pub fn open(
         last_probe: Instant::now(),
         unwritable_since: None,
     };
-    // A fresh segment with room reserved; on a full disk the spool opens unwritable.
     if let Err(e) = appender.resume() {
         appender.enter_unwritable(&e, "cannot start a segment at open");
     }
@@ -598,44 +655,23 @@ pub fn open(
         threads: Vec::with_capacity(3),
     };
     let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
-        std::thread::Builder::new()
-            .name(name.into())
-            .spawn(f)
-            .map_err(err)
+        std::thread::Builder::new().name(name.into()).spawn(f)
     };
     handle
         .threads
         .push(spawn("spool-appender", Box::new(move || appender.run()))?);
-    handle.threads.push(spawn(
-        "spool-prepare",
-        Box::new({
-            let preparer = preparer.clone();
-            move || preparer.run()
-        }),
-    )?);
+    handle
+        .threads
+        .push(spawn("spool-prepare", Box::new(move || preparer.run()))?);
     handle.threads.push(spawn(
         "spool-watchdog",
-        Box::new({
-            let groups = groups.clone();
-            move || group::watchdog(&groups)
-        }),
+        Box::new(move || group::watchdog(&groups)),
     )?);
-    let appender = Arc::new(handle);
-
-    let reader = SpoolReader {
-        shared: shared.clone(),
-        pos: start,
-        replay_bound,
-        committed: committed_rx,
-        open: None,
-        cursor: cursor_file,
-        in_flight: in_flight_file,
-    };
-    Ok((Spool { shared, appender }, reader))
+    Ok(Arc::new(handle))
 }
 
 impl Spool {
-    /// Appends one request's rows and waits until they are durable, at most about `limit`.
+    /// Appends one request's record and waits until it is durable, at most about `limit`.
     ///
     /// Errors: [`AppendError::Full`] at the bound, [`AppendError::QueueFull`] when the open
     /// group is full (at once), [`AppendError::SyncTimeout`] when the group is not durable by
@@ -645,7 +681,7 @@ impl Spool {
     /// checked every [`group::WATCHDOG_TICK`]), so a request that joined a group late may be
     /// answered up to that group's age before its own `limit`; intake gives every request the
     /// same limit, so this is at most the time the group stayed open.
-    pub async fn append(&self, rows: EncodedRows, limit: Duration) -> Result<(), AppendError> {
+    pub async fn append(&self, record: Record, limit: Duration) -> Result<(), AppendError> {
         match self.shared.unwritable() {
             0 => {}
             UNWRITABLE_DISK_FULL => return Err(AppendError::DiskFull),
@@ -656,7 +692,7 @@ impl Spool {
         let group = self
             .appender
             .groups
-            .join(&rows, limit, held, self.shared.max_bytes)?;
+            .join(&record, limit, held, self.shared.max_bytes)?;
         group.wait().await
     }
 

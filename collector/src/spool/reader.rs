@@ -1,8 +1,8 @@
-//! The reading side: durable frames in order, handed to the writer as they are on disk
-//! (RowBinary, never decoded), then confirmation: the cursor moved and delivered segments
-//! deleted; and the dead-letter files of rows ClickHouse refused.
+//! The reading side: durable frames in order, handed to the writer as they are on disk (a
+//! frame of an earlier layout upgraded by the rows' owner, [`super::Layouts`]; the spool never
+//! reads a row), then confirmation: the cursor moved and delivered segments deleted; and the
+//! dead-letter files of rows ClickHouse refused, as the writer renders them.
 
-use std::borrow::Cow;
 use std::fs::{self, File};
 use std::io::{self, Write};
 use std::os::unix::fs::FileExt;
@@ -14,7 +14,7 @@ use bytes::Bytes;
 use tokio::sync::watch;
 
 use super::files::{Cursor, SlotFile};
-use super::format::{self, Version, HEADER_LEN, MAGIC};
+use super::format::{Version, HEADER_LEN, MAGIC};
 use super::{Position, Shared, INFLIGHT_FILE};
 
 /// Bytes read from a segment with one `pread` at least (frames are a few hundred bytes each).
@@ -36,7 +36,7 @@ pub struct SpoolReader {
     pub(super) in_flight: Option<SlotFile>,
 }
 
-/// One durable frame (one request's accepted measurements), as the writer sends it.
+/// One durable frame (one request's accepted rows), as the writer sends it.
 #[derive(Debug, Clone)]
 pub struct Frame {
     /// Position just after this frame.
@@ -45,8 +45,8 @@ pub struct Frame {
     pub rows: u32,
     /// Its size on disk, header included.
     pub bytes: u64,
-    /// The rows, RowBinary (a frame of the JSON format of earlier releases is converted once,
-    /// when read).
+    /// The rows, in the current layout ([`super::Layouts::current`]): as they are on disk, or,
+    /// for a frame of an earlier layout, upgraded once, when read.
     pub payload: Bytes,
 }
 
@@ -202,7 +202,7 @@ impl SpoolReader {
             let mut magic = [0u8; MAGIC.len()];
             file.read_exact_at(&mut magic, 0)?;
             // Recovery rewrote any segment whose magic was damaged.
-            let version = Version::of(&magic).unwrap_or(Version::V4);
+            let version = Version::of(&magic).unwrap_or(Version::V5);
             self.open = Some((self.pos.segment, file, version));
         }
         let (segment, file, version) = self.open.as_ref().expect("just opened");
@@ -226,17 +226,21 @@ impl SpoolReader {
             let Some(f) = version.frame_at(&chunk, off) else {
                 break;
             };
-            let payload = match format::current_rows(version, f.payload) {
-                Some(Cow::Borrowed(_)) => chunk.slice_ref(f.payload),
-                Some(Cow::Owned(rows)) => Bytes::from(rows),
-                None => {
-                    return Err(io::Error::new(
+            let layouts = &self.shared.layouts;
+            let (payload, rows) = if f.layout == layouts.current {
+                (chunk.slice_ref(f.payload), f.rows)
+            } else {
+                let record = (layouts.upgrade)(f.layout, f.payload).ok_or_else(|| {
+                    io::Error::new(
                         io::ErrorKind::InvalidData,
-                        "a frame of an earlier release that does not hold whole measurements",
-                    ))
-                }
+                        format!(
+                            "a frame of layout {} that does not hold whole rows of it",
+                            f.layout
+                        ),
+                    )
+                })?;
+                (Bytes::from(record.payload), record.rows)
             };
-            let rows = f.rows;
             out.push(Frame {
                 end: Position {
                     segment,
@@ -347,44 +351,26 @@ impl SpoolReader {
 
     /// Writes rows ClickHouse refused as bad data to `kept-aside/` (the dead-letter folder):
     /// `<segment>-<offset>-<row>.json`, named by the batch's start and the index of the first
-    /// row in the batch, holding the reason and the rows as JSON (the table's column format,
-    /// ready for `INSERT … FORMAT JSONEachRow` once the cause is fixed). `rows` is RowBinary.
-    /// Returns the file written and the number of rows.
+    /// row in the batch, holding `body` as the writer rendered it (the reason and the rows as
+    /// JSON), synced. `rows` is how many rows it holds, for
+    /// `collector_spool_kept_aside_rows_total`. Returns the file written.
     pub fn keep_aside(
         &self,
         start: Position,
         first_row: usize,
-        rows: &[u8],
-        reason: &str,
-    ) -> io::Result<(PathBuf, usize)> {
+        body: &[u8],
+        rows: usize,
+    ) -> io::Result<PathBuf> {
         let name = format!("{:020}-{:012}-{first_row:06}", start.segment, start.offset);
-        let dir = self.shared.dir.join("kept-aside");
-        let path = dir.join(format!("{name}.json"));
-        let (body, count) = match crate::measurement::decode_all(rows) {
-            Ok(measurements) => (
-                serde_json::json!({ "reason": reason, "measurements": measurements }),
-                measurements.len(),
-            ),
-            Err(e) => {
-                // Only a bug gets here (the frames were checksummed): keep the bytes as they are.
-                let raw = dir.join(format!("{name}.rowbinary"));
-                fs::write(&raw, rows)?;
-                let body = serde_json::json!({
-                    "reason": reason,
-                    "undecodable": e.to_string(),
-                    "rowbinary": raw.file_name().and_then(|n| n.to_str()),
-                });
-                (body, 1)
-            }
-        };
+        let path = self
+            .shared
+            .dir
+            .join("kept-aside")
+            .join(format!("{name}.json"));
         let mut f = File::create(&path)?;
-        f.write_all(
-            serde_json::to_string_pretty(&body)
-                .unwrap_or_default()
-                .as_bytes(),
-        )?;
+        f.write_all(body)?;
         f.sync_all()?;
-        self.shared.metrics.kept_aside_rows.inc_by(count as u64);
-        Ok((path, count))
+        self.shared.metrics.kept_aside_rows.inc_by(rows as u64);
+        Ok(path)
     }
 }

@@ -6,7 +6,7 @@ use std::io::{self, Write};
 use std::path::Path;
 
 use super::files::Cursor;
-use super::format::{is_unused, Version, HEADER_LEN, MAGIC};
+use super::format::{is_unused, FrameRef, Layouts, Version, HEADER_LEN, MAGIC};
 use super::{held_since_recovered, segment_path, HeldTimes, Position};
 use crate::metrics::Metrics;
 
@@ -34,6 +34,7 @@ pub(super) struct Recovered {
 ///   the format is the one whose frames are found there.
 pub(super) fn recover_segment(
     dir: &Path,
+    layouts: &Layouts,
     n: u64,
     cursor: &mut Position,
     cursor_file: &mut Cursor,
@@ -59,18 +60,7 @@ pub(super) fn recover_segment(
     let named = Version::of(&data[..MAGIC.len()]);
     let version = named.unwrap_or_else(|| {
         tracing::error!(segment = %path.display(), "spool: damaged segment header; reading its records anyway");
-        // RowBinary versions share their framing: the one whose first frame's rows decode to
-        // exactly the header's row count is the one that wrote it.
-        [Version::V4, Version::V3, Version::V2, Version::V1]
-            .into_iter()
-            .find(|v| {
-                v.frame_at(&data, HEADER_LEN as usize).is_some_and(|f| {
-                    super::format::current_rows(*v, f.payload)
-                        .and_then(|rows| crate::measurement::decode_all(&rows).ok())
-                        .is_some_and(|rows| rows.len() == f.rows as usize)
-                })
-            })
-            .unwrap_or(Version::V4)
+        guess_version(&data, layouts)
     });
     // Whole frames as (start, end) offsets, skipping damage.
     let mut frames = Vec::new();
@@ -160,7 +150,7 @@ pub(super) fn recover_segment(
         rewritten: rewrite,
     };
     // Count what is still to be written, in the (possibly rewritten) file, from the frame
-    // headers alone (a v1 frame is decoded to count it).
+    // headers alone (a v1 frame's rows are counted by their owner).
     let data = if rewrite { fs::read(&path)? } else { data };
     let mut off = HEADER_LEN as usize;
     while let Some(f) = version.frame_at(&data, off) {
@@ -169,19 +159,46 @@ pub(super) fn recover_segment(
             offset: off as u64,
         };
         if at >= *cursor {
-            result.records_after += u64::from(f.rows);
+            let (rows, earliest) = counted(&f, layouts);
+            result.records_after += u64::from(rows);
             result.bytes_after += (f.next - off) as u64;
-            if f.rows > 0 {
+            if rows > 0 {
                 let end = Position {
                     segment: n,
                     offset: f.next as u64,
                 };
-                received.appended(end, held_since_recovered(f.earliest_received_at));
+                received.appended(end, held_since_recovered(earliest));
             }
         }
         off = f.next;
     }
     Ok(Some(result))
+}
+
+/// The version of a segment whose magic is damaged, from its first frame: v5 frames name their
+/// layout; the versions before share one framing, and the one whose rows the owner reads as
+/// exactly the header's row count is the one that wrote it ([`Layouts::upgrade`]: the spool
+/// itself never reads a row). This release's when nothing fits.
+fn guess_version(data: &[u8], layouts: &Layouts) -> Version {
+    Version::ALL
+        .into_iter()
+        .find(|v| {
+            v.frame_at(data, HEADER_LEN as usize).is_some_and(|f| {
+                *v == Version::V5
+                    || (layouts.upgrade)(f.layout, f.payload)
+                        .is_some_and(|r| f.rows == 0 || r.rows == f.rows)
+            })
+        })
+        .unwrap_or(Version::V5)
+}
+
+/// The rows a frame holds and the earliest time among them: from its header, or, for a frame
+/// of the JSON release (whose header has neither), from its rows as the owner reads them.
+fn counted(f: &FrameRef<'_>, layouts: &Layouts) -> (u32, u32) {
+    if f.rows > 0 {
+        return (f.rows, f.earliest_received_at);
+    }
+    (layouts.upgrade)(f.layout, f.payload).map_or((0, 0), |r| (r.rows, r.earliest_received_at))
 }
 
 /// Copies a damaged segment's bytes (its prepared zeros left out) to

@@ -4,9 +4,9 @@ use std::fs::{self, OpenOptions};
 use std::path::Path;
 
 use super::files::*;
-use super::format::{encode_v1_frame, Version, MAGIC_V1};
+use super::format::{encode_earlier_frame, Version, MAGIC_V1};
 use super::*;
-use crate::measurement::{decode_all, DateTime, Label, Measurement};
+use crate::measurement::{decode_all, encode, DateTime, Label, Measurement, LAYOUTS};
 use uuid::Uuid;
 
 /// A small row whose id and `ttfb_ms` are `n`.
@@ -41,13 +41,13 @@ pub(super) fn m(n: u128) -> Measurement<'static> {
 }
 
 /// One request's rows, encoded as intake encodes them.
-fn rows(ms: &[Measurement<'_>]) -> EncodedRows {
-    EncodedRows::encode(ms)
+fn rows(ms: &[Measurement<'_>]) -> Record {
+    encode(ms)
 }
 
-/// The whole frame at `off` of a v2 segment: its payload and the offset after it.
+/// The whole frame at `off` of a segment of this release: its payload and the offset after it.
 fn frame_at(data: &[u8], off: usize) -> Option<(&[u8], usize)> {
-    Version::V4.frame_at(data, off).map(|f| (f.payload, f.next))
+    Version::V5.frame_at(data, off).map(|f| (f.payload, f.next))
 }
 
 fn measurements(frame: &Frame) -> Vec<Measurement<'static>> {
@@ -61,6 +61,17 @@ fn ids(records: &[Frame]) -> Vec<u128> {
         .collect()
 }
 
+/// Appends a frame of the JSON release (`CSPOOL01`): the rows as a JSON array.
+fn v1_frame(data: &mut Vec<u8>, ms: &[Measurement<'_>]) {
+    let record = Record {
+        layout: 1,
+        rows: 0,
+        earliest_received_at: 0,
+        payload: serde_json::to_vec(ms).unwrap(),
+    };
+    encode_earlier_frame(data, Version::V1, &record);
+}
+
 fn read_all(r: &mut SpoolReader) -> Vec<Frame> {
     let mut out = Vec::new();
     r.read_available(u64::MAX, u64::MAX, &mut out);
@@ -72,7 +83,7 @@ async fn append_read_confirm_and_replay() {
     let dir = tempfile::tempdir().unwrap();
     let metrics = Arc::new(Metrics::new());
     {
-        let (spool, mut reader) = open(dir.path(), 1 << 20, metrics.clone()).unwrap();
+        let (spool, mut reader) = open(dir.path(), 1 << 20, LAYOUTS, metrics.clone()).unwrap();
         spool
             .append(rows(&[m(1), m(2)]), Duration::from_secs(5))
             .await
@@ -88,7 +99,7 @@ async fn append_read_confirm_and_replay() {
         assert_eq!(metrics.spool_records.get(), 1);
     }
     // Reopen: only the unconfirmed record comes back.
-    let (_spool, mut reader) = open(dir.path(), 1 << 20, metrics.clone()).unwrap();
+    let (_spool, mut reader) = open(dir.path(), 1 << 20, LAYOUTS, metrics.clone()).unwrap();
     assert_eq!(ids(&read_all(&mut reader)), [3]);
     assert_eq!(metrics.spool_records.get(), 1);
 }
@@ -98,7 +109,7 @@ async fn torn_tail_is_cut_to_the_last_whole_record() {
     let dir = tempfile::tempdir().unwrap();
     let metrics = Arc::new(Metrics::new());
     {
-        let (spool, _reader) = open(dir.path(), 1 << 20, metrics.clone()).unwrap();
+        let (spool, _reader) = open(dir.path(), 1 << 20, LAYOUTS, metrics.clone()).unwrap();
         for n in 1..=3 {
             spool
                 .append(rows(&[m(n)]), Duration::from_secs(5))
@@ -114,7 +125,7 @@ async fn torn_tail_is_cut_to_the_last_whole_record() {
         .unwrap()
         .set_len(len - 5)
         .unwrap();
-    let (_spool, mut reader) = open(dir.path(), 1 << 20, metrics).unwrap();
+    let (_spool, mut reader) = open(dir.path(), 1 << 20, LAYOUTS, metrics).unwrap();
     assert_eq!(ids(&read_all(&mut reader)), [1, 2]);
     assert!(
         fs::metadata(&seg).unwrap().len() < len - 5,
@@ -133,7 +144,7 @@ async fn corrupt_record_ends_the_segment() {
     let dir = tempfile::tempdir().unwrap();
     let metrics = Arc::new(Metrics::new());
     {
-        let (spool, _reader) = open(dir.path(), 1 << 20, metrics.clone()).unwrap();
+        let (spool, _reader) = open(dir.path(), 1 << 20, LAYOUTS, metrics.clone()).unwrap();
         for n in 1..=3 {
             spool
                 .append(rows(&[m(n)]), Duration::from_secs(5))
@@ -146,7 +157,7 @@ async fn corrupt_record_ends_the_segment() {
     let last = data.len() - 3;
     data[last] ^= 0xff;
     fs::write(&seg, data).unwrap();
-    let (_spool, mut reader) = open(dir.path(), 1 << 20, metrics).unwrap();
+    let (_spool, mut reader) = open(dir.path(), 1 << 20, LAYOUTS, metrics).unwrap();
     assert_eq!(ids(&read_all(&mut reader)), [1, 2]);
     let aside = dir
         .path()
@@ -161,7 +172,7 @@ async fn corrupt_record_ends_the_segment() {
 async fn full_spool_refuses_and_keeps_what_it_has() {
     let dir = tempfile::tempdir().unwrap();
     let metrics = Arc::new(Metrics::new());
-    let (spool, mut reader) = open(dir.path(), 2048, metrics).unwrap();
+    let (spool, mut reader) = open(dir.path(), 2048, LAYOUTS, metrics).unwrap();
     let mut ok = 0;
     let mut full = false;
     for n in 0..100 {
@@ -196,7 +207,7 @@ async fn full_spool_refuses_and_keeps_what_it_has() {
 async fn segments_rotate_and_confirmed_ones_are_deleted() {
     let dir = tempfile::tempdir().unwrap();
     let metrics = Arc::new(Metrics::new());
-    let (spool, mut reader) = open(dir.path(), 1 << 30, metrics.clone()).unwrap();
+    let (spool, mut reader) = open(dir.path(), 1 << 30, LAYOUTS, metrics.clone()).unwrap();
     let big: Vec<Measurement> = (0..50)
         .map(|n| Measurement {
             user_agent: "x".repeat(8000).into(),
@@ -230,7 +241,7 @@ async fn segments_rotate_and_confirmed_ones_are_deleted() {
 }
 
 async fn spool_with(dir: &Path, n: u128) {
-    let (spool, _reader) = open(dir, 1 << 20, Arc::new(Metrics::new())).unwrap();
+    let (spool, _reader) = open(dir, 1 << 20, LAYOUTS, Arc::new(Metrics::new())).unwrap();
     for i in 1..=n {
         spool
             .append(rows(&[m(i)]), Duration::from_secs(5))
@@ -254,7 +265,7 @@ async fn a_damaged_record_in_the_middle_costs_only_itself() {
     data[second] ^= 0x7f;
     fs::write(&seg, &data).unwrap();
     let metrics = Arc::new(Metrics::new());
-    let (_spool, mut reader) = open(dir.path(), 1 << 20, metrics.clone()).unwrap();
+    let (_spool, mut reader) = open(dir.path(), 1 << 20, LAYOUTS, metrics.clone()).unwrap();
     assert_eq!(ids(&read_all(&mut reader)), [1, 3, 4, 5]);
     assert!(dir
         .path()
@@ -272,39 +283,37 @@ async fn a_damaged_magic_loses_no_record() {
     let mut data = fs::read(&seg).unwrap();
     data[0] ^= 0xff;
     fs::write(&seg, &data).unwrap();
-    let (_spool, mut reader) = open(dir.path(), 1 << 20, Arc::new(Metrics::new())).unwrap();
+    let (_spool, mut reader) =
+        open(dir.path(), 1 << 20, LAYOUTS, Arc::new(Metrics::new())).unwrap();
     assert_eq!(ids(&read_all(&mut reader)), [1, 2, 3]);
 }
 
-/// A segment of the previous release (`CSPOOL03`, rows without the attribution columns)
-/// whose magic is damaged is still read in its own layout: RowBinary versions share their
-/// framing, and only the right one decodes its first frame to the header's row count.
+/// A segment of an earlier release (`CSPOOL03`, rows without the attribution columns)
+/// whose magic is damaged is still read in its own layout: the earlier versions share their
+/// framing, and only the right layout reads its first frame as the header's row count (the
+/// rows' owner tells, through `Layouts::upgrade`).
 #[tokio::test]
 async fn a_damaged_magic_of_a_previous_release_segment_is_read_in_its_layout() {
     let dir = tempfile::tempdir().unwrap();
     fs::create_dir_all(dir.path().join("segments")).unwrap();
-    let null_flags = crate::measurement::COLUMNS.len() - crate::measurement::V2_COLUMNS;
     let mut data = super::format::MAGIC_V3.to_vec();
     for batch in [[1u128, 2], [3, 4]] {
         let mut payload = Vec::new();
         for n in batch {
-            let mut row = Vec::new();
-            m(n).encode(&mut row);
-            row.truncate(row.len() - null_flags);
-            payload.extend(row);
+            payload.extend(crate::measurement::tests::encoded_in(&m(n), 3));
         }
-        super::format::encode_frame(
-            &mut data,
-            &EncodedRows {
-                bytes: payload,
-                count: 2,
-                earliest_received_at: 1,
-            },
-        );
+        let record = Record {
+            layout: 3,
+            rows: 2,
+            earliest_received_at: 1,
+            payload,
+        };
+        encode_earlier_frame(&mut data, Version::V3, &record);
     }
     data[3] ^= 0xff;
     fs::write(segment_path(dir.path(), 1), &data).unwrap();
-    let (_spool, mut reader) = open(dir.path(), 1 << 20, Arc::new(Metrics::new())).unwrap();
+    let (_spool, mut reader) =
+        open(dir.path(), 1 << 20, LAYOUTS, Arc::new(Metrics::new())).unwrap();
     let frames = read_all(&mut reader);
     assert_eq!(ids(&frames), [1, 2, 3, 4]);
     assert_eq!(
@@ -318,7 +327,7 @@ async fn numbering_goes_on_past_the_cursor() {
     let dir = tempfile::tempdir().unwrap();
     let metrics = Arc::new(Metrics::new());
     {
-        let (spool, mut reader) = open(dir.path(), 1 << 20, metrics.clone()).unwrap();
+        let (spool, mut reader) = open(dir.path(), 1 << 20, LAYOUTS, metrics.clone()).unwrap();
         spool
             .append(rows(&[m(1)]), Duration::from_secs(5))
             .await
@@ -330,13 +339,13 @@ async fn numbering_goes_on_past_the_cursor() {
         fs::remove_file(e.unwrap().path()).unwrap();
     }
     {
-        let (spool, _reader) = open(dir.path(), 1 << 20, metrics.clone()).unwrap();
+        let (spool, _reader) = open(dir.path(), 1 << 20, LAYOUTS, metrics.clone()).unwrap();
         spool
             .append(rows(&[m(2)]), Duration::from_secs(5))
             .await
             .unwrap();
     }
-    let (_spool, mut reader) = open(dir.path(), 1 << 20, metrics).unwrap();
+    let (_spool, mut reader) = open(dir.path(), 1 << 20, LAYOUTS, metrics).unwrap();
     assert_eq!(
         ids(&read_all(&mut reader)),
         [2],
@@ -348,7 +357,7 @@ async fn numbering_goes_on_past_the_cursor() {
 async fn a_failed_cursor_write_still_frees_the_room() {
     let dir = tempfile::tempdir().unwrap();
     let metrics = Arc::new(Metrics::new());
-    let (spool, mut reader) = open(dir.path(), 1 << 20, metrics.clone()).unwrap();
+    let (spool, mut reader) = open(dir.path(), 1 << 20, LAYOUTS, metrics.clone()).unwrap();
     spool
         .append(rows(&[m(1)]), Duration::from_secs(5))
         .await
@@ -368,17 +377,17 @@ async fn a_failed_cursor_write_still_frees_the_room() {
 async fn identity_survives_restarts_and_no_two_spools_share_one() {
     let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let metrics = Arc::new(Metrics::new());
-    let first = open(a.path(), 1 << 20, metrics.clone())
+    let first = open(a.path(), 1 << 20, LAYOUTS, metrics.clone())
         .unwrap()
         .1
         .identity()
         .to_owned();
-    let again = open(a.path(), 1 << 20, metrics.clone())
+    let again = open(a.path(), 1 << 20, LAYOUTS, metrics.clone())
         .unwrap()
         .1
         .identity()
         .to_owned();
-    let other = open(b.path(), 1 << 20, metrics)
+    let other = open(b.path(), 1 << 20, LAYOUTS, metrics)
         .unwrap()
         .1
         .identity()
@@ -393,7 +402,7 @@ async fn the_batch_in_flight_at_a_crash_is_read_again_with_the_same_range() {
     let dir = tempfile::tempdir().unwrap();
     let metrics = Arc::new(Metrics::new());
     let (start, end) = {
-        let (spool, mut reader) = open(dir.path(), 1 << 20, metrics.clone()).unwrap();
+        let (spool, mut reader) = open(dir.path(), 1 << 20, LAYOUTS, metrics.clone()).unwrap();
         for n in 1..=2 {
             spool
                 .append(rows(&[m(n)]), Duration::from_secs(5))
@@ -411,7 +420,7 @@ async fn the_batch_in_flight_at_a_crash_is_read_again_with_the_same_range() {
             .unwrap();
         (start, recs[1].end)
     };
-    let (_spool, mut reader) = open(dir.path(), 1 << 20, metrics.clone()).unwrap();
+    let (_spool, mut reader) = open(dir.path(), 1 << 20, LAYOUTS, metrics.clone()).unwrap();
     assert_eq!(reader.position(), start);
     assert_eq!(reader.replay_bound(), Some(end));
     let recs = read_all(&mut reader);
@@ -431,7 +440,7 @@ async fn an_in_flight_record_of_another_identity_or_start_is_ignored() {
     let dir = tempfile::tempdir().unwrap();
     let metrics = Arc::new(Metrics::new());
     {
-        let (spool, _reader) = open(dir.path(), 1 << 20, metrics.clone()).unwrap();
+        let (spool, _reader) = open(dir.path(), 1 << 20, LAYOUTS, metrics.clone()).unwrap();
         spool
             .append(rows(&[m(1)]), Duration::from_secs(5))
             .await
@@ -442,7 +451,7 @@ async fn an_in_flight_record_of_another_identity_or_start_is_ignored() {
         format!("{} 1 8 1 9\n", "0".repeat(32)),
     )
     .unwrap();
-    let (_spool, reader) = open(dir.path(), 1 << 20, metrics).unwrap();
+    let (_spool, reader) = open(dir.path(), 1 << 20, LAYOUTS, metrics).unwrap();
     assert_eq!(reader.replay_bound(), None);
 }
 
@@ -456,7 +465,7 @@ async fn rewriting_a_damaged_segment_renews_the_identity() {
     let second = frame_at(&data, HEADER_LEN as usize).unwrap().1;
     data[second + 12] ^= 0xff;
     fs::write(&seg, &data).unwrap();
-    let (_spool, reader) = open(dir.path(), 1 << 20, Arc::new(Metrics::new())).unwrap();
+    let (_spool, reader) = open(dir.path(), 1 << 20, LAYOUTS, Arc::new(Metrics::new())).unwrap();
     assert_ne!(
         reader.identity(),
         before.trim(),
@@ -468,7 +477,7 @@ async fn rewriting_a_damaged_segment_renews_the_identity() {
 async fn a_copied_spool_folder_gets_an_identity_of_its_own() {
     let dir = tempfile::tempdir().unwrap();
     spool_with(dir.path(), 3).await;
-    let original = open(dir.path(), 1 << 20, Arc::new(Metrics::new()))
+    let original = open(dir.path(), 1 << 20, LAYOUTS, Arc::new(Metrics::new()))
         .unwrap()
         .1
         .identity()
@@ -480,14 +489,14 @@ async fn a_copied_spool_folder_gets_an_identity_of_its_own() {
             fs::copy(entry.path(), copy.path().join(entry.file_name())).unwrap();
         }
     }
-    let (_copied, reader) = open(copy.path(), 1 << 20, Arc::new(Metrics::new())).unwrap();
+    let (_copied, reader) = open(copy.path(), 1 << 20, LAYOUTS, Arc::new(Metrics::new())).unwrap();
     assert_ne!(
         reader.identity(),
         original,
         "a copy must not share batch tokens"
     );
     drop((_copied, reader));
-    let (_again, reader) = open(dir.path(), 1 << 20, Arc::new(Metrics::new())).unwrap();
+    let (_again, reader) = open(dir.path(), 1 << 20, LAYOUTS, Arc::new(Metrics::new())).unwrap();
     assert_eq!(reader.identity(), original, "a restart keeps the identity");
 }
 
@@ -496,7 +505,7 @@ fn an_identity_file_of_an_earlier_release_is_kept() {
     let dir = tempfile::tempdir().unwrap();
     let id = "0123456789abcdef0123456789abcdef";
     fs::write(dir.path().join(IDENTITY_FILE), format!("{id}\n")).unwrap();
-    let (_spool, reader) = open(dir.path(), 1 << 20, Arc::new(Metrics::new())).unwrap();
+    let (_spool, reader) = open(dir.path(), 1 << 20, LAYOUTS, Arc::new(Metrics::new())).unwrap();
     assert_eq!(reader.identity(), id);
     let text = fs::read_to_string(dir.path().join(IDENTITY_FILE)).unwrap();
     assert_eq!(text.lines().count(), 2, "the folder is recorded: {text}");
@@ -511,9 +520,9 @@ fn second_open_is_refused() {
         .unwrap();
     let _guard = rt.enter();
     let metrics = Arc::new(Metrics::new());
-    let _first = open(dir.path(), 1 << 20, metrics.clone()).unwrap();
+    let _first = open(dir.path(), 1 << 20, LAYOUTS, metrics.clone()).unwrap();
     assert!(matches!(
-        open(dir.path(), 1 << 20, metrics),
+        open(dir.path(), 1 << 20, LAYOUTS, metrics),
         Err(OpenError::Locked(_))
     ));
 }
@@ -548,7 +557,7 @@ async fn oldest_unconfirmed_age_follows_confirmations_and_survives_a_restart() {
     let metrics = Arc::new(Metrics::new());
     let now = unix_now();
     {
-        let (spool, mut reader) = open(dir.path(), 1 << 20, metrics.clone()).unwrap();
+        let (spool, mut reader) = open(dir.path(), 1 << 20, LAYOUTS, metrics.clone()).unwrap();
         assert_eq!(exported_age(&metrics), 0.0, "nothing unconfirmed");
         let limit = Duration::from_secs(5);
         // Records are held from their append: their age counts on the monotonic clock from
@@ -575,7 +584,7 @@ async fn oldest_unconfirmed_age_follows_confirmations_and_survives_a_restart() {
         crate::metrics::NOTHING_HELD,
         std::sync::atomic::Ordering::Relaxed,
     );
-    let (_spool, mut reader) = open(dir.path(), 1 << 20, metrics.clone()).unwrap();
+    let (_spool, mut reader) = open(dir.path(), 1 << 20, LAYOUTS, metrics.clone()).unwrap();
     let age = exported_age(&metrics);
     assert!((120.0..125.0).contains(&age), "age after restart {age}");
     let recs = read_all(&mut reader);
@@ -663,7 +672,7 @@ fn segment_numbers(dir: &Path) -> Vec<u64> {
 async fn a_full_disk_refuses_appends_until_space_returns() {
     let dir = tempfile::tempdir().unwrap();
     let metrics = Arc::new(Metrics::new());
-    let (spool, mut reader) = open(dir.path(), 1 << 20, metrics.clone()).unwrap();
+    let (spool, mut reader) = open(dir.path(), 1 << 20, LAYOUTS, metrics.clone()).unwrap();
     let limit = Duration::from_secs(5);
     spool.append(rows(&[m(1)]), limit).await.unwrap();
     assert_eq!(spool.unwritable(), None);
@@ -704,7 +713,7 @@ async fn a_sealed_segment_goes_once_confirmed_and_numbering_goes_on() {
     let metrics = Arc::new(Metrics::new());
     let limit = Duration::from_secs(5);
     {
-        let (spool, mut reader) = open(dir.path(), 1 << 20, metrics.clone()).unwrap();
+        let (spool, mut reader) = open(dir.path(), 1 << 20, LAYOUTS, metrics.clone()).unwrap();
         spool.append(rows(&[m(1)]), limit).await.unwrap();
         set_full(dir.path(), true);
         assert!(spool.append(rows(&[m(2)]), limit).await.is_err());
@@ -717,7 +726,7 @@ async fn a_sealed_segment_goes_once_confirmed_and_numbering_goes_on() {
         assert!(spool.unwritable().is_some());
     }
     // Reopened on the still full disk: opens, unwritable, then writes after the cursor.
-    let (spool, mut reader) = open(dir.path(), 1 << 20, metrics.clone()).unwrap();
+    let (spool, mut reader) = open(dir.path(), 1 << 20, LAYOUTS, metrics.clone()).unwrap();
     assert_eq!(spool.unwritable(), Some("spool cannot write: disk full"));
     assert_eq!(metrics.spool_disk_full.get(), 1);
     set_full(dir.path(), false);
@@ -737,7 +746,7 @@ async fn opening_on_a_full_disk_delivers_what_the_spool_holds() {
     spool_with(dir.path(), 3).await;
     set_full(dir.path(), true);
     let metrics = Arc::new(Metrics::new());
-    let (spool, mut reader) = open(dir.path(), 1 << 20, metrics.clone()).unwrap();
+    let (spool, mut reader) = open(dir.path(), 1 << 20, LAYOUTS, metrics.clone()).unwrap();
     assert_eq!(spool.unwritable(), Some("spool cannot write: disk full"));
     assert_eq!(
         spool.append(rows(&[m(9)]), Duration::from_secs(5)).await,
@@ -767,7 +776,7 @@ async fn cursor_and_in_flight_are_rewritten_in_place() {
     use std::os::unix::fs::MetadataExt;
     let dir = tempfile::tempdir().unwrap();
     let metrics = Arc::new(Metrics::new());
-    let (spool, mut reader) = open(dir.path(), 1 << 20, metrics.clone()).unwrap();
+    let (spool, mut reader) = open(dir.path(), 1 << 20, LAYOUTS, metrics.clone()).unwrap();
     let cursor = dir.path().join(CURSOR_FILE);
     let in_flight = dir.path().join(INFLIGHT_FILE);
     let inodes = || {
@@ -801,7 +810,7 @@ async fn cursor_and_in_flight_are_rewritten_in_place() {
     let (older_seq, older) = parse_slots(&data).unwrap();
     assert_eq!(older_seq, seq - 1);
     assert!(parse_cursor(&older).unwrap() < end);
-    let (_spool, mut reader) = open(dir.path(), 1 << 20, metrics).unwrap();
+    let (_spool, mut reader) = open(dir.path(), 1 << 20, LAYOUTS, metrics).unwrap();
     assert_eq!(
         ids(&read_all(&mut reader)),
         [3],
@@ -817,7 +826,8 @@ async fn a_cursor_of_the_one_line_format_is_read_and_turned_into_slots() {
     let first_end = frame_at(&data, HEADER_LEN as usize).unwrap().1;
     let cursor = dir.path().join(CURSOR_FILE);
     fs::write(&cursor, format!("1 {first_end}\n")).unwrap();
-    let (_spool, mut reader) = open(dir.path(), 1 << 20, Arc::new(Metrics::new())).unwrap();
+    let (_spool, mut reader) =
+        open(dir.path(), 1 << 20, LAYOUTS, Arc::new(Metrics::new())).unwrap();
     let recs = read_all(&mut reader);
     assert_eq!(ids(&recs), [2, 3]);
     reader.confirm(recs[0].end, 1, recs[0].bytes);
@@ -829,33 +839,20 @@ async fn a_cursor_of_the_one_line_format_is_read_and_turned_into_slots() {
     );
 }
 
+/// A kept-aside file holds what the writer rendered, as it is, named by the batch's start and
+/// the first row's index, and its rows are counted.
 #[tokio::test]
 async fn kept_aside_rows_are_counted() {
     let dir = tempfile::tempdir().unwrap();
     let metrics = Arc::new(Metrics::new());
-    let (_spool, reader) = open(dir.path(), 1 << 20, metrics.clone()).unwrap();
-    let (path, n) = reader
-        .keep_aside(
-            reader.position(),
-            7,
-            &rows(&[m(1), m(2), m(3)]).bytes,
-            "Code: 117",
-        )
-        .unwrap();
-    assert_eq!(n, 3);
+    let (_spool, reader) = open(dir.path(), 1 << 20, LAYOUTS, metrics.clone()).unwrap();
+    let body = br#"{"reason":"Code: 117","measurements":[]}"#;
+    let path = reader.keep_aside(reader.position(), 7, body, 3).unwrap();
     assert!(
         path.ends_with("00000000000000000001-000000000008-000007.json"),
         "{path:?}"
     );
-    let kept: serde_json::Value = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
-    assert_eq!(kept["reason"], "Code: 117");
-    let ids: Vec<&str> = kept["measurements"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| m["id"].as_str().unwrap())
-        .collect();
-    assert_eq!(ids, [m(1), m(2), m(3)].map(|m| m.id.to_string()));
+    assert_eq!(fs::read(&path).unwrap(), body);
     assert_eq!(metrics.kept_aside_rows.get(), 3);
 }
 
@@ -868,15 +865,15 @@ async fn a_spool_of_the_json_format_is_replayed() {
     // What the earlier release left: segment 1 with three requests, the first confirmed.
     fs::create_dir_all(dir.path().join("segments")).unwrap();
     let mut data = MAGIC_V1.to_vec();
-    encode_v1_frame(&mut data, &[m(1), m(2)]);
+    v1_frame(&mut data, &[m(1), m(2)]);
     let first_end = data.len();
-    encode_v1_frame(&mut data, &[m(3)]);
-    encode_v1_frame(&mut data, &[m(4), m(5)]);
+    v1_frame(&mut data, &[m(3)]);
+    v1_frame(&mut data, &[m(4), m(5)]);
     fs::write(segment_path(dir.path(), 1), &data).unwrap();
     fs::write(dir.path().join(CURSOR_FILE), format!("1 {first_end}\n")).unwrap();
 
     let metrics = Arc::new(Metrics::new());
-    let (spool, mut reader) = open(dir.path(), 1 << 20, metrics.clone()).unwrap();
+    let (spool, mut reader) = open(dir.path(), 1 << 20, LAYOUTS, metrics.clone()).unwrap();
     assert_eq!(
         metrics.spool_records.get(),
         3,
@@ -907,7 +904,7 @@ async fn a_spool_of_the_json_format_is_replayed() {
 #[tokio::test]
 async fn reading_stops_at_the_row_limit() {
     let dir = tempfile::tempdir().unwrap();
-    let (spool, mut reader) = open(dir.path(), 1 << 20, Arc::new(Metrics::new())).unwrap();
+    let (spool, mut reader) = open(dir.path(), 1 << 20, LAYOUTS, Arc::new(Metrics::new())).unwrap();
     for n in 0..10 {
         spool
             .append(
@@ -925,33 +922,45 @@ async fn reading_stops_at_the_row_limit() {
     assert_eq!(ids(&out), (9..30).collect::<Vec<u128>>());
 }
 
-/// `collector spool dump` lists what a segment holds up to a torn or damaged frame and says
+/// The dump's reading lists every frame of a segment up to a torn or damaged one and says
 /// where it stopped; a folder that is not a spool is named as such.
 #[tokio::test]
-async fn the_dump_lists_rows_and_says_where_a_segment_is_damaged() {
+async fn the_dump_lists_frames_and_says_where_a_segment_is_damaged() {
+    use super::dump::{dump, Found};
+    let listed = |dir: &Path| {
+        let mut found = Vec::new();
+        let summary = dump(dir, false, |f| {
+            found.push(match f {
+                Found::Frame {
+                    at,
+                    layout,
+                    payload,
+                } => {
+                    assert_eq!(layout, crate::measurement::LAYOUT);
+                    (at.offset, decode_all(payload).unwrap().len())
+                }
+                Found::Torn { at } => (at.offset, 0),
+            });
+            Ok(())
+        })
+        .unwrap();
+        (summary, found)
+    };
     let dir = tempfile::tempdir().unwrap();
     spool_with(dir.path(), 3).await;
-    let mut out = Vec::new();
-    let summary = super::dump::dump(dir.path(), false, &mut out).unwrap();
-    assert_eq!((summary.rows, summary.frames, summary.damaged), (3, 3, 0));
+    let (summary, found) = listed(dir.path());
+    assert_eq!((summary.frames, summary.torn), (3, 0));
+    assert_eq!(found.iter().map(|f| f.1).sum::<usize>(), 3);
     let seg = segment_path(dir.path(), 1);
     let mut data = fs::read(&seg).unwrap();
     let second = frame_at(&data, HEADER_LEN as usize).unwrap().1;
-    data[second + 20] ^= 0xff;
+    data[second + 24] ^= 0xff;
     fs::write(&seg, &data).unwrap();
-    let mut out = Vec::new();
-    let summary = super::dump::dump(dir.path(), false, &mut out).unwrap();
-    assert_eq!((summary.rows, summary.damaged), (1, 1));
-    let text = String::from_utf8(out).unwrap();
-    assert!(
-        text.lines()
-            .last()
-            .unwrap()
-            .contains(&format!("\"offset\":{second}")),
-        "{text}"
-    );
+    let (summary, found) = listed(dir.path());
+    assert_eq!((summary.frames, summary.torn), (1, 1));
+    assert_eq!(found.last(), Some(&(second as u64, 0)), "{found:?}");
     let empty = tempfile::tempdir().unwrap();
-    let e = super::dump::dump(empty.path(), false, &mut Vec::new()).unwrap_err();
+    let e = dump(empty.path(), false, |_| Ok(())).unwrap_err();
     assert!(e.to_string().contains("not a spool folder"), "{e}");
 }
 
@@ -980,7 +989,7 @@ fn syncs(metrics: &Metrics) -> u64 {
 async fn concurrent_appends_share_syncs_and_each_is_read_once() {
     let dir = tempfile::tempdir().unwrap();
     let metrics = Arc::new(Metrics::new());
-    let (spool, mut reader) = open(dir.path(), 1 << 26, metrics.clone()).unwrap();
+    let (spool, mut reader) = open(dir.path(), 1 << 26, LAYOUTS, metrics.clone()).unwrap();
     let before = syncs(&metrics);
     let tasks: Vec<_> = (0..400u128)
         .map(|n| {
@@ -1014,7 +1023,7 @@ async fn prepared_segments_are_used_and_their_zeros_are_not_damage() {
     let prepared = dir.path().join(prepare::PREPARED_FILE);
     let mut n = 0u128;
     {
-        let (spool, mut reader) = open(dir.path(), max, metrics.clone()).unwrap();
+        let (spool, mut reader) = open(dir.path(), max, LAYOUTS, metrics.clone()).unwrap();
         assert_eq!(spool.shared.segment_target, SEGMENT_MIN_BYTES);
         let start = Instant::now();
         while !prepared
@@ -1052,7 +1061,7 @@ async fn prepared_segments_are_used_and_their_zeros_are_not_damage() {
             fs::copy(segment_path(dir.path(), n), segment_path(copy.path(), n)).unwrap();
         }
         let copied = Arc::new(Metrics::new());
-        let (_s, mut r) = open(copy.path(), max, copied.clone()).unwrap();
+        let (_s, mut r) = open(copy.path(), max, LAYOUTS, copied.clone()).unwrap();
         assert_eq!(
             ids(&read_all(&mut r)),
             (0..n).collect::<Vec<_>>(),
@@ -1079,7 +1088,7 @@ async fn prepared_segments_are_used_and_their_zeros_are_not_damage() {
         !format::is_unused(&raw[raw.len() - 4..]),
         "{len2} bytes end in zeros"
     );
-    let (_spool, mut reader) = open(dir.path(), max, metrics.clone()).unwrap();
+    let (_spool, mut reader) = open(dir.path(), max, LAYOUTS, metrics.clone()).unwrap();
     assert_eq!(ids(&read_all(&mut reader)), (0..n).collect::<Vec<_>>());
 }
 
@@ -1089,7 +1098,7 @@ async fn prepared_segments_are_used_and_their_zeros_are_not_damage() {
 async fn a_sync_past_the_limit_answers_sync_timeout_and_the_rows_still_land() {
     let dir = tempfile::tempdir().unwrap();
     let metrics = Arc::new(Metrics::new());
-    let (spool, mut reader) = open(dir.path(), 1 << 26, metrics.clone()).unwrap();
+    let (spool, mut reader) = open(dir.path(), 1 << 26, LAYOUTS, metrics.clone()).unwrap();
     spool
         .append(rows(&[m(1)]), Duration::from_secs(5))
         .await
@@ -1119,7 +1128,7 @@ async fn a_sync_past_the_limit_answers_sync_timeout_and_the_rows_still_land() {
 async fn a_full_open_group_sheds_at_once() {
     let dir = tempfile::tempdir().unwrap();
     let metrics = Arc::new(Metrics::new());
-    let (spool, mut reader) = open(dir.path(), 1 << 28, metrics.clone()).unwrap();
+    let (spool, mut reader) = open(dir.path(), 1 << 28, LAYOUTS, metrics.clone()).unwrap();
     set_slow(dir.path(), Some(Duration::from_secs(2)));
     let first = tokio::spawn({
         let spool = spool.clone();
@@ -1169,7 +1178,7 @@ async fn concurrent_appends_at_the_bound_never_cross_it() {
     let dir = tempfile::tempdir().unwrap();
     let metrics = Arc::new(Metrics::new());
     let max = 64 * 1024;
-    let (spool, mut reader) = open(dir.path(), max, metrics.clone()).unwrap();
+    let (spool, mut reader) = open(dir.path(), max, LAYOUTS, metrics.clone()).unwrap();
     // Slow syncs keep bytes waiting in groups while more requests arrive.
     set_slow(dir.path(), Some(Duration::from_millis(50)));
     let big = |n: u128| Measurement {
@@ -1204,7 +1213,7 @@ async fn concurrent_appends_at_the_bound_never_cross_it() {
 async fn a_timed_out_open_group_is_replaced_for_later_requests() {
     let dir = tempfile::tempdir().unwrap();
     let metrics = Arc::new(Metrics::new());
-    let (spool, mut reader) = open(dir.path(), 1 << 26, metrics.clone()).unwrap();
+    let (spool, mut reader) = open(dir.path(), 1 << 26, LAYOUTS, metrics.clone()).unwrap();
     set_slow(dir.path(), Some(Duration::from_millis(1500)));
     let stuck = tokio::spawn({
         let spool = spool.clone();
@@ -1253,16 +1262,18 @@ async fn a_torn_frame_before_a_prepared_segments_zeros_is_a_torn_tail() {
     }
     let mut third = Vec::new();
     format::encode_frame(&mut third, &rows(&[m(3)]));
-    data.extend_from_slice(&third[..40]);
+    // Cut after a non-zero byte (its `received_at`), as any torn write ends: zeros after it
+    // are the prepared room.
+    data.extend_from_slice(&third[..39]);
     data.resize(64 * 1024, 0);
     fs::write(segment_path(dir.path(), 1), &data).unwrap();
     set_full(dir.path(), true);
     let metrics = Arc::new(Metrics::new());
-    let (spool, mut reader) = open(dir.path(), 1 << 20, metrics.clone()).unwrap();
+    let (spool, mut reader) = open(dir.path(), 1 << 20, LAYOUTS, metrics.clone()).unwrap();
     assert_eq!(ids(&read_all(&mut reader)), [1, 2]);
     assert_eq!(
         metrics.spool_damaged_bytes.get(),
-        40,
+        39,
         "the torn bytes, not the zeros"
     );
     assert_eq!(

@@ -14,7 +14,7 @@
 //! boundaries decodes the rows; this is the failure path only.
 
 use super::{Abandoned, Batch, Failure, InsertBody, Writer};
-use crate::measurement::row_bounds;
+use crate::measurement::{kept_aside_json, row_bounds};
 
 /// Most inserts spent bisecting one refused batch of `rows` rows: 64, plus one for every 32
 /// rows. Each successful piece is a part in ClickHouse, so the budget also bounds the small
@@ -92,8 +92,9 @@ impl Writer {
         Ok(())
     }
 
-    /// Keeps rows `first_row..` (their bytes `range` of the batch body) aside, retrying a
-    /// failed write (a full disk) with backoff until the drain deadline.
+    /// Keeps rows `first_row..` (their bytes `range` of the batch body) aside, as JSON the
+    /// operator can read and insert again once the cause is fixed ([`kept_aside_json`]),
+    /// retrying a failed write (a full disk) with backoff until the drain deadline.
     async fn keep_aside(
         &mut self,
         batch: &Batch,
@@ -101,13 +102,11 @@ impl Writer {
         range: std::ops::Range<usize>,
         reason: &str,
     ) -> Result<(), Abandoned> {
+        let (body, rows) = kept_aside_json(&batch.body[range], reason);
         let mut attempt = 0;
         loop {
-            match self
-                .reader
-                .keep_aside(batch.start, first_row, &batch.body[range.clone()], reason)
-            {
-                Ok((path, rows)) => {
+            match self.reader.keep_aside(batch.start, first_row, &body, rows) {
+                Ok(path) => {
                     tracing::error!(rows, file = %path.display(), %reason, "clickhouse refused rows as bad data; kept aside");
                     self.metrics.kept_aside.inc();
                     return Ok(());
