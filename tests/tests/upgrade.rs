@@ -107,8 +107,8 @@ async fn a_spool_of_the_previous_release_is_delivered_after_the_upgrade() {
         magics.push(String::from_utf8_lossy(&data[..8]).into_owned());
     }
     assert!(
-        magics.iter().all(|m| m == "CSPOOL04"),
-        "the delivered old segment is gone and new ones are this release's RowBinary (v4): {magics:?}"
+        magics.iter().all(|m| m == "CSPOOL05"),
+        "the delivered old segment is gone and new ones are this release's format (v5): {magics:?}"
     );
 }
 
@@ -283,4 +283,66 @@ async fn a_table_and_spool_of_the_previous_release_are_upgraded_on_18_16() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_table_and_spool_of_the_previous_release_are_upgraded_on_26() {
     previous_release_upgraded(TestEnv::empty_on_ch26(Stack::shared()).await).await;
+}
+
+/// The spool of the release before opaque frames (git e9fea1f; `tests/fixtures/spool-v4/`, 40
+/// measurements in `CSPOOL04`, made by `tests/fixtures/make-spool.sh`) is delivered exactly once
+/// with every value, through `spool dump` first, and new beacons go on in `CSPOOL05`, whose
+/// frames carry their layout.
+async fn spool_of_the_release_before_opaque_frames_replayed(env: TestEnv<'_>) {
+    let fixture = root().join("tests/fixtures/spool-v4");
+    let ids: Vec<String> = std::fs::read_to_string(fixture.join("sent-ids"))
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(ids.len(), 40, "the fixture holds 40 measurements");
+    let spool = tempfile::tempdir().unwrap();
+    copy_dir(&fixture, spool.path());
+    let spool_dir = spool.path().to_str().unwrap();
+    let dump = env.cli_with(&[("COLLECTOR_SPOOL_DIR", spool_dir)], &["spool", "dump"]);
+    dump.success();
+    assert_eq!(dump.stdout.lines().count(), 40, "{}", dump.stderr);
+    assert!(dump.stderr.contains("40 rows"), "{}", dump.stderr);
+
+    let c = env.collector(&[("COLLECTOR_SPOOL_DIR", spool_dir)]).await;
+    let rows = env.wait_rows(&ids, Duration::from_secs(60)).await;
+    assert_eq!(rows.len(), 40);
+    for r in &rows {
+        assert_eq!(col(r, "site"), "upgrade-fixture", "{r}");
+        assert_eq!(col(r, "user_agent"), "fixture/1", "{r}");
+        assert_eq!(col(r, "viewport_width"), 390, "{r}");
+        assert_eq!(col(r, "navigation_type"), "navigate", "{r}");
+        let lcp = col(r, "lcp_ms").as_f64().unwrap();
+        assert!(lcp > 1000.0 && lcp.fract() == 0.5, "{r}");
+    }
+    env.assert_stored_once(&ids, Duration::from_secs(60)).await;
+
+    let (id, m) = measurement(&env.site);
+    let (status, body) = c.post_json(&m).await;
+    assert_eq!(status, 202, "{body}");
+    env.wait_rows(&[id], Duration::from_secs(60)).await;
+    c.wait_metric("collector_spool_records 0", Duration::from_secs(60))
+        .await;
+    let mut magics = Vec::new();
+    for entry in std::fs::read_dir(spool.path().join("segments")).unwrap() {
+        let data = std::fs::read(entry.unwrap().path()).unwrap();
+        magics.push(String::from_utf8_lossy(&data[..8]).into_owned());
+    }
+    assert!(
+        !magics.is_empty() && magics.iter().all(|m| m == "CSPOOL05"),
+        "the delivered CSPOOL04 segment is gone and new ones are CSPOOL05: {magics:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spool_of_the_release_before_opaque_frames_is_delivered_on_18_16() {
+    let env = TestEnv::new(Stack::shared()).await;
+    spool_of_the_release_before_opaque_frames_replayed(env).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spool_of_the_release_before_opaque_frames_is_delivered_on_26() {
+    let env = TestEnv::on_ch26(Stack::shared()).await;
+    spool_of_the_release_before_opaque_frames_replayed(env).await;
 }
