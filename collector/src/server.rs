@@ -80,14 +80,14 @@ pub async fn serve(
             () = &mut close => break,
         };
         let Ok(permit) = connections.clone().try_acquire_owned() else {
-            metrics.connections_refused.inc();
+            metrics.http.connections_refused.inc();
             crate::logging::warn_limited("connection_limit", || {
                 tracing::warn!("connection limit reached; closing new connections")
             });
             drop(stream);
             continue;
         };
-        metrics.open_connections.inc();
+        metrics.http.open_connections.inc();
         let _ = stream.set_nodelay(true);
         let router = router.clone();
         let service = hyper::service::service_fn(move |mut req: Request<hyper::body::Incoming>| {
@@ -109,7 +109,7 @@ pub async fn serve(
         let metrics = metrics.clone();
         tokio::spawn(async move {
             let _ = conn.await;
-            metrics.open_connections.dec();
+            metrics.http.open_connections.dec();
             drop(permit);
         });
     }

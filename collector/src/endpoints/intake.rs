@@ -212,26 +212,26 @@ async fn accept(
 fn count(metrics: &Metrics, outcome: &Result<Accepted, IntakeError>) {
     match outcome {
         Ok(report) => {
-            metrics.accepted.inc_by(report.accepted as u64);
-            metrics.duplicate.inc_by(report.duplicates as u64);
-            metrics.clock_skew.inc_by(report.clock_skewed);
+            metrics.intake.accepted.inc_by(report.accepted as u64);
+            metrics.intake.duplicate.inc_by(report.duplicates as u64);
+            metrics.intake.clock_skew.inc_by(report.clock_skewed);
             for r in &report.rejected {
-                metrics.reject(r.error);
+                metrics.intake.reject(r.error);
             }
             for d in &report.dropped_fields {
-                metrics.drop_field(d.field);
+                metrics.intake.drop_field(d.field);
             }
         }
         Err(IntakeError::NoValidMeasurement(rejected) | IntakeError::UnknownSite(rejected)) => {
             for r in rejected {
-                metrics.reject(r.error);
+                metrics.intake.reject(r.error);
             }
         }
         Err(IntakeError::RateLimited(_)) => {
-            metrics.rate_limited.inc();
+            metrics.http.rate_limited.inc();
         }
         Err(IntakeError::Overloaded(_)) => {
-            metrics.shed.inc();
+            metrics.http.shed.inc();
         }
         Err(_) => {}
     }

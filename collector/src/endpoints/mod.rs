@@ -64,7 +64,8 @@ async fn observe(State(state): State<AppState>, req: Request<Body>, next: Next) 
     let response = next.run(req).await;
     state
         .metrics
-        .http_requests
+        .http
+        .requests
         .get_or_create(&RouteLabel {
             route,
             status: response.status().as_u16(),
@@ -72,7 +73,8 @@ async fn observe(State(state): State<AppState>, req: Request<Body>, next: Next) 
         .inc();
     state
         .metrics
-        .http_duration
+        .http
+        .duration
         .get_or_create(&RouteOnly { route })
         .observe(start.elapsed().as_secs_f64());
     response

@@ -257,8 +257,8 @@ impl SiteSettings {
                 );
             }
         }
-        inner.metrics.settings_from_snapshot.set(0);
-        inner.metrics.settings_loaded(
+        inner.metrics.settings.from_snapshot.set(0);
+        inner.metrics.settings.loaded(
             std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0.0, |d| d.as_secs_f64()),
@@ -280,8 +280,8 @@ impl SiteSettings {
             .unwrap_or_else(Instant::now);
         self.put(&sites, stale).await;
         tracing::warn!(sites = sites.len(), written_at, path = %path.display(), "settings store unreachable: serving the last known settings from the snapshot");
-        inner.metrics.settings_from_snapshot.set(1);
-        inner.metrics.settings_loaded(written_at as f64);
+        inner.metrics.settings.from_snapshot.set(1);
+        inner.metrics.settings.loaded(written_at as f64);
         inner.loaded.store(true, Ordering::Release);
         Ok(sites.len())
     }
@@ -328,7 +328,7 @@ impl SiteSettings {
         let inner = &self.inner;
         if let Some(entry) = inner.cache.get(key).await {
             if entry.site.is_some() && entry.loaded.elapsed() >= inner.ttl {
-                inner.metrics.settings_stale_served.inc();
+                inner.metrics.settings.stale_served.inc();
                 self.refresh(key);
             }
             return entry.site.clone().map_or(Lookup::Unknown, Lookup::Known);
@@ -341,11 +341,11 @@ impl SiteSettings {
                     .first_fetches
                     .try_acquire()
                     .map_err(|_| {
-                        inner.metrics.settings_first_fetch_limited.inc();
+                        inner.metrics.settings.first_fetch_limited.inc();
                         StoreError::Limited
                     })?;
                 if inner.first_fetch_rate.check().is_err() {
-                    inner.metrics.settings_first_fetch_limited.inc();
+                    inner.metrics.settings.first_fetch_limited.inc();
                     return Err(StoreError::Limited);
                 }
                 let asked = Instant::now();

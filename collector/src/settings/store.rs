@@ -492,7 +492,7 @@ impl SettingsStore {
         F: for<'c> FnOnce(&'c tokio_postgres::Client) -> Query<'c, T>,
     {
         let admission = self.breaker.admit().ok_or(StoreError::Backoff)?;
-        self.metrics.settings_store_queries.inc();
+        self.metrics.settings.store_queries.inc();
         let result = match self.pool.get().await {
             Err(PoolError::Backend(e)) => Err(StoreError::Failed(describe(&e))),
             Err(PoolError::Timeout(_)) => Err(StoreError::Failed(format!(
@@ -519,7 +519,8 @@ impl SettingsStore {
         };
         self.breaker.report(admission, result.is_ok());
         self.metrics
-            .settings_store_up
+            .settings
+            .store_up
             .set(self.breaker.is_closed() as i64);
         if let Err(e) = &result {
             crate::logging::warn_limited(

@@ -126,7 +126,8 @@ impl Appender {
             .and_then(|()| file.sync_data());
         self.shared
             .metrics
-            .spool_sync_duration
+            .spool
+            .sync_duration
             .observe(began.elapsed().as_secs_f64());
         let len = taken.buf.len() as u64;
         match result {

@@ -361,7 +361,7 @@ impl Shared {
 
     fn set_unwritable(&self, why: u8) {
         self.unwritable.store(why, Ordering::Release);
-        self.metrics.spool_disk_full.set(i64::from(why != 0));
+        self.metrics.spool.disk_full.set(i64::from(why != 0));
     }
 
     /// Drops segment `n` (of `len` bytes), whose file was removed, from the state.
@@ -375,13 +375,14 @@ impl Shared {
     }
 
     fn publish(&self, st: &State) {
-        self.metrics.spool_bytes.set(st.unconfirmed_bytes as i64);
+        self.metrics.spool.bytes.set(st.unconfirmed_bytes as i64);
         self.metrics
-            .spool_records
+            .spool
+            .records
             .set(st.unconfirmed_records as i64);
-        self.metrics.spool_disk_bytes.set(st.disk_bytes as i64);
-        self.metrics.spool_max_bytes.set(self.max_bytes as i64);
-        self.metrics.spool_oldest_held_since.store(
+        self.metrics.spool.disk_bytes.set(st.disk_bytes as i64);
+        self.metrics.spool.max_bytes.set(self.max_bytes as i64);
+        self.metrics.spool.oldest_held_since.store(
             st.received.oldest().unwrap_or(crate::metrics::NOTHING_HELD),
             Ordering::Relaxed,
         );

@@ -370,7 +370,11 @@ impl SpoolReader {
         let mut f = File::create(&path)?;
         f.write_all(body)?;
         f.sync_all()?;
-        self.shared.metrics.kept_aside_rows.inc_by(rows as u64);
+        self.shared
+            .metrics
+            .spool
+            .kept_aside_rows
+            .inc_by(rows as u64);
         Ok(path)
     }
 }

@@ -96,7 +96,7 @@ pub(super) fn recover_segment(
     let len = if rewrite {
         let aside = keep_aside(dir, n, &data[..written_end]);
         tracing::error!(segment = %path.display(), skipped_bytes = skipped, kept = %aside, "spool: skipped damaged records; the original is kept aside");
-        metrics.spool_damaged_bytes.inc_by((skipped + cut) as u64);
+        metrics.spool.damaged_bytes.inc_by((skipped + cut) as u64);
         // Rewrite with the whole frames only, remapping the cursor if it points in here.
         let mut out = Vec::with_capacity(data.len());
         out.extend_from_slice(version.magic());
@@ -131,7 +131,7 @@ pub(super) fn recover_segment(
             } else {
                 tracing::warn!(segment = %path.display(), cut_bytes = cut, "spool: cut a torn tail");
             }
-            metrics.spool_damaged_bytes.inc_by(cut as u64);
+            metrics.spool.damaged_bytes.inc_by(cut as u64);
         }
         if valid_end < data.len() {
             if cut == 0 {

@@ -94,14 +94,14 @@ async fn append_read_confirm_and_replay() {
             .unwrap();
         let recs = read_all(&mut reader);
         assert_eq!(ids(&recs), [1, 2, 3]);
-        assert_eq!(metrics.spool_records.get(), 3);
+        assert_eq!(metrics.spool.records.get(), 3);
         reader.confirm(recs[0].end, 2, recs[0].bytes);
-        assert_eq!(metrics.spool_records.get(), 1);
+        assert_eq!(metrics.spool.records.get(), 1);
     }
     // Reopen: only the unconfirmed record comes back.
     let (_spool, mut reader) = open(dir.path(), 1 << 20, LAYOUTS, metrics.clone()).unwrap();
     assert_eq!(ids(&read_all(&mut reader)), [3]);
-    assert_eq!(metrics.spool_records.get(), 1);
+    assert_eq!(metrics.spool.records.get(), 1);
 }
 
 #[tokio::test]
@@ -236,8 +236,8 @@ async fn segments_rotate_and_confirmed_ones_are_deleted() {
         "sealed, confirmed segment deleted"
     );
     assert!(segment_path(dir.path(), 2).exists(), "active segment kept");
-    assert_eq!(metrics.spool_records.get(), 0);
-    assert_eq!(metrics.spool_bytes.get(), 0);
+    assert_eq!(metrics.spool.records.get(), 0);
+    assert_eq!(metrics.spool.bytes.get(), 0);
 }
 
 async fn spool_with(dir: &Path, n: u128) {
@@ -271,8 +271,8 @@ async fn a_damaged_record_in_the_middle_costs_only_itself() {
         .path()
         .join("kept-aside/damaged-00000000000000000001.seg")
         .exists());
-    assert!(metrics.spool_damaged_bytes.get() > 0);
-    assert_eq!(metrics.spool_records.get(), 4);
+    assert!(metrics.spool.damaged_bytes.get() > 0);
+    assert_eq!(metrics.spool.records.get(), 4);
 }
 
 #[tokio::test]
@@ -369,8 +369,8 @@ async fn a_failed_cursor_write_still_frees_the_room() {
     reader.cursor.file = None;
     let recs = read_all(&mut reader);
     reader.confirm(recs[0].end, 1, recs[0].bytes);
-    assert_eq!(metrics.spool_records.get(), 0);
-    assert_eq!(metrics.spool_bytes.get(), 0);
+    assert_eq!(metrics.spool.records.get(), 0);
+    assert_eq!(metrics.spool.bytes.get(), 0);
 }
 
 #[tokio::test]
@@ -580,7 +580,7 @@ async fn oldest_unconfirmed_age_follows_confirmations_and_survives_a_restart() {
             .unwrap();
     }
     // After a restart a recovered record is held from the age its received_at gives, once.
-    metrics.spool_oldest_held_since.store(
+    metrics.spool.oldest_held_since.store(
         crate::metrics::NOTHING_HELD,
         std::sync::atomic::Ordering::Relaxed,
     );
@@ -676,7 +676,7 @@ async fn a_full_disk_refuses_appends_until_space_returns() {
     let limit = Duration::from_secs(5);
     spool.append(rows(&[m(1)]), limit).await.unwrap();
     assert_eq!(spool.unwritable(), None);
-    assert_eq!(metrics.spool_disk_full.get(), 0);
+    assert_eq!(metrics.spool.disk_full.get(), 0);
 
     set_full(dir.path(), true);
     assert_eq!(
@@ -684,18 +684,18 @@ async fn a_full_disk_refuses_appends_until_space_returns() {
         Err(AppendError::DiskFull)
     );
     assert_eq!(spool.unwritable(), Some("spool cannot write: disk full"));
-    assert_eq!(metrics.spool_disk_full.get(), 1);
+    assert_eq!(metrics.spool.disk_full.get(), 1);
     // Refused at once while the state lasts, and it lasts past several probes.
     tokio::time::sleep(RETRY_WRITE_INTERVAL * 3).await;
     assert_eq!(
         spool.append(rows(&[m(3)]), limit).await,
         Err(AppendError::DiskFull)
     );
-    assert_eq!(metrics.spool_disk_full.get(), 1);
+    assert_eq!(metrics.spool.disk_full.get(), 1);
 
     set_full(dir.path(), false);
     wait_writable(&spool).await;
-    assert_eq!(metrics.spool_disk_full.get(), 0);
+    assert_eq!(metrics.spool.disk_full.get(), 0);
     spool.append(rows(&[m(4)]), limit).await.unwrap();
     let recs = read_all(&mut reader);
     assert_eq!(ids(&recs), [1, 4], "nothing refused was kept");
@@ -704,7 +704,7 @@ async fn a_full_disk_refuses_appends_until_space_returns() {
         recs[1].end.segment, 2,
         "the segment whose write failed takes no more: a new one"
     );
-    assert_eq!(metrics.spool_records.get(), 2);
+    assert_eq!(metrics.spool.records.get(), 2);
 }
 
 #[tokio::test]
@@ -722,13 +722,13 @@ async fn a_sealed_segment_goes_once_confirmed_and_numbering_goes_on() {
         // Still full: confirming needs no space and deletes the sealed, newest segment.
         reader.confirm(recs[0].end, 1, recs[0].bytes);
         assert_eq!(segment_numbers(dir.path()), [] as [u64; 0]);
-        assert_eq!(metrics.spool_disk_bytes.get(), 0);
+        assert_eq!(metrics.spool.disk_bytes.get(), 0);
         assert!(spool.unwritable().is_some());
     }
     // Reopened on the still full disk: opens, unwritable, then writes after the cursor.
     let (spool, mut reader) = open(dir.path(), 1 << 20, LAYOUTS, metrics.clone()).unwrap();
     assert_eq!(spool.unwritable(), Some("spool cannot write: disk full"));
-    assert_eq!(metrics.spool_disk_full.get(), 1);
+    assert_eq!(metrics.spool.disk_full.get(), 1);
     set_full(dir.path(), false);
     wait_writable(&spool).await;
     spool.append(rows(&[m(3)]), limit).await.unwrap();
@@ -755,7 +755,7 @@ async fn opening_on_a_full_disk_delivers_what_the_spool_holds() {
     let recs = read_all(&mut reader);
     assert_eq!(ids(&recs), [1, 2, 3]);
     reader.confirm(recs[2].end, 3, recs.iter().map(|r| r.bytes).sum());
-    assert_eq!(metrics.spool_records.get(), 0);
+    assert_eq!(metrics.spool.records.get(), 0);
     assert_eq!(
         segment_numbers(dir.path()),
         [] as [u64; 0],
@@ -853,7 +853,7 @@ async fn kept_aside_rows_are_counted() {
         "{path:?}"
     );
     assert_eq!(fs::read(&path).unwrap(), body);
-    assert_eq!(metrics.kept_aside_rows.get(), 3);
+    assert_eq!(metrics.spool.kept_aside_rows.get(), 3);
 }
 
 /// A spool folder written by a release before RowBinary (JSON frames behind the `CSPOOL01`
@@ -875,7 +875,7 @@ async fn a_spool_of_the_json_format_is_replayed() {
     let metrics = Arc::new(Metrics::new());
     let (spool, mut reader) = open(dir.path(), 1 << 20, LAYOUTS, metrics.clone()).unwrap();
     assert_eq!(
-        metrics.spool_records.get(),
+        metrics.spool.records.get(),
         3,
         "counted from the JSON frames"
     );
@@ -896,7 +896,7 @@ async fn a_spool_of_the_json_format_is_replayed() {
         !segment_path(dir.path(), 1).exists(),
         "the old segment goes once delivered"
     );
-    assert_eq!(metrics.spool_records.get(), 0);
+    assert_eq!(metrics.spool.records.get(), 0);
 }
 
 /// A reader asked for a number of rows stops at the first frame that reaches it, however many
@@ -1008,7 +1008,7 @@ async fn concurrent_appends_share_syncs_and_each_is_read_once() {
         (1..400).contains(&syncs),
         "{syncs} syncs for 400 requests: no group shared a sync"
     );
-    assert_eq!(metrics.spool_records.get(), 400);
+    assert_eq!(metrics.spool.records.get(), 400);
 }
 
 /// Segments after the first are prepared: made at their full length ahead of time, so
@@ -1067,7 +1067,7 @@ async fn prepared_segments_are_used_and_their_zeros_are_not_damage() {
             (0..n).collect::<Vec<_>>(),
             "each once"
         );
-        assert_eq!(copied.spool_damaged_bytes.get(), 0, "zeros are not damage");
+        assert_eq!(copied.spool.damaged_bytes.get(), 0, "zeros are not damage");
         assert_eq!(
             fs::metadata(segment_path(copy.path(), 2)).unwrap().len(),
             data2,
@@ -1204,7 +1204,7 @@ async fn concurrent_appends_at_the_bound_never_cross_it() {
     let held: u64 = read_all(&mut reader).iter().map(|f| f.bytes).sum();
     assert!(held <= max, "{held} bytes held, bound {max}");
     assert!(accepted > 0 && accepted < 300, "{accepted} of 300 accepted");
-    assert_eq!(metrics.spool_bytes.get() as u64, held);
+    assert_eq!(metrics.spool.bytes.get() as u64, held);
 }
 
 /// An open group past its deadline (behind a stuck sync) is answered `SyncTimeout`, and a
@@ -1272,7 +1272,7 @@ async fn a_torn_frame_before_a_prepared_segments_zeros_is_a_torn_tail() {
     let (spool, mut reader) = open(dir.path(), 1 << 20, LAYOUTS, metrics.clone()).unwrap();
     assert_eq!(ids(&read_all(&mut reader)), [1, 2]);
     assert_eq!(
-        metrics.spool_damaged_bytes.get(),
+        metrics.spool.damaged_bytes.get(),
         39,
         "the torn bytes, not the zeros"
     );

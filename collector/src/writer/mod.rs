@@ -217,7 +217,7 @@ impl Writer {
         let mut attempt = 0u32;
         loop {
             if attempt > 0 {
-                self.metrics.batches_retried.inc();
+                self.metrics.clickhouse.batches_retried.inc();
             }
             let target = self.replicas.pick();
             // An insert into a replica that hangs (frozen, black-holed) can take up to the

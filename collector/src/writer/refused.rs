@@ -108,7 +108,7 @@ impl Writer {
             match self.reader.keep_aside(batch.start, first_row, &body, rows) {
                 Ok(path) => {
                     tracing::error!(rows, file = %path.display(), %reason, "clickhouse refused rows as bad data; kept aside");
-                    self.metrics.kept_aside.inc();
+                    self.metrics.spool.kept_aside.inc();
                     return Ok(());
                 }
                 Err(e) => {

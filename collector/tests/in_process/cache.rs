@@ -53,7 +53,7 @@ async fn fresh_entries_do_not_ask_the_store_and_stale_ones_are_answered_at_once(
         1,
         "one background refresh for 20 stale lookups"
     );
-    assert_eq!(metrics.settings_stale_served.get(), 20);
+    assert_eq!(metrics.settings.stale_served.get(), 20);
 }
 
 #[tokio::test(start_paused = true)]
@@ -132,7 +132,7 @@ async fn never_seen_keys_beyond_the_first_fetch_budget_are_limited() {
         FIRST_FETCH_RATE as usize,
         "the limited keys never reached the store"
     );
-    assert_eq!(metrics.settings_first_fetch_limited.get(), 3);
+    assert_eq!(metrics.settings.first_fetch_limited.get(), 3);
 }
 
 #[tokio::test]

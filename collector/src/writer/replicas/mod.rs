@@ -224,10 +224,11 @@ impl Replicas {
         for i in 0..replicas.len() {
             replicas
                 .metrics
+                .clickhouse
                 .replica_preference
                 .get_or_create(&replicas.label(i))
                 .set(i as i64);
-            replicas.metrics.init_replica(&replicas.urls[i]);
+            replicas.metrics.clickhouse.init_replica(&replicas.urls[i]);
         }
         replicas.publish(&replicas.inner.lock().unwrap());
         replicas
@@ -277,10 +278,12 @@ impl Replicas {
     fn publish(&self, inner: &Inner) {
         for (i, h) in inner.health.iter().enumerate() {
             self.metrics
+                .clickhouse
                 .replica_state
                 .get_or_create(&self.label(i))
                 .set(h.state as i64);
             self.metrics
+                .clickhouse
                 .active_replica
                 .get_or_create(&self.label(i))
                 .set((i == inner.active) as i64);
@@ -396,7 +399,7 @@ impl Replicas {
                 // The state change that caused the switch has its own line (`set_state`);
                 // while every replica is down the writer rotates at each retry.
                 tracing::debug!(from = %self.urls[inner.active], to = %self.urls[chosen], "clickhouse: switching replica");
-                self.metrics.failovers.inc();
+                self.metrics.clickhouse.failovers.inc();
             }
             inner.active = chosen;
             self.publish(&inner);
@@ -407,7 +410,9 @@ impl Replicas {
     /// Records a failed insert on `i` (`cause`: the error with its causes); several in quick
     /// succession mark it down.
     pub fn insert_failed(&self, i: usize, cause: &str) {
-        self.metrics.insert_error(&self.urls[i], "transient");
+        self.metrics
+            .clickhouse
+            .insert_error(&self.urls[i], "transient");
         let mut inner = self.inner.lock().unwrap();
         let now = Instant::now();
         let h = &mut inner.health[i];
@@ -440,7 +445,11 @@ impl Replicas {
     /// Records a successful insert on `i`: the end of an outage that awaited one (see the
     /// module doc), at once when its probes pass, else through them.
     pub fn insert_succeeded(&self, i: usize) {
-        self.metrics.inserts.get_or_create(&self.label(i)).inc();
+        self.metrics
+            .clickhouse
+            .inserts
+            .get_or_create(&self.label(i))
+            .inc();
         let mut inner = self.inner.lock().unwrap();
         let h = &mut inner.health[i];
         h.insert_failures.clear();
@@ -453,7 +462,7 @@ impl Replicas {
             // `probed` does), so that a quiet collector does not name the fallback.
             if i < inner.active {
                 inner.active = i;
-                self.metrics.failovers.inc();
+                self.metrics.clickhouse.failovers.inc();
             }
             self.publish(&inner);
         } else {
@@ -633,7 +642,10 @@ impl Replicas {
         match &result {
             Ok(()) => self.insert_succeeded(i),
             Err(InsertError::Transient(cause)) => self.insert_failed(i, cause),
-            Err(InsertError::Permanent(_)) => self.metrics.insert_error(&self.urls[i], "permanent"),
+            Err(InsertError::Permanent(_)) => self
+                .metrics
+                .clickhouse
+                .insert_error(&self.urls[i], "permanent"),
         }
         result
     }

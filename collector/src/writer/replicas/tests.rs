@@ -176,7 +176,7 @@ fn a_replica_refusing_inserts_is_back_only_when_a_trial_insert_succeeds() {
     }
     assert_eq!(r.state(0), State::Down);
     assert_eq!(r.pick(), 1);
-    let failovers = r.metrics.failovers.get();
+    let failovers = r.metrics.clickhouse.failovers.get();
     for _ in 0..PASSES_TO_HEALTHY - 1 {
         r.probed(0, passed(true), false);
         assert_eq!(r.state(0), State::Down, "probes pass: still down");
@@ -227,7 +227,7 @@ fn a_replica_refusing_inserts_is_back_only_when_a_trial_insert_succeeds() {
     assert_eq!(r.active(), 0, "active again before any pick");
     assert_eq!(r.pick(), 0, "preferred again");
     assert_eq!(
-        r.metrics.failovers.get(),
+        r.metrics.clickhouse.failovers.get(),
         failovers + 1,
         "trials are not failovers"
     );
