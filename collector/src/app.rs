@@ -47,12 +47,12 @@ fn connection_limit(config: &Config) -> usize {
     let holds = usize::try_from(nofile)
         .unwrap_or(usize::MAX)
         .saturating_sub(RESERVED_FDS);
-    let wanted = config.max_connections;
+    let wanted = config.server.max_connections;
     if wanted <= holds {
         return wanted;
     }
     let cap = holds.max(1);
-    if config.max_connections_set {
+    if config.server.max_connections_set {
         tracing::warn!(
             nofile,
             reserved = RESERVED_FDS,
@@ -76,18 +76,18 @@ fn connection_limit(config: &Config) -> usize {
 /// ClickHouse replicas of `COLLECTOR_CLICKHOUSE_URLS` over HTTP.
 pub async fn serve(config: Config) -> Result<(), RunError> {
     // Listen first: a taken address is reported before anything else starts.
-    let listener = tokio::net::TcpListener::bind(config.listen)
+    let listener = tokio::net::TcpListener::bind(config.server.listen)
         .await
         .map_err(|e| {
             failed(format!(
                 "cannot listen on {} (COLLECTOR_LISTEN): {e}",
-                config.listen
+                config.server.listen
             ))
         })?;
     let metrics = Arc::new(metrics::Metrics::new());
     let store = settings::SettingsStore::new(
-        &config.database_url,
-        config.settings_backoff,
+        &config.settings.database_url,
+        config.settings.backoff,
         metrics.clone(),
     )
     .map_err(failed)?;
@@ -100,7 +100,7 @@ pub async fn serve(config: Config) -> Result<(), RunError> {
 }
 
 /// What [`run`] is given besides the configuration: the listener and the site source. The
-/// other seam, ClickHouse, is `config.clickhouse_urls`: any server that answers
+/// other seam, ClickHouse, is `config.clickhouse.urls`: any server that answers
 /// ClickHouse's HTTP interface (the in-process tests start one in memory).
 pub struct Seams {
     /// The bound listener intake serves on.
@@ -129,15 +129,15 @@ pub async fn run(
         metrics,
     } = seams;
     let (spool, reader) = spool::open(
-        &config.spool_dir,
-        config.spool_max_bytes,
+        &config.spool.dir,
+        config.spool.max_bytes,
         measurement::LAYOUTS,
         metrics.clone(),
     )
     .map_err(failed)?;
-    let snapshot = settings::snapshot::path(&config.spool_dir);
+    let snapshot = settings::snapshot::path(&config.spool.dir);
     let site_settings =
-        settings::SiteSettings::new(sites, config.settings_ttl, Some(snapshot), metrics.clone());
+        settings::SiteSettings::new(sites, config.settings.ttl, Some(snapshot), metrics.clone());
     match site_settings.reload().await {
         Ok(n) => tracing::info!(sites = n, "settings: loaded every site"),
         Err(e) => {
@@ -147,8 +147,12 @@ pub async fn run(
         }
     }
     let site_settings_reloader = site_settings.clone();
-    let dedup = dedup::Dedup::new(config.dedup_capacity, config.dedup_window);
-    let limits = limits::Limits::new(config.client_rate, config.site_rate, config.max_in_flight);
+    let dedup = dedup::Dedup::new(config.intake.dedup_capacity, config.intake.dedup_window);
+    let limits = limits::Limits::new(
+        config.intake.client_rate,
+        config.intake.site_rate,
+        config.intake.max_in_flight,
+    );
     let state = state::AppState::new(state::Inner {
         settings: site_settings,
         dedup,
@@ -161,27 +165,27 @@ pub async fn run(
         },
         metrics: metrics.clone(),
         limits: limits.clone(),
-        trusted_proxies: config.trusted_proxies.clone(),
-        body_timeout: config.body_timeout,
+        trusted_proxies: config.intake.trusted_proxies.clone(),
+        body_timeout: config.server.body_timeout,
         draining: Default::default(),
         requests: TaskTracker::new(),
     });
 
     let (stop_writer, writer_shutdown) = watch::channel(false);
     let replicas = writer::Replicas::new(
-        &config.clickhouse_urls,
-        &config.clickhouse_database,
+        &config.clickhouse.urls,
+        &config.clickhouse.database,
         metrics.clone(),
     );
     let batch_limits = writer::BatchLimits {
-        max_rows: config.batch_max_rows,
-        max_bytes: config.batch_max_bytes,
-        max_age: config.batch_max_age,
+        max_rows: config.clickhouse.batch_max_rows,
+        max_bytes: config.clickhouse.batch_max_bytes,
+        max_age: config.clickhouse.batch_max_age,
     };
     let probing = writer::probe::Options {
-        database: config.clickhouse_database.clone(),
-        max_delay: config.catchup_max_delay,
-        form: config.clickhouse_table_form,
+        database: config.clickhouse.database.clone(),
+        max_delay: config.clickhouse.catchup_max_delay,
+        form: config.clickhouse.table_form,
     };
     let pruner = tokio::spawn(limits.run_pruner(writer_shutdown.clone()));
     let reloader = tokio::spawn(site_settings_reloader.run_reloader(writer_shutdown.clone()));
@@ -195,10 +199,10 @@ pub async fn run(
     )
     .map_err(|e| failed(format!("cannot start the writer thread: {e}")))?;
 
-    tracing::info!(listen = %config.listen, replicas = config.clickhouse_urls.len(), "collector: serving");
+    tracing::info!(listen = %config.server.listen, replicas = config.clickhouse.urls.len(), "collector: serving");
 
     let drain_state = state.clone();
-    let grace = config.drain_grace;
+    let grace = config.server.drain_grace;
     let close = async move {
         let with_grace = stop.await;
         drain_state.start_draining();
@@ -211,7 +215,7 @@ pub async fn run(
     };
     let connection_limits = server::ConnectionLimits {
         max_connections,
-        header_timeout: config.header_timeout,
+        header_timeout: config.server.header_timeout,
     };
     server::serve(
         listener,

@@ -98,8 +98,9 @@ pub mod state;
 pub mod useragent;
 pub mod writer;
 
+use cli::{Cli, Command};
 pub use cli::{RunError, EXIT_CONFIG, EXIT_FAILURE};
-use config::{Cli, Command, Config};
+use config::Config;
 
 /// Runs a parsed command line; returns the process exit code.
 pub async fn run(cli: Cli) -> i32 {

@@ -9,7 +9,7 @@ use clap::Parser;
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 fn main() {
-    let cli = match collector::config::Cli::try_parse() {
+    let cli = match collector::cli::Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => match e.kind() {
             clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => {

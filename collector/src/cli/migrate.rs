@@ -54,7 +54,7 @@ pub async fn run(config: &Config) -> Result<(), RunError> {
     // All replicas at once, each tried again until it answers or REPLICA_TIMEOUT has passed:
     // in a fresh `docker compose up` the replicas may still be starting (compose does not
     // wait for them to be healthy, so that one replica down cannot block a deploy).
-    let attempts = config.clickhouse_urls.iter().map(|url| async move {
+    let attempts = config.clickhouse.urls.iter().map(|url| async move {
         let url = url.as_str().trim_end_matches('/').to_owned();
         let client = clickhouse::Client::default()
             .with_url(&url)
@@ -65,8 +65,8 @@ pub async fn run(config: &Config) -> Result<(), RunError> {
         let result = loop {
             let apply = apply_clickhouse(
                 &client,
-                &config.clickhouse_database,
-                config.clickhouse_table_form,
+                &config.clickhouse.database,
+                config.clickhouse.table_form,
             );
             let failed = match tokio::time::timeout_at(deadline, apply).await {
                 Ok(Ok(done)) => break Ok(done),
@@ -105,7 +105,7 @@ pub async fn run(config: &Config) -> Result<(), RunError> {
                         "clickhouse {url}: the v1 measurements table moved aside to {V1_TABLE}"
                     );
                 }
-                let form = config.clickhouse_table_form;
+                let form = config.clickhouse.table_form;
                 match done.form {
                     Some(found) if found != form => eprintln!(
                         "collector: clickhouse {url}: measurements exists in the {} form, not the {} form that COLLECTOR_CLICKHOUSE_TABLE_FORM asks for; it is kept as it is (the writer works on both)",
@@ -136,7 +136,7 @@ pub async fn run(config: &Config) -> Result<(), RunError> {
     };
     // Every reachable replica writes to v2 now; the v1 rows are copied once, through one
     // replica (the copy replicates like any insert).
-    let copied = copy_v1(client, &config.clickhouse_database)
+    let copied = copy_v1(client, &config.clickhouse.database)
         .await
         .map_err(|e| RunError::Failed(format!("clickhouse {url}: copying {V1_TABLE}: {e} (run migrate again: it copies only what is missing)")))?;
     if copied.months > 0 {

@@ -1,11 +1,14 @@
 //! The one-shot commands, one file each, and how a command fails ([`RunError`]).
 
+pub mod args;
 pub mod migrate;
 pub mod probe;
 pub mod sites;
 pub mod spool;
 
 use std::sync::Arc;
+
+pub use args::{Cli, Command, SitesCommand, SpoolCommand};
 
 use crate::config::Config;
 use crate::{metrics, settings};
@@ -44,7 +47,7 @@ pub(crate) fn failed(e: impl std::fmt::Display) -> RunError {
 /// The settings store for one-shot commands (no backoff: one attempt, then exit).
 pub(crate) fn cli_store(config: &Config) -> Result<settings::SettingsStore, RunError> {
     settings::SettingsStore::new(
-        &config.database_url,
+        &config.settings.database_url,
         std::time::Duration::ZERO,
         Arc::new(metrics::Metrics::new()),
     )

@@ -7,7 +7,7 @@ use crate::config::Config;
 /// `0.0.0.0` is probed on loopback), 2 s at most.
 pub async fn run(config: &Config) -> Result<(), RunError> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut addr = config.listen;
+    let mut addr = config.server.listen;
     if addr.ip().is_unspecified() {
         addr.set_ip(if addr.is_ipv4() {
             std::net::Ipv4Addr::LOCALHOST.into()

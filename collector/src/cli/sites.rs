@@ -1,8 +1,9 @@
 //! `collector sites add|list|enable|disable`: the `sites` table, through the settings store.
 
+use super::SitesCommand;
 use super::{cli_store, failed, RunError};
 use crate::beacon;
-use crate::config::{Config, SitesCommand};
+use crate::config::Config;
 use crate::settings;
 
 /// Runs one `sites` subcommand.

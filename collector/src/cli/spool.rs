@@ -6,8 +6,9 @@
 
 use std::io::Write;
 
+use super::SpoolCommand;
 use super::{failed, RunError};
-use crate::config::{Config, SpoolCommand};
+use crate::config::Config;
 use crate::measurement;
 use crate::spool::{self, dump::Found};
 
@@ -16,7 +17,7 @@ use crate::spool::{self, dump::Found};
 /// frame that is torn or does not hold whole rows, and a summary on stderr.
 pub fn run(config: &Config, command: SpoolCommand) -> Result<(), RunError> {
     let SpoolCommand::Dump { all } = command;
-    let dir = &config.spool_dir;
+    let dir = &config.spool.dir;
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
     let (mut rows, mut undecodable) = (0usize, 0usize);

@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use clap::Parser;
-use collector::config::{Cli, Config};
+use collector::cli::Cli;
+use collector::config::Config;
 use collector::settings::{Site, SiteSource, StoreError};
 use futures_util::future::BoxFuture;
 use http_body_util::{BodyExt, Full};

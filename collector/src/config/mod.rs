@@ -1,0 +1,480 @@
+//! The process's configuration: every `COLLECTOR_*` setting (contract §1) validated together
+//! ([`Config::from_args`]), so that an operator sees every bad value at once, on one line, named
+//! by its environment variable, and the process exits with code 2.
+//!
+//! [`Config`] is in sections, one per station that reads it ([`ServerConfig`],
+//! [`IntakeConfig`], [`SiteSettingsConfig`], [`ClickHouseConfig`], [`SpoolConfig`]), each read
+//! by a function of its own; the flags and variables with their defaults are [`args`], the
+//! command tree is `cli`'s.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use ipnet::IpNet;
+use url::Url;
+
+pub mod args;
+mod values;
+
+pub use args::*;
+use values::Problems;
+pub use values::{is_identifier, MAX_DURATION};
+
+/// The smallest spool bound accepted: below it the spool holds only a few largest requests
+/// (64 KiB each), and readiness (which keeps a quarter of the bound as headroom) could not
+/// tell a full spool from a working one.
+pub const MIN_SPOOL_MAX_BYTES: u64 = 1 << 20;
+
+/// The form of the ClickHouse `measurements` table (`COLLECTOR_CLICKHOUSE_TABLE_FORM`).
+///
+/// A setting, not a guess from the server: a replica whose configuration lost its
+/// `<macros>` or its ZooKeeper/Keeper section by mistake would otherwise get a table that
+/// quietly never replicates, found out months later. With the default, such a server makes
+/// `migrate` fail with a message that names what is missing and this setting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TableForm {
+    /// `ReplicatedReplacingMergeTree` on every replica of one shard (ZooKeeper or Keeper, and
+    /// the `{shard}` and `{replica}` macros): `replicated`, the default.
+    Replicated,
+    /// A `ReplacingMergeTree` on one server without replication, with the same columns and
+    /// sort key, and `non_replicated_deduplication_window` set where the server knows it so
+    /// that a resent batch's token folds it: `single`.
+    Single,
+}
+
+impl TableForm {
+    /// Parses `replicated` or `single`.
+    pub fn parse(value: &str) -> Result<TableForm, String> {
+        match value.trim() {
+            "replicated" => Ok(TableForm::Replicated),
+            "single" => Ok(TableForm::Single),
+            _ => Err("must be replicated or single".into()),
+        }
+    }
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Validated configuration, by section. Durations are wall-clock; byte sizes are bytes.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The listener and its connections.
+    pub server: ServerConfig,
+    /// What intake takes in: limits, rates, the dedup window, client addresses.
+    pub intake: IntakeConfig,
+    /// The site settings store and its cache.
+    pub settings: SiteSettingsConfig,
+    /// The ClickHouse replicas and the writer's batches.
+    pub clickhouse: ClickHouseConfig,
+    /// The spool.
+    pub spool: SpoolConfig,
+    /// Log format.
+    pub log_format: LogFormat,
+}
+
+/// The listener and its connections.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Address to listen on.
+    pub listen: SocketAddr,
+    /// Open connections at most (≥ 1).
+    pub max_connections: usize,
+    /// Whether `max_connections` was set (flag or environment) rather than defaulted: a set
+    /// value the open-files limit cannot hold is warned about, the default is quietly lowered.
+    pub max_connections_set: bool,
+    /// Header read and keep-alive idle timeout (≥ 100 ms).
+    pub header_timeout: Duration,
+    /// Body read timeout (≥ 100 ms).
+    pub body_timeout: Duration,
+    /// Time between `/readyz` turning 503 and the listener closing.
+    pub drain_grace: Duration,
+}
+
+/// What intake takes in.
+#[derive(Debug, Clone)]
+pub struct IntakeConfig {
+    /// Peers whose forwarding headers are believed.
+    pub trusted_proxies: Vec<IpNet>,
+    /// Intake requests per second per site and client address (0: off).
+    pub client_rate: u32,
+    /// Measurements per second per site (0: off).
+    pub site_rate: u32,
+    /// Intake requests worked on at once (≥ 1).
+    pub max_in_flight: usize,
+    /// Dedup window duration.
+    pub dedup_window: Duration,
+    /// Dedup window capacity in ids.
+    pub dedup_capacity: u64,
+}
+
+/// The site settings store (PostgreSQL) and the cache intake reads through.
+#[derive(Debug, Clone)]
+pub struct SiteSettingsConfig {
+    /// PostgreSQL connection string, as given (validated by tokio-postgres).
+    pub database_url: String,
+    /// Freshness of cached site settings (≥ 1 s).
+    pub ttl: Duration,
+    /// Quiet period after a settings-store failure (≥ 100 ms).
+    pub backoff: Duration,
+}
+
+/// The ClickHouse replicas and the writer's batches.
+#[derive(Debug, Clone)]
+pub struct ClickHouseConfig {
+    /// Replicas in preference order (at least one).
+    pub urls: Vec<Url>,
+    /// Database name: `[A-Za-z_][A-Za-z0-9_]*`.
+    pub database: String,
+    /// The form of the `measurements` table that `migrate` and the prober create.
+    pub table_form: TableForm,
+    /// Replication delay a returning replica may show and still count as caught up.
+    pub catchup_max_delay: Duration,
+    /// Batch flush threshold in measurements (≥ 1).
+    pub batch_max_rows: usize,
+    /// Batch flush threshold in spooled bytes (≥ 1).
+    pub batch_max_bytes: usize,
+    /// Batch flush threshold in age of its oldest measurement (≥ 1 ms).
+    pub batch_max_age: Duration,
+}
+
+/// The spool.
+#[derive(Debug, Clone)]
+pub struct SpoolConfig {
+    /// Spool folder.
+    pub dir: PathBuf,
+    /// Spool bound in bytes (≥ [`MIN_SPOOL_MAX_BYTES`]).
+    pub max_bytes: u64,
+}
+
+/// Every bad setting found, each as `COLLECTOR_NAME="value": reason`.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid configuration: {}", .0.join("; "))]
+pub struct ConfigError(pub Vec<String>);
+
+impl Config {
+    /// Validates every raw value, collecting all errors instead of stopping at the first.
+    pub fn from_args(raw: &RawArgs) -> Result<Config, ConfigError> {
+        let mut p = Problems::default();
+        let config = Config {
+            server: ServerConfig::read(raw, &mut p),
+            intake: IntakeConfig::read(raw, &mut p),
+            settings: SiteSettingsConfig::read(raw, &mut p),
+            clickhouse: ClickHouseConfig::read(raw, &mut p),
+            spool: SpoolConfig::read(raw, &mut p),
+            log_format: match raw.log_format.as_str() {
+                "text" => LogFormat::Text,
+                "json" => LogFormat::Json,
+                other => {
+                    p.report("LOG_FORMAT", other, "must be text or json");
+                    LogFormat::Text
+                }
+            },
+        };
+        if p.0.is_empty() {
+            Ok(config)
+        } else {
+            Err(ConfigError(p.0))
+        }
+    }
+}
+
+impl ServerConfig {
+    fn read(raw: &RawArgs, p: &mut Problems) -> ServerConfig {
+        let listen = values::socket_addr(&raw.listen);
+        let max_connections = raw
+            .max_connections
+            .as_deref()
+            .unwrap_or(DEFAULT_MAX_CONNECTIONS);
+        let min = Duration::from_millis(100);
+        ServerConfig {
+            listen: p
+                .check("LISTEN", &raw.listen, listen)
+                .unwrap_or(SocketAddr::from(([127, 0, 0, 1], 0))),
+            max_connections: p.positive("MAX_CONNECTIONS", max_connections) as usize,
+            max_connections_set: raw.max_connections.is_some(),
+            header_timeout: p.duration("HEADER_TIMEOUT", &raw.header_timeout, min),
+            body_timeout: p.duration("BODY_TIMEOUT", &raw.body_timeout, min),
+            drain_grace: p.duration("DRAIN_GRACE", &raw.drain_grace, Duration::ZERO),
+        }
+    }
+}
+
+impl IntakeConfig {
+    fn read(raw: &RawArgs, p: &mut Problems) -> IntakeConfig {
+        let proxies = values::cidrs(&raw.trusted_proxies);
+        IntakeConfig {
+            trusted_proxies: p
+                .check("TRUSTED_PROXIES", &raw.trusted_proxies, proxies)
+                .unwrap_or_default(),
+            client_rate: p.rate("CLIENT_RATE", &raw.client_rate),
+            site_rate: p.rate("SITE_RATE", &raw.site_rate),
+            max_in_flight: p.positive("MAX_IN_FLIGHT", &raw.max_in_flight) as usize,
+            dedup_window: p.duration("DEDUP_WINDOW", &raw.dedup_window, Duration::ZERO),
+            dedup_capacity: p.positive("DEDUP_CAPACITY", &raw.dedup_capacity),
+        }
+    }
+}
+
+impl SiteSettingsConfig {
+    fn read(raw: &RawArgs, p: &mut Problems) -> SiteSettingsConfig {
+        p.required("DATABASE_URL", &raw.database_url);
+        if let Err(e) = raw.database_url.parse::<tokio_postgres::Config>() {
+            // Never echoed: the string may hold a password.
+            p.report("DATABASE_URL", "<hidden>", e);
+        }
+        SiteSettingsConfig {
+            database_url: raw.database_url.clone(),
+            ttl: p.duration("SETTINGS_TTL", &raw.settings_ttl, Duration::from_secs(1)),
+            backoff: p.duration(
+                "SETTINGS_BACKOFF",
+                &raw.settings_backoff,
+                Duration::from_millis(100),
+            ),
+        }
+    }
+}
+
+impl ClickHouseConfig {
+    fn read(raw: &RawArgs, p: &mut Problems) -> ClickHouseConfig {
+        let shown = if raw.clickhouse_urls.contains('@') {
+            "<hidden>"
+        } else {
+            &raw.clickhouse_urls
+        };
+        let urls = p
+            .check(
+                "CLICKHOUSE_URLS",
+                shown,
+                values::clickhouse_urls(&raw.clickhouse_urls),
+            )
+            .unwrap_or_default();
+        if !is_identifier(&raw.clickhouse_database) {
+            let name = &raw.clickhouse_database;
+            p.report(
+                "CLICKHOUSE_DATABASE",
+                name,
+                "must match [A-Za-z_][A-Za-z0-9_]*",
+            );
+        }
+        let form = &raw.clickhouse_table_form;
+        let table_form = p
+            .check("CLICKHOUSE_TABLE_FORM", form, TableForm::parse(form))
+            .unwrap_or(TableForm::Replicated);
+        if table_form == TableForm::Single && urls.len() > 1 {
+            p.report(
+                "CLICKHOUSE_TABLE_FORM",
+                form,
+                format!(
+                    "single is one server without replication, but COLLECTOR_CLICKHOUSE_URLS lists {}: \
+                     rows written to each would stay apart (list one URL, or use replicated)",
+                    urls.len()
+                ),
+            );
+        }
+        ClickHouseConfig {
+            urls,
+            database: raw.clickhouse_database.clone(),
+            table_form,
+            catchup_max_delay: p.duration(
+                "CATCHUP_MAX_DELAY",
+                &raw.catchup_max_delay,
+                Duration::ZERO,
+            ),
+            batch_max_rows: p.positive("BATCH_MAX_ROWS", &raw.batch_max_rows) as usize,
+            batch_max_bytes: p.positive("BATCH_MAX_BYTES", &raw.batch_max_bytes) as usize,
+            batch_max_age: p.duration(
+                "BATCH_MAX_AGE",
+                &raw.batch_max_age,
+                Duration::from_millis(1),
+            ),
+        }
+    }
+}
+
+impl SpoolConfig {
+    fn read(raw: &RawArgs, p: &mut Problems) -> SpoolConfig {
+        p.required("SPOOL_DIR", &raw.spool_dir);
+        let max_bytes = p.positive("SPOOL_MAX_BYTES", &raw.spool_max_bytes);
+        if max_bytes < MIN_SPOOL_MAX_BYTES {
+            p.report(
+                "SPOOL_MAX_BYTES",
+                &raw.spool_max_bytes,
+                format!("must be at least {MIN_SPOOL_MAX_BYTES} (1 MiB)"),
+            );
+        }
+        SpoolConfig {
+            dir: PathBuf::from(&raw.spool_dir),
+            max_bytes,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::Cli;
+    use clap::Parser;
+
+    fn raw(args: &[&str]) -> RawArgs {
+        let mut v = vec!["collector"];
+        v.extend_from_slice(args);
+        Cli::try_parse_from(v).unwrap().args
+    }
+
+    #[test]
+    fn defaults_are_valid() {
+        let s = Config::from_args(&raw(&[])).unwrap();
+        assert_eq!(s.server.listen.to_string(), DEFAULT_LISTEN);
+        assert_eq!(s.settings.backoff, Duration::from_secs(10));
+        assert_eq!(s.clickhouse.urls.len(), 1);
+        assert!(s.intake.trusted_proxies.is_empty());
+        assert_eq!(
+            s.intake.client_rate, 0,
+            "per-client rate off by default (contract v2 §1)"
+        );
+        assert_eq!(s.intake.site_rate, 2000, "site rates stay on");
+    }
+
+    #[test]
+    fn the_single_form_takes_one_server() {
+        let two = Config::from_args(&raw(&[
+            "--clickhouse-table-form",
+            "single",
+            "--clickhouse-urls",
+            "http://a:8123,http://b:8123",
+        ]))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            two.contains("COLLECTOR_CLICKHOUSE_TABLE_FORM=\"single\""),
+            "{two}"
+        );
+        assert!(two.contains("lists 2"), "{two}");
+        let one = Config::from_args(&raw(&[
+            "--clickhouse-table-form",
+            "single",
+            "--clickhouse-urls",
+            "http://a:8123",
+        ]))
+        .unwrap();
+        assert_eq!(one.clickhouse.table_form, TableForm::Single);
+        assert!(Config::from_args(&raw(&["--clickhouse-table-form", "Single"])).is_err());
+    }
+
+    #[test]
+    fn every_bad_value_is_reported_at_once() {
+        let err = Config::from_args(&raw(&[
+            "--listen",
+            "nowhere",
+            "--settings-ttl",
+            "soon",
+            "--clickhouse-urls",
+            "ftp://x",
+            "--trusted-proxies",
+            "10.0.0.0/8,banana",
+        ]))
+        .unwrap_err();
+        let line = err.to_string();
+        assert_eq!(err.0.len(), 4, "{line}");
+        for name in [
+            "LISTEN",
+            "SETTINGS_TTL",
+            "CLICKHOUSE_URLS",
+            "TRUSTED_PROXIES",
+        ] {
+            assert!(line.contains(&format!("COLLECTOR_{name}=")), "{line}");
+        }
+        assert!(!line.contains('\n'));
+    }
+
+    #[test]
+    fn zero_timeouts_and_empty_places_are_refused() {
+        let err = Config::from_args(&raw(&[
+            "--header-timeout",
+            "0s",
+            "--body-timeout",
+            "0ms",
+            "--settings-ttl",
+            "0s",
+            "--database-url",
+            "",
+            "--spool-dir",
+            " ",
+            "--spool-max-bytes",
+            "1",
+        ]))
+        .unwrap_err();
+        let mut names: Vec<&str> = err.0.iter().map(|e| e.split('=').next().unwrap()).collect();
+        names.sort_unstable();
+        assert_eq!(
+            names,
+            [
+                "COLLECTOR_BODY_TIMEOUT",
+                "COLLECTOR_DATABASE_URL",
+                "COLLECTOR_HEADER_TIMEOUT",
+                "COLLECTOR_SETTINGS_TTL",
+                "COLLECTOR_SPOOL_DIR",
+                "COLLECTOR_SPOOL_MAX_BYTES",
+            ],
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn credentials_in_replica_urls_are_refused_and_not_echoed() {
+        let err = Config::from_args(&raw(&[
+            "--clickhouse-urls",
+            "http://default:secret@ch1:8123",
+        ]))
+        .unwrap_err();
+        assert_eq!(err.0.len(), 1);
+        assert!(err.0[0].contains("credentials"), "{err:?}");
+        assert!(!err.0[0].contains("secret"), "{err:?}");
+    }
+
+    #[test]
+    fn replica_list_keeps_preference_order() {
+        let s = Config::from_args(&raw(&["--clickhouse-urls", "http://b:8123, http://a:8123"]))
+            .unwrap();
+        let hosts: Vec<_> = s
+            .clickhouse
+            .urls
+            .iter()
+            .map(|u| u.host_str().unwrap())
+            .collect();
+        assert_eq!(hosts, ["b", "a"]);
+    }
+
+    #[test]
+    fn durations_and_names_are_bounded_and_resolved() {
+        let err = Config::from_args(&raw(&[
+            "--dedup-window",
+            "2000years",
+            "--drain-grace",
+            "8d",
+        ]))
+        .unwrap_err();
+        assert_eq!(err.0.len(), 2, "{err}");
+        let err = Config::from_args(&raw(&["--batch-max-age", "abc"])).unwrap_err();
+        assert_eq!(err.0.len(), 1, "one error per bad value: {err}");
+        let s = Config::from_args(&raw(&["--listen", "localhost:8080"])).unwrap();
+        assert!(s.server.listen.ip().is_loopback());
+    }
+
+    #[test]
+    fn identifiers() {
+        assert!(is_identifier("collector"));
+        assert!(is_identifier("test_1"));
+        assert!(!is_identifier("1x"));
+        assert!(!is_identifier("a;drop"));
+        assert!(!is_identifier(""));
+    }
+}

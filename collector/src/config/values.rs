@@ -1,0 +1,135 @@
+//! Reading setting values, with every bad one reported and none stopping the others
+//! ([`Problems`]).
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use ipnet::IpNet;
+use url::Url;
+
+/// The longest duration any setting accepts: longer ones are surely a mistake (and some, such
+/// as the dedup window, would overflow timers).
+pub const MAX_DURATION: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// Every bad value found so far, each as `COLLECTOR_NAME="value": reason`. A reader that finds
+/// a bad value records it and answers a placeholder, so that the values after it are judged
+/// too and an operator sees them all at once.
+#[derive(Debug, Default)]
+pub(super) struct Problems(pub Vec<String>);
+
+impl Problems {
+    /// Records that `COLLECTOR_<name>`, shown as `shown`, is bad for `reason`.
+    pub fn report(&mut self, name: &str, shown: &str, reason: impl std::fmt::Display) {
+        self.0.push(format!("COLLECTOR_{name}={shown:?}: {reason}"));
+    }
+
+    /// The value of `result`, or `None` with the error reported.
+    pub fn check<T>(&mut self, name: &str, shown: &str, result: Result<T, String>) -> Option<T> {
+        result.map_err(|e| self.report(name, shown, e)).ok()
+    }
+
+    /// A humantime duration (`10s`, `250ms`) of at least `min` and at most [`MAX_DURATION`].
+    pub fn duration(&mut self, name: &str, value: &str, min: Duration) -> Duration {
+        match humantime::parse_duration(value.trim()) {
+            Ok(d) if d > MAX_DURATION => self.report(name, value, "must be at most 7 days"),
+            // Zero would switch a guard off (a timeout) or turn a cache into a busy loop (10
+            // full reloads a second with a TTL of 0): refused, not taken literally.
+            Ok(d) if d < min => self.report(name, value, format!("must be at least {min:?}")),
+            Ok(d) => return d,
+            Err(e) => self.report(
+                name,
+                value,
+                format!("not a duration like 10s or 250ms: {e}"),
+            ),
+        }
+        // A placeholder that passes the later checks: reported once.
+        Duration::from_secs(1)
+    }
+
+    /// A whole number above 0.
+    pub fn positive(&mut self, name: &str, value: &str) -> u64 {
+        match value.trim().parse::<u64>() {
+            Ok(n) if n > 0 => n,
+            _ => {
+                self.report(name, value, "must be a whole number above 0");
+                1
+            }
+        }
+    }
+
+    /// A rate per second, 0 for off.
+    pub fn rate(&mut self, name: &str, value: &str) -> u32 {
+        value.trim().parse::<u32>().unwrap_or_else(|_| {
+            self.report(name, value, "must be a whole number (0 turns it off)");
+            0
+        })
+    }
+
+    /// A value that must not be empty.
+    pub fn required(&mut self, name: &str, value: &str) {
+        if value.trim().is_empty() {
+            self.report(name, "", "must be set");
+        }
+    }
+}
+
+/// An address, or a host name resolved once, here (never per request).
+pub fn socket_addr(value: &str) -> Result<SocketAddr, String> {
+    value
+        .parse::<SocketAddr>()
+        .map_err(|e| e.to_string())
+        .or_else(|e| {
+            std::net::ToSocketAddrs::to_socket_addrs(value)
+                .map_err(|_| e)?
+                .next()
+                .ok_or_else(|| "resolves to no address".to_string())
+        })
+}
+
+/// A SQL identifier safe to splice into DDL: `[A-Za-z_][A-Za-z0-9_]*`, at most 64 bytes.
+pub fn is_identifier(s: &str) -> bool {
+    let mut chars = s.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && s.len() <= 64
+}
+
+/// A comma-separated list of ClickHouse HTTP(S) URLs, in order, none twice.
+pub fn clickhouse_urls(s: &str) -> Result<Vec<Url>, String> {
+    let mut urls = Vec::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let url = Url::parse(part).map_err(|e| format!("{part}: {e}"))?;
+        if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
+            return Err(format!("{part}: must be an http:// or https:// URL"));
+        }
+        // They would be ignored (no ClickHouse authentication is sent) and then shown in
+        // logs and metric labels: refused, without echoing them.
+        if !url.username().is_empty() || url.password().is_some() {
+            return Err(format!(
+                "{}: credentials in the URL are not supported (they would not be sent, and would show in logs and metrics)",
+                url.host_str().unwrap_or("?")
+            ));
+        }
+        if urls.contains(&url) {
+            return Err(format!("{part}: listed twice"));
+        }
+        urls.push(url);
+    }
+    if urls.is_empty() {
+        return Err("at least one URL is required".into());
+    }
+    Ok(urls)
+}
+
+/// A comma-separated list of CIDRs or addresses.
+pub fn cidrs(s: &str) -> Result<Vec<IpNet>, String> {
+    s.split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            p.parse::<IpNet>()
+                .or_else(|_| p.parse::<std::net::IpAddr>().map(IpNet::from))
+                .map_err(|_| format!("{p}: not a CIDR like 10.0.0.0/8 or an address"))
+        })
+        .collect()
+}
