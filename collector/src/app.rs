@@ -135,96 +135,21 @@ pub async fn run(
         metrics.clone(),
     )
     .map_err(failed)?;
-    let snapshot = settings::snapshot::path(&config.spool.dir);
-    let site_settings =
-        settings::SiteSettings::new(sites, config.settings.ttl, Some(snapshot), metrics.clone());
-    match site_settings.reload().await {
-        Ok(n) => tracing::info!(sites = n, "settings: loaded every site"),
-        Err(e) => {
-            if let Err(snap) = site_settings.load_snapshot().await {
-                tracing::warn!(error = %e, snapshot = %snap, "settings: store unreachable and no snapshot; loading on demand");
-            }
-        }
-    }
-    let site_settings_reloader = site_settings.clone();
-    let dedup = dedup::Dedup::new(config.intake.dedup_capacity, config.intake.dedup_window);
-    let limits = limits::Limits::new(
-        config.intake.client_rate,
-        config.intake.site_rate,
-        config.intake.max_in_flight,
-    );
-    let state = state::AppState::new(state::Inner {
-        settings: site_settings,
-        dedup,
-        spool,
-        script: script::Script::default(),
-        user_agents: {
-            // Compiled before the listener opens, so that no beacon waits for it.
-            useragent::UserAgents::warm_up();
-            useragent::UserAgents::default()
-        },
-        metrics: metrics.clone(),
-        limits: limits.clone(),
-        trusted_proxies: config.intake.trusted_proxies.clone(),
-        body_timeout: config.server.body_timeout,
-        draining: Default::default(),
-        requests: TaskTracker::new(),
-    });
-
-    let (stop_writer, writer_shutdown) = watch::channel(false);
-    let replicas = writer::Replicas::new(
-        &config.clickhouse.urls,
-        &config.clickhouse.database,
-        metrics.clone(),
-    );
-    let batch_limits = writer::BatchLimits {
-        max_rows: config.clickhouse.batch_max_rows,
-        max_bytes: config.clickhouse.batch_max_bytes,
-        max_age: config.clickhouse.batch_max_age,
-    };
-    let probing = writer::probe::Options {
-        database: config.clickhouse.database.clone(),
-        max_delay: config.clickhouse.catchup_max_delay,
-        form: config.clickhouse.table_form,
-    };
-    let pruner = tokio::spawn(limits.run_pruner(writer_shutdown.clone()));
-    let reloader = tokio::spawn(site_settings_reloader.run_reloader(writer_shutdown.clone()));
-    let writer = writer::spawn(
-        reader,
-        replicas,
-        batch_limits,
-        probing,
-        metrics.clone(),
-        writer_shutdown,
-    )
-    .map_err(|e| failed(format!("cannot start the writer thread: {e}")))?;
-
+    let site_settings = load_site_settings(&config, sites, &metrics).await;
+    let state = intake_state(&config, site_settings.clone(), spool, &metrics);
+    let (stop_writer, shutdown) = watch::channel(false);
+    let pruner = tokio::spawn(state.limits.clone().run_pruner(shutdown.clone()));
+    let reloader = tokio::spawn(site_settings.run_reloader(shutdown.clone()));
+    let writer = start_writer(&config, reader, &metrics, shutdown)?;
     tracing::info!(listen = %config.server.listen, replicas = config.clickhouse.urls.len(), "collector: serving");
 
-    let drain_state = state.clone();
-    let grace = config.server.drain_grace;
-    let close = async move {
-        let with_grace = stop.await;
-        drain_state.start_draining();
-        if with_grace {
-            tracing::info!(grace = ?grace, "SIGTERM: /readyz now 503; closing the listener after the drain grace");
-            tokio::time::sleep(grace).await;
-        } else {
-            tracing::info!("SIGINT: draining now");
-        }
-    };
     let connection_limits = server::ConnectionLimits {
         max_connections,
         header_timeout: config.server.header_timeout,
     };
-    server::serve(
-        listener,
-        endpoints::router(state.clone()),
-        connection_limits,
-        metrics.clone(),
-        close,
-    )
-    .await;
+    let close = close_on(stop, state.clone(), config.server.drain_grace);
+    let router = endpoints::router(state.clone());
+    server::serve(listener, router, connection_limits, metrics, close).await;
     // Requests whose client left before the answer still finish: each is bounded by the
     // claim wait and the append timeout.
     state.requests.close();
@@ -243,6 +168,102 @@ pub async fn run(
     let _ = pruner.await;
     tracing::info!("collector: stopped");
     Ok(())
+}
+
+/// The site settings cache over `sites`, loaded whole from the store, or from the snapshot in
+/// the spool folder while the store is unreachable, or else left to load site by site.
+async fn load_site_settings(
+    config: &Config,
+    sites: Arc<dyn settings::SiteSource>,
+    metrics: &Arc<metrics::Metrics>,
+) -> settings::SiteSettings {
+    let snapshot = settings::snapshot::path(&config.spool.dir);
+    let site_settings =
+        settings::SiteSettings::new(sites, config.settings.ttl, Some(snapshot), metrics.clone());
+    match site_settings.reload().await {
+        Ok(n) => tracing::info!(sites = n, "settings: loaded every site"),
+        Err(e) => {
+            if let Err(snap) = site_settings.load_snapshot().await {
+                tracing::warn!(error = %e, snapshot = %snap, "settings: store unreachable and no snapshot; loading on demand");
+            }
+        }
+    }
+    site_settings
+}
+
+/// The state the endpoints share: intake's stations and what the other routes read.
+fn intake_state(
+    config: &Config,
+    site_settings: settings::SiteSettings,
+    spool: spool::Spool,
+    metrics: &Arc<metrics::Metrics>,
+) -> state::AppState {
+    let intake = &config.intake;
+    state::AppState::new(state::Inner {
+        settings: site_settings,
+        dedup: dedup::Dedup::new(intake.dedup_capacity, intake.dedup_window),
+        spool,
+        script: script::Script::default(),
+        user_agents: {
+            // Compiled before the listener opens, so that no beacon waits for it.
+            useragent::UserAgents::warm_up();
+            useragent::UserAgents::default()
+        },
+        metrics: metrics.clone(),
+        limits: limits::Limits::new(intake.client_rate, intake.site_rate, intake.max_in_flight),
+        trusted_proxies: intake.trusted_proxies.clone(),
+        body_timeout: config.server.body_timeout,
+        draining: Default::default(),
+        requests: TaskTracker::new(),
+    })
+}
+
+/// Starts the writer thread over the spool's reading side, with the replicas of the
+/// configuration; it runs until `shutdown` turns true and its drain ends.
+fn start_writer(
+    config: &Config,
+    reader: spool::SpoolReader,
+    metrics: &Arc<metrics::Metrics>,
+    shutdown: watch::Receiver<bool>,
+) -> Result<std::thread::JoinHandle<()>, RunError> {
+    let ch = &config.clickhouse;
+    let replicas = writer::Replicas::new(&ch.urls, &ch.database, metrics.clone());
+    let batch_limits = writer::BatchLimits {
+        max_rows: ch.batch_max_rows,
+        max_bytes: ch.batch_max_bytes,
+        max_age: ch.batch_max_age,
+    };
+    let probing = writer::probe::Options {
+        database: ch.database.clone(),
+        max_delay: ch.catchup_max_delay,
+        form: ch.table_form,
+    };
+    writer::spawn(
+        reader,
+        replicas,
+        batch_limits,
+        probing,
+        metrics.clone(),
+        shutdown,
+    )
+    .map_err(|e| failed(format!("cannot start the writer thread: {e}")))
+}
+
+/// When the listener closes: `stop` answered, `/readyz` turned 503, and, for a SIGTERM
+/// (`stop` answering `true`), the drain grace passed.
+async fn close_on(
+    stop: impl std::future::Future<Output = bool>,
+    state: state::AppState,
+    grace: std::time::Duration,
+) {
+    let with_grace = stop.await;
+    state.start_draining();
+    if with_grace {
+        tracing::info!(grace = ?grace, "SIGTERM: /readyz now 503; closing the listener after the drain grace");
+        tokio::time::sleep(grace).await;
+    } else {
+        tracing::info!("SIGINT: draining now");
+    }
 }
 
 /// Waits for SIGTERM (returns `true`: drain with grace) or SIGINT (`false`: no grace).

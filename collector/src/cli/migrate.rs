@@ -32,100 +32,26 @@ fn form_name(form: TableForm) -> &'static str {
 /// least one replica have the schema. The collector applies it to the others when they
 /// return.
 pub async fn run(config: &Config) -> Result<(), RunError> {
-    let store = cli_store(config)?;
-    let mut postgres = Ok(());
-    for (name, sql) in POSTGRES {
-        // "already exists, skipping" notices are the normal case of an idempotent migration.
-        // `SET LOCAL`: one simple-protocol message runs as one implicit transaction, and the
-        // setting ends with it instead of staying on a server connection that a
-        // transaction-mode pooler (PgBouncer) then hands to other clients.
-        if let Err(e) = store
-            .apply(&format!("SET LOCAL client_min_messages = warning;\n{sql}"))
-            .await
-        {
-            postgres = Err(format!("postgres {name}: {e}"));
-            break;
-        }
-    }
+    let postgres = apply_postgres(config).await;
     match &postgres {
         Ok(()) => println!("postgres: schema applied"),
         Err(e) => eprintln!("collector: {e}"),
     }
-    // All replicas at once, each tried again until it answers or REPLICA_TIMEOUT has passed:
-    // in a fresh `docker compose up` the replicas may still be starting (compose does not
-    // wait for them to be healthy, so that one replica down cannot block a deploy).
-    let attempts = config.clickhouse.urls.iter().map(|url| async move {
-        let url = url.as_str().trim_end_matches('/').to_owned();
-        let client = clickhouse::Client::default()
-            .with_url(&url)
-            .with_validation(false);
-        let deadline = tokio::time::Instant::now() + REPLICA_TIMEOUT;
-        // Err((why, whether the collector can still apply it later)).
-        let mut last: Option<String> = None;
-        let result = loop {
-            let apply = apply_clickhouse(
-                &client,
-                &config.clickhouse.database,
-                config.clickhouse.table_form,
-            );
-            let failed = match tokio::time::timeout_at(deadline, apply).await {
-                Ok(Ok(done)) => break Ok(done),
-                // Trying again cannot help: say so at once.
-                Ok(Err(SchemaError::NoReplication(text))) => break Err((text, false)),
-                Ok(Err(SchemaError::Failed(text))) => text,
-                Err(_) => {
-                    break Err((
-                        match &last {
-                            Some(e) => {
-                                format!(
-                                    "no answer within {REPLICA_TIMEOUT:?}; the attempt before: {e}"
-                                )
-                            }
-                            None => format!("no answer within {REPLICA_TIMEOUT:?}"),
-                        },
-                        true,
-                    ))
-                }
-            };
-            if tokio::time::Instant::now() + RETRY_EVERY >= deadline {
-                break Err((failed, true));
-            }
-            last = Some(failed);
-            tokio::time::sleep(RETRY_EVERY).await;
-        };
-        (url, client, result)
-    });
+    // All replicas at once: in a fresh `docker compose up` the replicas may still be starting
+    // (compose does not wait for them to be healthy, so that one replica down cannot block a
+    // deploy).
+    let attempts = config
+        .clickhouse
+        .urls
+        .iter()
+        .map(|url| apply_replica(url, config));
     let mut applied = Vec::new();
     let mut missed = 0;
     for (url, client, result) in futures_util::future::join_all(attempts).await {
-        match result {
-            Ok(done) => {
-                if done.moved_v1_aside {
-                    println!(
-                        "clickhouse {url}: the v1 measurements table moved aside to {V1_TABLE}"
-                    );
-                }
-                let form = config.clickhouse.table_form;
-                match done.form {
-                    Some(found) if found != form => eprintln!(
-                        "collector: clickhouse {url}: measurements exists in the {} form, not the {} form that COLLECTOR_CLICKHOUSE_TABLE_FORM asks for; it is kept as it is (the writer works on both)",
-                        form_name(found),
-                        form_name(form)
-                    ),
-                    _ => println!("clickhouse {url}: schema applied ({} form)", form_name(form)),
-                }
-                applied.push((url, client));
-            }
-            Err((e, true)) => {
-                missed += 1;
-                eprintln!(
-                    "collector: clickhouse {url}: not applied ({e}); the collector applies it when the replica answers"
-                )
-            }
-            Err((e, false)) => {
-                missed += 1;
-                eprintln!("collector: clickhouse {url}: not applied: {e}")
-            }
+        if report_replica(&url, config.clickhouse.table_form, result) {
+            applied.push((url, client));
+        } else {
+            missed += 1;
         }
     }
     postgres.map_err(RunError::Failed)?;
@@ -134,9 +60,108 @@ pub async fn run(config: &Config) -> Result<(), RunError> {
             "no ClickHouse server has the schema (every one listed in COLLECTOR_CLICKHOUSE_URLS failed, see above)".into(),
         ));
     };
-    // Every reachable replica writes to v2 now; the v1 rows are copied once, through one
-    // replica (the copy replicates like any insert).
-    let copied = copy_v1(client, &config.clickhouse.database)
+    copy_v1_rows(url, client, &config.clickhouse.database, missed).await
+}
+
+/// Applies `schema/postgres/` in order; the first failure, named by its file.
+async fn apply_postgres(config: &Config) -> Result<(), String> {
+    let store = cli_store(config).map_err(|e| e.to_string())?;
+    for (name, sql) in POSTGRES {
+        // "already exists, skipping" notices are the normal case of an idempotent migration.
+        // `SET LOCAL`: one simple-protocol message runs as one implicit transaction, and the
+        // setting ends with it instead of staying on a server connection that a
+        // transaction-mode pooler (PgBouncer) then hands to other clients.
+        store
+            .apply(&format!("SET LOCAL client_min_messages = warning;\n{sql}"))
+            .await
+            .map_err(|e| format!("postgres {name}: {e}"))?;
+    }
+    Ok(())
+}
+
+/// What applying the schema to one replica came to: what was done, or why not and whether the
+/// collector can still apply it later (`true`) or trying again cannot help (`false`).
+type ReplicaOutcome = Result<crate::clickhouse::schema::Applied, (String, bool)>;
+
+/// Applies the ClickHouse schema to the replica at `url`, tried again every [`RETRY_EVERY`]
+/// until it answers or [`REPLICA_TIMEOUT`] has passed.
+async fn apply_replica(
+    url: &url::Url,
+    config: &Config,
+) -> (String, clickhouse::Client, ReplicaOutcome) {
+    let url = url.as_str().trim_end_matches('/').to_owned();
+    let client = clickhouse::Client::default()
+        .with_url(&url)
+        .with_validation(false);
+    let deadline = tokio::time::Instant::now() + REPLICA_TIMEOUT;
+    let mut last: Option<String> = None;
+    let result = loop {
+        let apply = apply_clickhouse(
+            &client,
+            &config.clickhouse.database,
+            config.clickhouse.table_form,
+        );
+        let failed = match tokio::time::timeout_at(deadline, apply).await {
+            Ok(Ok(done)) => break Ok(done),
+            // Trying again cannot help: say so at once.
+            Ok(Err(SchemaError::NoReplication(text))) => break Err((text, false)),
+            Ok(Err(SchemaError::Failed(text))) => text,
+            Err(_) => {
+                let why = match &last {
+                    Some(e) => {
+                        format!("no answer within {REPLICA_TIMEOUT:?}; the attempt before: {e}")
+                    }
+                    None => format!("no answer within {REPLICA_TIMEOUT:?}"),
+                };
+                break Err((why, true));
+            }
+        };
+        if tokio::time::Instant::now() + RETRY_EVERY >= deadline {
+            break Err((failed, true));
+        }
+        last = Some(failed);
+        tokio::time::sleep(RETRY_EVERY).await;
+    };
+    (url, client, result)
+}
+
+/// Says what applying the schema to the replica at `url` came to; whether it has the schema.
+fn report_replica(url: &str, form: TableForm, result: ReplicaOutcome) -> bool {
+    match result {
+        Ok(done) => {
+            if done.moved_v1_aside {
+                println!("clickhouse {url}: the v1 measurements table moved aside to {V1_TABLE}");
+            }
+            match done.form {
+                Some(found) if found != form => eprintln!(
+                    "collector: clickhouse {url}: measurements exists in the {} form, not the {} form that COLLECTOR_CLICKHOUSE_TABLE_FORM asks for; it is kept as it is (the writer works on both)",
+                    form_name(found),
+                    form_name(form)
+                ),
+                _ => println!("clickhouse {url}: schema applied ({} form)", form_name(form)),
+            }
+            true
+        }
+        Err((e, true)) => {
+            eprintln!("collector: clickhouse {url}: not applied ({e}); the collector applies it when the replica answers");
+            false
+        }
+        Err((e, false)) => {
+            eprintln!("collector: clickhouse {url}: not applied: {e}");
+            false
+        }
+    }
+}
+
+/// Copies a v1 table's rows into v2, once, through one replica (the copy replicates like any
+/// insert): every reachable replica writes to v2 now. `missed` replicas did not answer.
+async fn copy_v1_rows(
+    url: &str,
+    client: &clickhouse::Client,
+    database: &str,
+    missed: usize,
+) -> Result<(), RunError> {
+    let copied = copy_v1(client, database)
         .await
         .map_err(|e| RunError::Failed(format!("clickhouse {url}: copying {V1_TABLE}: {e} (run migrate again: it copies only what is missing)")))?;
     if copied.months > 0 {

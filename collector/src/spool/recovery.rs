@@ -62,27 +62,7 @@ pub(super) fn recover_segment(
         tracing::error!(segment = %path.display(), "spool: damaged segment header; reading its records anyway");
         guess_version(&data, layouts)
     });
-    // Whole frames as (start, end) offsets, skipping damage.
-    let mut frames = Vec::new();
-    let (mut off, mut skipped) = (HEADER_LEN as usize, 0usize);
-    while off < data.len() {
-        if let Some(f) = version.frame_at(&data, off) {
-            frames.push((off, f.next));
-            off = f.next;
-            continue;
-        }
-        if is_unused(&data[off..]) {
-            // The zeros of a prepared segment after its last frame: never written.
-            break;
-        }
-        match (off + 1..data.len()).find(|&p| version.frame_at(&data, p).is_some()) {
-            Some(p) => {
-                skipped += p - off;
-                off = p;
-            }
-            None => break,
-        }
-    }
+    let (frames, skipped) = whole_frames(&data, version);
     let valid_end = frames.last().map_or(HEADER_LEN as usize, |f| f.1);
     // Zeros after the last byte written are a prepared segment's room, never written: cut
     // without a word and not counted as damage, also after a torn frame.
@@ -93,31 +73,12 @@ pub(super) fn recover_segment(
         .max(valid_end);
     let cut = written_end - valid_end;
     let rewrite = skipped > 0 || named.is_none();
-    let len = if rewrite {
+    let (len, data) = if rewrite {
         let aside = keep_aside(dir, n, &data[..written_end]);
         tracing::error!(segment = %path.display(), skipped_bytes = skipped, kept = %aside, "spool: skipped damaged records; the original is kept aside");
         metrics.spool.damaged_bytes.inc_by((skipped + cut) as u64);
-        // Rewrite with the whole frames only, remapping the cursor if it points in here.
-        let mut out = Vec::with_capacity(data.len());
-        out.extend_from_slice(version.magic());
-        let mut new_cursor = None;
-        for &(start, end) in &frames {
-            if n == cursor.segment && new_cursor.is_none() && start as u64 >= cursor.offset {
-                new_cursor = Some(out.len() as u64);
-            }
-            out.extend_from_slice(&data[start..end]);
-        }
-        if n == cursor.segment {
-            cursor.offset = new_cursor.unwrap_or(out.len() as u64);
-            cursor_file.persist(*cursor)?;
-        }
-        let tmp = path.with_extension("seg.tmp");
-        let mut f = File::create(&tmp)?;
-        f.write_all(&out)?;
-        f.sync_all()?;
-        fs::rename(&tmp, &path)?;
-        File::open(dir.join("segments"))?.sync_all()?;
-        out.len() as u64
+        let out = rewrite_whole(dir, n, version, &data, &frames, cursor, cursor_file)?;
+        (out.len() as u64, out)
     } else {
         if cut > 0 {
             // A tail torn by a crash is part of one group write; a tail holding a whole frame
@@ -141,27 +102,99 @@ pub(super) fn recover_segment(
             f.set_len(valid_end as u64)?;
             f.sync_all()?;
         }
-        valid_end as u64
+        (valid_end as u64, data)
     };
-    let mut result = Recovered {
+    let (records_after, bytes_after) = count_after(&data, version, layouts, n, cursor, received);
+    Ok(Some(Recovered {
         len,
-        records_after: 0,
-        bytes_after: 0,
+        records_after,
+        bytes_after,
         rewritten: rewrite,
-    };
-    // Count what is still to be written, in the (possibly rewritten) file, from the frame
-    // headers alone (a v1 frame's rows are counted by their owner).
-    let data = if rewrite { fs::read(&path)? } else { data };
+    }))
+}
+
+/// The whole, checksummed frames of a segment's bytes as `(start, end)` offsets, skipping
+/// damage (the scan resynchronises on the next offset that holds a whole frame), and how many
+/// bytes were skipped. It stops at zeros that run to the end: a prepared segment's room.
+fn whole_frames(data: &[u8], version: Version) -> (Vec<(usize, usize)>, usize) {
+    let mut frames = Vec::new();
+    let (mut off, mut skipped) = (HEADER_LEN as usize, 0usize);
+    while off < data.len() {
+        if let Some(f) = version.frame_at(data, off) {
+            frames.push((off, f.next));
+            off = f.next;
+            continue;
+        }
+        if is_unused(&data[off..]) {
+            break;
+        }
+        match (off + 1..data.len()).find(|&p| version.frame_at(data, p).is_some()) {
+            Some(p) => {
+                skipped += p - off;
+                off = p;
+            }
+            None => break,
+        }
+    }
+    (frames, skipped)
+}
+
+/// Rewrites segment `n` with its whole `frames` only (through a synced temporary file and a
+/// rename), remapping the cursor if it points in here; the new bytes.
+fn rewrite_whole(
+    dir: &Path,
+    n: u64,
+    version: Version,
+    data: &[u8],
+    frames: &[(usize, usize)],
+    cursor: &mut Position,
+    cursor_file: &mut Cursor,
+) -> io::Result<Vec<u8>> {
+    let mut out = Vec::with_capacity(data.len());
+    out.extend_from_slice(version.magic());
+    let mut new_cursor = None;
+    for &(start, end) in frames {
+        if n == cursor.segment && new_cursor.is_none() && start as u64 >= cursor.offset {
+            new_cursor = Some(out.len() as u64);
+        }
+        out.extend_from_slice(&data[start..end]);
+    }
+    if n == cursor.segment {
+        cursor.offset = new_cursor.unwrap_or(out.len() as u64);
+        cursor_file.persist(*cursor)?;
+    }
+    let path = segment_path(dir, n);
+    let tmp = path.with_extension("seg.tmp");
+    let mut f = File::create(&tmp)?;
+    f.write_all(&out)?;
+    f.sync_all()?;
+    fs::rename(&tmp, &path)?;
+    File::open(dir.join("segments"))?.sync_all()?;
+    Ok(out)
+}
+
+/// What segment `n` (its recovered bytes) holds at or after the cursor, rows and frame bytes,
+/// counted from the frame headers alone (a v1 frame's rows by their owner); each frame's
+/// earliest time is recorded in `received`.
+fn count_after(
+    data: &[u8],
+    version: Version,
+    layouts: &Layouts,
+    n: u64,
+    cursor: &Position,
+    received: &mut HeldTimes,
+) -> (u64, u64) {
+    let (mut records, mut bytes) = (0, 0);
     let mut off = HEADER_LEN as usize;
-    while let Some(f) = version.frame_at(&data, off) {
+    while let Some(f) = version.frame_at(data, off) {
         let at = Position {
             segment: n,
             offset: off as u64,
         };
         if at >= *cursor {
             let (rows, earliest) = counted(&f, layouts);
-            result.records_after += u64::from(rows);
-            result.bytes_after += (f.next - off) as u64;
+            records += u64::from(rows);
+            bytes += (f.next - off) as u64;
             if rows > 0 {
                 let end = Position {
                     segment: n,
@@ -172,7 +205,7 @@ pub(super) fn recover_segment(
         }
         off = f.next;
     }
-    Ok(Some(result))
+    (records, bytes)
 }
 
 /// The version of a segment whose magic is damaged, from its first frame: v5 frames name their
