@@ -12,8 +12,8 @@ use tokio_util::task::TaskTracker;
 use crate::cli::{failed, RunError};
 use crate::config::Config;
 use crate::{
-    dedup, endpoints, limits, logging, measurement, metrics, script, server, settings, spool,
-    state, useragent, writer,
+    beacon, dedup, endpoints, limits, logging, measurement, metrics, script, server, settings,
+    spool, state, useragent, writer,
 };
 
 /// File descriptors kept for the collector's own use besides client connections: standard
@@ -128,6 +128,9 @@ pub async fn run(
         sites,
         metrics,
     } = seams;
+    metrics
+        .intake
+        .init(beacon::rejection_reasons(), measurement::optional_fields());
     let (spool, reader) = spool::open(
         &config.spool.dir,
         config.spool.max_bytes,

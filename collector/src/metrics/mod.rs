@@ -247,6 +247,10 @@ mod tests {
     #[test]
     fn known_label_values_are_exported_at_zero_from_the_start() {
         let m = Metrics::new();
+        m.intake.init(
+            crate::beacon::rejection_reasons(),
+            crate::measurement::optional_fields(),
+        );
         m.clickhouse.init_replica("http://b:8123");
         let text = m.encode();
         let mut expected: Vec<String> =

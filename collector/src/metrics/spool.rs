@@ -39,7 +39,7 @@ pub struct SpoolMetrics {
     /// `collector_spool_sync_duration_seconds`: how long one group commit's `write` and
     /// `fdatasync` took (every 202 waits for one); its count is the number of syncs. On a full
     /// core it includes the appender's wait for the CPU after the disk answered (the appender
-    /// runs below the request threads: `spool::appender::APPENDER_NICE`).
+    /// runs below the request threads: `spool::APPENDER_NICE`).
     pub sync_duration: Histogram,
     /// Since when ([`monotonic_nanos`]) the spool holds the oldest measurement ClickHouse has
     /// not confirmed; [`NOTHING_HELD`] when there is none. Kept by the spool; exported as an age.

@@ -14,18 +14,9 @@ use super::format::{HEADER_LEN, MAGIC};
 use super::group::{Groups, Taken};
 use super::prepare::Preparer;
 use super::{
-    segment_path, AppendError, Position, Shared, RESUME_ROOM_BYTES, RETRY_WRITE_INTERVAL,
-    UNWRITABLE_DISK_FULL, UNWRITABLE_IO,
+    segment_path, AppendError, Position, Shared, APPENDER_NICE, RESUME_ROOM_BYTES,
+    RETRY_WRITE_INTERVAL, UNWRITABLE_DISK_FULL, UNWRITABLE_IO,
 };
-
-/// How much higher the appender thread's nice value is than the process's (see
-/// [`crate::priority`]). On a full core its wake-up after a sync no longer preempts the
-/// request thread: the next group keeps filling until the request thread runs out of ready
-/// work or its time slice, so each sync carries more requests (measured on 2 vCPUs, collector
-/// on one: 59 instead of 12 per sync at 256 connections, and about a third less CPU per
-/// request; see the module doc of [`super`]). On an idle core it runs at once, so a lone
-/// request waits no longer.
-pub const APPENDER_NICE: i32 = 10;
 
 pub(super) struct Appender {
     pub shared: Arc<Shared>,

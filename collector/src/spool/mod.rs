@@ -108,7 +108,7 @@
 //! 100 ms) with [`AppendError::SyncTimeout`].
 //!
 //! **Commit policy.** The appender (and the preparer) run 10 nice levels below the request threads
-//! ([`appender::APPENDER_NICE`]). On an idle core that changes nothing: it runs as soon as it
+//! ([`APPENDER_NICE`]). On an idle core that changes nothing: it runs as soon as it
 //! is woken, so a lone request waits one sync. On a full core its wake-up after a sync no
 //! longer preempts the request thread, so the next group keeps filling until the event loop
 //! runs out of ready work or its time slice: the sync is submitted when the loop yields.
@@ -197,6 +197,15 @@ pub const APPEND_QUEUE: usize = 4096;
 /// Most frame bytes in the open group, so most written by one group commit; beyond this
 /// intake is shed at once with 503.
 const GROUP_MAX_BYTES: usize = 8 * 1024 * 1024;
+
+/// How much higher the appender's (and the preparer's) thread's nice value is than the process's (see
+/// [`crate::priority`]). On a full core its wake-up after a sync no longer preempts the
+/// request thread: the next group keeps filling until the request thread runs out of ready
+/// work or its time slice, so each sync carries more requests (measured on 2 vCPUs, collector
+/// on one: 59 instead of 12 per sync at 256 connections, and about a third less CPU per
+/// request; see the module doc of [`super`]). On an idle core it runs at once, so a lone
+/// request waits no longer.
+pub const APPENDER_NICE: i32 = 10;
 
 /// File holding the spool's identity (see the module doc).
 pub const IDENTITY_FILE: &str = "IDENTITY";

@@ -80,7 +80,7 @@ impl Preparer {
     /// The thread's loop: prepares a segment each time one is wanted, until [`Self::stop`].
     pub(super) fn run(&self) {
         // Background work, like the appender's: request threads first.
-        crate::priority::lower_this_thread(super::appender::APPENDER_NICE, "spool preparer");
+        crate::priority::lower_this_thread(super::APPENDER_NICE, "spool preparer");
         let _ = fs::remove_file(self.path());
         loop {
             {
