@@ -6,31 +6,38 @@
 //!
 //! ```text
 //! server (accept loop, limits, drain) ─► endpoints::intake
-//!     ─► beacon (decode, validate, normalise) ─► settings (cache over PostgreSQL)
-//!     ─► dedup (window by id) ─► measurement (encoded once, RowBinary)
-//!     ─► spool (durable, group commit)                                ← 202 here
-//!                                   │  frames of RowBinary rows, never decoded
+//!     ─► beacon (media, coding, JSON) ─► measurement (the field table's rules)
+//!     ─► settings (cache over PostgreSQL) ─► limits ─► dedup (window by id)
+//!     ─► measurement (encoded once, RowBinary) ─► spool (durable, group commit) ← 202 here
+//!                                   │  records in a layout, never read by the spool
 //!              writer (own thread: batch, insert, bisect, confirm, failover)
 //!                                   ─► ClickHouse replicas
 //! ```
 //!
-//! - [`config`]: command line and `COLLECTOR_*` settings, every bad value reported at once.
-//! - [`beacon`]: pure decoding and validation of request bodies; [`measurement`]: the row,
-//!   its columns declared once, and its one encoding (RowBinary).
-//! - [`settings`]: the `sites` store and the cache intake reads through.
-//! - [`dedup`]: the in-memory dedup window.
-//! - [`spool`]: the durable log where the request path ends and the write path begins.
-//! - [`writer`]: batches from the spool into the preferred healthy replica, on a thread and
-//!   runtime of its own at a lower priority than the request threads.
+//! - [`config`]: the `COLLECTOR_*` configuration in sections, every bad value reported at once;
+//!   [`cli`]: the command tree and the one-shot commands (`migrate`, `sites`, `probe`,
+//!   `spool dump`), one file each, and [`RunError`], how a command fails.
 //! - [`server`]: the accept loop, connection and header limits, drain; it serves any router.
 //! - [`endpoints`]: the routes ([`endpoints::router`]) and one handler per file, each reading
 //!   the shared [`state`]; [`error`]: the intake's errors and their statuses.
+//! - [`beacon`]: a request body's media type, coding and JSON, object by object;
+//!   [`client_ip`]: the client's address behind trusted proxies; [`useragent`]: device, browser
+//!   and OS from the `User-Agent`; [`limits`]: the in-flight bound and the site and client
+//!   rates.
+//! - [`measurement`]: the row: its fields declared once (the field table), their rules, the
+//!   page view's filing time, its one encoding (RowBinary) and its layouts.
+//! - [`settings`]: the `sites` store and the cache intake reads through.
+//! - [`dedup`]: the in-memory dedup window.
+//! - [`spool`]: the durable log where the request path ends and the write path begins; it
+//!   stores records it never reads.
+//! - [`writer`]: batches from the spool into the preferred healthy replica, on a thread and
+//!   runtime of its own at a lower priority than the request threads; [`clickhouse`]: what
+//!   knows ClickHouse (error classes, the insert, the schema), used by the writer and
+//!   `migrate`.
 //! - [`script`]: the tracking script.
 //! - [`metrics`], [`logging`]: operations; [`priority`]: the background threads' nice value.
 //! - [`app`]: the composition root: builds every part of `collector serve` from the
 //!   configuration, wires them, and drains them on a signal.
-//! - [`cli`]: the one-shot commands (`migrate`, `sites`, `probe`, `spool dump`), one file each,
-//!   and [`RunError`], how a command fails.
 //!
 //! Intake never imports the writer and the writer never imports HTTP types: they meet only
 //! in the spool. The server and the endpoints do not import each other either: [`app`] builds
@@ -48,12 +55,17 @@
 //!   table (allowed origins, sample rate, enabled): the [`settings`] module, its cache
 //!   [`settings::SiteSettings`], its store [`settings::SettingsStore`] behind the seam
 //!   [`settings::SiteSource`]. The process's own options (command line and `COLLECTOR_*`) are
-//!   the **configuration**, [`config::Config`]; "settings" never means them.
+//!   the **configuration**, [`config::Config`]; "settings" never means them (the configuration
+//!   of the site settings' store is its section [`config::SiteSettingsConfig`]).
+//! - **field table**: the one declaration of a measurement's fields ([`measurement::fields`]);
+//!   a **layout** is one of its sections, the columns a release added; rows of an earlier
+//!   layout are upgraded, never misread.
 //! - **dedup window**: how long intake remembers an id ([`dedup`]); ClickHouse folds what
 //!   passes it (the insert's deduplication token, then `ReplacingMergeTree`).
-//! - **spool**: the durable log on local disk, in **segments** of **frames** (the rows of one
-//!   request); **group commit**: one `fdatasync` for the frames of many requests. The cursor
-//!   marks what ClickHouse confirmed.
+//! - **spool**: the durable log on local disk, in **segments** of **frames**; a frame holds one
+//!   **record** (the rows of one request, in one layout, opaque to the spool); **group
+//!   commit**: one `fdatasync` for the frames of many requests. The cursor marks what
+//!   ClickHouse confirmed.
 //! - **batch**: the rows of a range of the spool sent in one INSERT, with one deduplication
 //!   token. A batch ClickHouse refuses as bad data is **bisected**; the rows it still refuses
 //!   are **kept aside**: written to the spool's dead-letter files (`kept-aside/`, counted in
@@ -67,7 +79,7 @@
 //!   `collector probe` is a different thing, the container health command ([`cli::probe`]).
 //!   A **trial** is one call let through to see whether a failure is over: the one insert into
 //!   a replica that failed inserts, the one call of the settings store's circuit breaker after
-//!   its backoff.
+//!   its backoff, the spool's attempt to write again while it is unwritable.
 //! - **circuit breaker**: *closed* lets calls through, *open* lets none through, *half-open*
 //!   lets one trial through ([`settings::store::Breaker`]).
 //! - **backoff**: the wait after a failure, growing and jittered, always bounded.

@@ -380,7 +380,7 @@ const COPY_BATCH_ROWS: usize = 50_000;
 
 /// Copies every row of [`V1_TABLE`] whose id `measurements` (v2) lacks, month by month of
 /// `received_at` (UTC), with the columns v2 adds derived as intake derives them
-/// ([`crate::measurement::decode_earlier`]: the page view's time, the parsed user agent). The
+/// ([`crate::measurement::layouts::decode_one`]: the page view's time, the parsed user agent). The
 /// rows are read as RowBinary in v1's column order and written as v2 RowBinary, as the
 /// writer writes; nothing is decoded as text.
 ///

@@ -19,7 +19,7 @@ use crate::spool::Record;
 
 /// The first layout whose rows carry the columns intake derives from the receipt and the user
 /// agent; rows of earlier layouts get them from [`complete_earlier`].
-const DERIVED_SINCE: u16 = 3;
+pub const DERIVED_SINCE: u16 = 3;
 
 /// How many columns a row of `layout` has (RowBinary layouts, 2 and later), or `None` for a
 /// layout the table does not know.

@@ -31,7 +31,7 @@
 //! needs no new spool format, only a new section.
 
 #[macro_use]
-mod table;
+pub mod table;
 mod column;
 pub mod fields;
 pub mod filing;

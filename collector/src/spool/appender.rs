@@ -27,7 +27,7 @@ pub(super) struct Appender {
     /// Length of what the active segment holds (a prepared segment's file is longer: zeros).
     pub size: u64,
     /// When the appender last tried to leave the unwritable state.
-    pub last_probe: Instant,
+    pub last_trial: Instant,
     /// Since when the spool has been unwritable.
     pub unwritable_since: Option<Instant>,
 }
@@ -65,10 +65,10 @@ impl Appender {
                     };
                     open.committer_idle = false;
                     if self.unwritable_since.is_some()
-                        && self.last_probe.elapsed() >= RETRY_WRITE_INTERVAL
+                        && self.last_trial.elapsed() >= RETRY_WRITE_INTERVAL
                     {
                         drop(open);
-                        self.probe();
+                        self.trial();
                         open = self.groups.open.lock().unwrap();
                     }
                 }
@@ -180,7 +180,7 @@ impl Appender {
         } else {
             UNWRITABLE_IO
         };
-        self.last_probe = Instant::now();
+        self.last_trial = Instant::now();
         if self.unwritable_since.is_some() {
             self.shared.set_unwritable(why);
             return;
@@ -195,8 +195,8 @@ impl Appender {
         );
     }
 
-    /// One attempt to leave the unwritable state.
-    fn probe(&mut self) {
+    /// One trial: an attempt to leave the unwritable state.
+    fn trial(&mut self) {
         match self.resume() {
             Ok(()) => {
                 let since = self.unwritable_since.take();
@@ -219,7 +219,7 @@ impl Appender {
     /// [`RESUME_ROOM_BYTES`] reserved after its end, so that a disk with a few KiB free does
     /// not count as writable.
     pub fn resume(&mut self) -> io::Result<()> {
-        self.last_probe = Instant::now();
+        self.last_trial = Instant::now();
         if self.file.is_none() {
             self.delete_confirmed_active();
             self.rotate()?;

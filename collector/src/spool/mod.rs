@@ -33,10 +33,13 @@
 //!   kept-aside/*.json         rows ClickHouse refused as bad data, for an operator
 //! ```
 //!
-//! A segment is a magic and frames; a frame holds one request's accepted measurements as the
-//! RowBinary rows the writer sends (see [`mod@format`] and [`crate::measurement`]): encoded once,
-//! at intake, and never decoded on the way to ClickHouse. Segments of the JSON format of
-//! earlier releases are still read, and replayed.
+//! A segment is a magic and frames; a frame holds one [`Record`]: one request's accepted rows as
+//! their owner encoded them, tagged with their layout (see [`mod@format`]). The spool never
+//! reads a row: the rows' owner hands it, at [`open`], the current layout and the one function
+//! that makes a record of an earlier layout current ([`Layouts`]); a frame of the current
+//! layout goes to the writer as its bytes are on disk (for the measurements, the RowBinary
+//! rows of the INSERT, encoded once at intake). Segments of every earlier release's format,
+//! back to the JSON one, are still read and replayed.
 //!
 //! `CURSOR` and `INFLIGHT` are slot files ([`files::SlotFile`]): 512 bytes written in full
 //! once, when the file is made, then rewritten in place (`pwrite`, and `fdatasync` for the
@@ -653,7 +656,7 @@ fn start_threads(shared: &Arc<Shared>, active_len: u64) -> io::Result<Arc<Append
         preparer: preparer.clone(),
         file: None,
         size: active_len,
-        last_probe: Instant::now(),
+        last_trial: Instant::now(),
         unwritable_since: None,
     };
     if let Err(e) = appender.resume() {

@@ -1,4 +1,5 @@
-//! The prober: checks every replica about once a second and feeds [`Replicas::probed`].
+//! The prober: checks every replica about once a second, applies the schema to a replica found
+//! without it (DDL: the one thing it writes), and feeds [`Replicas::probed`].
 //!
 //! A replica passes the catch-up check (contract §3) when it answers and, for the
 //! measurements table in `system.replicas`, it is not read-only, its ZooKeeper session is not

@@ -6,7 +6,7 @@
 //! - **Healthy**: written to when it is the most preferred healthy replica.
 //! - **Down**: several failures in quick succession ([`FAILURES_TO_DOWN`] insert failures within
 //!   [`FAILURE_WINDOW`], or [`PROBE_FAILURES_TO_DOWN`] failed probes in a row). One slow or
-//!   failed request does not close a replica.
+//!   failed request does not take a replica down.
 //! - **CatchingUp**: answering again, but not yet past the catch-up check
 //!   ([`crate::writer::probe`]) on [`PASSES_TO_HEALTHY`] consecutive probes. Not written to
 //!   while a healthy replica exists.
