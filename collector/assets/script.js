@@ -17,10 +17,12 @@
     var safe = function (fn) { return function (a) { try { fn(a); } catch (e) { /* never break the page */ } }; };
     var on = function (type, fn) { addEventListener(type, safe(fn), true); };
 
-    var uuid = function () {
-      if (crypto.randomUUID) return crypto.randomUUID();
+    // A UUIDv7 (RFC 9562): the page view's start in its first 48 bits, so that a beacon of it
+    // files by that time even without ts (contract v4 §3); the rest random.
+    var uuid = function (ms) {
       var b = crypto.getRandomValues(new Uint8Array(16)), h = [];
-      b[6] = b[6] & 15 | 64; b[8] = b[8] & 63 | 128;
+      for (var j = 5; j >= 0; j--) { b[j] = ms % 256; ms = Math.floor(ms / 256); }
+      b[6] = b[6] & 15 | 112; b[8] = b[8] & 63 | 128;
       for (var i = 0; i < 16; i++) h.push((b[i] + 256).toString(16).slice(1));
       h = h.join('');
       return [h.slice(0, 8), h.slice(8, 12), h.slice(12, 16), h.slice(16, 20), h.slice(20)].join('-');
@@ -54,7 +56,7 @@
     // flight, 2 waiting to retry, 3 done.
     var view;
     var start = function (type, ts) {
-      view = { m: { id: uuid(), site: site, url: location.href, referrer: doc.referrer || undefined,
+      view = { m: { id: uuid(Math.round(ts)), site: site, url: location.href, referrer: doc.referrer || undefined,
         navigation_type: type, effective_connection_type: navigator.connection && navigator.connection.effectiveType,
         viewport_width: innerWidth,
         // The page view's start, sent unchanged by every send of it: the collector files the

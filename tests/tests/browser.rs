@@ -149,6 +149,17 @@ async fn page_view_lands_once(flaky: bool) {
         "INP after the click: {r}"
     );
     assert_eq!(col(r, "navigation_type"), "navigate");
+    // The script's ids are UUIDv7 (contract v4 §3), made at the page view's start: its `ts`.
+    let id = uuid::Uuid::parse_str(col(r, "id").as_str().unwrap()).unwrap();
+    assert_eq!(id.get_version_num(), 7, "a UUIDv7 id: {id}");
+    let id_ms = id.as_bytes()[..6]
+        .iter()
+        .fold(0i64, |ms, b| (ms << 8) | i64::from(*b));
+    assert_eq!(
+        Some(id_ms),
+        as_i64(col(r, "ts")),
+        "the id's time is ts: {r}"
+    );
     assert!(col(r, "viewport_width").as_u64().unwrap() > 0);
     assert!(col(r, "dom_content_loaded_ms").as_f64().unwrap() > 0.0);
     assert!(col(r, "load_ms").as_f64().unwrap() > 0.0);

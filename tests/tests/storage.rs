@@ -24,7 +24,7 @@ async fn one_value(env: &TestEnv<'_>, sql: &str) -> Value {
 /// ClickHouse's answer when it fails.
 async fn exec(env: &TestEnv<'_>, i: usize, sql: &str) {
     let resp = http()
-        .post(&env.stack.clickhouse_urls()[i])
+        .post(&env.clickhouse[i])
         .body(sql.to_owned())
         .send()
         .await
@@ -172,16 +172,46 @@ fn libfaketime() -> &'static str {
     PATH
 }
 
+/// A UUIDv7 (RFC 9562 §5.7) made at `ms` Unix milliseconds, as the tracking script makes its
+/// ids: the time in the first 48 bits, version 7, variant 10, the rest random.
+fn uuid_v7(ms: i64) -> String {
+    let mut bytes = *uuid::Uuid::new_v4().as_bytes();
+    bytes[..6].copy_from_slice(&ms.to_be_bytes()[2..]);
+    bytes[6] = 0x70 | (bytes[6] & 0x0f);
+    bytes[8] = 0x80 | (bytes[8] & 0x3f);
+    uuid::Uuid::from_bytes(bytes).to_string()
+}
+
+/// The days (`YYYY-MM-DD` of `page_view_at`) and row counts of `id` under `FINAL`.
+async fn days_of(env: &TestEnv<'_>, id: &str) -> Vec<(String, i64)> {
+    env.query(
+        0,
+        &format!(
+            "SELECT toString(toDate(page_view_at)) AS day, count() AS n FROM {}.measurements FINAL \
+             WHERE id = '{id}' GROUP BY day ORDER BY day",
+            env.db
+        ),
+    )
+    .await
+    .iter()
+    .map(|r| {
+        (
+            col(r, "day").as_str().unwrap().to_owned(),
+            as_i64(col(r, "n")).unwrap(),
+        )
+    })
+    .collect()
+}
+
 /// Two collectors whose wall clocks stand on either side of a month's end (libfaketime over
 /// the real processes; the monotonic clock left alone): one receives a beacon shortly before
-/// midnight on 30 November, the other its resend shortly after, on 1 December. `received_at` of the two
-/// copies differs in day and month, yet both land in the page view's partition and day and fold
-/// to one row. A beacon without `ts` resent the same way files by its own receipt: the known
-/// limit docs/storage.md states (two rows, nothing lost); its resend on the same side of midnight
-/// folds.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_resend_received_after_midnight_of_a_month_end_folds() {
-    let env = TestEnv::new(Stack::shared()).await;
+/// midnight on 30 November, the other its resend shortly after, on 1 December. `received_at`
+/// of the two copies differs in day and month, yet both land in the page view's partition and
+/// day and fold to one row. So does a beacon without `ts` whose id is a UUIDv7, as the script
+/// makes them (contract v4 §3): it files by the time in its id. A beacon without `ts` whose id
+/// is a UUIDv4 (a client of its own) files by its own receipt: the known limit docs/storage.md
+/// states (two rows, nothing lost); its resend on the same side of midnight folds.
+async fn resends_across_a_month_end_fold(env: TestEnv<'_>) {
     let preload = libfaketime();
     let clock = |at: &'static str| {
         [
@@ -195,7 +225,7 @@ async fn a_resend_received_after_midnight_of_a_month_end_folds() {
     let after = env.collector(&clock("@2026-12-01 00:00:00")).await;
     let ua = [("Content-Type", "application/json"), ("User-Agent", IPHONE)];
     // Background merges would fold the copies before they are counted.
-    for i in 0..env.stack.clickhouse_urls().len() {
+    for i in 0..env.clickhouse.len() {
         exec(
             &env,
             i,
@@ -210,13 +240,22 @@ async fn a_resend_received_after_midnight_of_a_month_end_folds() {
         let (s, a, _) = c.post(m.to_string(), &ua).await;
         assert_eq!(s, 202, "{a}");
     }
+    let (_, mut v7) = measurement(&env.site);
+    let v7_id = uuid_v7(1_796_083_110_000); // made at the page view's start, as the script does
+    v7["id"] = json!(v7_id);
+    v7.as_object_mut().unwrap().remove("ts");
+    for c in [&before, &after] {
+        let (s, a, _) = c.post(v7.to_string(), &ua).await;
+        assert_eq!(s, 202, "{a}");
+    }
     let (bare, mut b) = measurement(&env.site);
     b.as_object_mut().unwrap().remove("ts");
     for c in [&before, &after, &after] {
         let (s, a, _) = c.post(b.to_string(), &ua).await;
         assert_eq!(s, 202, "{a}");
     }
-    env.wait_rows(&[id.clone(), bare.clone()], VISIBLE).await;
+    env.wait_rows(&[id.clone(), v7_id.clone(), bare.clone()], VISIBLE)
+        .await;
     let db = &env.db;
     // Every send is stored (the two collectors' batches differ), then the copies fold.
     wait_copies(&env, &id, 2).await;
@@ -246,31 +285,36 @@ async fn a_resend_received_after_midnight_of_a_month_end_folds() {
             "{copies:?}"
         );
     }
-    let final_count =
-        |id: &str| format!("SELECT count() FROM {db}.measurements FINAL WHERE id = '{id}'");
-    assert_eq!(count(&env, &final_count(&id)).await, 1, "the resend folds");
+    assert_eq!(
+        days_of(&env, &id).await,
+        vec![("2026-11-30".to_owned(), 1)],
+        "the resend with ts folds"
+    );
+
+    wait_copies(&env, &v7_id, 2).await;
+    assert_eq!(
+        days_of(&env, &v7_id).await,
+        vec![("2026-11-30".to_owned(), 1)],
+        "without ts, a UUIDv7 id files by its own time: both sends on the page view's day, folded"
+    );
 
     // The second collector's dedup window folds its own resend before it is stored.
     wait_copies(&env, &bare, 2).await;
-    let days = env
-        .query(
-            0,
-            &format!(
-                "SELECT toString(toDate(page_view_at)) AS day, count() AS n FROM {db}.measurements FINAL \
-                 WHERE id = '{bare}' GROUP BY day ORDER BY day"
-            ),
-        )
-        .await;
     assert_eq!(
-        days.iter()
-            .map(|r| (
-                col(r, "day").as_str().unwrap().to_owned(),
-                as_i64(col(r, "n")).unwrap()
-            ))
-            .collect::<Vec<_>>(),
+        days_of(&env, &bare).await,
         vec![("2026-11-30".to_owned(), 1), ("2026-12-01".to_owned(), 1)],
-        "without ts: one row per day of receipt (the documented limit), the same-day resend folded"
+        "without ts and with a UUIDv4 id: one row per day of receipt (the documented limit), the same-day resend folded"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resend_received_after_midnight_of_a_month_end_folds() {
+    resends_across_a_month_end_fold(TestEnv::new(Stack::shared()).await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resend_received_after_midnight_of_a_month_end_folds_on_26() {
+    resends_across_a_month_end_fold(TestEnv::on_ch26(Stack::shared()).await).await;
 }
 
 /// A v1 table (sorted by `id` alone) holding 200,000 rows over four or five months, on both replicas;
