@@ -130,28 +130,32 @@ const ATTRIBUTION: [&str; 14] = [
     "cls_value",
 ];
 
-/// `measurements` as the previous release created it: this release's DDL without the
-/// attribution columns, in `form` (`replicated` or `single`).
+/// `measurements` as the release before the attribution columns created it: this release's
+/// DDL with its column list cut after `os` (v2 of the table; every column after it was added
+/// since, the attribution first), in `form` (`replicated` or `single`).
 fn previous_table(db: &str, form: &str) -> String {
     let ddl = std::fs::read_to_string(root().join("schema/clickhouse/002_measurements.sql"))
         .unwrap()
         .replace("{database}", db);
-    let kept: Vec<&str> = ddl
-        .lines()
-        .filter(|l| {
-            let name = l.split_whitespace().next().unwrap_or("");
-            !ATTRIBUTION.contains(&name)
-        })
-        .collect();
-    assert_eq!(
-        ddl.lines().count() - kept.len(),
-        ATTRIBUTION.len(),
-        "every attribution column is a line of the DDL"
+    let lines: Vec<&str> = ddl.lines().collect();
+    let os = lines
+        .iter()
+        .position(|l| l.trim_start().starts_with("os LowCardinality(String)"))
+        .expect("the DDL declares os");
+    let close = lines[os..]
+        .iter()
+        .position(|l| l.starts_with(')'))
+        .expect("the column list ends")
+        + os;
+    assert!(
+        lines[os + 1].trim_start().starts_with(ATTRIBUTION[0]),
+        "the attribution columns follow os"
     );
-    let mut sql = kept.join("\n").replace(
-        "os LowCardinality(String) DEFAULT '',",
-        "os LowCardinality(String) DEFAULT ''",
-    );
+    let mut kept = lines[..os].to_vec();
+    let last = lines[os].trim_end().trim_end_matches(',');
+    kept.push(last);
+    kept.extend_from_slice(&lines[close..]);
+    let mut sql = kept.join("\n");
     if form == "single" {
         let engine = sql
             .lines()
