@@ -194,6 +194,8 @@ pub(crate) mod tests {
     use std::borrow::Cow;
     use uuid::Uuid;
 
+    // The update makes a column added to the table take its default here, with no edit.
+    #[allow(clippy::needless_update)]
     pub(crate) fn sample(n: u128) -> Measurement<'static> {
         Measurement {
             id: Uuid::from_u128(0x7f1c_2a3e_9b4d_4c6e_8f00_0000_0000_0000 | n),
