@@ -446,7 +446,6 @@ pub(crate) mod tests {
     #[test]
     fn the_layouts_are_the_tables_sections() {
         assert_eq!(LAYOUT, LAYOUT_SECTIONS.last().unwrap().0);
-        assert!(LAYOUT >= 4);
         assert_eq!(layouts::columns_in(2), Some(18));
         assert_eq!(layouts::columns_in(3), Some(23));
         assert_eq!(layouts::columns_in(LAYOUT), Some(COLUMNS.len()));
