@@ -56,7 +56,7 @@ measurement_table! {
         /// Cumulative Layout Shift, unitless, 0 to 100.
         cls: Option<f64> = optional(rules::cls),
         /// Viewport width in CSS pixels, 0 to 100,000.
-        viewport_width: Option<u32> = optional(rules::viewport_width),
+        viewport_width: Option<u32> = optional(rules::css_pixels),
         /// One of `slow-2g`, `2g`, `3g`, `4g` (Network Information API).
         effective_connection_type: Option<Cow<'a, str>> = optional(rules::one_of(CONNECTION_TYPES)),
         /// The request's `User-Agent`, at most [`rules::MAX_USER_AGENT_BYTES`].

@@ -19,7 +19,7 @@ pub const MAX_URL_BYTES: usize = 2048;
 pub const MAX_MS: f64 = 3_600_000.0;
 /// Upper bound of `cls` (contract §2).
 pub const MAX_CLS: f64 = 100.0;
-/// Upper bound of `viewport_width`, CSS pixels (contract §2).
+/// Upper bound of a width in CSS pixels (contract §2).
 pub const MAX_VIEWPORT_WIDTH: i64 = 100_000;
 /// Longest stored attribution selector, in bytes (contract §2 v3); a longer selector is cut at
 /// a character boundary (its start, the element's nearest id or ancestors, still tells where
@@ -48,7 +48,7 @@ pub const NAVIGATION_TYPE_ALIASES: [(&str, &str); 3] = [
 ];
 /// Allowed `inp_type` values (contract §2 v3; web-vitals' `interactionType`).
 pub const INP_TYPES: &[&str] = &["pointer", "keyboard"];
-/// Allowed `effective_connection_type` values (Network Information API, WICG).
+/// The Network Information API's `effectiveType` values (WICG).
 pub const CONNECTION_TYPES: &[&str] = &["slow-2g", "2g", "3g", "4g"];
 
 /// Why a measurement was rejected; the `&'static str` is the error listed in `rejected` and
@@ -227,8 +227,8 @@ fn within(value: Option<&RawValue>, max: f64) -> Field<f64> {
     present(value, number).check(|x| (0.0..=max).contains(x))
 }
 
-/// A viewport width, an integer from 0 to [`MAX_VIEWPORT_WIDTH`].
-pub fn viewport_width(value: Option<&RawValue>) -> Field<u32> {
+/// A width in CSS pixels, an integer from 0 to [`MAX_VIEWPORT_WIDTH`].
+pub fn css_pixels(value: Option<&RawValue>) -> Field<u32> {
     present(value, integer)
         .check(|x| (0..=MAX_VIEWPORT_WIDTH).contains(x))
         .then(|x| u32::try_from(x).ok())
