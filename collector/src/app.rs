@@ -9,7 +9,7 @@ use std::sync::Arc;
 use tokio::sync::watch;
 use tokio_util::task::TaskTracker;
 
-use crate::cli::{failed, RunError};
+use crate::cli::{self, failed, RunError};
 use crate::config::Config;
 use crate::{
     beacon, dedup, endpoints, limits, logging, measurement, metrics, script, server, settings,
@@ -142,8 +142,9 @@ pub async fn run(
     let state = intake_state(&config, site_settings.clone(), spool, &metrics);
     let (stop_writer, shutdown) = watch::channel(false);
     let pruner = tokio::spawn(state.limits.clone().run_pruner(shutdown.clone()));
-    let reloader = tokio::spawn(site_settings.run_reloader(shutdown.clone()));
-    let writer = start_writer(&config, reader, &metrics, shutdown)?;
+    let reloader = tokio::spawn(site_settings.clone().run_reloader(shutdown.clone()));
+    let retention = tokio::spawn(apply_retention(config.clone(), shutdown.clone()));
+    let writer = start_writer(&config, reader, &metrics, site_settings.purged(), shutdown)?;
     tracing::info!(listen = %config.server.listen, replicas = config.clickhouse.urls.len(), "collector: serving");
 
     let connection_limits = server::ConnectionLimits {
@@ -169,6 +170,7 @@ pub async fn run(
     let _ = tokio::task::spawn_blocking(move || writer.join()).await;
     let _ = reloader.await;
     let _ = pruner.await;
+    let _ = retention.await;
     tracing::info!("collector: stopped");
     Ok(())
 }
@@ -227,6 +229,7 @@ fn start_writer(
     config: &Config,
     reader: spool::SpoolReader,
     metrics: &Arc<metrics::Metrics>,
+    purged: watch::Receiver<settings::PurgedSites>,
     shutdown: watch::Receiver<bool>,
 ) -> Result<std::thread::JoinHandle<()>, RunError> {
     let ch = &config.clickhouse;
@@ -247,9 +250,35 @@ fn start_writer(
         batch_limits,
         probing,
         metrics.clone(),
+        purged,
         shutdown,
     )
     .map_err(|e| failed(format!("cannot start the writer thread: {e}")))
+}
+
+/// Applies the retention (`COLLECTOR_RETENTION`, [`cli::retention`]) at start and every
+/// [`cli::retention::EVERY`] until `shutdown` turns true. It only deletes what has expired, so
+/// several collectors doing it is harmless; a server that fails is tried again the next time.
+async fn apply_retention(config: Config, mut shutdown: watch::Receiver<bool>) {
+    loop {
+        let run = cli::retention::run_once(
+            &config,
+            |line| tracing::info!("{line}"),
+            |line| tracing::warn!("{line}"),
+        );
+        // A server that hangs must not hold the drain.
+        let failed = tokio::select! {
+            failed = run => failed,
+            _ = shutdown.wait_for(|stop| *stop) => return,
+        };
+        if !failed.is_empty() {
+            tracing::warn!(servers = %failed.join(", "), "retention: tried again in a day");
+        }
+        tokio::select! {
+            () = tokio::time::sleep(cli::retention::EVERY) => {}
+            _ = shutdown.wait_for(|stop| *stop) => return,
+        }
+    }
 }
 
 /// When the listener closes: `stop` answered, `/readyz` turned 503, and, for a SIGTERM

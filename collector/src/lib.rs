@@ -129,6 +129,7 @@ pub async fn run(cli: Cli) -> i32 {
         Command::Migrate => cli::migrate::run(&config).await,
         Command::Sites { command } => cli::sites::run(&config, command).await,
         Command::Probe => cli::probe::run(&config).await,
+        Command::Retention => cli::retention::run(&config).await,
         Command::Spool { command } => cli::spool::run(&config, command),
     };
     match result {

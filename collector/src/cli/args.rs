@@ -1,7 +1,7 @@
 //! The command tree (contract §1): `serve` (the default), `migrate`, `probe`, `sites …`,
 //! `spool …`; the settings every command shares are [`crate::config::RawArgs`].
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 
 use crate::config::RawArgs;
 
@@ -31,6 +31,9 @@ pub enum Command {
     /// Health check for containers: exits 0 when `GET /readyz` on `COLLECTOR_LISTEN`
     /// answers 200 within 2 s, else 1. Needs no shell tools.
     Probe,
+    /// Delete, once, every row older than `COLLECTOR_RETENTION` on every ClickHouse server, and
+    /// kept-aside records as old (`serve` does the same at start and daily).
+    Retention,
     /// Manage sites in the settings store.
     Sites {
         /// What to do with sites.
@@ -66,15 +69,26 @@ pub enum SitesCommand {
         /// The site key: 1 to 64 characters from `A-Za-z0-9._-`.
         #[arg(long)]
         key: String,
-        /// An allowed `Origin` (scheme://host[:port]); repeat for several. None: any origin.
-        #[arg(long = "origin")]
-        origins: Vec<String>,
         /// Fraction of page views the tracking script reports, 0 to 1.
         #[arg(long, default_value_t = 1.0)]
         sample_rate: f64,
         /// Register the site disabled.
         #[arg(long)]
         disabled: bool,
+        /// The site's lists.
+        #[command(flatten)]
+        lists: SiteLists,
+    },
+    /// Change a site: each option given replaces that setting (a list option, that list).
+    Update {
+        /// The site key.
+        key: String,
+        /// Fraction of page views the tracking script reports, 0 to 1.
+        #[arg(long)]
+        sample_rate: Option<f64>,
+        /// The site's lists.
+        #[command(flatten)]
+        lists: SiteLists,
     },
     /// List sites.
     List,
@@ -88,4 +102,30 @@ pub enum SitesCommand {
         /// The site key.
         key: String,
     },
+    /// Erase a site: disable it, then delete its rows on every replica (and in a table of an
+    /// earlier layout) and its kept-aside records on this host; every collector drops its
+    /// records still in a spool. Exit 1 naming each replica it could not reach: run it again.
+    Purge {
+        /// The site key.
+        key: String,
+    },
+}
+
+/// The list settings of a site; a list not given keeps its value (`update`) or default (`add`).
+#[derive(Debug, Args)]
+pub struct SiteLists {
+    /// An allowed `Origin` (scheme://host[:port]); repeat for several. None: any origin.
+    #[arg(long = "origin")]
+    pub origins: Option<Vec<String>>,
+    /// A query parameter of page URLs to keep: a name, or a prefix ending in `*`; repeat for
+    /// several [default: utm_*]. `--keep-query ''` keeps none.
+    #[arg(long = "keep-query")]
+    pub keep_query: Option<Vec<String>>,
+    /// A page-group rule `NAME=PATTERN` (`*` one path segment, `**` any rest; first match
+    /// wins); repeat for several, in order.
+    #[arg(long = "page-group")]
+    pub page_groups: Option<Vec<String>>,
+    /// A dimension name the page may set (`[a-z0-9_]`, at most 32 bytes); at most 5.
+    #[arg(long = "dimension")]
+    pub dimensions: Option<Vec<String>>,
 }

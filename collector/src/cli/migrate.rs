@@ -6,10 +6,16 @@ use crate::clickhouse::schema::{apply_clickhouse, copy_v1, SchemaError, V1_TABLE
 use crate::config::{Config, TableForm};
 
 /// PostgreSQL schema files, in order.
-pub const POSTGRES: &[(&str, &str)] = &[(
-    "001_sites.sql",
-    include_str!("../../../schema/postgres/001_sites.sql"),
-)];
+pub const POSTGRES: &[(&str, &str)] = &[
+    (
+        "001_sites.sql",
+        include_str!("../../../schema/postgres/001_sites.sql"),
+    ),
+    (
+        "002_sites_v4.sql",
+        include_str!("../../../schema/postgres/002_sites_v4.sql"),
+    ),
+];
 
 /// Bound on applying the schema to one ClickHouse replica (a hung replica must not hold a
 /// deploy).

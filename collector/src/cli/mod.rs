@@ -3,12 +3,14 @@
 pub mod args;
 pub mod migrate;
 pub mod probe;
+pub mod purge;
+pub mod retention;
 pub mod sites;
 pub mod spool;
 
 use std::sync::Arc;
 
-pub use args::{Cli, Command, SitesCommand, SpoolCommand};
+pub use args::{Cli, Command, SiteLists, SitesCommand, SpoolCommand};
 
 use crate::config::Config;
 use crate::{metrics, settings};

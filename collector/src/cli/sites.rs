@@ -1,10 +1,10 @@
-//! `collector sites add|list|enable|disable`: the `sites` table, through the settings store.
+//! `collector sites add|update|list|enable|disable|purge`: the `sites` table, through the
+//! settings store.
 
-use super::SitesCommand;
-use super::{cli_store, failed, RunError};
+use super::{cli_store, failed, RunError, SiteLists, SitesCommand};
 use crate::beacon;
 use crate::config::Config;
-use crate::settings;
+use crate::settings::{self, Site};
 
 /// Runs one `sites` subcommand.
 pub async fn run(config: &Config, command: SitesCommand) -> Result<(), RunError> {
@@ -12,58 +12,131 @@ pub async fn run(config: &Config, command: SitesCommand) -> Result<(), RunError>
     match command {
         SitesCommand::Add {
             key,
-            origins,
             sample_rate,
             disabled,
+            lists,
         } => {
-            if !beacon::is_site_key(&key) {
-                return Err(RunError::Usage(format!(
-                    "--key {key:?}: must be 1 to 64 characters from A-Za-z0-9._-"
-                )));
-            }
-            if !(0.0..=1.0).contains(&sample_rate) {
-                return Err(RunError::Usage(format!(
-                    "--sample-rate {sample_rate}: must be between 0 and 1"
-                )));
-            }
-            let mut allowed = Vec::new();
-            for o in &origins {
-                allowed.push(settings::normalise_origin(o).ok_or_else(|| {
-                    RunError::Usage(format!("--origin {o:?}: not an http(s) origin"))
-                })?);
-            }
-            let site = settings::Site {
-                key,
-                allowed_origins: allowed,
-                sample_rate,
+            check_key(&key)?;
+            let mut site = Site {
+                sample_rate: check_rate(sample_rate)?,
                 enabled: !disabled,
+                ..Site::new(key)
             };
+            apply_lists(&mut site, lists)?;
             store.upsert(&site).await.map_err(failed)?;
             println!("site {} saved", site.key);
         }
+        SitesCommand::Update {
+            key,
+            sample_rate,
+            lists,
+        } => {
+            check_key(&key)?;
+            let mut site = store
+                .fetch(&key)
+                .await
+                .map_err(failed)?
+                .ok_or_else(|| RunError::Failed(format!("no site {key:?}")))?;
+            if let Some(rate) = sample_rate {
+                site.sample_rate = check_rate(rate)?;
+            }
+            apply_lists(&mut site, lists)?;
+            store.upsert(&site).await.map_err(failed)?;
+            println!("site {} updated", site.key);
+        }
         SitesCommand::List => {
             for s in store.fetch_all().await.map_err(failed)? {
-                let origins = if s.allowed_origins.is_empty() {
-                    "*".to_owned()
-                } else {
-                    s.allowed_origins.join(",")
-                };
-                println!(
-                    "{}\t{}\tsample_rate={}\torigins={}",
-                    s.key,
-                    if s.enabled { "enabled" } else { "disabled" },
-                    s.sample_rate,
-                    origins
-                );
+                println!("{}", describe(&s));
             }
-        }
-        SitesCommand::Disable { key } | SitesCommand::Enable { key }
-            if !beacon::is_site_key(&key) =>
-        {
-            return Err(RunError::Usage(format!("{key:?}: not a site key")));
         }
         SitesCommand::Disable { key } => set_enabled(&store, &key, false).await?,
         SitesCommand::Enable { key } => set_enabled(&store, &key, true).await?,
+        SitesCommand::Purge { key } => {
+            check_key(&key)?;
+            super::purge::run(config, &store, &key).await?;
+        }
+    }
+    Ok(())
+}
+
+/// One line of `sites list`.
+fn describe(s: &Site) -> String {
+    let list = |l: &[String], empty: &str| {
+        if l.is_empty() {
+            empty.to_owned()
+        } else {
+            l.join(",")
+        }
+    };
+    format!(
+        "{}\t{}\tsample_rate={}\torigins={}\tkeep_query={}\tpage_groups={}\tdimensions={}",
+        s.key,
+        if s.purged {
+            "purged"
+        } else if s.enabled {
+            "enabled"
+        } else {
+            "disabled"
+        },
+        s.sample_rate,
+        list(&s.allowed_origins, "*"),
+        list(&s.keep_query, "(none)"),
+        list(&s.page_groups, "(none)"),
+        list(&s.dimensions, "(none)"),
+    )
+}
+
+fn check_key(key: &str) -> Result<(), RunError> {
+    if beacon::is_site_key(key) {
+        Ok(())
+    } else {
+        Err(RunError::Usage(format!(
+            "{key:?}: a site key is 1 to 64 characters from A-Za-z0-9._-"
+        )))
+    }
+}
+
+fn check_rate(rate: f64) -> Result<f64, RunError> {
+    if (0.0..=1.0).contains(&rate) {
+        Ok(rate)
+    } else {
+        Err(RunError::Usage(format!(
+            "--sample-rate {rate}: must be between 0 and 1"
+        )))
+    }
+}
+
+/// Replaces each list of `site` that `lists` gives, every value checked (exit 2 naming the
+/// first bad one).
+fn apply_lists(site: &mut Site, lists: SiteLists) -> Result<(), RunError> {
+    let usage =
+        |flag: &str, value: &str, e: String| RunError::Usage(format!("--{flag} {value:?}: {e}"));
+    if let Some(origins) = lists.origins {
+        site.allowed_origins = origins
+            .iter()
+            .map(|o| {
+                settings::normalise_origin(o)
+                    .ok_or_else(|| usage("origin", o, "not an http(s) origin".into()))
+            })
+            .collect::<Result<_, _>>()?;
+    }
+    if let Some(keep) = lists.keep_query {
+        let keep: Vec<String> = keep.into_iter().filter(|k| !k.is_empty()).collect();
+        for k in &keep {
+            settings::check_keep_query(k).map_err(|e| usage("keep-query", k, e))?;
+        }
+        site.keep_query = keep;
+    }
+    if let Some(groups) = lists.page_groups {
+        for g in &groups {
+            settings::check_page_group(g).map_err(|e| usage("page-group", g, e))?;
+        }
+        site.page_groups = groups;
+    }
+    if let Some(dimensions) = lists.dimensions {
+        settings::check_dimensions(&dimensions)
+            .map_err(|e| usage("dimension", &dimensions.join(","), e))?;
+        site.dimensions = dimensions;
     }
     Ok(())
 }
@@ -73,6 +146,7 @@ async fn set_enabled(
     key: &str,
     enabled: bool,
 ) -> Result<(), RunError> {
+    check_key(key)?;
     if store.set_enabled(key, enabled).await.map_err(failed)? {
         println!(
             "site {key} {}",

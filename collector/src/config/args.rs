@@ -42,6 +42,9 @@ pub const DEFAULT_BATCH_MAX_AGE: &str = "800ms";
 pub const DEFAULT_DEDUP_WINDOW: &str = "10m";
 /// How many ids the dedup window holds at most (about 150 bytes each).
 pub const DEFAULT_DEDUP_CAPACITY: &str = "100000";
+/// How long a row is kept, from its page view (contract v4 §1): 13 months, so that a shop
+/// compares this year's peak with last year's.
+pub const DEFAULT_RETENTION: &str = "395d";
 /// Intake requests per second per site and client address (bursts of twice); 0 turns it off.
 /// Off by default (contract v2 §1): behind a shop's proxy, a NAT or a carrier's CGNAT many
 /// visitors share one address.
@@ -136,6 +139,10 @@ pub struct RawArgs {
     /// Time to send complete request headers; also the keep-alive idle timeout.
     #[arg(long, env = "COLLECTOR_HEADER_TIMEOUT", default_value = DEFAULT_HEADER_TIMEOUT, global = true)]
     pub header_timeout: String,
+    /// How long a row is kept, counted from its page view; older rows are deleted by `serve`
+    /// (at start and daily) and by `collector retention`.
+    #[arg(long, env = "COLLECTOR_RETENTION", default_value = DEFAULT_RETENTION, global = true)]
+    pub retention: String,
     /// Time to send a complete request body.
     #[arg(long, env = "COLLECTOR_BODY_TIMEOUT", default_value = DEFAULT_BODY_TIMEOUT, global = true)]
     pub body_timeout: String,

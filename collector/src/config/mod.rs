@@ -143,6 +143,8 @@ pub struct ClickHouseConfig {
     pub batch_max_bytes: usize,
     /// Batch flush threshold in age of its oldest measurement (≥ 1 ms).
     pub batch_max_age: Duration,
+    /// How long a row is kept, from its `page_view_at` (1 day to 100 years).
+    pub retention: Duration,
 }
 
 /// The spool.
@@ -295,6 +297,7 @@ impl ClickHouseConfig {
                 &raw.batch_max_age,
                 Duration::from_millis(1),
             ),
+            retention: p.long_duration("RETENTION", &raw.retention, Duration::from_secs(86_400)),
         }
     }
 }

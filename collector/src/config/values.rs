@@ -46,6 +46,19 @@ impl Problems {
         Duration::from_secs(1)
     }
 
+    /// A humantime duration counted in days or more (`395d`, `2years`): at least `min`, at
+    /// most 100 years.
+    pub fn long_duration(&mut self, name: &str, value: &str, min: Duration) -> Duration {
+        const MAX: Duration = Duration::from_secs(100 * 365 * 86_400);
+        match humantime::parse_duration(value.trim()) {
+            Ok(d) if d > MAX => self.report(name, value, "must be at most 100 years"),
+            Ok(d) if d < min => self.report(name, value, format!("must be at least {min:?}")),
+            Ok(d) => return d,
+            Err(e) => self.report(name, value, format!("not a duration like 395d: {e}")),
+        }
+        MAX
+    }
+
     /// A whole number above 0.
     pub fn positive(&mut self, name: &str, value: &str) -> u64 {
         match value.trim().parse::<u64>() {

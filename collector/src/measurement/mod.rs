@@ -164,6 +164,26 @@ pub fn row_bounds(bytes: &[u8]) -> Result<Vec<usize>, RowDecodeError> {
     Ok(bounds)
 }
 
+/// The site of one RowBinary row of the current layout (its first bytes: the `id`, then the
+/// `site` string), without decoding the rest; `None` when the bytes do not start so.
+pub fn site_of(row: &[u8]) -> Option<&str> {
+    let mut input = row.get(16..)?;
+    let (mut len, mut shift) = (0usize, 0);
+    loop {
+        let (&b, rest) = input.split_first()?;
+        input = rest;
+        len |= usize::from(b & 0x7f) << shift;
+        if b & 0x80 == 0 {
+            break;
+        }
+        shift += 7;
+        if shift > 63 {
+            return None;
+        }
+    }
+    std::str::from_utf8(input.get(..len)?).ok()
+}
+
 /// A kept-aside file's body for rows (RowBinary, current layout) ClickHouse refused with
 /// `reason`: `{"reason": …, "measurements": [rows as JSON]}`, the table's column format, ready
 /// for `INSERT … FORMAT JSONEachRow` once the cause is fixed; and how many rows it holds. Rows
@@ -441,6 +461,18 @@ pub(crate) mod tests {
         let mut input = &full[..];
         Measurement::decode_prefix(&mut input, layouts::columns_in(layout).unwrap()).unwrap();
         full[..full.len() - input.len()].to_vec()
+    }
+
+    #[test]
+    fn the_site_of_a_row_is_read_from_its_first_columns() {
+        assert_eq!(&COLUMNS[..2], ["id", "site"], "site_of reads these two");
+        let mut m = sample(1);
+        m.site = "s".repeat(200).into();
+        let mut row = Vec::new();
+        m.encode(&mut row);
+        assert_eq!(site_of(&row), Some(&*m.site));
+        assert_eq!(site_of(&row[..20]), None);
+        assert_eq!(site_of(&row[..10]), None);
     }
 
     #[test]

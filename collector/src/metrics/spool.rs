@@ -30,6 +30,9 @@ pub struct SpoolMetrics {
     pub kept_aside: Counter,
     /// `collector_spool_kept_aside_rows_total`: measurements in those files (dead-letter).
     pub kept_aside_rows: Counter,
+    /// `collector_spool_purged_rows_total`: measurements of erased sites (`collector sites
+    /// purge`) dropped from the spool instead of inserted.
+    pub purged_rows: Counter,
     /// `collector_spool_max_bytes`: the spool's bound (`COLLECTOR_SPOOL_MAX_BYTES`), so that
     /// `collector_spool_bytes / collector_spool_max_bytes` is how full it is.
     pub max_bytes: Gauge<i64, AtomicI64>,
@@ -60,6 +63,7 @@ impl SpoolMetrics {
             damaged_bytes: Counter::default(),
             kept_aside: Counter::default(),
             kept_aside_rows: Counter::default(),
+            purged_rows: Counter::default(),
             max_bytes: Gauge::default(),
             disk_full: Gauge::default(),
             // 100 µs to 13 s: beyond the 5 s a request waits for its sync.
@@ -96,6 +100,11 @@ impl SpoolMetrics {
             "collector_spool_kept_aside_rows",
             "Measurements kept aside (dead-letter) because ClickHouse refused them as bad data",
             m.kept_aside_rows.clone(),
+        );
+        r.register(
+            "collector_spool_purged_rows",
+            "Measurements of erased sites dropped from the spool instead of inserted",
+            m.purged_rows.clone(),
         );
         r.register(
             "collector_spool_max_bytes",

@@ -90,9 +90,45 @@ pub struct Site {
     pub sample_rate: f64,
     /// Disabled sites are answered 403.
     pub enabled: bool,
+    /// The query parameters of a page URL the site keeps (contract v4 §2): names, or prefixes
+    /// ending in `*`; every other parameter is dropped before anything is stored.
+    #[serde(default = "default_keep_query")]
+    pub keep_query: Vec<String>,
+    /// Page-group rules, in order, each `NAME=PATTERN` (contract v4 §1).
+    #[serde(default)]
+    pub page_groups: Vec<String>,
+    /// The dimension names the site declared (contract v4 §2), at most 5.
+    #[serde(default)]
+    pub dimensions: Vec<String>,
+    /// Erased (`collector sites purge`): its records still in a spool are dropped, never
+    /// inserted.
+    #[serde(default)]
+    pub purged: bool,
+}
+
+/// The query parameters a site keeps unless it says otherwise: the campaign tags.
+pub const DEFAULT_KEEP_QUERY: &str = "utm_*";
+
+fn default_keep_query() -> Vec<String> {
+    vec![DEFAULT_KEEP_QUERY.to_owned()]
 }
 
 impl Site {
+    /// A site of `key` with the defaults: any origin, every page view sent, enabled, the
+    /// default query parameters kept, no page groups or dimensions.
+    pub fn new(key: impl Into<String>) -> Site {
+        Site {
+            key: key.into(),
+            allowed_origins: Vec::new(),
+            sample_rate: 1.0,
+            enabled: true,
+            keep_query: default_keep_query(),
+            page_groups: Vec::new(),
+            dimensions: Vec::new(),
+            purged: false,
+        }
+    }
+
     /// Whether a request with this `Origin` header may send beacons for the site: a request
     /// without `Origin` is judged by the site key alone (contract §2).
     pub fn allows_origin(&self, origin: Option<&str>) -> bool {
@@ -122,6 +158,59 @@ pub fn normalise_origin(s: &str) -> Option<String> {
         && url.username().is_empty()
         && url.password().is_none();
     bare.then(|| url.origin().ascii_serialization())
+}
+
+/// Most dimension names a site declares (contract v4 §2).
+pub const MAX_DIMENSIONS: usize = 5;
+/// Longest dimension name, in bytes (contract v4 §2).
+pub const MAX_DIMENSION_NAME_BYTES: usize = 32;
+
+/// A `--keep-query` value: a query parameter name, or a prefix ending in `*` (1 to 64 bytes,
+/// no `&`, `=`, `#` or white space).
+pub fn check_keep_query(value: &str) -> Result<(), String> {
+    let name = value.strip_suffix('*').unwrap_or(value);
+    let ok = (1..=64).contains(&value.len())
+        && !name.contains('*')
+        && !value
+            .chars()
+            .any(|c| matches!(c, '&' | '=' | '#') || c.is_whitespace() || c.is_control());
+    ok.then_some(())
+        .ok_or_else(|| "a parameter name, or a prefix ending in *, of 1 to 64 bytes".into())
+}
+
+/// A `--page-group` value: `NAME=PATTERN`, the name 1 to 64 characters from
+/// `A-Za-z0-9._-`, the pattern a path starting with `/`.
+pub fn check_page_group(value: &str) -> Result<(), String> {
+    let (name, pattern) = value
+        .split_once('=')
+        .ok_or_else(|| "must be NAME=PATTERN".to_owned())?;
+    if !crate::measurement::rules::is_site_key(name) {
+        return Err("the name must be 1 to 64 characters from A-Za-z0-9._-".into());
+    }
+    if !pattern.starts_with('/') || pattern.chars().any(|c| c.is_whitespace() || c == '?') {
+        return Err("the pattern must be a path starting with / (no query)".into());
+    }
+    Ok(())
+}
+
+/// The `--dimension` names of a site: at most [`MAX_DIMENSIONS`], each 1 to
+/// [`MAX_DIMENSION_NAME_BYTES`] bytes of `[a-z0-9_]`, none twice.
+pub fn check_dimensions(names: &[String]) -> Result<(), String> {
+    if names.len() > MAX_DIMENSIONS {
+        return Err(format!("at most {MAX_DIMENSIONS} dimensions"));
+    }
+    for (i, n) in names.iter().enumerate() {
+        let ok = (1..=MAX_DIMENSION_NAME_BYTES).contains(&n.len())
+            && n.bytes()
+                .all(|b| matches!(b, b'a'..=b'z' | b'0'..=b'9' | b'_'));
+        if !ok {
+            return Err(format!("{n:?}: a name is 1 to 32 bytes of a-z, 0-9 and _"));
+        }
+        if names[..i].contains(n) {
+            return Err(format!("{n:?} given twice"));
+        }
+    }
+    Ok(())
 }
 
 /// The answer to a settings lookup.
@@ -187,7 +276,13 @@ struct Inner {
     snapshot: Option<PathBuf>,
     loaded: AtomicBool,
     metrics: Arc<Metrics>,
+    /// The keys of the erased sites as of the last full load (see [`SiteSettings::purged`]).
+    purged: watch::Sender<PurgedSites>,
 }
+
+/// The keys of the sites erased by `collector sites purge`, whose records still in a spool
+/// are dropped instead of inserted.
+pub type PurgedSites = Arc<std::collections::BTreeSet<String>>;
 
 impl SiteSettings {
     /// A cache over `store`; entries are fresh for `ttl`. Full loads are written to `snapshot`.
@@ -216,8 +311,16 @@ impl SiteSettings {
                 snapshot,
                 loaded: AtomicBool::new(false),
                 metrics,
+                purged: watch::channel(PurgedSites::default()).0,
             }),
         }
+    }
+
+    /// The erased sites, as of the last full load (from the store or the snapshot): a watch
+    /// the writer holds, so that it drops their records instead of inserting them (within one
+    /// `COLLECTOR_SETTINGS_TTL` of the purge).
+    pub fn purged(&self) -> watch::Receiver<PurgedSites> {
+        self.inner.purged.subscribe()
     }
 
     /// Whether settings have been loaded once (from the store or the snapshot): until then
@@ -288,6 +391,18 @@ impl SiteSettings {
 
     /// Caches `sites` as loaded at `loaded`.
     async fn put(&self, sites: &[Site], loaded: Instant) {
+        let purged: PurgedSites = Arc::new(
+            sites
+                .iter()
+                .filter(|s| s.purged)
+                .map(|s| s.key.clone())
+                .collect(),
+        );
+        self.inner.purged.send_if_modified(|now| {
+            let changed = *now != purged;
+            *now = purged;
+            changed
+        });
         for site in sites {
             let entry = Entry {
                 site: Some(Arc::new(site.clone())),
@@ -399,10 +514,8 @@ mod tests {
     #[test]
     fn origins() {
         let site = Site {
-            key: "s".into(),
             allowed_origins: vec!["https://shop.example".into()],
-            sample_rate: 1.0,
-            enabled: true,
+            ..Site::new("s")
         };
         assert!(site.allows_origin(None));
         assert!(site.allows_origin(Some("https://shop.example")));

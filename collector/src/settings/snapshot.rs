@@ -71,10 +71,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = path(dir.path());
         let sites = vec![Site {
-            key: "a".into(),
             allowed_origins: vec!["https://a.example".into()],
             sample_rate: 0.5,
             enabled: false,
+            keep_query: vec!["utm_*".into(), "q".into()],
+            page_groups: vec!["product=/p/*".into()],
+            dimensions: vec!["variant".into()],
+            ..Site::new("a")
         }];
         write(&p, &sites).unwrap();
         let (back, at) = read(&p).unwrap();

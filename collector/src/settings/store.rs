@@ -162,15 +162,29 @@ pub struct SettingsStore {
     metrics: Arc<Metrics>,
 }
 
-const SITE_COLUMNS: &str = "key, allowed_origins, sample_rate, enabled";
+/// A `sites` row as one JSON object (`to_jsonb(sites)`), so that a column added by a later
+/// schema file reads as its default while `migrate` has not run yet (a rolling upgrade), and a
+/// column a later release adds is ignored by this one.
+const SITE_JSON: &str = "to_jsonb(sites)::text";
 
-fn site_from_row(row: &tokio_postgres::Row) -> Site {
-    Site {
-        key: row.get(0),
-        allowed_origins: row.get(1),
-        sample_rate: row.get(2),
-        enabled: row.get(3),
-    }
+/// A `sites` row as JSON: the columns, `purged_at` as whether it is set.
+#[derive(serde::Deserialize)]
+struct SiteRow {
+    #[serde(flatten)]
+    site: Site,
+    #[serde(default)]
+    purged_at: Option<serde_json::Value>,
+}
+
+/// The site of one `sites` row read as [`SITE_JSON`]. Errors name the row's problem (a row
+/// the table's own constraints let through always reads).
+fn site_from_json(text: &str) -> Result<Site, StoreError> {
+    let row: SiteRow = serde_json::from_str(text)
+        .map_err(|e| StoreError::Failed(format!("a sites row that does not read: {e}")))?;
+    Ok(Site {
+        purged: row.purged_at.is_some_and(|v| !v.is_null()),
+        ..row.site
+    })
 }
 
 /// A PostgreSQL error as a log needs it: the message and, from the server, its SQLSTATE
@@ -533,28 +547,32 @@ impl SettingsStore {
 
     /// One site by key; `Ok(None)` when it does not exist.
     pub async fn fetch(&self, key: &str) -> Result<Option<Site>, StoreError> {
-        let sql = format!("SELECT {SITE_COLUMNS} FROM sites WHERE key = $1");
+        let sql = format!("SELECT {SITE_JSON} FROM sites WHERE key = $1");
         // Owned: the call's future may only borrow its connection.
         let key = key.to_owned();
-        self.call(|c| {
-            Box::pin(async move {
-                let rows = c.query_typed(&sql, &[(&key, Type::TEXT)]).await?;
-                Ok(rows.first().map(site_from_row))
+        let row: Option<String> = self
+            .call(|c| {
+                Box::pin(async move {
+                    let rows = c.query_typed(&sql, &[(&key, Type::TEXT)]).await?;
+                    rows.first().map(|r| r.try_get(0)).transpose()
+                })
             })
-        })
-        .await
+            .await?;
+        row.as_deref().map(site_from_json).transpose()
     }
 
     /// Every site, ordered by key.
     pub async fn fetch_all(&self) -> Result<Vec<Site>, StoreError> {
-        let sql = format!("SELECT {SITE_COLUMNS} FROM sites ORDER BY key");
-        self.call(|c| {
-            Box::pin(async move {
-                let rows = c.query_typed(&sql, &[]).await?;
-                Ok(rows.iter().map(site_from_row).collect())
+        let sql = format!("SELECT {SITE_JSON} FROM sites ORDER BY key");
+        let rows: Vec<String> = self
+            .call(|c| {
+                Box::pin(async move {
+                    let rows = c.query_typed(&sql, &[]).await?;
+                    rows.iter().map(|r| r.try_get(0)).collect()
+                })
             })
-        })
-        .await
+            .await?;
+        rows.iter().map(|r| site_from_json(r)).collect()
     }
 
     /// Inserts or updates a site.
@@ -562,20 +580,50 @@ impl SettingsStore {
         let site = site.clone();
         self.call(|c| {
             Box::pin(async move {
-                let params: [(&(dyn ToSql + Sync), Type); 4] = [
+                let params: [(&(dyn ToSql + Sync), Type); 7] = [
                     (&site.key, Type::TEXT),
                     (&site.allowed_origins, Type::TEXT_ARRAY),
                     (&site.sample_rate, Type::FLOAT8),
                     (&site.enabled, Type::BOOL),
+                    (&site.keep_query, Type::TEXT_ARRAY),
+                    (&site.page_groups, Type::TEXT_ARRAY),
+                    (&site.dimensions, Type::TEXT_ARRAY),
                 ];
+                // A site saved again is no longer erased: `purged_at` is cleared.
                 c.query_typed(
-                    "INSERT INTO sites (key, allowed_origins, sample_rate, enabled) VALUES ($1, $2, $3, $4)
+                    "INSERT INTO sites (key, allowed_origins, sample_rate, enabled, keep_query, page_groups, dimensions)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7)
                      ON CONFLICT (key) DO UPDATE SET allowed_origins = EXCLUDED.allowed_origins,
-                       sample_rate = EXCLUDED.sample_rate, enabled = EXCLUDED.enabled, updated_at = now()",
+                       sample_rate = EXCLUDED.sample_rate, enabled = EXCLUDED.enabled,
+                       keep_query = EXCLUDED.keep_query, page_groups = EXCLUDED.page_groups,
+                       dimensions = EXCLUDED.dimensions, purged_at = NULL, updated_at = now()",
                     &params,
                 )
                 .await
                 .map(|_| ())
+            })
+        })
+        .await
+    }
+
+    /// Marks a site erased: disabled, and `purged_at` set if it was not (every collector then
+    /// drops its records still in a spool). How long ago it was first marked; `Ok(None)` when
+    /// there is no such site.
+    pub async fn mark_purged(&self, key: &str) -> Result<Option<Duration>, StoreError> {
+        let key = key.to_owned();
+        self.call(|c| {
+            Box::pin(async move {
+                let rows = c
+                    .query_typed(
+                        "UPDATE sites SET enabled = false, purged_at = COALESCE(purged_at, now()), updated_at = now() \
+                         WHERE key = $1 RETURNING extract(epoch FROM now() - purged_at)::float8",
+                        &[(&key, Type::TEXT)],
+                    )
+                    .await?;
+                rows.first()
+                    .map(|r| r.try_get::<_, f64>(0))
+                    .transpose()
+                    .map(|age| age.map(|a| Duration::from_secs_f64(a.max(0.0))))
             })
         })
         .await

@@ -435,6 +435,26 @@ impl Drop for AppenderHandle {
     }
 }
 
+/// Deletes the files of `dir/kept-aside/` last modified more than `older_than` ago (the
+/// retention of what ClickHouse refused); how many. A missing folder is nothing to do.
+pub fn expire_kept_aside(dir: &Path, older_than: Duration) -> io::Result<usize> {
+    let entries = match fs::read_dir(dir.join("kept-aside")) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(e),
+    };
+    let mut deleted = 0;
+    for entry in entries {
+        let entry = entry?;
+        let age = entry.metadata()?.modified()?.elapsed().unwrap_or_default();
+        if age > older_than {
+            fs::remove_file(entry.path())?;
+            deleted += 1;
+        }
+    }
+    Ok(deleted)
+}
+
 /// The numbers of the segment files in `dir/segments`, in order.
 fn segment_numbers(dir: &Path) -> io::Result<Vec<u64>> {
     let mut numbers: Vec<u64> = fs::read_dir(dir.join("segments"))?

@@ -24,12 +24,14 @@ use rand::Rng;
 use tokio::sync::watch;
 
 pub mod probe;
+mod purge;
 mod refused;
 pub mod replicas;
 
 use crate::clickhouse::errors::InsertError;
 use crate::clickhouse::insert::InsertBody;
 use crate::metrics::Metrics;
+use crate::settings::PurgedSites;
 use crate::spool::{Frame, Position, SpoolReader};
 pub use replicas::Replicas;
 
@@ -72,17 +74,27 @@ pub struct Batch {
     pub rows: u64,
     /// Spooled bytes it covers.
     pub bytes: u64,
+    /// Rows of erased sites dropped from it ([`purge`]); 0 for a batch sent whole.
+    pub purged: u64,
 }
 
 impl Batch {
     /// The batch's `insert_deduplication_token`: `<spool identity>-<start>-<end>`, equal for
     /// every retry of this batch (after a restart too, see [`crate::spool`]'s in-flight
     /// record) and never equal for two different batches, of this spool or any other.
+    ///
+    /// A batch whose rows of erased sites were dropped ends in `-p<rows dropped>`: its rows are
+    /// not those of the whole range, so it must never be folded with (nor its pieces with the
+    /// pieces of) an earlier attempt that sent the range whole.
     pub fn dedup_token(&self) -> String {
-        format!(
+        let token = format!(
             "{}-{}-{}-{}-{}",
             self.spool, self.start.segment, self.start.offset, self.end.segment, self.end.offset
-        )
+        );
+        match self.purged {
+            0 => token,
+            n => format!("{token}-p{n}"),
+        }
     }
 
     /// The whole batch as one INSERT.
@@ -118,6 +130,7 @@ pub fn spawn(
     limits: BatchLimits,
     probing: probe::Options,
     metrics: Arc<Metrics>,
+    purged: watch::Receiver<PurgedSites>,
     shutdown: watch::Receiver<bool>,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -134,7 +147,7 @@ pub fn spawn(
                 // insert waiting on it and fails the batch over.
                 let (stop_prober, prober_stop) = watch::channel(false);
                 let prober = tokio::spawn(probe::run(replicas.clone(), probing, prober_stop));
-                run(reader, replicas, limits, metrics, shutdown).await;
+                run(reader, replicas, limits, metrics, purged, shutdown).await;
                 let _ = stop_prober.send(true);
                 let _ = prober.await;
             });
@@ -148,6 +161,7 @@ pub async fn run(
     replicas: Replicas,
     limits: BatchLimits,
     metrics: Arc<Metrics>,
+    purged: watch::Receiver<PurgedSites>,
     shutdown: watch::Receiver<bool>,
 ) {
     let spool: Arc<str> = reader.identity().into();
@@ -155,14 +169,21 @@ pub async fn run(
         reader,
         replicas,
         metrics,
+        purged,
         shutdown,
         draining_since: None,
     };
     let mut frames = Vec::new();
     loop {
-        let Some(batch) = writer.next_batch(&spool, &mut frames, limits).await else {
+        let Some(mut batch) = writer.next_batch(&spool, &mut frames, limits).await else {
             return;
         };
+        writer.drop_purged(&mut batch);
+        if batch.rows == 0 {
+            // Every row was of an erased site: nothing to insert.
+            writer.reader.confirm(batch.end, batch.purged, batch.bytes);
+            continue;
+        }
         writer.reader.record_in_flight(batch.start, batch.end);
         // When the drain began: set once, here or by `drain_deadline` when shutdown is asked
         // for (a batch begun before it must give up too, not retry forever), and never moved
@@ -176,7 +197,9 @@ pub async fn run(
             Err(Failure::Abandoned) => Err(Abandoned),
         };
         match delivered {
-            Ok(()) => writer.reader.confirm(batch.end, batch.rows, batch.bytes),
+            Ok(()) => writer
+                .reader
+                .confirm(batch.end, batch.rows + batch.purged, batch.bytes),
             Err(Abandoned) => {
                 tracing::warn!(
                     rows = batch.rows,
@@ -204,6 +227,8 @@ struct Writer {
     reader: SpoolReader,
     replicas: Replicas,
     metrics: Arc<Metrics>,
+    /// The erased sites, whose rows are dropped instead of inserted.
+    purged: watch::Receiver<PurgedSites>,
     shutdown: watch::Receiver<bool>,
     /// When the drain began, as seen by the current batch.
     draining_since: Option<Instant>,
@@ -300,6 +325,7 @@ impl Writer {
                     body: body.freeze(),
                     rows,
                     bytes,
+                    purged: 0,
                 });
             }
             let wait = deadline.map_or(Duration::from_secs(1), |d| {
@@ -343,6 +369,7 @@ mod tests {
             body: Bytes::new(),
             rows: 0,
             bytes: 0,
+            purged: 0,
         };
         let (a, b) = ("a".repeat(32), "b".repeat(32));
         assert_eq!(batch(&a, 100).dedup_token(), batch(&a, 100).dedup_token());

@@ -102,12 +102,7 @@ impl SiteSource for Sites {
 
 /// An enabled site that allows any origin and samples every page view.
 pub fn site(key: &str) -> Site {
-    Site {
-        key: key.into(),
-        allowed_origins: vec![],
-        sample_rate: 1.0,
-        enabled: true,
-    }
+    Site::new(key)
 }
 
 /// A collector running in this process.

@@ -1,0 +1,204 @@
+//! Rows that must go (contract v4 §3): a site's rows on request ([`delete_site`]), and rows
+//! older than the retention ([`expire`]). Used by `collector sites purge`, `collector
+//! retention` and `serve`'s daily retention run, on one server each call.
+//!
+//! - **Deleting a site** is a mutation (`ALTER TABLE … DELETE WHERE site = …`, ClickHouse 1.1
+//!   and later, so 18.16 and 26.x alike), waited for until `system.mutations` has none left
+//!   undone for the table. On a replicated table the mutation reaches the other replicas
+//!   through ZooKeeper; it is sent to every reachable replica anyway, so that a replica that
+//!   was down gets it when the command runs again.
+//! - **Retention** drops whole monthly partitions (`toYYYYMM(page_view_at)`) whose every row
+//!   is older than the retention: ClickHouse 18.16 has no table TTL. Where the server has one
+//!   (19.6 and later) the table also gets `TTL page_view_at + INTERVAL N DAY`, so rows of a
+//!   partly expired month go at their merge. A row therefore outlives the retention by at most
+//!   a month on 18.16 and by at most the merge delay on current releases.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// The tables that hold rows: this layout's and a v1 table moved aside by `migrate`.
+pub const TABLES: [&str; 2] = ["measurements", super::schema::V1_TABLE];
+/// How long one site deletion may take on one server before the command gives up (it can
+/// be run again; ClickHouse goes on with the mutation meanwhile).
+pub const MUTATION_TIMEOUT: Duration = Duration::from_secs(600);
+/// How often the mutation's progress is read.
+const MUTATION_POLL: Duration = Duration::from_millis(500);
+
+/// The tables of [`TABLES`] that exist on the server in `database`.
+pub async fn existing_tables(
+    client: &clickhouse::Client,
+    database: &str,
+) -> Result<Vec<&'static str>, String> {
+    let names: Vec<String> = client
+        .query("SELECT name FROM system.tables WHERE database = ?")
+        .bind(database)
+        .fetch_all()
+        .await
+        .map_err(|e| crate::logging::chain(&e))?;
+    Ok(TABLES
+        .into_iter()
+        .filter(|t| names.iter().any(|n| n == t))
+        .collect())
+}
+
+/// Deletes every row of `site` from `database.table` and waits until the server has no
+/// mutation of the table left undone (at most [`MUTATION_TIMEOUT`]). `site` is a site key
+/// (`A-Za-z0-9._-`), bound as a parameter. Errors: the server's answer, or the timeout.
+pub async fn delete_site(
+    client: &clickhouse::Client,
+    database: &str,
+    table: &str,
+    site: &str,
+) -> Result<(), String> {
+    client
+        .query(&format!(
+            "ALTER TABLE {database}.{table} DELETE WHERE site = ?"
+        ))
+        .bind(site)
+        .execute()
+        .await
+        .map_err(|e| crate::logging::chain(&e))?;
+    let deadline = tokio::time::Instant::now() + MUTATION_TIMEOUT;
+    loop {
+        let undone: u64 = client
+            .query(
+                "SELECT count() FROM system.mutations WHERE database = ? AND table = ? AND is_done = 0",
+            )
+            .bind(database)
+            .bind(table)
+            .fetch_one()
+            .await
+            .map_err(|e| crate::logging::chain(&e))?;
+        if undone == 0 {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(format!(
+                "the deletion is not done after {MUTATION_TIMEOUT:?} ({undone} mutations of {table} pending); ClickHouse goes on with it, run the command again to wait for it"
+            ));
+        }
+        tokio::time::sleep(MUTATION_POLL).await;
+    }
+}
+
+/// What [`expire`] did on one table.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Expired {
+    /// Monthly partitions dropped (`YYYYMM`).
+    pub partitions: Vec<String>,
+    /// Whether the table's TTL was set (servers that have table TTLs).
+    pub ttl_set: bool,
+}
+
+/// Drops the monthly partitions of `database.table` whose every row is older than `retention`
+/// (the month ended before now minus `retention`), and, on a server that has table TTLs, sets
+/// `TTL page_view_at + INTERVAL <days> DAY` on `measurements` (see the module doc).
+pub async fn expire(
+    client: &clickhouse::Client,
+    database: &str,
+    table: &str,
+    retention: Duration,
+    now_unix: u64,
+) -> Result<Expired, String> {
+    let chain = |e: clickhouse::error::Error| crate::logging::chain(&e);
+    #[derive(Deserialize, clickhouse::Row)]
+    struct Part {
+        partition: String,
+    }
+    let parts: Vec<Part> = client
+        .query(
+            "SELECT DISTINCT toString(partition) AS partition FROM system.parts \
+             WHERE database = ? AND table = ? AND active",
+        )
+        .bind(database)
+        .bind(table)
+        .fetch_all()
+        .await
+        .map_err(chain)?;
+    let oldest_kept = oldest_kept_month(now_unix, retention);
+    let mut done = Expired::default();
+    for Part { partition } in parts {
+        let month = partition.trim_matches('\'');
+        let Ok(yyyymm) = month.parse::<u32>() else {
+            continue;
+        };
+        if yyyymm < oldest_kept {
+            client
+                .query(&format!(
+                    "ALTER TABLE {database}.{table} DROP PARTITION {yyyymm}"
+                ))
+                .execute()
+                .await
+                .map_err(chain)?;
+            done.partitions.push(yyyymm.to_string());
+        }
+    }
+    if table == "measurements" && has_table_ttl(client).await.map_err(chain)? {
+        let days = retention.as_secs().div_ceil(86_400);
+        client
+            .query(&format!(
+                "ALTER TABLE {database}.{table} MODIFY TTL page_view_at + INTERVAL {days} DAY"
+            ))
+            .execute()
+            .await
+            .map_err(chain)?;
+        done.ttl_set = true;
+    }
+    Ok(done)
+}
+
+/// The earliest month (`YYYYMM`) that still holds a row younger than `retention` at
+/// `now_unix`: the month of `now - retention`. Months before it end before the retention's
+/// edge and are dropped whole.
+pub fn oldest_kept_month(now_unix: u64, retention: Duration) -> u32 {
+    let edge = now_unix.saturating_sub(retention.as_secs()) as i64;
+    let (y, m, _) = civil_from_days(edge.div_euclid(86_400));
+    (y as u32) * 100 + m
+}
+
+/// Whether the server has table TTLs (ClickHouse 19.6 and later).
+async fn has_table_ttl(client: &clickhouse::Client) -> Result<bool, clickhouse::error::Error> {
+    let version: String = client.query("SELECT version()").fetch_one().await?;
+    let mut parts = version.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    Ok((major, minor) >= (19, 6))
+}
+
+/// Year, month and day of days since the Unix epoch (H. Hinnant, "chrono-Compatible Low-Level
+/// Date Algorithms", `civil_from_days`).
+fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_oldest_kept_month_is_that_of_the_retentions_edge() {
+        const DAY: u64 = 86_400;
+        // 2026-12-03T12:00:00Z
+        let now = 1_796_299_200;
+        assert_eq!(civil_from_days(now as i64 / DAY as i64), (2026, 12, 3));
+        assert_eq!(oldest_kept_month(now, Duration::from_secs(2 * DAY)), 202612);
+        assert_eq!(oldest_kept_month(now, Duration::from_secs(3 * DAY)), 202611);
+        assert_eq!(
+            oldest_kept_month(now, Duration::from_secs(395 * DAY)),
+            202511
+        );
+        assert_eq!(
+            oldest_kept_month(now, Duration::from_secs(365 * 100 * DAY)),
+            197001,
+            "before the epoch: nothing is dropped"
+        );
+    }
+}
