@@ -12,7 +12,7 @@ use tokio_util::task::TaskTracker;
 use crate::cli::{self, failed, RunError};
 use crate::config::Config;
 use crate::{
-    beacon, dedup, endpoints, limits, logging, measurement, metrics, script, server, settings,
+    beacon, dedup, endpoints, geo, limits, logging, measurement, metrics, script, server, settings,
     spool, state, useragent, writer,
 };
 
@@ -138,12 +138,24 @@ pub async fn run(
         metrics.clone(),
     )
     .map_err(failed)?;
+    let countries = match &config.intake.geo_db {
+        Some(path) => geo::Countries::open(path)
+            .map_err(|e| RunError::Usage(format!("COLLECTOR_GEO_DB={:?}: {e}", path.display())))?,
+        None => geo::Countries::none(),
+    };
     let site_settings = load_site_settings(&config, sites, &metrics).await;
-    let state = intake_state(&config, site_settings.clone(), spool, &metrics);
+    let state = intake_state(
+        &config,
+        site_settings.clone(),
+        spool,
+        countries.clone(),
+        &metrics,
+    );
     let (stop_writer, shutdown) = watch::channel(false);
     let pruner = tokio::spawn(state.limits.clone().run_pruner(shutdown.clone()));
     let reloader = tokio::spawn(site_settings.clone().run_reloader(shutdown.clone()));
     let retention = tokio::spawn(apply_retention(config.clone(), shutdown.clone()));
+    let geo_reloader = tokio::spawn(countries.run_reloader(shutdown.clone()));
     let writer = start_writer(&config, reader, &metrics, site_settings.purged(), shutdown)?;
     tracing::info!(listen = %config.server.listen, replicas = config.clickhouse.urls.len(), "collector: serving");
 
@@ -171,6 +183,7 @@ pub async fn run(
     let _ = reloader.await;
     let _ = pruner.await;
     let _ = retention.await;
+    let _ = geo_reloader.await;
     tracing::info!("collector: stopped");
     Ok(())
 }
@@ -201,6 +214,7 @@ fn intake_state(
     config: &Config,
     site_settings: settings::SiteSettings,
     spool: spool::Spool,
+    countries: geo::Countries,
     metrics: &Arc<metrics::Metrics>,
 ) -> state::AppState {
     let intake = &config.intake;
@@ -217,6 +231,8 @@ fn intake_state(
         metrics: metrics.clone(),
         limits: limits::Limits::new(intake.client_rate, intake.site_rate, intake.max_in_flight),
         trusted_proxies: intake.trusted_proxies.clone(),
+        client_ip_header: intake.client_ip_header,
+        countries,
         body_timeout: config.server.body_timeout,
         draining: Default::default(),
         requests: TaskTracker::new(),

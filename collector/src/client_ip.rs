@@ -1,10 +1,13 @@
-//! The client's address, for per-client rate limiting only (it is never stored).
+//! The client's address, for the per-client rate and the country only (it is never stored).
 //!
-//! Forwarding headers are believed only when the connecting peer is a trusted proxy
-//! (`COLLECTOR_TRUSTED_PROXIES`). Then the chain of addresses from `Forwarded` (RFC 7239; its
-//! `for=` parameters, all header lines in order) or, without it, `X-Forwarded-For` (the de
-//! facto comma list) is walked from the right, past every trusted hop; the first address that
-//! is not trusted is the client. A hop that cannot be parsed (`unknown`, an obfuscated
+//! A forwarding header is believed only when the connecting peer is a trusted proxy
+//! (`COLLECTOR_TRUSTED_PROXIES`), and only the one header `COLLECTOR_CLIENT_IP_HEADER` names
+//! (contract v4): `X-Forwarded-For` (the de facto comma list, what HAProxy, Caddy and nginx
+//! write) or `Forwarded` (RFC 7239; its `for=` parameters). The other is never read: proxies
+//! pass a header they do not write through from the client unchanged, so reading it would let
+//! a client choose its address. The chain of addresses (all header lines in order) is walked
+//! from the right, past every trusted hop; the first address that is not trusted is the
+//! client. A hop that cannot be parsed (`unknown`, an obfuscated
 //! `_identifier`, garbage, empty) ends the walk: nothing left of it can be believed, so the
 //! last address known good is used. Addresses are compared in canonical form (an
 //! IPv4-mapped IPv6 address is its IPv4 address). A trusted peer that sends neither header
@@ -15,44 +18,70 @@ use std::net::{IpAddr, SocketAddr};
 use axum::http::HeaderMap;
 use ipnet::IpNet;
 
+/// The header a trusted proxy names the client in (`COLLECTOR_CLIENT_IP_HEADER`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ClientIpHeader {
+    /// `X-Forwarded-For`: the default.
+    #[default]
+    XForwardedFor,
+    /// `Forwarded` (RFC 7239).
+    Forwarded,
+}
+
+impl ClientIpHeader {
+    /// Parses a header name, case-insensitively: `X-Forwarded-For` or `Forwarded`.
+    pub fn parse(name: &str) -> Result<ClientIpHeader, String> {
+        match name.trim().to_ascii_lowercase().as_str() {
+            "x-forwarded-for" => Ok(ClientIpHeader::XForwardedFor),
+            "forwarded" => Ok(ClientIpHeader::Forwarded),
+            _ => Err("must be X-Forwarded-For or Forwarded".into()),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            ClientIpHeader::XForwardedFor => "x-forwarded-for",
+            ClientIpHeader::Forwarded => "forwarded",
+        }
+    }
+}
+
 /// Whether `ip` is in one of `trusted`.
 fn is_trusted(ip: IpAddr, trusted: &[IpNet]) -> bool {
     trusted.iter().any(|net| net.contains(&ip))
 }
 
-/// The client address of a request from `peer` with `headers`.
-pub fn client_ip(peer: IpAddr, headers: &HeaderMap, trusted: &[IpNet]) -> IpAddr {
+/// The client address of a request from `peer` with `headers`, believing only `header` and
+/// only from a trusted peer.
+pub fn client_ip(
+    peer: IpAddr,
+    headers: &HeaderMap,
+    trusted: &[IpNet],
+    header: ClientIpHeader,
+) -> IpAddr {
     let peer = peer.to_canonical();
     if trusted.is_empty() || !is_trusted(peer, trusted) {
         return peer;
     }
-    if !headers.contains_key("forwarded") && !headers.contains_key("x-forwarded-for") {
+    if !headers.contains_key(header.name()) {
         // Every client of that proxy now shares its address (and its rate bucket): say why.
         crate::logging::warn_limited("trusted_proxy_without_forwarding", || {
             tracing::warn!(
-                %peer,
-                "a trusted proxy (COLLECTOR_TRUSTED_PROXIES) sent neither Forwarded nor \
-                 X-Forwarded-For: its clients share its address for the per-client rate"
+                header = header.name(),
+                "a trusted proxy (COLLECTOR_TRUSTED_PROXIES) sent no COLLECTOR_CLIENT_IP_HEADER: \
+                 its clients share its address for the per-client rate and have no country"
             )
         });
         return peer;
     }
-    let chain: Vec<Option<IpAddr>> = if headers.contains_key("forwarded") {
-        headers
-            .get_all("forwarded")
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .map(forwarded_for)
-            .collect()
-    } else {
-        headers
-            .get_all("x-forwarded-for")
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .map(parse_node)
-            .collect()
+    let lines = headers
+        .get_all(header.name())
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','));
+    let chain: Vec<Option<IpAddr>> = match header {
+        ClientIpHeader::Forwarded => lines.map(forwarded_for).collect(),
+        ClientIpHeader::XForwardedFor => lines.map(parse_node).collect(),
     };
     let mut client = peer;
     for hop in chain.into_iter().rev() {
@@ -109,6 +138,9 @@ pub fn parse_node(node: &str) -> Option<IpAddr> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const XFF: ClientIpHeader = ClientIpHeader::XForwardedFor;
+    const FWD: ClientIpHeader = ClientIpHeader::Forwarded;
     use axum::http::HeaderValue;
 
     fn nets(s: &[&str]) -> Vec<IpNet> {
@@ -157,11 +189,11 @@ mod tests {
     fn untrusted_peer_headers_are_ignored() {
         let h = headers(&[("x-forwarded-for", "203.0.113.9")]);
         assert_eq!(
-            client_ip(ip("198.51.100.7"), &h, &nets(&["10.0.0.0/8"])),
+            client_ip(ip("198.51.100.7"), &h, &nets(&["10.0.0.0/8"]), XFF),
             ip("198.51.100.7")
         );
         assert_eq!(
-            client_ip(ip("10.0.0.1"), &h, &[]),
+            client_ip(ip("10.0.0.1"), &h, &[], XFF),
             ip("10.0.0.1"),
             "no trusted proxies: peer"
         );
@@ -172,19 +204,22 @@ mod tests {
         let trusted = nets(&["10.0.0.0/8", "127.0.0.1/32"]);
         // A client-supplied spoof on the left is not reached.
         let h = headers(&[("x-forwarded-for", "1.1.1.1, 203.0.113.9, 10.0.0.2")]);
-        assert_eq!(client_ip(ip("127.0.0.1"), &h, &trusted), ip("203.0.113.9"));
+        assert_eq!(
+            client_ip(ip("127.0.0.1"), &h, &trusted, XFF),
+            ip("203.0.113.9")
+        );
         let h = headers(&[
             ("x-forwarded-for", "1.1.1.1"),
             ("x-forwarded-for", "203.0.113.9"),
         ]);
         assert_eq!(
-            client_ip(ip("10.0.0.3"), &h, &trusted),
+            client_ip(ip("10.0.0.3"), &h, &trusted, XFF),
             ip("203.0.113.9"),
             "several header lines"
         );
         let h = headers(&[("x-forwarded-for", "10.0.0.5, 10.0.0.2")]);
         assert_eq!(
-            client_ip(ip("10.0.0.3"), &h, &trusted),
+            client_ip(ip("10.0.0.3"), &h, &trusted, XFF),
             ip("10.0.0.5"),
             "all trusted: leftmost"
         );
@@ -198,7 +233,7 @@ mod tests {
             "for=192.0.2.60;proto=http;by=203.0.113.43, For=\"[2001:db8:cafe::17]:4711\"",
         )]);
         assert_eq!(
-            client_ip(ip("10.1.1.1"), &h, &trusted),
+            client_ip(ip("10.1.1.1"), &h, &trusted, FWD),
             ip("2001:db8:cafe::17")
         );
         let h = headers(&[
@@ -206,9 +241,14 @@ mod tests {
             ("x-forwarded-for", "198.51.100.1"),
         ]);
         assert_eq!(
-            client_ip(ip("10.1.1.1"), &h, &trusted),
+            client_ip(ip("10.1.1.1"), &h, &trusted, XFF),
+            ip("198.51.100.1"),
+            "only the named header is read: a Forwarded the proxy passed through is not"
+        );
+        assert_eq!(
+            client_ip(ip("10.1.1.1"), &h, &trusted, FWD),
             ip("192.0.2.60"),
-            "Forwarded wins"
+            "and the other way round"
         );
     }
 
@@ -216,11 +256,11 @@ mod tests {
     fn garbage_ends_the_walk() {
         let trusted = nets(&["10.0.0.0/8"]);
         let h = headers(&[("x-forwarded-for", "203.0.113.9, unknown, 10.0.0.2")]);
-        assert_eq!(client_ip(ip("10.0.0.3"), &h, &trusted), ip("10.0.0.2"));
+        assert_eq!(client_ip(ip("10.0.0.3"), &h, &trusted, XFF), ip("10.0.0.2"));
         let h = headers(&[("forwarded", "for=unknown")]);
-        assert_eq!(client_ip(ip("10.0.0.3"), &h, &trusted), ip("10.0.0.3"));
+        assert_eq!(client_ip(ip("10.0.0.3"), &h, &trusted, FWD), ip("10.0.0.3"));
         let h = headers(&[("x-forwarded-for", "")]);
-        assert_eq!(client_ip(ip("10.0.0.3"), &h, &trusted), ip("10.0.0.3"));
+        assert_eq!(client_ip(ip("10.0.0.3"), &h, &trusted, XFF), ip("10.0.0.3"));
     }
 
     #[test]
@@ -228,7 +268,7 @@ mod tests {
         let trusted = nets(&["127.0.0.0/8"]);
         let h = headers(&[("x-forwarded-for", "203.0.113.9")]);
         assert_eq!(
-            client_ip(ip("::ffff:127.0.0.1"), &h, &trusted),
+            client_ip(ip("::ffff:127.0.0.1"), &h, &trusted, XFF),
             ip("203.0.113.9")
         );
     }

@@ -21,9 +21,9 @@
 //! - [`endpoints`]: the routes ([`endpoints::router`]) and one handler per file, each reading
 //!   the shared [`state`]; [`error`]: the intake's errors and their statuses.
 //! - [`beacon`]: a request body's media type, coding and JSON, object by object;
-//!   [`client_ip`]: the client's address behind trusted proxies; [`useragent`]: device, browser
-//!   and OS from the `User-Agent`; [`limits`]: the in-flight bound and the site and client
-//!   rates.
+//!   [`client_ip`]: the client's address behind trusted proxies; [`geo`]: its country, and then
+//!   the address is forgotten; [`useragent`]: device, browser and OS from the `User-Agent`;
+//!   [`limits`]: the in-flight bound and the site and client rates.
 //! - [`measurement`]: the row: its fields declared once (the field table), their rules, the
 //!   page view's filing time, its one encoding (RowBinary) and its layouts.
 //! - [`settings`]: the `sites` store and the cache intake reads through.
@@ -97,6 +97,7 @@ pub mod config;
 pub mod dedup;
 pub mod endpoints;
 pub mod error;
+pub mod geo;
 pub mod limits;
 pub mod logging;
 pub mod measurement;

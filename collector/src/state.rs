@@ -37,8 +37,12 @@ pub struct Inner {
     pub metrics: Arc<Metrics>,
     /// Rate limits and the in-flight bound.
     pub limits: Limits,
-    /// Peers whose forwarding headers are believed.
+    /// Peers whose forwarding header is believed.
     pub trusted_proxies: Vec<IpNet>,
+    /// The one header those peers name the client in.
+    pub client_ip_header: crate::client_ip::ClientIpHeader,
+    /// The country database (none: `country` empty).
+    pub countries: crate::geo::Countries,
     /// Bound on receiving a request body.
     pub body_timeout: Duration,
     /// Set once drain begins.

@@ -36,7 +36,8 @@ CREATE TABLE IF NOT EXISTS {database}.measurements
     inp_presentation_delay_ms Nullable(Float64),
     inp_script_url Nullable(String),
     cls_time_ms Nullable(Float64),
-    cls_value Nullable(Float64)
+    cls_value Nullable(Float64),
+    country LowCardinality(String) DEFAULT ''
 )
 ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/{database}/measurements_v2', '{replica}')
 PARTITION BY toYYYYMM(page_view_at)

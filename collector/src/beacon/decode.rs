@@ -244,7 +244,8 @@ mod tests {
                 "device_type",
                 "browser",
                 "browser_version",
-                "os"
+                "os",
+                "country"
             ]
         );
     }

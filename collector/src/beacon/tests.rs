@@ -21,6 +21,7 @@ fn ctx() -> Context<'static> {
         received_at_ms: NOW,
         user_agent: "UA/1.0",
         agent: &AGENT,
+        country: "DE",
     }
 }
 
@@ -113,7 +114,8 @@ fn attribution_is_kept_bounded_and_normalised() {
     );
     assert_eq!(
         m.inp_script_url.as_deref(),
-        Some("https://shop.example/app.js?v=1")
+        Some("https://shop.example/app.js"),
+        "a resource URL keeps no query (contract v4)"
     );
     assert_eq!((m.cls_time_ms, m.cls_value), (Some(1500.5), Some(0.25)));
 }

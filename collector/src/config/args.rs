@@ -42,6 +42,9 @@ pub const DEFAULT_BATCH_MAX_AGE: &str = "800ms";
 pub const DEFAULT_DEDUP_WINDOW: &str = "10m";
 /// How many ids the dedup window holds at most (about 150 bytes each).
 pub const DEFAULT_DEDUP_CAPACITY: &str = "100000";
+/// The header a trusted proxy names the client in (contract v4 §1): what HAProxy, Caddy and
+/// nginx write.
+pub const DEFAULT_CLIENT_IP_HEADER: &str = "X-Forwarded-For";
 /// How long a row is kept, from its page view (contract v4 §1): 13 months, so that a shop
 /// compares this year's peak with last year's.
 pub const DEFAULT_RETENTION: &str = "395d";
@@ -139,6 +142,14 @@ pub struct RawArgs {
     /// Time to send complete request headers; also the keep-alive idle timeout.
     #[arg(long, env = "COLLECTOR_HEADER_TIMEOUT", default_value = DEFAULT_HEADER_TIMEOUT, global = true)]
     pub header_timeout: String,
+    /// The one header that carries the client address from a trusted proxy: `X-Forwarded-For`
+    /// or `Forwarded`; the other is never read.
+    #[arg(long, env = "COLLECTOR_CLIENT_IP_HEADER", default_value = DEFAULT_CLIENT_IP_HEADER, global = true)]
+    pub client_ip_header: String,
+    /// A MaxMind DB file mapping addresses to countries (GeoLite2-Country, DB-IP, or the
+    /// ip-location-db packages' layout); read again when replaced. Empty: no country.
+    #[arg(long, env = "COLLECTOR_GEO_DB", default_value = "", global = true)]
+    pub geo_db: String,
     /// How long a row is kept, counted from its page view; older rows are deleted by `serve`
     /// (at start and daily) and by `collector retention`.
     #[arg(long, env = "COLLECTOR_RETENTION", default_value = DEFAULT_RETENTION, global = true)]

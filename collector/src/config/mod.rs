@@ -101,8 +101,12 @@ pub struct ServerConfig {
 /// What intake takes in.
 #[derive(Debug, Clone)]
 pub struct IntakeConfig {
-    /// Peers whose forwarding headers are believed.
+    /// Peers whose forwarding header is believed.
     pub trusted_proxies: Vec<IpNet>,
+    /// The one header those peers name the client in.
+    pub client_ip_header: crate::client_ip::ClientIpHeader,
+    /// The country database, if any.
+    pub geo_db: Option<PathBuf>,
     /// Intake requests per second per site and client address (0: off).
     pub client_rate: u32,
     /// Measurements per second per site (0: off).
@@ -212,10 +216,21 @@ impl ServerConfig {
 impl IntakeConfig {
     fn read(raw: &RawArgs, p: &mut Problems) -> IntakeConfig {
         let proxies = values::cidrs(&raw.trusted_proxies);
+        let header = &raw.client_ip_header;
         IntakeConfig {
             trusted_proxies: p
                 .check("TRUSTED_PROXIES", &raw.trusted_proxies, proxies)
                 .unwrap_or_default(),
+            client_ip_header: p
+                .check(
+                    "CLIENT_IP_HEADER",
+                    header,
+                    crate::client_ip::ClientIpHeader::parse(header),
+                )
+                .unwrap_or_default(),
+            geo_db: Some(raw.geo_db.trim())
+                .filter(|p| !p.is_empty())
+                .map(PathBuf::from),
             client_rate: p.rate("CLIENT_RATE", &raw.client_rate),
             site_rate: p.rate("SITE_RATE", &raw.site_rate),
             max_in_flight: p.positive("MAX_IN_FLIGHT", &raw.max_in_flight) as usize,

@@ -192,9 +192,22 @@ async fn accept(
     // Every measurement of the request borrows the one stored form of its user agent.
     let user_agent = beacon::user_agent(headers.get(header::USER_AGENT).map(HeaderValue::as_bytes));
     let agent = state.user_agents.get(&user_agent);
-    let valid = validate(&text, &user_agent, &agent, &mut report)?;
+    // The client's address serves the rates and the country, and goes no further.
+    let client = client_ip(
+        peer,
+        headers,
+        &state.trusted_proxies,
+        state.client_ip_header,
+    );
+    let country = state.countries.country(client);
+    let found = Found {
+        user_agent: &user_agent,
+        agent: &agent,
+        country: &country,
+    };
+    let valid = validate(&text, &found, &mut report)?;
     let valid = judge_sites(state, headers, valid, &mut report).await?;
-    check_rates(state, peer, headers, &valid)?;
+    check_rates(state, client, &valid)?;
     let (to_store, guards) = claim(state, valid, &mut report).await;
     append(state, &to_store).await?;
     for guard in guards {
@@ -346,13 +359,22 @@ fn decode(raw: &[u8], encoding: Encoding) -> Result<Cow<'_, str>, IntakeError> {
     })
 }
 
+/// What a request says of its sender, besides its body: each of its measurements gets it.
+struct Found<'a> {
+    /// The user agent as stored.
+    user_agent: &'a str,
+    /// What it says.
+    agent: &'a Agent,
+    /// The client's country, or empty.
+    country: &'a str,
+}
+
 /// Validate: parses the text into items (broken syntax, an empty body or array, or more than
 /// [`beacon::MAX_BATCH`] items: 400) and validates each; the rejected ones go to the report.
 /// With none valid: 400 listing every rejection.
 fn validate<'a>(
     text: &'a str,
-    user_agent: &'a str,
-    agent: &'a Agent,
+    found: &Found<'a>,
     report: &mut Accepted,
 ) -> Result<Vec<(usize, Valid<'a>)>, IntakeError> {
     let items = beacon::parse(text)?;
@@ -360,8 +382,9 @@ fn validate<'a>(
         received_at_ms: SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as i64),
-        user_agent,
-        agent,
+        user_agent: found.user_agent,
+        agent: found.agent,
+        country: found.country,
     };
     let mut valid = Vec::with_capacity(items.len());
     for (index, item) in items.into_iter().enumerate() {
@@ -378,8 +401,10 @@ fn validate<'a>(
 }
 
 /// Site settings and origin: measurements of unknown or disabled sites are rejected, and each
-/// kept measurement gets its site's `sample_rate` ([`lookup_sites`] refuses the whole request
-/// first if it must). With nothing left: 403 listing every rejection.
+/// kept measurement gets its site's `sample_rate` and is minimised as its site keeps URLs
+/// ([`Measurement::minimise`], contract v4 §2; before anything reaches disk);
+/// [`lookup_sites`] refuses the whole request first if it must. With nothing left: 403
+/// listing every rejection.
 async fn judge_sites<'a>(
     state: &AppState,
     headers: &HeaderMap,
@@ -393,6 +418,8 @@ async fn judge_sites<'a>(
         match &sites[&*v.measurement.site] {
             Some(site) => {
                 v.measurement.sample_rate = site.sample_rate;
+                v.measurement
+                    .minimise(&site.keep_query, &site.allowed_origins);
                 kept.push((index, v));
             }
             None => report.rejected.push(Rejected {
@@ -448,18 +475,14 @@ async fn lookup_sites(
 /// request per site for this client. Over either: 429.
 fn check_rates(
     state: &AppState,
-    peer: IpAddr,
-    headers: &HeaderMap,
+    client: IpAddr,
     valid: &[(usize, Valid<'_>)],
 ) -> Result<(), IntakeError> {
     let mut per_site: HashMap<&str, u32> = HashMap::new();
     for (_, v) in valid {
         *per_site.entry(&*v.measurement.site).or_default() += 1;
     }
-    let client = state
-        .limits
-        .client_rate_on()
-        .then(|| client_ip(peer, headers, &state.trusted_proxies));
+    let client = state.limits.client_rate_on().then_some(client);
     for (site, n) in per_site {
         if let Some(client) = client {
             state

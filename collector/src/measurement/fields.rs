@@ -31,12 +31,14 @@ measurement_table! {
         /// Server time of acceptance, seconds since the Unix epoch (ClickHouse
         /// `DateTime('UTC')`).
         received_at: DateTime = derived(DateTime::from_ms(ctx.received_at_ms)),
-        /// Page URL, WHATWG-normalised, without fragment or credentials, at most 2048 bytes.
+        /// Page URL, WHATWG-normalised, without fragment or credentials, at most 2048 bytes;
+        /// minimised by intake as its site keeps it ([`super::minimise`]) before it is stored.
         url: Cow<'a, str> = required(rules::url),
         /// Client time in milliseconds since the Unix epoch; `None` when absent, invalid or
         /// skewed (more than 5 minutes ahead of or 7 days behind `received_at`).
         ts: Option<i64> = optional(rules::client_time(ctx.received_at_ms)),
-        /// Referrer, normalised as `url` is, at most 2048 bytes.
+        /// Referrer, normalised as `url` is, at most 2048 bytes; minimised by intake: its origin
+        /// from another site, as `url` from the same site ([`super::minimise`]).
         referrer: Option<Cow<'a, str>> = optional(rules::url),
         /// One of `navigate`, `reload`, `back_forward`, `back_forward_cache`, `prerender`,
         /// `restore`, `soft_navigation`.
@@ -100,9 +102,9 @@ measurement_table! {
         /// A CSS selector of the largest layout shift's source.
         #[serde(default)]
         cls_target: Option<Cow<'a, str>> = optional(rules::selector),
-        /// The LCP element's resource, normalised as `url` is.
+        /// The LCP element's resource: scheme, host, port and masked path (contract v4 §2).
         #[serde(default)]
-        lcp_url: Option<Cow<'a, str>> = optional(rules::url),
+        lcp_url: Option<Cow<'a, str>> = optional(rules::resource_url),
         /// LCP part: from TTFB to the LCP resource's request start, milliseconds, 0 to `lcp_ms`.
         #[serde(default)]
         lcp_resource_load_delay_ms: Option<f64> = optional(rules::part_of(&lcp_ms, MAX_MS)),
@@ -124,16 +126,24 @@ measurement_table! {
         /// INP phase: presentation delay, milliseconds, 0 to `inp_ms`.
         #[serde(default)]
         inp_presentation_delay_ms: Option<f64> = optional(rules::part_of(&inp_ms, MAX_MS)),
-        /// The script that ran longest in the slowest interaction's long animation frames,
-        /// normalised as `url` is.
+        /// The script that ran longest in the slowest interaction's long animation frames:
+        /// scheme, host, port and masked path (contract v4 §2).
         #[serde(default)]
-        inp_script_url: Option<Cow<'a, str>> = optional(rules::url),
+        inp_script_url: Option<Cow<'a, str>> = optional(rules::resource_url),
         /// Start time of the largest layout shift, milliseconds, 0 to 3,600,000.
         #[serde(default)]
         cls_time_ms: Option<f64> = optional(rules::ms),
         /// Value of the largest layout shift, 0 to `cls`.
         #[serde(default)]
         cls_value: Option<f64> = optional(rules::part_of(&cls, MAX_CLS)),
+    }
+
+    layout 5 {
+        /// The client's country (contract v4): ISO 3166-1 alpha-2 from `COLLECTOR_GEO_DB`;
+        /// empty without a database, for an address it does not list, and for private and
+        /// loopback addresses. The address itself is never stored.
+        #[serde(default)]
+        country: Label<'a> = derived(Label(Cow::Borrowed(ctx.country))),
     }
 }
 

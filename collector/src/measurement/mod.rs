@@ -36,6 +36,7 @@ mod column;
 pub mod fields;
 pub mod filing;
 pub mod layouts;
+pub mod minimise;
 pub mod rules;
 
 pub use column::{Column, DateTime, IntoOwned, Label, RowDecodeError};
@@ -343,6 +344,7 @@ pub(crate) mod tests {
             inp_script_url: Option<String>,
             cls_time_ms: Option<f64>,
             cls_value: Option<f64>,
+            country: String,
         }
         let text = |s: &Option<Cow<'_, str>>| s.as_deref().map(str::to_owned);
         let crate_row = |m: &Measurement<'_>| Crate {
@@ -383,6 +385,7 @@ pub(crate) mod tests {
             inp_script_url: text(&m.inp_script_url),
             cls_time_ms: m.cls_time_ms,
             cls_value: m.cls_value,
+            country: m.country.to_string(),
         };
         let rows: Vec<_> = (0..3).map(sample).collect();
         assert_eq!(

@@ -64,6 +64,8 @@ pub struct Context<'a> {
     pub user_agent: &'a str,
     /// What the user agent says ([`crate::useragent`]).
     pub agent: &'a crate::useragent::Agent,
+    /// The client's country, ISO 3166-1 alpha-2, or empty ([`crate::geo`]).
+    pub country: &'a str,
 }
 
 /// One field's value after its rule.
@@ -195,6 +197,15 @@ pub fn is_site_key(s: &str) -> bool {
 /// A URL field (`url`, `referrer`, the resource URLs), normalised ([`normalise_url`]).
 pub fn url(value: Option<&RawValue>) -> Field<Cow<'_, str>> {
     text(value).then(|u| normalise_url(&u).map(Cow::Owned))
+}
+
+/// A resource URL (`lcp_url`, `inp_script_url`): normalised, then scheme, host, port and
+/// masked path only ([`super::minimise::resource_url`], contract v4 §2).
+pub fn resource_url(value: Option<&RawValue>) -> Field<Cow<'_, str>> {
+    text(value).then(|u| {
+        let normalised = normalise_url(&u)?;
+        super::minimise::resource_url(&normalised).map(Cow::Owned)
+    })
 }
 
 /// A `ts`: an integer, milliseconds since the Unix epoch; withheld (stored as NULL, counted)

@@ -40,7 +40,7 @@ pub fn write(path: &Path, sites: &[Site]) -> io::Result<()> {
         sites: sites.to_vec(),
     })?;
     let tmp = path.with_extension("json.tmp");
-    let mut f = File::create(&tmp)?;
+    let mut f = crate::spool::files::create_private(&tmp)?;
     f.write_all(&body)?;
     f.sync_all()?;
     fs::rename(&tmp, path)?;

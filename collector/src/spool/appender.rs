@@ -314,10 +314,12 @@ impl Appender {
 
 fn create_segment(dir: &Path, n: u64) -> io::Result<File> {
     let path = segment_path(dir, n);
+    use std::os::unix::fs::OpenOptionsExt;
     let mut f = OpenOptions::new()
         .create_new(true)
         .read(true)
         .write(true)
+        .mode(super::files::FILE_MODE)
         .open(&path)?;
     // A segment that was made but could not be written is removed, so that the next attempt
     // can make it again.

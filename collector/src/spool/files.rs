@@ -80,12 +80,46 @@ fn folder_id(dir: &Path) -> io::Result<String> {
     Ok(format!("{}:{}", m.dev(), m.ino()))
 }
 
+/// Permissions of every file of a spool folder: the collector's user alone reads and writes
+/// them (contract v4 §5: they hold what visitors sent).
+pub const FILE_MODE: u32 = 0o600;
+/// Permissions of the spool folder and its folders.
+pub const DIR_MODE: u32 = 0o700;
+
+/// Creates (or truncates) `path` for writing, readable by the collector's user alone.
+pub fn create_private(path: &Path) -> io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(FILE_MODE)
+        .open(path)
+}
+
+/// Makes the spool folder `dir` and its sub-folders private ([`DIR_MODE`], files
+/// [`FILE_MODE`]): what an earlier release made with the process's umask (usually 0755 and
+/// 0644) is narrowed at open.
+pub fn make_private(dir: &Path) -> io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    for folder in [dir.to_owned(), dir.join("segments"), dir.join("kept-aside")] {
+        fs::set_permissions(&folder, fs::Permissions::from_mode(DIR_MODE))?;
+        for entry in fs::read_dir(&folder)? {
+            let entry = entry?;
+            if entry.file_type()?.is_file() {
+                fs::set_permissions(entry.path(), fs::Permissions::from_mode(FILE_MODE))?;
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Stores `id` and the folder it belongs to durably in [`IDENTITY_FILE`].
 fn store_identity(dir: &Path, id: &str, folder: &str) -> io::Result<()> {
     let path = dir.join(IDENTITY_FILE);
     (|| {
         let tmp = dir.join("IDENTITY.tmp");
-        let mut f = File::create(&tmp)?;
+        let mut f = create_private(&tmp)?;
         f.write_all(format!("{id}\n{folder}\n").as_bytes())?;
         f.sync_all()?;
         fs::rename(&tmp, &path)?;
@@ -152,11 +186,13 @@ impl SlotFile {
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 let tmp = dir.join(format!("{name}.tmp"));
                 let made = (|| {
+                    use std::os::unix::fs::OpenOptionsExt;
                     let mut file = OpenOptions::new()
                         .read(true)
                         .write(true)
                         .create(true)
                         .truncate(true)
+                        .mode(FILE_MODE)
                         .open(&tmp)?;
                     // Written bytes, not a sparse hole: a rewrite must find its blocks there.
                     let mut data = vec![b' '; 2 * SLOT_BYTES];

@@ -561,19 +561,35 @@ pub fn open(
     Ok((Spool { shared, appender }, reader))
 }
 
-/// Makes the folder's layout and takes its lock: one collector per folder.
+/// Makes the folder's layout and takes its lock: one collector per folder. The folder and
+/// everything in it are private to the collector's user (see [`files::make_private`]).
 fn lock_folder(dir: &Path) -> Result<File, OpenError> {
     let err = |e| OpenError::Io(dir.to_owned(), e);
-    fs::create_dir_all(dir.join("segments")).map_err(err)?;
-    fs::create_dir_all(dir.join("kept-aside")).map_err(err)?;
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    for folder in [dir.join("segments"), dir.join("kept-aside")] {
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(files::DIR_MODE)
+            .create(folder)
+            .map_err(err)?;
+    }
     let lock = OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
+        .mode(files::FILE_MODE)
         .open(dir.join("LOCK"))
         .map_err(err)?;
     match lock.try_lock_exclusive() {
-        Ok(true) => Ok(lock),
+        Ok(true) => {
+            // Ours now: what an earlier release left readable by others is narrowed. A folder
+            // the collector's user does not own (a volume made by root) keeps its mode: said,
+            // not fatal; every file is still made private.
+            if let Err(e) = files::make_private(dir) {
+                tracing::warn!(spool = %dir.display(), error = %e, "spool: cannot make the folder private to the collector's user (chmod 0700); its files are 0600 all the same");
+            }
+            Ok(lock)
+        }
         Ok(false) => Err(OpenError::Locked(dir.to_owned())),
         Err(e) if e.kind() == io::ErrorKind::WouldBlock => Err(OpenError::Locked(dir.to_owned())),
         Err(e) => Err(err(e)),

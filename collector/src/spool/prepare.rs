@@ -121,11 +121,13 @@ impl Preparer {
                 "{free} bytes free, fewer than {FREE_SEGMENTS} segments"
             )));
         }
+        use std::os::unix::fs::OpenOptionsExt;
         let mut file = OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(true)
+            .mode(super::files::FILE_MODE)
             .open(self.path())?;
         file.write_all(MAGIC)?;
         let zeros = vec![0u8; ZERO_CHUNK];

@@ -367,7 +367,7 @@ impl SpoolReader {
             .dir
             .join("kept-aside")
             .join(format!("{name}.json"));
-        let mut f = File::create(&path)?;
+        let mut f = super::files::create_private(&path)?;
         f.write_all(body)?;
         f.sync_all()?;
         self.shared

@@ -25,7 +25,9 @@ pub(super) struct Recovered {
 /// Checks segment `n` frame by frame and repairs it; returns `None` when nothing of it is left
 /// (it is then removed).
 ///
-/// - A frame cut short at the end (a torn write) is cut off.
+/// - A frame cut short at the end (a torn write) is cut off. Zeros after the last byte written
+///   are a prepared segment's room, so a damaged last frame whose bytes end in zeros reads as
+///   torn: cut and warned about, without a copy aside.
 /// - A damaged frame in the middle is skipped: the scan resynchronises on the next offset
 ///   that holds a whole, checksummed frame, the original file is copied to
 ///   `kept-aside/damaged-<n>.seg` for inspection, and the segment is rewritten without the
@@ -165,7 +167,7 @@ fn rewrite_whole(
     }
     let path = segment_path(dir, n);
     let tmp = path.with_extension("seg.tmp");
-    let mut f = File::create(&tmp)?;
+    let mut f = super::files::create_private(&tmp)?;
     f.write_all(&out)?;
     f.sync_all()?;
     fs::rename(&tmp, &path)?;
@@ -239,7 +241,7 @@ fn counted(f: &FrameRef<'_>, layouts: &Layouts) -> (u32, u32) {
 /// copy needs space, and opening a spool on a full disk must not fail for it.
 fn keep_aside(dir: &Path, n: u64, bytes: &[u8]) -> String {
     let aside = dir.join("kept-aside").join(format!("damaged-{n:020}.seg"));
-    match fs::write(&aside, bytes) {
+    match super::files::create_private(&aside).and_then(|mut f| f.write_all(bytes)) {
         Ok(()) => aside.display().to_string(),
         Err(e) => {
             let _ = fs::remove_file(&aside);
