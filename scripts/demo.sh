@@ -53,6 +53,8 @@ export COLLECTOR_DATABASE_URL="$DATABASE_URL"
 export COLLECTOR_CLICKHOUSE_URLS="$(for i in $(seq 1 "$CH_REPLICAS"); do v="CH${i}_URL"; printf '%s,' "${!v}"; done | sed 's/,$//')"
 export COLLECTOR_CLICKHOUSE_DATABASE=collector
 export COLLECTOR_SPOOL_DIR="$stack_dir/spool"
+# The visitor's country, from the CC0 database the install step fetched (stack.env names it).
+[[ -s ${GEO_DB:-} ]] && export COLLECTOR_GEO_DB="$GEO_DB"
 collector_url="http://$COLLECTOR_LISTEN"
 
 COLLECTOR=("$bin")

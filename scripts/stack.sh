@@ -151,7 +151,27 @@ cmd_install() {
     install_packages
     geckodriver_install
     web_vitals_install
+    geo_db_install
     ch26_install
+}
+
+# A real country database (CC0: ip-location-db's geo-whois-asn-country, from the npm registry),
+# for the demo and the compose stack (COLLECTOR_GEO_DB); the tests make tiny ones of their own
+# (tests/fixtures/geo-db.pl). Installed here, never downloaded at run time.
+GEO_DB_VERSION=2.3.2026061719
+GEO_DB_DIR=${STACK_GEO_DB_DIR:-${XDG_CACHE_HOME:-${HOME:-/root}/.cache}/collector-stack/geo-whois-asn-country-$GEO_DB_VERSION}
+GEO_DB=$GEO_DB_DIR/geo-whois-asn-country.mmdb
+geo_db_install() {
+    [[ -s $GEO_DB ]] && return 0
+    command -v npm >/dev/null || die "npm is missing (the machine's Node.js): needed to fetch the country database"
+    log "fetching the country database @ip-location-db/geo-whois-asn-country-mmdb $GEO_DB_VERSION (CC0) from the npm registry"
+    local tmp
+    tmp=$(mktemp -d)
+    (cd "$tmp" && npm pack -q "@ip-location-db/geo-whois-asn-country-mmdb@$GEO_DB_VERSION" >/dev/null &&
+        tar xzf ./*.tgz) || die "npm pack of the country database failed"
+    mkdir -p "$GEO_DB_DIR"
+    cp "$tmp/package/geo-whois-asn-country.mmdb" "$tmp/package/README.md" "$tmp/package/NRO_LICENSE" "$GEO_DB_DIR/"
+    rm -rf "$tmp"
 }
 
 # The web-vitals library (Google's reference implementation of the Core Web Vitals), its
@@ -195,8 +215,9 @@ install_packages() {
     # faketime (and its libfaketime): the stepped wall clock of the storage tests.
     # firefox-esr, webkit2gtk-driver (WebKitWebDriver and MiniBrowser), xvfb (xvfb-run, for
     # MiniBrowser, which has no headless mode): the script's tests in the other two engines.
+    # libmaxmind-db-writer-perl, mmdb-bin: the country tests' tiny databases, made and checked.
     for p in clickhouse-server clickhouse-client zookeeper curl nginx caddy chromium chromium-driver \
-             firefox-esr webkit2gtk-driver xvfb xauth \
+             firefox-esr webkit2gtk-driver xvfb xauth libmaxmind-db-writer-perl mmdb-bin \
              haproxy keepalived iproute2 socat iptables apache2 systemd prometheus pgbouncer faketime; do
         pkg_installed "$p" || need+=("$p")
     done
@@ -408,6 +429,7 @@ write_env() {
         echo "PG_USER=postgres"
         echo "PG_DATABASE=collector"
         echo "DATABASE_URL=postgres://postgres@127.0.0.1:$PG_PORT/collector"
+        [[ -s $GEO_DB ]] && echo "GEO_DB=$GEO_DB"
         echo "ZK_PORT=$ZK_PORT"
         echo "ZK_HOSTS=127.0.0.1:$ZK_PORT"
         echo "CH_REPLICAS=$CH_REPLICAS"

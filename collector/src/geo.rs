@@ -184,6 +184,24 @@ mod tests {
         }
     }
 
+    /// The two layouts, from databases made by `tests/fixtures/geo-db.pl` (Debian's
+    /// libmaxmind-db-writer-perl): GeoLite2's `country.iso_code` and ip-location-db's
+    /// `country_code`, IPv4 (also IPv4-mapped IPv6) and IPv6, upper case.
+    #[test]
+    fn countries_of_both_layouts() {
+        let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures");
+        let geolite = Countries::open(&fixtures.join("geo-geolite2.mmdb")).unwrap();
+        let ip_db = Countries::open(&fixtures.join("geo-ip-location-db.mmdb")).unwrap();
+        let at = |c: &Countries, ip: &str| c.country(ip.parse().unwrap());
+        assert_eq!(at(&geolite, "192.0.2.9"), "FR");
+        assert_eq!(at(&geolite, "::ffff:192.0.2.9"), "FR");
+        assert_eq!(at(&geolite, "2001:db8:1::5"), "JP");
+        assert_eq!(at(&geolite, "198.51.100.1"), "", "not listed");
+        assert_eq!(at(&ip_db, "198.51.100.1"), "DE");
+        assert_eq!(at(&ip_db, "2001:db8:2::1"), "BR");
+        assert_eq!(at(&ip_db, "10.0.0.1"), "", "private");
+    }
+
     #[test]
     fn without_a_database_every_country_is_empty() {
         assert_eq!(Countries::none().country("8.8.8.8".parse().unwrap()), "");

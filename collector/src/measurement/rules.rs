@@ -293,7 +293,9 @@ pub fn part_of(metric: &Field<f64>, max: f64) -> impl Fn(Option<&RawValue>) -> F
 /// A CSS selector of an attribution target (v3): a non-empty string of tag names, ids and
 /// classes, so without whitespace (no id, class token or tag name holds any, HTML Standard
 /// §3.2.6), control or invisible format characters (bidirectional overrides, zero-width
-/// spaces: Unicode category Cf); cut to [`MAX_SELECTOR_BYTES`] at a character boundary.
+/// spaces: Unicode category Cf); cut to [`MAX_SELECTOR_BYTES`] at a character boundary, and
+/// masked as a URL's path (an id may carry an order number or a token; contract v4 §5,
+/// [`super::minimise::mask`]).
 pub fn selector(value: Option<&RawValue>) -> Field<Cow<'_, str>> {
     text(value)
         .check(|s| {
@@ -303,9 +305,13 @@ pub fn selector(value: Option<&RawValue>) -> Field<Cow<'_, str>> {
                     .any(|c| c.is_whitespace() || c.is_control() || is_format(c))
         })
         .then(|s| {
-            Some(match s {
+            let cut = match s {
                 Cow::Borrowed(b) => Cow::Borrowed(truncate(b, MAX_SELECTOR_BYTES)),
                 Cow::Owned(o) => Cow::Owned(truncate(&o, MAX_SELECTOR_BYTES).to_owned()),
+            };
+            Some(match super::minimise::mask(&cut) {
+                Cow::Borrowed(_) => cut,
+                Cow::Owned(masked) => Cow::Owned(masked),
             })
         })
 }
