@@ -256,7 +256,7 @@ async fn country_of(env: &TestEnv<'_>, c: &Collector, client: &str) -> String {
         .await;
     assert_eq!(status, 202, "{answer}");
     env.wait_rows(std::slice::from_ref(&id), VISIBLE).await;
-    col(&stored(&env, &id, "country").await, "country")
+    col(&stored(env, &id, "country").await, "country")
         .as_str()
         .unwrap()
         .to_owned()
