@@ -27,6 +27,9 @@
       h = h.join('');
       return [h.slice(0, 8), h.slice(8, 12), h.slice(12, 16), h.slice(16, 20), h.slice(20)].join('-');
     };
+    // A resource's address without its query and fragment: the collector stores no more
+    // (signed URLs carry their signature there), so it is not sent either.
+    var bare = function (u) { return u.split(/[?#]/)[0]; };
     // What this engine measures: a metric it measures is sent even when it measured nothing
     // (CLS 0); one it does not is left out, so NULL means "not measured".
     var types = PerformanceObserver.supportedEntryTypes || [];
@@ -116,7 +119,7 @@
       m.lcp_ms = since(e.startTime);
       m.lcp_target = e.element ? selector(e.element) : e.id ? '#' + e.id : undefined;
       // Only a fetched resource: a data: image's URL is the image itself (Firefox gives it whole).
-      m.lcp_url = /^https?:/.test(e.url) ? e.url : undefined;
+      m.lcp_url = /^https?:/.test(e.url) ? bare(e.url) : undefined;
       perf.getEntriesByType('resource').forEach(function (r) {
         if (e.url && r.name === e.url && (r.requestStart || r.startTime) <= e.startTime) res = r;
       });
@@ -177,7 +180,7 @@
         if (l.startTime + l.duration < f.startTime || l.startTime > pe) return;
         (l.scripts || []).forEach(function (sc) {
           var d = sc.startTime + sc.duration - Math.max(f.startTime, sc.startTime);
-          if (d > best && /^https?:/.test(sc.sourceURL)) { best = d; m.inp_script_url = sc.sourceURL; }
+          if (d > best && /^https?:/.test(sc.sourceURL)) { best = d; m.inp_script_url = bare(sc.sourceURL); }
         });
       });
     };
