@@ -87,6 +87,7 @@ pub async fn serve(config: Config) -> Result<(), RunError> {
     let metrics = Arc::new(metrics::Metrics::new());
     let store = settings::SettingsStore::new(
         &config.settings.database_url,
+        config.settings.password.as_ref(),
         config.settings.backoff,
         metrics.clone(),
     )
@@ -249,7 +250,7 @@ fn start_writer(
     shutdown: watch::Receiver<bool>,
 ) -> Result<std::thread::JoinHandle<()>, RunError> {
     let ch = &config.clickhouse;
-    let replicas = writer::Replicas::new(&ch.urls, &ch.database, metrics.clone());
+    let replicas = writer::Replicas::new(ch, metrics.clone());
     let batch_limits = writer::BatchLimits {
         max_rows: ch.batch_max_rows,
         max_bytes: ch.batch_max_bytes,

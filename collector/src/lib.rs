@@ -35,7 +35,8 @@
 //!   knows ClickHouse (error classes, the insert, the schema), used by the writer and
 //!   `migrate`.
 //! - [`script`]: the tracking script.
-//! - [`metrics`], [`logging`]: operations; [`priority`]: the background threads' nice value.
+//! - [`metrics`], [`logging`]: operations; [`priority`]: the background threads' nice value;
+//!   [`tls`]: TLS to the databases (rustls), and PostgreSQL's `sslmode`.
 //! - [`app`]: the composition root: builds every part of `collector serve` from the
 //!   configuration, wires them, and drains them on a signal.
 //!
@@ -108,6 +109,7 @@ pub mod server;
 pub mod settings;
 pub mod spool;
 pub mod state;
+pub mod tls;
 pub mod useragent;
 pub mod writer;
 

@@ -96,9 +96,7 @@ async fn apply_replica(
     config: &Config,
 ) -> (String, clickhouse::Client, ReplicaOutcome) {
     let url = url.as_str().trim_end_matches('/').to_owned();
-    let client = clickhouse::Client::default()
-        .with_url(&url)
-        .with_validation(false);
+    let client = crate::clickhouse::client(&url, &config.clickhouse, true);
     let deadline = tokio::time::Instant::now() + REPLICA_TIMEOUT;
     let mut last: Option<String> = None;
     let result = loop {

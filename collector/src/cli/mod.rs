@@ -50,6 +50,7 @@ pub(crate) fn failed(e: impl std::fmt::Display) -> RunError {
 pub(crate) fn cli_store(config: &Config) -> Result<settings::SettingsStore, RunError> {
     settings::SettingsStore::new(
         &config.settings.database_url,
+        config.settings.password.as_ref(),
         std::time::Duration::ZERO,
         Arc::new(metrics::Metrics::new()),
     )

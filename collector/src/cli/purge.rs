@@ -85,7 +85,7 @@ async fn delete_on(
     url: &str,
     site: &str,
 ) -> (String, Result<Vec<&'static str>, String>) {
-    let client = crate::clickhouse::client(url, &config.clickhouse);
+    let client = crate::clickhouse::client(url, &config.clickhouse, true);
     let database = &config.clickhouse.database;
     let result = async {
         let tables = erase::existing_tables(&client, database).await?;

@@ -47,7 +47,7 @@ pub async fn run_once(
     let mut failed = Vec::new();
     for url in &config.clickhouse.urls {
         let url = url.as_str().trim_end_matches('/');
-        let client = crate::clickhouse::client(url, &config.clickhouse);
+        let client = crate::clickhouse::client(url, &config.clickhouse, true);
         let database = &config.clickhouse.database;
         let work = async {
             let mut report = Vec::new();

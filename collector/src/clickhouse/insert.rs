@@ -60,17 +60,6 @@ pub async fn insert_rows(
     insert.end().await
 }
 
-/// A ClickHouse client whose HTTP client keeps no idle connection, so every request opens a
-/// fresh one (for the retry after a pooled connection was found dead).
-pub fn fresh_connection_client() -> clickhouse::Client {
-    let mut connector = hyper_util::client::legacy::connect::HttpConnector::new();
-    connector.set_nodelay(true);
-    let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-        .pool_max_idle_per_host(0)
-        .build(connector);
-    clickhouse::Client::with_http_client(http)
-}
-
 /// Whether `error` is what a connection closed by the server while idle in the pool looks
 /// like: a network error after connecting (reset, broken pipe, the connection closed before
 /// a response), as opposed to a refused or timed-out connect, a timeout, or an answer.

@@ -12,6 +12,8 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
 pub const DEFAULT_DATABASE_URL: &str = "postgres://localhost/collector";
 /// Default ClickHouse replica list (contract §1).
 pub const DEFAULT_CLICKHOUSE_URLS: &str = "http://127.0.0.1:8123";
+/// The ClickHouse user connected as (contract v4 §1).
+pub const DEFAULT_CLICKHOUSE_USER: &str = "default";
 /// Default ClickHouse database (contract §1).
 pub const DEFAULT_CLICKHOUSE_DATABASE: &str = "collector";
 /// Default of `COLLECTOR_CLICKHOUSE_TABLE_FORM`.
@@ -76,6 +78,36 @@ pub struct RawArgs {
     /// Comma-separated ClickHouse HTTP URLs, in preference order.
     #[arg(long, env = "COLLECTOR_CLICKHOUSE_URLS", default_value = DEFAULT_CLICKHOUSE_URLS, global = true, hide_env_values = true)]
     pub clickhouse_urls: String,
+    /// The ClickHouse user the collector (and `migrate`) connects as.
+    #[arg(long, env = "COLLECTOR_CLICKHOUSE_USER", default_value = DEFAULT_CLICKHOUSE_USER, global = true)]
+    pub clickhouse_user: String,
+    /// A file holding that user's password (one line; a trailing newline is not part of it).
+    /// Empty: no password.
+    #[arg(
+        long,
+        env = "COLLECTOR_CLICKHOUSE_PASSWORD_FILE",
+        default_value = "",
+        global = true
+    )]
+    pub clickhouse_password_file: String,
+    /// PEM certificates an `https://` ClickHouse URL is verified against. Empty: the system's
+    /// roots.
+    #[arg(
+        long,
+        env = "COLLECTOR_CLICKHOUSE_CA_FILE",
+        default_value = "",
+        global = true
+    )]
+    pub clickhouse_ca_file: String,
+    /// A file holding the PostgreSQL password, instead of one in the database URL. Empty:
+    /// none.
+    #[arg(
+        long,
+        env = "COLLECTOR_DATABASE_PASSWORD_FILE",
+        default_value = "",
+        global = true
+    )]
+    pub database_password_file: String,
     /// ClickHouse database.
     #[arg(long, env = "COLLECTOR_CLICKHOUSE_DATABASE", default_value = DEFAULT_CLICKHOUSE_DATABASE, global = true)]
     pub clickhouse_database: String,

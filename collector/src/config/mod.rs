@@ -9,6 +9,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use ipnet::IpNet;
@@ -19,7 +20,7 @@ mod values;
 
 pub use args::*;
 use values::Problems;
-pub use values::{is_identifier, MAX_DURATION};
+pub use values::{is_identifier, Secret, MAX_DURATION};
 
 /// The smallest spool bound accepted: below it the spool holds only a few largest requests
 /// (64 KiB each), and readiness (which keeps a quarter of the bound as headroom) could not
@@ -128,13 +129,22 @@ pub struct SiteSettingsConfig {
     pub ttl: Duration,
     /// Quiet period after a settings-store failure (≥ 100 ms).
     pub backoff: Duration,
+    /// The password, if `COLLECTOR_DATABASE_PASSWORD_FILE` names one.
+    pub password: Option<Secret>,
 }
 
 /// The ClickHouse replicas and the writer's batches.
 #[derive(Debug, Clone)]
 pub struct ClickHouseConfig {
-    /// Replicas in preference order (at least one).
+    /// Replicas in preference order (at least one), `http://` or `https://`.
     pub urls: Vec<Url>,
+    /// The user connected as.
+    pub user: String,
+    /// Its password, if any (`COLLECTOR_CLICKHOUSE_PASSWORD_FILE`).
+    pub password: Option<Secret>,
+    /// How `https://` servers are verified: against `COLLECTOR_CLICKHOUSE_CA_FILE`, or the
+    /// system's roots (always the chain and the host name).
+    pub tls: Option<Arc<rustls::ClientConfig>>,
     /// Database name: `[A-Za-z_][A-Za-z0-9_]*`.
     pub database: String,
     /// The form of the `measurements` table that `migrate` and the prober create.
@@ -243,12 +253,19 @@ impl IntakeConfig {
 impl SiteSettingsConfig {
     fn read(raw: &RawArgs, p: &mut Problems) -> SiteSettingsConfig {
         p.required("DATABASE_URL", &raw.database_url);
-        if let Err(e) = raw.database_url.parse::<tokio_postgres::Config>() {
-            // Never echoed: the string may hold a password.
-            p.report("DATABASE_URL", "<hidden>", e);
-        }
+        // Never echoed: the string may hold a password.
+        let parsed = crate::tls::libpq::split(&raw.database_url).and_then(|(rest, ssl)| {
+            rest.parse::<tokio_postgres::Config>()
+                .map_err(|e| e.to_string())?;
+            ssl.client_config().map(|_| ())
+        });
+        p.check("DATABASE_URL", "<hidden>", parsed);
+        let password = Some(raw.database_password_file.trim())
+            .filter(|f| !f.is_empty())
+            .and_then(|f| p.check("DATABASE_PASSWORD_FILE", f, values::secret_file(f)));
         SiteSettingsConfig {
             database_url: raw.database_url.clone(),
+            password,
             ttl: p.duration("SETTINGS_TTL", &raw.settings_ttl, Duration::from_secs(1)),
             backoff: p.duration(
                 "SETTINGS_BACKOFF",
@@ -296,8 +313,28 @@ impl ClickHouseConfig {
                 ),
             );
         }
+        let password = Some(raw.clickhouse_password_file.trim())
+            .filter(|f| !f.is_empty())
+            .and_then(|f| p.check("CLICKHOUSE_PASSWORD_FILE", f, values::secret_file(f)));
+        let ca = Some(raw.clickhouse_ca_file.trim()).filter(|f| !f.is_empty());
+        let tls = (ca.is_some() || urls.iter().any(|u| u.scheme() == "https"))
+            .then(|| {
+                let made = crate::tls::client_config(
+                    ca.map(std::path::Path::new),
+                    crate::tls::Verify::Full,
+                );
+                p.check(
+                    "CLICKHOUSE_CA_FILE",
+                    ca.unwrap_or("(the system's roots)"),
+                    made,
+                )
+            })
+            .flatten();
         ClickHouseConfig {
             urls,
+            user: raw.clickhouse_user.clone(),
+            password,
+            tls,
             database: raw.clickhouse_database.clone(),
             table_form,
             catchup_max_delay: p.duration(
@@ -485,6 +522,77 @@ mod tests {
         assert_eq!(err.0.len(), 1, "one error per bad value: {err}");
         let s = Config::from_args(&raw(&["--listen", "localhost:8080"])).unwrap();
         assert!(s.server.listen.ip().is_loopback());
+    }
+
+    #[test]
+    fn passwords_come_from_files_and_never_show() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("pw");
+        std::fs::write(&file, "s3cret-Pa55\n").unwrap();
+        let path = file.to_str().unwrap();
+        let c = Config::from_args(&raw(&[
+            "--clickhouse-password-file",
+            path,
+            "--database-password-file",
+            path,
+            "--clickhouse-user",
+            "writer",
+        ]))
+        .unwrap();
+        let password = c.clickhouse.password.as_ref().unwrap();
+        assert_eq!(
+            password.expose(),
+            "s3cret-Pa55",
+            "the line, without its newline"
+        );
+        assert_eq!(
+            c.settings.password.as_ref().unwrap().expose(),
+            "s3cret-Pa55"
+        );
+        assert_eq!(c.clickhouse.user, "writer");
+        let shown = format!("{c:?}");
+        assert!(!shown.contains("s3cret"), "{shown}");
+        let missing = dir.path().join("none");
+        let err = Config::from_args(&raw(&[
+            "--clickhouse-password-file",
+            missing.to_str().unwrap(),
+        ]))
+        .unwrap_err();
+        assert!(
+            err.0[0].starts_with("COLLECTOR_CLICKHOUSE_PASSWORD_FILE="),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn https_replicas_get_tls_and_a_ca_file_must_read() {
+        let c = Config::from_args(&raw(&["--clickhouse-urls", "http://a:8123"])).unwrap();
+        assert!(c.clickhouse.tls.is_none(), "plain http needs no TLS");
+        let dir = tempfile::tempdir().unwrap();
+        let bad = dir.path().join("ca.pem");
+        std::fs::write(&bad, "not a certificate").unwrap();
+        let err = Config::from_args(&raw(&[
+            "--clickhouse-urls",
+            "https://a:8443",
+            "--clickhouse-ca-file",
+            bad.to_str().unwrap(),
+        ]))
+        .unwrap_err();
+        assert!(
+            err.0[0].starts_with("COLLECTOR_CLICKHOUSE_CA_FILE="),
+            "{err}"
+        );
+        let err = Config::from_args(&raw(&[
+            "--database-url",
+            "postgres://h/db?sslmode=sometimes",
+        ]))
+        .unwrap_err();
+        assert!(err.0[0].contains("sslmode"), "{err}");
+        let ok = Config::from_args(&raw(&[
+            "--database-url",
+            "postgres://h/db?sslmode=verify-full",
+        ]));
+        assert!(ok.is_ok(), "verify-full is a mode: {:?}", ok.err());
     }
 
     #[test]

@@ -86,6 +86,32 @@ impl Problems {
     }
 }
 
+/// A password: never shown (its `Debug` is `<hidden>`), never logged, never in a metric or an
+/// error answer.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<hidden>")
+    }
+}
+
+impl Secret {
+    /// The password itself, for the one place that sends it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+/// The password in the file at `path`: its first line, without the line ending. Errors: the
+/// file cannot be read (the error names the file, never its content).
+pub fn secret_file(path: &str) -> Result<Secret, String> {
+    let text = std::fs::read_to_string(path.trim()).map_err(|e| e.to_string())?;
+    let line = text.lines().next().unwrap_or("");
+    Ok(Secret(line.to_owned()))
+}
+
 /// An address, or a host name resolved once, here (never per request).
 pub fn socket_addr(value: &str) -> Result<SocketAddr, String> {
     value
@@ -115,11 +141,10 @@ pub fn clickhouse_urls(s: &str) -> Result<Vec<Url>, String> {
         if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
             return Err(format!("{part}: must be an http:// or https:// URL"));
         }
-        // They would be ignored (no ClickHouse authentication is sent) and then shown in
-        // logs and metric labels: refused, without echoing them.
+        // They would show in logs and metric labels: refused, without echoing them.
         if !url.username().is_empty() || url.password().is_some() {
             return Err(format!(
-                "{}: credentials in the URL are not supported (they would not be sent, and would show in logs and metrics)",
+                "{}: credentials in the URL are not supported (they would show in logs and metrics): use COLLECTOR_CLICKHOUSE_USER and COLLECTOR_CLICKHOUSE_PASSWORD_FILE",
                 url.host_str().unwrap_or("?")
             ));
         }

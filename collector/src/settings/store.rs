@@ -203,6 +203,8 @@ pub fn describe(e: &tokio_postgres::Error) -> String {
 struct HostsConnector {
     /// One single-host configuration per host of the URL, in the URL's order.
     hosts: Vec<Config>,
+    /// TLS, as the URL's `sslmode` asks ([`crate::tls::libpq`]); `None` for `disable`.
+    tls: Option<tokio_postgres_rustls::MakeRustlsConnect>,
     /// Index of the host that answered last: tried first.
     last_good: AtomicUsize,
     /// Held during each attempt, so that callers waiting for a connection see its outcome.
@@ -211,9 +213,14 @@ struct HostsConnector {
 }
 
 impl HostsConnector {
-    fn new(config: &Config, breaker: Arc<Breaker>) -> Self {
+    fn new(
+        config: &Config,
+        tls: Option<tokio_postgres_rustls::MakeRustlsConnect>,
+        breaker: Arc<Breaker>,
+    ) -> Self {
         HostsConnector {
             hosts: single_host_configs(config),
+            tls,
             last_good: AtomicUsize::new(0),
             connecting: tokio::sync::Mutex::new(()),
             breaker,
@@ -397,6 +404,47 @@ fn host_name(config: &Config) -> String {
     }
 }
 
+impl HostsConnector {
+    /// One connection to `config`'s one host: the socket, TLS where the URL asks for it (never
+    /// over a Unix socket, as libpq), the start-up handshake; the connection's task spawned.
+    async fn attempt(
+        &self,
+        config: &Config,
+    ) -> Result<(tokio_postgres::Client, JoinHandle<()>), tokio_postgres::Error> {
+        let stream = match PgStream::open(config).await {
+            Ok(stream) => stream,
+            Err(e) => PgStream::Failed(Some(e)),
+        };
+        let ended = |e: tokio_postgres::Error| {
+            tracing::debug!(error = %describe(&e), "settings store: connection ended");
+        };
+        let tcp_host = match config.get_hosts().first() {
+            Some(Host::Tcp(h)) => Some(h.clone()),
+            _ => None,
+        };
+        match (&self.tls, tcp_host) {
+            (Some(tls), Some(host)) => {
+                let connect = <tokio_postgres_rustls::MakeRustlsConnect as tokio_postgres::tls::MakeTlsConnect<PgStream>>::make_tls_connect(&mut tls.clone(), &host)
+                    .expect("infallible");
+                let (client, connection) = config.connect_raw(stream, connect).await?;
+                Ok((
+                    client,
+                    tokio::spawn(async move { connection.await.unwrap_or_else(ended) }),
+                ))
+            }
+            _ => {
+                let mut plain = config.clone();
+                plain.ssl_mode(tokio_postgres::config::SslMode::Disable);
+                let (client, connection) = plain.connect_raw(stream, NoTls).await?;
+                Ok((
+                    client,
+                    tokio::spawn(async move { connection.await.unwrap_or_else(ended) }),
+                ))
+            }
+        }
+    }
+}
+
 impl deadpool_postgres::Connect for HostsConnector {
     fn connect(
         &self,
@@ -418,21 +466,9 @@ impl deadpool_postgres::Connect for HostsConnector {
             for k in 0..n {
                 let i = (first + k) % n;
                 let config = &self.hosts[i];
-                // The TCP connect and the start-up handshake, both within the host's bound.
-                let attempt = async {
-                    let stream = match PgStream::open(config).await {
-                        Ok(stream) => stream,
-                        Err(e) => PgStream::Failed(Some(e)),
-                    };
-                    config.connect_raw(stream, NoTls).await
-                };
-                match tokio::time::timeout(HOST_TIMEOUT, attempt).await {
-                    Ok(Ok((client, connection))) => {
-                        let task = tokio::spawn(async move {
-                            if let Err(e) = connection.await {
-                                tracing::debug!(error = %describe(&e), "settings store: connection ended");
-                            }
-                        });
+                // The TCP connect, TLS and the start-up handshake, all within the host's bound.
+                match tokio::time::timeout(HOST_TIMEOUT, self.attempt(config)).await {
+                    Ok(Ok((client, task))) => {
                         self.last_good.store(i, Ordering::Relaxed);
                         tracing::debug!(host = %host_name(config), tried = k + 1, "settings store: connected");
                         return Ok((client, task));
@@ -454,18 +490,28 @@ impl SettingsStore {
     /// A pool over `database_url`; connects lazily. `backoff`: see [`Breaker`].
     pub fn new(
         database_url: &str,
+        password: Option<&crate::config::Secret>,
         backoff: Duration,
         metrics: Arc<Metrics>,
     ) -> Result<Self, StoreError> {
-        let mut config: Config = database_url
+        let (url, ssl) = crate::tls::libpq::split(database_url).map_err(StoreError::Failed)?;
+        let mut config: Config = url
             .parse()
             .map_err(|e| StoreError::Failed(crate::logging::chain(&e)))?;
+        if let Some(password) = password {
+            config.password(password.expose());
+        }
+        config.ssl_mode(ssl.negotiation());
+        let tls = ssl
+            .client_config()
+            .map_err(StoreError::Failed)?
+            .map(|c| tokio_postgres_rustls::MakeRustlsConnect::new((*c).clone()));
         config.connect_timeout(HOST_TIMEOUT);
         if config.get_application_name().is_none() {
             config.application_name("collector");
         }
         let breaker = Arc::new(Breaker::new(backoff));
-        let connector = HostsConnector::new(&config, breaker.clone());
+        let connector = HostsConnector::new(&config, tls, breaker.clone());
         let hosts = connector.hosts.len();
         let connect_budget = HOST_TIMEOUT * hosts as u32;
         // Fast recycling: a pooled connection is checked for being closed, no query (a
@@ -725,6 +771,7 @@ mod tests {
         let (refuse_port, accepted) = refusing_server().await;
         let store = SettingsStore::new(
             &format!("postgres://u@127.0.0.1:{hang_port},127.0.0.1:{refuse_port}/db"),
+            None,
             Duration::from_secs(60),
             Arc::new(Metrics::new()),
         )
@@ -756,6 +803,7 @@ mod tests {
         let (port, accepted) = refusing_server().await;
         let store = SettingsStore::new(
             &format!("postgres://u@127.0.0.1:{port}/db"),
+            None,
             Duration::from_secs(60),
             Arc::new(Metrics::new()),
         )

@@ -45,9 +45,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 use crate::clickhouse::errors::{classify, InsertError};
-use crate::clickhouse::insert::{
-    fresh_connection_client, insert_rows, is_stale_connection, InsertBody,
-};
+use crate::clickhouse::insert::{insert_rows, is_stale_connection, InsertBody};
 use crate::metrics::{Metrics, ReplicaLabel};
 
 /// Insert failures within [`FAILURE_WINDOW`] that mark a replica down.
@@ -167,27 +165,23 @@ pub struct Replicas {
 }
 
 impl Replicas {
-    /// Clients for `urls` (in preference order) writing to `database`. Every replica starts
-    /// healthy; the first probe round corrects that before the writer starts.
-    pub fn new(urls: &[url::Url], database: &str, metrics: Arc<Metrics>) -> Self {
-        let urls: Vec<String> = urls
+    /// Clients for the servers of `config` (in preference order, as its user, over http or
+    /// verified https), writing to its database. Every replica starts healthy; the first probe
+    /// round corrects that before the writer starts.
+    pub fn new(config: &crate::config::ClickHouseConfig, metrics: Arc<Metrics>) -> Self {
+        let urls: Vec<String> = config
+            .urls
             .iter()
             .map(|u| u.as_str().trim_end_matches('/').to_owned())
             .collect();
-        let configure = |c: clickhouse::Client, u: &String| {
-            c.with_url(u.clone())
-                .with_database(database)
-                .with_validation(false)
+        let configure = |pooled: bool, u: &String| {
+            crate::clickhouse::client(u, config, pooled)
+                .with_database(&config.database)
                 .with_compression(clickhouse::Compression::Lz4)
         };
         let clients: Vec<_> = urls
             .iter()
-            .map(|u| {
-                (
-                    configure(clickhouse::Client::default(), u),
-                    configure(fresh_connection_client(), u),
-                )
-            })
+            .map(|u| (configure(true, u), configure(false, u)))
             .collect();
         let health = urls
             .iter()

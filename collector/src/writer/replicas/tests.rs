@@ -12,10 +12,18 @@ fn passed(caught_up: bool) -> Result<Probe, String> {
 }
 
 fn replicas(n: usize) -> Replicas {
-    let urls: Vec<url::Url> = (0..n)
-        .map(|i| format!("http://r{i}:8123").parse().unwrap())
-        .collect();
-    Replicas::new(&urls, "db", Arc::new(Metrics::new()))
+    use clap::Parser;
+    let urls: Vec<String> = (0..n).map(|i| format!("http://r{i}:8123")).collect();
+    let cli = crate::cli::Cli::try_parse_from([
+        "collector",
+        "--clickhouse-urls",
+        &urls.join(","),
+        "--clickhouse-database",
+        "db",
+    ])
+    .unwrap();
+    let config = crate::config::Config::from_args(&cli.args).unwrap();
+    Replicas::new(&config.clickhouse, Arc::new(Metrics::new()))
 }
 
 #[test]
