@@ -27,8 +27,9 @@ pub enum IntakeError {
     /// 400: the body parsed, but no measurement in it is valid.
     #[error("no valid measurement")]
     NoValidMeasurement(Vec<Rejected>),
-    /// 403: every measurement names an unknown or disabled site.
-    #[error("unknown or disabled site")]
+    /// 403: every measurement names an unknown or disabled site, or a page that is not on its
+    /// site's origins (the rejections say which).
+    #[error("unknown or disabled site, or a page not on the site's origins")]
     UnknownSite(Vec<Rejected>),
     /// 403: the `Origin` header is not one the site allows.
     #[error("origin not allowed for site {0}")]

@@ -9,7 +9,10 @@
 //!   browsers. Keyed by site too, so that one busy shop behind a shared address does not
 //!   use up another's requests.
 //! - **Per site**: `COLLECTOR_SITE_RATE` measurements per second per site, bursts of twice
-//!   that; over it, 429 with `Retry-After`.
+//!   that; over it, 429 with `Retry-After`. Requests without `Origin` draw on a budget of their
+//!   own, a tenth of the site's ([`ORIGIN_LESS_SHARE`], contract v4 §2): browsers send `Origin`
+//!   on every beacon's POST, so a flood without it is not the shop's visitors, and it must not
+//!   use up their budget.
 //!
 //! Rates use the GCRA limiters of the `governor` crate. Their per-key state is pruned every
 //! [`PRUNE_INTERVAL`] so that it stays bounded by the keys seen recently.
@@ -23,6 +26,9 @@ use governor::clock::{Clock, DefaultClock};
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 
+/// The share of a site's rate that its requests without `Origin` may use: a tenth.
+pub const ORIGIN_LESS_SHARE: u32 = 10;
+
 /// How often idle rate-limiter state is pruned.
 pub const PRUNE_INTERVAL: Duration = Duration::from_secs(10);
 
@@ -31,6 +37,8 @@ pub const PRUNE_INTERVAL: Duration = Duration::from_secs(10);
 pub struct Limits {
     clients: Option<Arc<DefaultKeyedRateLimiter<(String, IpAddr)>>>,
     sites: Option<Arc<DefaultKeyedRateLimiter<String>>>,
+    /// The sites' budgets for requests without `Origin`.
+    origin_less: Option<Arc<DefaultKeyedRateLimiter<String>>>,
     in_flight: Arc<Semaphore>,
 }
 
@@ -50,6 +58,9 @@ impl Limits {
         Limits {
             clients: limiter(client_rate),
             sites: limiter(site_rate),
+            origin_less: (site_rate > 0)
+                .then(|| limiter((site_rate / ORIGIN_LESS_SHARE).max(1)))
+                .flatten(),
             in_flight: Arc::new(Semaphore::new(max_in_flight.max(1))),
         }
     }
@@ -75,9 +86,16 @@ impl Limits {
             .map_err(|not_until| not_until.wait_time_from(DefaultClock::default().now()))
     }
 
-    /// Counts `n` measurements of `site`; `Err(wait)` when it is over its rate.
-    pub fn check_site(&self, site: &str, n: u32) -> Result<(), Duration> {
-        let Some(limiter) = &self.sites else {
+    /// Counts `n` measurements of `site` against its budget, or, for a request without
+    /// `Origin` (`with_origin` false), against that budget's tenth; `Err(wait)` when it is
+    /// over.
+    pub fn check_site(&self, site: &str, n: u32, with_origin: bool) -> Result<(), Duration> {
+        let limiter = if with_origin {
+            &self.sites
+        } else {
+            &self.origin_less
+        };
+        let Some(limiter) = limiter else {
             return Ok(());
         };
         let Some(n) = NonZeroU32::new(n) else {
@@ -101,7 +119,7 @@ impl Limits {
                         l.retain_recent();
                         l.shrink_to_fit();
                     }
-                    if let Some(l) = &self.sites {
+                    for l in [&self.sites, &self.origin_less].into_iter().flatten() {
                         l.retain_recent();
                         l.shrink_to_fit();
                     }
@@ -139,6 +157,27 @@ mod tests {
         assert!(limits.check_client("b", ip).is_ok(), "per site");
     }
 
+    /// Requests without `Origin` have a tenth of the site's budget, of their own: a flood of
+    /// them leaves the site's visitors their whole budget.
+    #[test]
+    fn requests_without_origin_draw_on_a_tenth_of_their_own() {
+        let limits = Limits::new(0, 100, 10);
+        // Their burst: twice a tenth of the rate.
+        assert!(limits.check_site("s", 20, false).is_ok());
+        assert!(limits.check_site("s", 1, false).is_err());
+        assert!(
+            limits.check_site("s", 200, true).is_ok(),
+            "the site's visitors keep their whole burst"
+        );
+        let slow = Limits::new(0, 5, 10);
+        assert!(
+            slow.check_site("s", 2, false).is_ok(),
+            "at least 1 a second"
+        );
+        let off = Limits::new(0, 0, 10);
+        assert!((0..1000).all(|_| off.check_site("s", 50, false).is_ok()));
+    }
+
     #[test]
     fn client_rate_zero_is_off() {
         let limits = Limits::new(0, 10, 10);
@@ -151,10 +190,10 @@ mod tests {
     fn site_rate_counts_measurements() {
         let limits = Limits::new(0, 10, 10);
         let site = "s".to_string();
-        assert!(limits.check_site(&site, 15).is_ok());
-        assert!(limits.check_site(&site, 10).is_err());
+        assert!(limits.check_site(&site, 15, true).is_ok());
+        assert!(limits.check_site(&site, 10, true).is_err());
         assert!(
-            limits.check_site(&site, 50).is_err(),
+            limits.check_site(&site, 50, true).is_err(),
             "more than a burst at once"
         );
         assert!(

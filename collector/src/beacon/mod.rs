@@ -39,15 +39,18 @@ pub enum DecodeError {
 
 /// The rejection of a measurement whose site is not registered or is disabled.
 pub const UNKNOWN_SITE: Rejection = "unknown or disabled site";
+/// The rejection of a measurement whose `url` host is not the host of one of its site's
+/// origins, when the site lists origins (contract v4 §2).
+pub const URL_NOT_ALLOWED: Rejection = "url_not_allowed";
 
 /// Every [`Rejection`] intake can give: the `reason` values of
 /// `collector_measurements_rejected_total`, each exported from the start at 0. In order: an
 /// array item that is not an object, each required field missing or invalid (in table order:
-/// `missing id`, `invalid id`, ...), and an unknown site.
+/// `missing id`, `invalid id`, ...), an unknown site, and a page not on its site's origins.
 pub fn rejection_reasons() -> impl Iterator<Item = Rejection> {
     std::iter::once(decode::NOT_AN_OBJECT)
         .chain(crate::measurement::field_rejections())
-        .chain(std::iter::once(UNKNOWN_SITE))
+        .chain([UNKNOWN_SITE, URL_NOT_ALLOWED])
 }
 
 /// Validates one body element against the field rules of the contract (§2), as the field

@@ -22,7 +22,9 @@ use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use tokio::sync::OwnedSemaphorePermit;
 
-use crate::beacon::{self, Context, Encoding, Valid, MAX_BODY_BYTES, UNKNOWN_SITE};
+use crate::beacon::{
+    self, Context, Encoding, Valid, MAX_BODY_BYTES, UNKNOWN_SITE, URL_NOT_ALLOWED,
+};
 use crate::client_ip::client_ip;
 use crate::dedup::{Claim, ClaimGuard};
 use crate::error::{IntakeError, Rejected};
@@ -207,7 +209,7 @@ async fn accept(
     };
     let valid = validate(&text, &found, &mut report)?;
     let valid = judge_sites(state, headers, valid, &mut report).await?;
-    check_rates(state, client, &valid)?;
+    check_rates(state, client, headers.contains_key(header::ORIGIN), &valid)?;
     let (to_store, guards) = claim(state, valid, &mut report).await;
     append(state, &to_store).await?;
     for guard in guards {
@@ -400,8 +402,9 @@ fn validate<'a>(
     Ok(valid)
 }
 
-/// Site settings and origin: measurements of unknown or disabled sites are rejected, and each
-/// kept measurement gets its site's `sample_rate` and is minimised as its site keeps URLs
+/// Site settings and origin: measurements of unknown or disabled sites are rejected, and so are
+/// those whose page is not on one of their site's origins (`url_not_allowed`, contract v4 §2);
+/// each kept measurement gets its site's `sample_rate` and is minimised as its site keeps URLs
 /// ([`Measurement::minimise`], contract v4 §2; before anything reaches disk);
 /// [`lookup_sites`] refuses the whole request first if it must. With nothing left: 403
 /// listing every rejection.
@@ -416,6 +419,10 @@ async fn judge_sites<'a>(
     let mut kept = Vec::with_capacity(valid.len());
     for (index, mut v) in valid {
         match &sites[&*v.measurement.site] {
+            Some(site) if !site.allows_page(&v.measurement.url) => report.rejected.push(Rejected {
+                index,
+                error: URL_NOT_ALLOWED,
+            }),
             Some(site) => {
                 v.measurement.sample_rate = site.sample_rate;
                 v.measurement
@@ -471,11 +478,13 @@ async fn lookup_sites(
     Ok(sites)
 }
 
-/// Rates: per-site rates, counted in measurements, and, when `COLLECTOR_CLIENT_RATE` is on, one
-/// request per site for this client. Over either: 429.
+/// Rates: per-site rates, counted in measurements (a request without `Origin` against its
+/// site's budget for such requests, see [`crate::limits`]), and, when `COLLECTOR_CLIENT_RATE`
+/// is on, one request per site for this client. Over either: 429.
 fn check_rates(
     state: &AppState,
     client: IpAddr,
+    with_origin: bool,
     valid: &[(usize, Valid<'_>)],
 ) -> Result<(), IntakeError> {
     let mut per_site: HashMap<&str, u32> = HashMap::new();
@@ -492,7 +501,7 @@ fn check_rates(
         }
         state
             .limits
-            .check_site(site, n)
+            .check_site(site, n, with_origin)
             .map_err(IntakeError::RateLimited)?;
     }
     Ok(())

@@ -129,6 +129,24 @@ impl Site {
         }
     }
 
+    /// Whether a measurement of the page at `url` (normalised) belongs to the site: any page
+    /// when the site lists no origins, else a page whose host is the host of one of them
+    /// (contract v4 §2: a beacon must come from its shop's pages).
+    pub fn allows_page(&self, url: &str) -> bool {
+        if self.allowed_origins.is_empty() {
+            return true;
+        }
+        let host = url
+            .split_once("://")
+            .map_or("", |(_, rest)| rest.split(['/', '?']).next().unwrap_or(""));
+        let host = host.rsplit_once('@').map_or(host, |(_, h)| h);
+        let host = strip_port(host);
+        self.allowed_origins.iter().any(|o| {
+            let origin_host = o.split_once("://").map_or(o.as_str(), |(_, h)| h);
+            strip_port(origin_host).eq_ignore_ascii_case(host)
+        })
+    }
+
     /// Whether a request with this `Origin` header may send beacons for the site: a request
     /// without `Origin` is judged by the site key alone (contract §2).
     pub fn allows_origin(&self, origin: Option<&str>) -> bool {
@@ -141,6 +159,14 @@ impl Site {
                 .any(|a| a.eq_ignore_ascii_case(o)),
         }
     }
+}
+
+/// `host[:port]` without its port (an IPv6 host keeps its brackets).
+fn strip_port(host_port: &str) -> &str {
+    if host_port.starts_with('[') {
+        return host_port.split_inclusive(']').next().unwrap_or(host_port);
+    }
+    host_port.split(':').next().unwrap_or(host_port)
 }
 
 /// Normalises an origin as a browser sends it in `Origin`: `scheme://host[:port]`, lowercase,
@@ -521,11 +547,23 @@ mod tests {
         assert!(site.allows_origin(Some("https://shop.example")));
         assert!(!site.allows_origin(Some("https://evil.example")));
         assert!(!site.allows_origin(Some("null")));
+        assert!(site.allows_page("https://shop.example/p/1?x"));
+        assert!(
+            site.allows_page("https://SHOP.example:8443/"),
+            "the host alone counts"
+        );
+        assert!(!site.allows_page("https://evil.example/free-giftcard"));
+        assert!(!site.allows_page("https://shop.example.evil.example/"));
+        assert!(!site.allows_page("https://evil.example/?https://shop.example"));
         let open = Site {
             allowed_origins: vec![],
             ..site
         };
         assert!(open.allows_origin(Some("https://anything.example")));
+        assert!(
+            open.allows_page("https://anything.example/"),
+            "no origins: any page"
+        );
     }
 
     #[test]
