@@ -265,7 +265,11 @@ edge_env() {
         "EDGE_PRIORITY=$([[ $e == edge1 ]] && echo 250 || echo 240)" \
         "EDGE_VRID=51" \
         "EDGE_CHECK_URL=https://127.0.0.1:$PORT/edge/healthz" \
-        "EDGE_CHECK_INTERVAL=$CHECK_INTERVAL"
+        "EDGE_CHECK_INTERVAL=$CHECK_INTERVAL" \
+        "EDGE_USER=root" "EDGE_GROUP=root" "EDGE_CHROOT=/"
+    # EDGE_USER, EDGE_GROUP, EDGE_CHROOT: this topology's edges reach the collectors through
+    # `namespace` (setns for every connection), which only root may do; the shipped default
+    # (haproxy, /var/lib/haproxy) is tested on its own (tests/tests/access.rs).
     # Only when given: otherwise haproxy.cfg's default applies.
     [[ -z ${EDGE_HOLD_MS:-} ]] || echo "EDGE_HOLD_MS=$EDGE_HOLD_MS"
     # EDGE_MAXCONN: HAProxy needs two descriptors per connection, and the hard limit of open
