@@ -25,6 +25,9 @@ use crate::{
 /// that, so that client connections can never take the descriptors the spool and the
 /// databases need (an `EMFILE` there would answer 503 or stall the writer).
 pub const RESERVED_FDS: usize = 256;
+/// Connections the operations listener holds at most (Prometheus, a health check, an
+/// operator).
+pub const ADMIN_CONNECTIONS: usize = 64;
 /// On shutdown, how long intake requests whose client has gone may take to finish after the
 /// listener closed: longer than a request's own bounds (the claim wait and the append
 /// timeout, 5 s each).
@@ -76,14 +79,8 @@ fn connection_limit(config: &Config) -> usize {
 /// ClickHouse replicas of `COLLECTOR_CLICKHOUSE_URLS` over HTTP.
 pub async fn serve(config: Config) -> Result<(), RunError> {
     // Listen first: a taken address is reported before anything else starts.
-    let listener = tokio::net::TcpListener::bind(config.server.listen)
-        .await
-        .map_err(|e| {
-            failed(format!(
-                "cannot listen on {} (COLLECTOR_LISTEN): {e}",
-                config.server.listen
-            ))
-        })?;
+    let listener = bind(config.server.listen, "COLLECTOR_LISTEN").await?;
+    let admin = bind(config.server.admin_listen, "COLLECTOR_ADMIN_LISTEN").await?;
     let metrics = Arc::new(metrics::Metrics::new());
     let store = settings::SettingsStore::new(
         &config.settings.database_url,
@@ -94,10 +91,21 @@ pub async fn serve(config: Config) -> Result<(), RunError> {
     .map_err(failed)?;
     let seams = Seams {
         listener,
+        admin,
         sites: Arc::new(store),
         metrics,
     };
     run(config, seams, shutdown_signal()).await
+}
+
+/// A listener on `addr`, or an error naming the setting.
+async fn bind(
+    addr: std::net::SocketAddr,
+    setting: &str,
+) -> Result<tokio::net::TcpListener, RunError> {
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| failed(format!("cannot listen on {addr} ({setting}): {e}")))
 }
 
 /// What [`run`] is given besides the configuration: the listener and the site source. The
@@ -106,6 +114,8 @@ pub async fn serve(config: Config) -> Result<(), RunError> {
 pub struct Seams {
     /// The bound listener intake serves on.
     pub listener: tokio::net::TcpListener,
+    /// The bound operations listener (`/metrics`, `/readyz` with its reason).
+    pub admin: tokio::net::TcpListener,
     /// Where site settings come from.
     pub sites: Arc<dyn settings::SiteSource>,
     /// The metrics registry every part reports to (shared with `sites` when it reports too).
@@ -126,6 +136,7 @@ pub async fn run(
     let max_connections = connection_limit(&config);
     let Seams {
         listener,
+        admin,
         sites,
         metrics,
     } = seams;
@@ -164,6 +175,22 @@ pub async fn run(
         max_connections,
         header_timeout: config.server.header_timeout,
     };
+    // The operations listener answers through the whole drain (`/readyz` 503 with why) and
+    // closes last.
+    let (close_admin, admin_closed) = tokio::sync::oneshot::channel::<()>();
+    let admin_limits = server::ConnectionLimits {
+        max_connections: ADMIN_CONNECTIONS,
+        ..connection_limits
+    };
+    let admin_server = tokio::spawn(server::serve(
+        admin,
+        endpoints::admin_router(state.clone()),
+        admin_limits,
+        metrics.clone(),
+        async move {
+            let _ = admin_closed.await;
+        },
+    ));
     let close = close_on(stop, state.clone(), config.server.drain_grace);
     let router = endpoints::router(state.clone());
     server::serve(listener, router, connection_limits, metrics, close).await;
@@ -185,6 +212,8 @@ pub async fn run(
     let _ = pruner.await;
     let _ = retention.await;
     let _ = geo_reloader.await;
+    let _ = close_admin.send(());
+    let _ = admin_server.await;
     tracing::info!("collector: stopped");
     Ok(())
 }

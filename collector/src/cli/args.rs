@@ -28,7 +28,7 @@ pub enum Command {
     Serve,
     /// Apply `schema/` to PostgreSQL and to every ClickHouse replica; idempotent.
     Migrate,
-    /// Health check for containers: exits 0 when `GET /readyz` on `COLLECTOR_LISTEN`
+    /// Health check for containers: exits 0 when `GET /readyz` on `COLLECTOR_ADMIN_LISTEN`
     /// answers 200 within 2 s, else 1. Needs no shell tools.
     Probe,
     /// Delete, once, every row older than `COLLECTOR_RETENTION` on every ClickHouse server, and

@@ -3,11 +3,11 @@
 use super::{failed, RunError};
 use crate::config::Config;
 
-/// `collector probe`: `GET /readyz` on the listen address (an unspecified address such as
-/// `0.0.0.0` is probed on loopback), 2 s at most.
+/// `collector probe`: `GET /readyz` on the operations listener (`COLLECTOR_ADMIN_LISTEN`; an
+/// unspecified address such as `0.0.0.0` is probed on loopback), 2 s at most.
 pub async fn run(config: &Config) -> Result<(), RunError> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut addr = config.server.listen;
+    let mut addr = config.server.admin_listen;
     if addr.ip().is_unspecified() {
         addr.set_ip(if addr.is_ipv4() {
             std::net::Ipv4Addr::LOCALHOST.into()

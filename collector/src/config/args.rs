@@ -8,6 +8,9 @@ use clap::Args;
 
 /// Default listen address (contract §1).
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
+/// Default address of the operations listener (contract v4 §1): loopback, Prometheus's
+/// conventional exporter range.
+pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9464";
 /// Default settings store (contract §1).
 pub const DEFAULT_DATABASE_URL: &str = "postgres://localhost/collector";
 /// Default ClickHouse replica list (contract §1).
@@ -72,6 +75,9 @@ pub struct RawArgs {
     /// Address to listen on.
     #[arg(long, env = "COLLECTOR_LISTEN", default_value = DEFAULT_LISTEN, global = true)]
     pub listen: String,
+    /// Address of the operations listener: `/metrics`, `/healthz`, `/readyz` with its reason.
+    #[arg(long, env = "COLLECTOR_ADMIN_LISTEN", default_value = DEFAULT_ADMIN_LISTEN, global = true)]
+    pub admin_listen: String,
     /// PostgreSQL settings store: tokio-postgres URL or key=value string; may list several hosts.
     #[arg(long, env = "COLLECTOR_DATABASE_URL", default_value = DEFAULT_DATABASE_URL, global = true, hide_env_values = true)]
     pub database_url: String,

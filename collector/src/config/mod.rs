@@ -84,8 +84,10 @@ pub struct Config {
 /// The listener and its connections.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
-    /// Address to listen on.
+    /// Address to listen on (the public listener).
     pub listen: SocketAddr,
+    /// Address of the operations listener (`/metrics`, `/healthz`, `/readyz` with its reason).
+    pub admin_listen: SocketAddr,
     /// Open connections at most (≥ 1).
     pub max_connections: usize,
     /// Whether `max_connections` was set (flag or environment) rather than defaulted: a set
@@ -205,6 +207,16 @@ impl Config {
 impl ServerConfig {
     fn read(raw: &RawArgs, p: &mut Problems) -> ServerConfig {
         let listen = values::socket_addr(&raw.listen);
+        let admin = values::socket_addr(&raw.admin_listen);
+        if let (Ok(l), Ok(a)) = (&listen, &admin) {
+            if l == a {
+                p.report(
+                    "ADMIN_LISTEN",
+                    &raw.admin_listen,
+                    "must differ from COLLECTOR_LISTEN",
+                );
+            }
+        }
         let max_connections = raw
             .max_connections
             .as_deref()
@@ -213,6 +225,9 @@ impl ServerConfig {
         ServerConfig {
             listen: p
                 .check("LISTEN", &raw.listen, listen)
+                .unwrap_or(SocketAddr::from(([127, 0, 0, 1], 0))),
+            admin_listen: p
+                .check("ADMIN_LISTEN", &raw.admin_listen, admin)
                 .unwrap_or(SocketAddr::from(([127, 0, 0, 1], 0))),
             max_connections: p.positive("MAX_CONNECTIONS", max_connections) as usize,
             max_connections_set: raw.max_connections.is_some(),

@@ -24,19 +24,40 @@ use crate::error::error_response;
 use crate::metrics::{RouteLabel, RouteOnly};
 use crate::state::AppState;
 
-/// The routes. Every error answer, 404 and 405 included, has a JSON body; no route
-/// redirects (a browser would replay a redirected POST as a bodiless GET).
+/// The public routes (`COLLECTOR_LISTEN`): the script, site settings, intake, and `/healthz`
+/// and `/readyz` with their status only (contract v4: `/metrics` is 404 here). Every error
+/// answer, 404 and 405 included, has a JSON body; no route redirects (a browser would replay
+/// a redirected POST as a bodiless GET).
 pub fn router(state: AppState) -> Router {
-    Router::new()
-        .route("/script.js", get(script::get))
-        .route("/api/v1/sites/{key}", get(sites::get))
-        .route(
-            "/api/v1/measurements",
-            post(intake::post).options(intake::preflight),
-        )
-        .route("/healthz", get(ops::healthz))
-        .route("/readyz", get(ops::readyz))
-        .route("/metrics", get(ops::metrics))
+    finish(
+        Router::new()
+            .route("/script.js", get(script::get))
+            .route("/api/v1/sites/{key}", get(sites::get))
+            .route(
+                "/api/v1/measurements",
+                post(intake::post).options(intake::preflight),
+            )
+            .route("/healthz", get(ops::healthz))
+            .route("/readyz", get(ops::readyz_status)),
+        state,
+    )
+}
+
+/// The operations routes (`COLLECTOR_ADMIN_LISTEN`, private): `/metrics`, `/healthz`, and
+/// `/readyz` with its reason.
+pub fn admin_router(state: AppState) -> Router {
+    finish(
+        Router::new()
+            .route("/healthz", get(ops::healthz))
+            .route("/readyz", get(ops::readyz))
+            .route("/metrics", get(ops::metrics)),
+        state,
+    )
+}
+
+/// The JSON 404 and 405, the counting of every request, the state.
+fn finish(routes: Router<AppState>, state: AppState) -> Router {
+    routes
         .fallback(|| async { error_response(StatusCode::NOT_FOUND, "not found") })
         .method_not_allowed_fallback(|| async {
             error_response(StatusCode::METHOD_NOT_ALLOWED, "method not allowed")

@@ -16,13 +16,23 @@ pub async fn healthz() -> &'static str {
     "ok\n"
 }
 
-/// 200 while the collector accepts traffic; 503 (with the JSON error body every error answer
-/// has, naming the reason) while draining or unable to accept durably: the spool full, the
-/// spool unable to write (a full disk), the site settings never loaded.
+/// The operations listener's `/readyz`: 200 while the collector accepts traffic; 503 (with the
+/// JSON error body every error answer has, naming the reason) while draining or unable to
+/// accept durably: the spool full, the spool unable to write (a full disk), the site settings
+/// never loaded.
 pub async fn readyz(State(state): State<AppState>) -> Response {
     match not_ready_reason(&state) {
         None => (StatusCode::OK, "ready\n").into_response(),
         Some(reason) => error_response(StatusCode::SERVICE_UNAVAILABLE, reason.trim_end()),
+    }
+}
+
+/// The public listener's `/readyz` (what load balancers ask): the same status, no reason in
+/// the body (contract v4: why a collector cannot accept is for its operators).
+pub async fn readyz_status(State(state): State<AppState>) -> Response {
+    match not_ready_reason(&state) {
+        None => (StatusCode::OK, "ready\n").into_response(),
+        Some(_) => error_response(StatusCode::SERVICE_UNAVAILABLE, "not ready"),
     }
 }
 

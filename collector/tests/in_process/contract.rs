@@ -396,5 +396,14 @@ async fn the_script_is_served_from_memory_with_revalidation() {
     assert_eq!(again.status, 304);
     assert_eq!(get(app.addr, "/healthz").await.status, 200);
     assert_eq!(get(app.addr, "/readyz").await.status, 200);
+    // Contract v4: /metrics is on the operations listener only.
+    assert_eq!(get(app.addr, "/metrics").await.status, 404);
+    assert_eq!(get(app.admin, "/metrics").await.status, 200);
+    assert_eq!(get(app.admin, "/readyz").await.status, 200);
+    assert_eq!(
+        get(app.admin, "/script.js").await.status,
+        404,
+        "nothing public there"
+    );
     app.stop(false).await;
 }

@@ -109,6 +109,8 @@ pub fn site(key: &str) -> Site {
 pub struct App {
     /// Where it listens.
     pub addr: SocketAddr,
+    /// Where its operations listener listens (`/metrics`, `/readyz` with its reason).
+    pub admin: std::net::SocketAddr,
     /// Its spool folder (removed when the app is dropped).
     pub spool: tempfile::TempDir,
     stop: Option<tokio::sync::oneshot::Sender<bool>>,
@@ -163,11 +165,15 @@ impl App {
     ) -> App {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
+        let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let admin_addr = admin.local_addr().unwrap();
         let urls: Vec<String> = clickhouse.iter().map(|c| c.url()).collect();
         let mut args: Vec<String> = vec![
             "collector".into(),
             "--listen".into(),
             addr.to_string(),
+            "--admin-listen".into(),
+            admin_addr.to_string(),
             "--spool-dir".into(),
             spool.path().display().to_string(),
             "--clickhouse-urls".into(),
@@ -188,6 +194,7 @@ impl App {
         let (stop, stopped) = tokio::sync::oneshot::channel::<bool>();
         let seams = collector::app::Seams {
             listener,
+            admin,
             sites,
             metrics: Arc::new(collector::metrics::Metrics::new()),
         };
@@ -196,6 +203,7 @@ impl App {
         }));
         App {
             addr,
+            admin: admin_addr,
             spool,
             stop: Some(stop),
             task: Some(task),
@@ -244,7 +252,7 @@ impl App {
     /// The value of one series of `/metrics`, e.g. `collector_measurements_accepted_total` or
     /// `collector_clickhouse_replica_state{replica="0"}`; panics when it is not exposed.
     pub async fn metric(&self, series: &str) -> f64 {
-        let text = get(self.addr, "/metrics").await.text();
+        let text = get(self.admin, "/metrics").await.text();
         metric_in(&text, series)
             .unwrap_or_else(|| panic!("no series {series} in /metrics:\n{text}"))
     }
