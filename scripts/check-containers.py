@@ -287,9 +287,15 @@ def check_caddyfile(c):
     problems = []
     path = os.path.join(DEPLOY, "caddy", "Caddyfile")
     body = "\n".join(line.split("#", 1)[0] for line in open(path))
-    m = re.search(r"handle_path\s+/perf/\*\s*\{.*?reverse_proxy\s+([^{\n]+)\{(.*?)\}", body, re.S)
+    m = re.search(r"handle\s+@collector\s*\{\s*uri\s+strip_prefix\s+/perf\s.*?"
+                  r"reverse_proxy\s+([^{\n]+)\{(.*?)\}", body, re.S)
     if not m:
-        return ["no `handle_path /perf/*` with a reverse_proxy block"]
+        return ["no `handle @collector` that strips /perf with a reverse_proxy block"]
+    matcher = re.search(r"@collector\s+path_regexp\s+(\S+)", body)
+    if not matcher or "metrics" in matcher.group(1) or "script" not in matcher.group(1):
+        problems.append("the @collector matcher does not name only the public paths")
+    if not re.search(r"handle\s+/perf/\*\s*\{\s*respond\s+\S.*?404", body, re.S):
+        problems.append("the rest of /perf/* is not answered 404")
     upstreams = sorted(m.group(1).split())
     want = sorted(f"{n}:8080" for n in c.collectors)
     if upstreams != want:
