@@ -498,9 +498,27 @@ image_size() {
         'for t in cc gcc ld cargo rustc rustup make git curl; do command -v $t || true; done')
     echo "image $((size / 1000000)) MB: base $((base / 1000000)) MB + collector binary $((bin / 1000000)) MB" \
         "+ $(((size - base - bin) / 1000)) kB" | tee "$TMP/size.note"
-    # Small: the base, the binary and nothing else of note (no build stage left over).
+    # Small: the base, the binary and nothing else of note (no build stage left over), at
+    # most 40 MiB added to the base (issue 39's goal).
     if ((size - base - bin > 5000000)); then echo "more than 5 MB beyond the base and the binary"; return 1; fi
+    if ((size - base > 40 * 1048576)); then echo "adds $(((size - base) / 1048576)) MiB to its base, more than 40"; return 1; fi
     if [[ -n $tools ]]; then echo "build tools in the runtime image: $tools"; return 1; fi
+}
+
+# The image's binary keeps readable backtraces: its DWARF line tables are there, compressed
+# (the Dockerfile's objcopy), and resolve an address of `collector::main` to main.rs and a line
+# (binutils reads compressed sections as Rust's backtrace does).
+image_backtraces() {
+    local bin=$TMP/collector-from-image sections addr where
+    pm run --rm --network host --entrypoint cat "$IMAGE" /usr/local/bin/collector >"$bin"
+    sections=$(readelf -S -W "$bin")
+    grep -E '\.debug_line .* C ' <<<"$sections" || { echo "no compressed .debug_line:"; echo "$sections"; return 1; }
+    grep -E '\.debug_info .* C ' <<<"$sections" || { echo "no compressed .debug_info"; return 1; }
+    addr=$(nm -C "$bin" | awk '$3 == "collector::main" { print $1; exit }')
+    [[ -n $addr ]] || { echo "no symbol collector::main"; return 1; }
+    where=$(addr2line -f -C -e "$bin" "0x$addr")
+    echo "collector::main at 0x$addr: $where"
+    [[ $where == *"collector/src/main.rs:"[0-9]* ]]
 }
 
 bad_setting() {
@@ -754,6 +772,7 @@ engine_main() {
     echo "note  build: $(cat "$TMP/build.note")"
     check "image: USER 10001:10001, HEALTHCHECK collector probe, STOPSIGNAL SIGTERM, spool VOLUME" image_config
     check "image: small (the base and the binary only), no build tools" image_size
+    check "image: the binary's line tables are there, compressed (readable backtraces)" image_backtraces
     check "run: a bad setting exits 2 with its one-line error in podman logs" bad_setting
 
     # The loopback stack: PostgreSQL, ZooKeeper and three ClickHouse replicas (as compose.yaml).

@@ -17,8 +17,8 @@
 #       apt-get installs clickhouse-server, clickhouse-client, zookeeper, nginx, caddy,
 #       chromium, chromium-driver, haproxy, keepalived, iproute2, socat, iptables,
 #       apache2, systemd, prometheus (promtool and the server of the observability
-#       tests), pgbouncer (the pooler tests), faketime (the stepped-clock tests), postgresql-15,
-#       curl and procps if any is missing (apt-get update only
+#       tests), pgbouncer (the pooler tests), faketime (the stepped-clock tests), fiu-utils
+#       (the failing-sync tests), postgresql-15, curl and procps if any is missing (apt-get update only
 #       then), without letting their maintainer scripts start services.
 #       python3-venv too, then a Python virtual environment (STACK_CH26_VENV,
 #       default ~/.cache/collector-stack/ch26-venv) with chdb-core 26.9.0 from
@@ -213,12 +213,13 @@ install_packages() {
     # prometheus: promtool (rule tests) and the server the observability test scrapes with.
     # pgbouncer: the transaction-mode pooler of the pooler tests (run by them, never as a service).
     # faketime (and its libfaketime): the stepped wall clock of the storage tests.
+    # fiu-utils (fiu-run, fiu-ctrl, libfiu's POSIX preload): the failing-sync spool test.
     # firefox-esr, webkit2gtk-driver (WebKitWebDriver and MiniBrowser), xvfb (xvfb-run, for
     # MiniBrowser, which has no headless mode): the script's tests in the other two engines.
     # libmaxmind-db-writer-perl, mmdb-bin: the country tests' tiny databases, made and checked.
     for p in clickhouse-server clickhouse-client zookeeper curl nginx caddy chromium chromium-driver \
              firefox-esr webkit2gtk-driver xvfb xauth libmaxmind-db-writer-perl mmdb-bin \
-             haproxy keepalived iproute2 socat iptables apache2 systemd prometheus pgbouncer faketime; do
+             haproxy keepalived iproute2 socat iptables apache2 systemd prometheus pgbouncer faketime fiu-utils; do
         pkg_installed "$p" || need+=("$p")
     done
     [[ -x $PG_BIN/postgres && -x $PG_BIN/initdb && -x $PG_BIN/psql ]] || need+=(postgresql-15)

@@ -17,7 +17,8 @@
 //! - [`config`]: the `COLLECTOR_*` configuration in sections, every bad value reported at once;
 //!   [`cli`]: the command tree and the one-shot commands (`migrate`, `sites`, `probe`,
 //!   `spool dump`), one file each, and [`RunError`], how a command fails.
-//! - [`server`]: the accept loop, connection and header limits, drain; it serves any router.
+//! - [`server`]: the accept loop, connection and header limits, drain; it serves any router,
+//!   and an idle keep-alive connection holds no HTTP state.
 //! - [`endpoints`]: the routes ([`endpoints::router`]) and one handler per file, each reading
 //!   the shared [`state`]; [`error`]: the intake's errors and their statuses.
 //! - [`beacon`]: a request body's media type, coding and JSON, object by object;

@@ -1,22 +1,25 @@
 //! The HTTP server: the accept loop with its connection and header limits, path
 //! normalisation, and drain. It serves whatever [`Router`] it is given
-//! ([`crate::endpoints::router`]) and imports neither the endpoints nor their state.
+//! ([`crate::endpoints::router`]) and imports neither the endpoints nor their state. Each
+//! connection is served by [`connection`]: hyper for each request, nothing between them.
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::Body;
 use axum::http::uri::PathAndQuery;
-use axum::http::{Request, StatusCode, Uri};
+use axum::http::{Request, Uri};
 use axum::Router;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::TokioTimer;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
-use tower::Service;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
-use crate::error::error_response;
 use crate::metrics::Metrics;
+
+mod connection;
+use connection::Connection;
 
 /// Largest request header section accepted, in bytes (contract §2: up to 16 KiB must pass,
 /// more is answered 431).
@@ -51,8 +54,8 @@ pub async fn serve(
     close: impl Future<Output = ()>,
 ) {
     let mut http = hyper::server::conn::http1::Builder::new();
-    // hyper starts the header timer whenever it waits for a request head, including between
-    // keep-alive requests, so it also closes idle connections.
+    // hyper starts the header timer whenever it waits for a request head; between requests
+    // the connection waits without hyper, for the same time (connection.rs).
     http.timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout)
         .max_header_size(MAX_HEAD_BYTES)
@@ -63,8 +66,10 @@ pub async fn serve(
         // a beacon whose body arrived whole would be lost (contract v3, §2 metrics).
         .half_close(true)
         .keep_alive(true);
+    let http = Arc::new(http);
     let connections = Arc::new(Semaphore::new(limits.max_connections));
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let draining = CancellationToken::new();
+    let tasks = TaskTracker::new();
     tokio::pin!(close);
     loop {
         let (stream, peer) = tokio::select! {
@@ -89,32 +94,27 @@ pub async fn serve(
         };
         metrics.http.open_connections.inc();
         let _ = stream.set_nodelay(true);
-        let router = router.clone();
-        let service = hyper::service::service_fn(move |mut req: Request<hyper::body::Incoming>| {
-            req.extensions_mut()
-                .insert(axum::extract::ConnectInfo(peer));
-            let mut router = router.clone();
-            async move {
-                if header_bytes(&req) > MAX_HEADER_BYTES {
-                    return Ok(error_response(
-                        StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-                        "request headers larger than 16 KiB",
-                    ));
-                }
-                normalise_path(req.uri_mut());
-                router.call(req.map(Body::new)).await
-            }
-        });
-        let conn = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
+        let connection = Connection {
+            stream,
+            peer,
+            router: router.clone(),
+            http: http.clone(),
+            idle_timeout: limits.header_timeout,
+            draining: draining.clone(),
+        };
         let metrics = metrics.clone();
-        tokio::spawn(async move {
-            let _ = conn.await;
+        tasks.spawn(async move {
+            connection.run().await;
             metrics.http.open_connections.dec();
             drop(permit);
         });
     }
     drop(listener);
-    if tokio::time::timeout(CONNECTION_DRAIN, graceful.shutdown())
+    // Idle connections close at once; a request in progress is answered (with
+    // `Connection: close`) within the drain limit.
+    draining.cancel();
+    tasks.close();
+    if tokio::time::timeout(CONNECTION_DRAIN, tasks.wait())
         .await
         .is_err()
     {

@@ -548,8 +548,8 @@ def figures(r):
     n_idle = r.get("idle_conns", "?")
     rows.append((f"(e) RSS growth with {n_idle} idle keep-alive connections",
                  fmt(growth, 1, " MiB") + f" ({r.get('idle_open', '?')} open)", "",
-                 "<= 100 MiB for 10,000",
-                 verdict((growth * 10000 / max(1.0, num(r, 'idle_conns', 1))) <= 100 if growth == growth else None)
+                 "<= 64 MiB for 10,000",
+                 verdict((growth * 10000 / max(1.0, num(r, 'idle_conns', 1))) <= 64 if growth == growth else None)
                  + ("" if n_idle == "10000" else " (scaled to 10,000)")))
     v99 = num(r, "vis_p99_ms")
     rows.append((f"(f) 202 -> visible in ClickHouse, p50 / p99 ({r.get('vis_visible', '?')} of {r.get('vis_probes', '?')} probes)",

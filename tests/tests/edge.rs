@@ -407,9 +407,11 @@ async fn ten_thousand_idle_connections_cost_bounded_memory() {
         after >> 20,
         growth >> 20
     );
-    // The documented bound (docs/edge.md, "Limits"): under 120 MiB for 10,000 idle connections
-    // (measured about 81 MiB: hyper keeps a read and a write buffer per connection).
-    assert!(growth < 120 << 20, "RSS grew by {} MiB", growth >> 20);
+    // The goal (docs/edge.md, "Limits"): at most 64 MiB for 10,000 idle connections. Measured
+    // at once, so the connections answered in the last 0.1 s still hold their hyper buffers
+    // (server/connection.rs parks a connection 0.1 s after its answer); it was 118 MiB when every
+    // connection kept them (issue 39).
+    assert!(growth <= 64 << 20, "RSS grew by {} MiB", growth >> 20);
     // The collector still serves.
     assert_eq!(c.post_json(&measurement(&env.site).1).await.0, 202);
     drop(conns);

@@ -6,7 +6,8 @@
 //! - **Text**: the bytes are decoded as the WHATWG "UTF-8 decode" does (a leading byte-order
 //!   mark skipped, an invalid byte replaced by U+FFFD), and bare `NaN`, `Infinity` and
 //!   `-Infinity` tokens in value position, which some JSON encoders write, are quoted so that
-//!   they reach their field as an invalid value.
+//!   they reach their field as an invalid value; so are the signed spellings other encoders
+//!   and JSON5 write (`-NaN`, `+NaN`, `+Infinity`: a C `printf` of a negative NaN).
 //! - **Syntax**: broken JSON syntax (unbalanced brackets, bad tokens, trailing bytes) makes
 //!   the whole body malformed.
 //! - **Values**: each array item, field name and field value is kept as a borrowed
@@ -49,9 +50,15 @@ pub fn text(body: &[u8]) -> Cow<'_, str> {
     }
 }
 
-/// Rewrites bare `NaN`, `Infinity` and `-Infinity` tokens outside strings, in value position
-/// (after `:`, `[`, or `,` inside an array; never as an object key), as JSON strings.
-/// `None` when there is none.
+/// The non-finite number spellings of JSON encoders that are not JSON, signed ones first (so
+/// that `-NaN` is not read as `-` then `NaN`). Each holds `NaN` or `Infinity`, the two words
+/// [`text`] looks for before rewriting.
+const NON_FINITE: [&str; 6] = ["-Infinity", "+Infinity", "-NaN", "+NaN", "Infinity", "NaN"];
+
+/// Rewrites bare [`NON_FINITE`] tokens outside strings, in value position (after `:`, `[`, or
+/// `,` inside an array; never as an object key), as JSON strings. `None` when there is none.
+/// (Before `-NaN` was among them, the `-` made the body's syntax broken: one field's fault
+/// cost the whole beacon, 400.)
 fn non_finite_as_strings(text: &str) -> Option<String> {
     let body = text.as_bytes();
     let mut out = Vec::with_capacity(body.len() + 16);
@@ -77,12 +84,12 @@ fn non_finite_as_strings(text: &str) -> Option<String> {
         let rest = &body[i..];
         let value_position =
             last == b':' || last == b'[' || (last == b',' && containers.last() == Some(&b'['));
-        if let Some(token) = [&b"-Infinity"[..], b"Infinity", b"NaN"]
+        if let Some(token) = NON_FINITE
             .into_iter()
-            .find(|t| value_position && rest.starts_with(t))
+            .find(|t| value_position && rest.starts_with(t.as_bytes()))
         {
             out.push(b'"');
-            out.extend_from_slice(token);
+            out.extend_from_slice(token.as_bytes());
             out.push(b'"');
             i += token.len();
             changed = true;
@@ -264,6 +271,10 @@ mod tests {
             "{\"a\":\"NaN\",\"b\":[\"Infinity\",\"-Infinity\"],\"NaN\":\"NaN\"}"
         );
         assert!(matches!(text(b"{\"u\":\"/NaN\"}"), Cow::Borrowed(_)));
+        assert_eq!(
+            text(b"{\"a\":-NaN,\"b\":[+NaN, +Infinity],\"c\":\"-NaN\"}"),
+            "{\"a\":\"-NaN\",\"b\":[\"+NaN\", \"+Infinity\"],\"c\":\"-NaN\"}"
+        );
     }
 
     #[test]

@@ -321,6 +321,13 @@ fn nan_and_infinity_tokens_cost_only_their_field() {
     assert_eq!(v.measurement.ttfb_ms, Some(3.0));
     let v = one(&with(r#","lcp_ms":[NaN, Infinity],"navigation_type":NaN"#)).unwrap();
     assert_eq!(v.dropped, ["navigation_type", "lcp_ms"]);
+    // Issue 39: a signed NaN cost the whole beacon (400, broken syntax), not its field.
+    let v = one(&with(
+        r#","lcp_ms":-NaN,"cls":+NaN,"fcp_ms":+Infinity,"ttfb_ms":3"#,
+    ))
+    .unwrap();
+    assert_eq!(v.dropped, ["fcp_ms", "lcp_ms", "cls"]);
+    assert_eq!(v.measurement.ttfb_ms, Some(3.0));
 }
 
 #[test]

@@ -148,16 +148,29 @@ impl Site {
     }
 
     /// Whether a request with this `Origin` header may send beacons for the site: a request
-    /// without `Origin` is judged by the site key alone (contract §2).
+    /// without `Origin` is judged by the site key alone (contract §2). Origins are compared as
+    /// RFC 6454 compares them, by scheme, host and port: `https://shop.example:443` (an
+    /// explicit default port, as some proxies and clients write it) and `HTTPS://Shop.Example`
+    /// are `https://shop.example`. A value that is no http(s) origin (`null`) is allowed by
+    /// no list.
     pub fn allows_origin(&self, origin: Option<&str>) -> bool {
-        match origin {
-            None => true,
-            Some(_) if self.allowed_origins.is_empty() => true,
-            Some(o) => self
+        let Some(o) = origin else { return true };
+        if self.allowed_origins.is_empty()
+            || self
                 .allowed_origins
                 .iter()
-                .any(|a| a.eq_ignore_ascii_case(o)),
+                .any(|a| a.eq_ignore_ascii_case(o))
+        {
+            // A browser's `Origin` is already serialised: no parse on this path.
+            return true;
         }
+        let Some(o) = normalise_origin(o) else {
+            return false;
+        };
+        // `sites add` stores serialised origins; a row written otherwise is serialised here.
+        self.allowed_origins
+            .iter()
+            .any(|a| *a == o || normalise_origin(a).is_some_and(|a| a == o))
     }
 }
 
@@ -555,6 +568,18 @@ mod tests {
         assert!(!site.allows_page("https://evil.example/free-giftcard"));
         assert!(!site.allows_page("https://shop.example.evil.example/"));
         assert!(!site.allows_page("https://evil.example/?https://shop.example"));
+        // Issue 39: the default port written out is the same origin; another port is not.
+        assert!(site.allows_origin(Some("https://shop.example:443")));
+        assert!(site.allows_origin(Some("HTTPS://Shop.Example")));
+        assert!(!site.allows_origin(Some("https://shop.example:8443")));
+        assert!(!site.allows_origin(Some("http://shop.example")));
+        assert!(!site.allows_origin(Some("https://shop.example.evil.example")));
+        let hand_written = Site {
+            allowed_origins: vec!["HTTP://Shop.Example:80/".into()],
+            ..site.clone()
+        };
+        assert!(hand_written.allows_origin(Some("http://shop.example")));
+        assert!(!hand_written.allows_origin(Some("https://shop.example")));
         let open = Site {
             allowed_origins: vec![],
             ..site

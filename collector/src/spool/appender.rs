@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::files::{fault, is_no_space};
+use super::files::{fault, is_no_space, sync_segment};
 use super::format::{HEADER_LEN, MAGIC};
 use super::group::{Groups, Taken};
 use super::prepare::Preparer;
@@ -17,6 +17,10 @@ use super::{
     segment_path, AppendError, Position, Shared, APPENDER_NICE, RESUME_ROOM_BYTES,
     RETRY_WRITE_INTERVAL, UNWRITABLE_DISK_FULL, UNWRITABLE_IO,
 };
+
+/// Zeros a trial writes after the active segment's durable end and syncs, in bytes: one page,
+/// so that the `fdatasync` has data to write (a sync with nothing dirty proves nothing).
+const TRIAL_BYTES: usize = 4096;
 
 pub(super) struct Appender {
     pub shared: Arc<Shared>,
@@ -114,7 +118,7 @@ impl Appender {
         let began = Instant::now();
         let result = fault(&self.shared.dir)
             .and_then(|()| file.write_all_at(&taken.buf, self.size))
-            .and_then(|()| file.sync_data());
+            .and_then(|()| sync_segment(&self.shared.dir, file));
         self.shared
             .metrics
             .spool
@@ -215,9 +219,17 @@ impl Appender {
         }
     }
 
-    /// Makes the spool writable: a new segment if the active one is sealed, and
-    /// [`RESUME_ROOM_BYTES`] reserved after its end, so that a disk with a few KiB free does
-    /// not count as writable.
+    /// Makes the spool writable, and proves it: a new segment if the active one is sealed,
+    /// [`RESUME_ROOM_BYTES`] reserved after its end (so that a disk with a few KiB free does
+    /// not count as writable), then [`TRIAL_BYTES`] of zeros written there and synced with
+    /// `fdatasync`, the call a group commit makes. Without that sync a disk whose every
+    /// `fdatasync` fails, while `fsync`, `fallocate` and writes work, passed every trial and
+    /// turned ready between failed groups.
+    ///
+    /// A failed trial keeps its segment (only zeros past the durable end were written to it
+    /// since its last good sync, and the next group's frames overwrite them), so the next trial
+    /// tries the same file again: a spell of failures makes one new segment, not one per trial.
+    /// Errors: the first step that failed.
     pub fn resume(&mut self) -> io::Result<()> {
         self.last_trial = Instant::now();
         if self.file.is_none() {
@@ -232,11 +244,15 @@ impl Appender {
             self.size,
             RESUME_ROOM_BYTES,
         ) {
-            Ok(()) => Ok(()),
-            // A filesystem without fallocate: the new segment's header was written, take that.
-            Err(e) if e == rustix::io::Errno::OPNOTSUPP || e == rustix::io::Errno::NOSYS => Ok(()),
-            Err(e) => Err(e.into()),
+            Ok(()) => {}
+            // A filesystem without fallocate: the zeros below claim their blocks instead.
+            Err(e) if e == rustix::io::Errno::OPNOTSUPP || e == rustix::io::Errno::NOSYS => {}
+            Err(e) => return Err(e.into()),
         }
+        // Zeros are never read as frames: recovery cuts them without counting damage, a seal
+        // or a clean stop trims them (as a prepared segment's).
+        file.write_all_at(&[0; TRIAL_BYTES], self.size)?;
+        sync_segment(&self.shared.dir, file)
     }
 
     /// Deletes the sealed active segment if the durable cursor has passed it: on a full disk

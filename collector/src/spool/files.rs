@@ -1,6 +1,7 @@
 //! The spool's small files: `IDENTITY` (made once), and `CURSOR` and `INFLIGHT`, which are
 //! slot files rewritten in place ([`SlotFile`]) so that recording progress never needs free
-//! space; plus the one test hook that makes a folder's writes fail as on a full disk.
+//! space; plus the test hooks that make a folder's writes fail as on a full disk and its
+//! segments' syncs fail as on a failing one.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
@@ -333,6 +334,29 @@ pub(super) fn is_no_space(e: &io::Error) -> bool {
 /// Spool folders whose writes fail with `ENOSPC`, for unit tests of the full disk.
 #[cfg(test)]
 pub(super) static FULL_DISKS: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+/// Spool folders whose segments' `fdatasync` fails with `EIO`, for unit tests of a disk whose
+/// every sync fails (the real-server test does it with libfiu: `tests/tests/sync_fails.rs`).
+#[cfg(test)]
+pub(super) static FAILING_SYNCS: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+/// `fdatasync` of `file`, a segment of the spool in `dir`: where group commits and trials
+/// sync, so that a unit test can make it fail ([`FAILING_SYNCS`]).
+pub(super) fn sync_segment(dir: &Path, file: &File) -> io::Result<()> {
+    #[cfg(test)]
+    if FAILING_SYNCS
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|d| dir.starts_with(d))
+    {
+        return Err(io::Error::from_raw_os_error(
+            rustix::io::Errno::IO.raw_os_error(),
+        ));
+    }
+    let _ = dir;
+    file.sync_data()
+}
 
 /// Spool folders whose writes take this long, for unit tests of a slow or hung disk.
 #[cfg(test)]

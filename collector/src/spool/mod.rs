@@ -56,7 +56,7 @@
 //! crash is never replayed as garbage. A write or sync error truncates the segment back to
 //! its last durable length and seals it (after a failed fsync the page cache cannot be
 //! trusted, so the data is never re-synced: the affected requests got 503); the spool is then
-//! unwritable until it can start a new segment (see "A full disk").
+//! unwritable until a trial in a new segment writes and syncs (see "A full disk").
 //!
 //! # Identity and the batch in flight
 //!
@@ -91,10 +91,15 @@
 //! `collector_spool_disk_full` is 1. Reading, delivering and confirming go on, and need no free
 //! space: the cursor is rewritten in place, and a sealed segment is deleted as soon as the
 //! durable cursor has passed it (even the newest one: numbering goes on from the cursor). Every
-//! [`RETRY_WRITE_INTERVAL`] the appender tries to leave the state: start a new segment if it has none
-//! and reserve [`RESUME_ROOM_BYTES`] in it (`fallocate` with `FALLOC_FL_KEEP_SIZE`); once both
-//! succeed, appends are taken again. So the state ends by itself when space returns or when the
-//! drain of the spool frees it. Opening needs no free space either when the spool's files exist:
+//! [`RETRY_WRITE_INTERVAL`] the appender tries to leave the state (a *trial*): start a new
+//! segment if it has none, reserve [`RESUME_ROOM_BYTES`] in it (`fallocate` with
+//! `FALLOC_FL_KEEP_SIZE`), and write a page of zeros after its end and `fdatasync` it, the
+//! call every group commit makes; once all succeed, appends are taken again. A trial that
+//! skipped the sync passed on a disk whose every `fdatasync` failed (`fsync` and `fallocate`
+//! still working), so `/readyz` flapped to 200 between failed groups and each failed group
+//! sealed a segment, a new file every half second. A failed trial keeps its segment for the
+//! next one: a spell makes one new file. So the state ends by itself when space returns, when
+//! the drain of the spool frees it, or when a real sync succeeds again. Opening needs no free space either when the spool's files exist:
 //! if no new segment can be made, the spool opens unwritable and still delivers what it holds.
 //!
 //! # Group commit

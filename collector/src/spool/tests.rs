@@ -716,6 +716,70 @@ async fn a_full_disk_refuses_appends_until_space_returns() {
     assert_eq!(metrics.spool.records.get(), 2);
 }
 
+/// Makes the segment syncs under `dir` fail with `EIO` (or succeed again).
+fn set_failing_syncs(dir: &Path, failing: bool) {
+    let mut disks = FAILING_SYNCS.lock().unwrap();
+    disks.retain(|d| d != dir);
+    if failing {
+        disks.push(dir.to_owned());
+    }
+}
+
+/// Issue 39: a disk whose every `fdatasync` fails while writes, `fsync` and `fallocate` work.
+/// The trial must sync too, or it passes, the spool turns writable between failed groups and
+/// each failed group seals a segment: a new file every trial.
+#[tokio::test]
+async fn a_disk_whose_syncs_fail_stays_unwritable_in_one_new_segment() {
+    let dir = tempfile::tempdir().unwrap();
+    let metrics = Arc::new(Metrics::new());
+    let (spool, mut reader) = open(dir.path(), 1 << 20, LAYOUTS, metrics.clone()).unwrap();
+    let limit = Duration::from_secs(5);
+    spool.append(rows(&[m(1)]), limit).await.unwrap();
+    assert_eq!(segment_numbers(dir.path()), [1]);
+
+    set_failing_syncs(dir.path(), true);
+    assert_eq!(
+        spool.append(rows(&[m(2)]), limit).await,
+        Err(AppendError::Io)
+    );
+    // Ten trials, a request between each pair: every one refused, never writable.
+    for n in 0..10 {
+        tokio::time::sleep(RETRY_WRITE_INTERVAL).await;
+        assert_eq!(
+            spool.unwritable(),
+            Some("spool cannot write: write error (the log names it)"),
+            "writable again after {} trials while every sync fails",
+            n + 1
+        );
+        assert_eq!(
+            spool.append(rows(&[m(10 + n)]), limit).await,
+            Err(AppendError::Io)
+        );
+    }
+    assert_eq!(metrics.spool.disk_full.get(), 1);
+    assert_eq!(
+        segment_numbers(dir.path()),
+        [1, 2],
+        "the sealed segment and the one new segment the trials share"
+    );
+
+    set_failing_syncs(dir.path(), false);
+    wait_writable(&spool).await;
+    assert_eq!(metrics.spool.disk_full.get(), 0);
+    spool.append(rows(&[m(30)]), limit).await.unwrap();
+    let recs = read_all(&mut reader);
+    assert_eq!(ids(&recs), [1, 30], "nothing refused was kept");
+    assert_eq!(
+        (recs[0].end.segment, recs[1].end.segment),
+        (1, 2),
+        "the first write after the spell lands in the trials' segment, over their zeros"
+    );
+    drop((spool, reader));
+    // The zeros of the trials are no damage: a reopen reads the same two records.
+    let (_spool, mut reader) = open(dir.path(), 1 << 20, LAYOUTS, metrics.clone()).unwrap();
+    assert_eq!(ids(&read_all(&mut reader)), [1, 30]);
+}
+
 #[tokio::test]
 async fn a_sealed_segment_goes_once_confirmed_and_numbering_goes_on() {
     let dir = tempfile::tempdir().unwrap();

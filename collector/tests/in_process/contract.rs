@@ -407,3 +407,58 @@ async fn the_script_is_served_from_memory_with_revalidation() {
     );
     app.stop(false).await;
 }
+
+/// Issue 39, two inputs the acceptance checks have tried since contract v2: a JSON `-NaN` in
+/// one metric costs that field alone (as `NaN` does), and an `Origin` with the default port
+/// written out is the site's own origin.
+#[tokio::test]
+async fn a_signed_nan_costs_its_field_and_a_default_port_is_the_same_origin() {
+    let ch = ClickHouse::start().await;
+    let sites = Sites::with(&[]);
+    sites.put(collector::settings::Site {
+        allowed_origins: vec!["https://shop.example".into()],
+        ..site("strict")
+    });
+    let app = App::start(sites, &[&ch], &[]).await;
+    let (id, body) = beacon("strict");
+    let text = body.to_string();
+    assert!(text.contains("\"lcp_ms\":1500.25"), "{text}");
+    let text = text.replace("\"lcp_ms\":1500.25", "\"lcp_ms\":-NaN");
+    let answer = post(
+        app.addr,
+        "/api/v1/measurements",
+        &[
+            ("content-type", "application/json"),
+            ("origin", "https://shop.example:443"),
+        ],
+        text,
+    )
+    .await;
+    assert_eq!(answer.status, 202, "{}", answer.text());
+    assert_eq!(answer.json()["accepted"], 1, "{}", answer.text());
+    assert_eq!(
+        answer.json()["dropped_fields"],
+        json!([{"index": 0, "field": "lcp_ms"}]),
+        "{}",
+        answer.text()
+    );
+    // Another port is another origin: refused, nothing stored.
+    let (_, other) = beacon("strict");
+    let answer = post(
+        app.addr,
+        "/api/v1/measurements",
+        &[
+            ("content-type", "application/json"),
+            ("origin", "https://shop.example:8443"),
+        ],
+        other.to_string(),
+    )
+    .await;
+    assert_eq!(answer.status, 403, "{}", answer.text());
+    exactly(&ch, 1).await;
+    let row = &ch.rows()[0];
+    assert_eq!(row.id, id);
+    assert_eq!(row.lcp_ms, None, "the -NaN field alone is dropped");
+    assert_eq!((row.fcp_ms, row.ttfb_ms), (Some(800.0), Some(120.5)));
+    app.stop(false).await;
+}
