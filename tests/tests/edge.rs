@@ -489,7 +489,7 @@ async fn sigterm_turns_readyz_first_then_drains_and_loses_nothing() {
             ("COLLECTOR_BATCH_MAX_AGE", "3s"),
         ])
         .await;
-    let traffic = Traffic::start(&c.url, &env.site, Duration::from_millis(10));
+    let traffic = Traffic::start(&c, &env.site, Duration::from_millis(10));
     traffic.wait_acked(100, SETTLE).await;
     assert_eq!(c.status_of("/readyz").await, 200);
 
@@ -560,10 +560,9 @@ async fn a_warning_repeated_ten_thousand_times_is_logged_about_once_a_second() {
                 break 'fill;
             }
         }
-        assert!(
-            filling.elapsed() < Duration::from_secs(60),
-            "the spool never filled"
-        );
+        if filling.elapsed() >= Duration::from_secs(60) {
+            c.diag.give_up("the spool never filled").await;
+        }
     }
     let body = measurement(&env.site).1.to_string();
     let start = Instant::now();
@@ -613,10 +612,11 @@ async fn slow_senders_do_not_take_the_in_flight_slots() {
     // Give the server time to read every head and start waiting for the bodies.
     let start = Instant::now();
     while c.metric("collector_http_open_connections").await < 20.0 {
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "the slow connections were not accepted"
-        );
+        if start.elapsed() >= Duration::from_secs(10) {
+            c.diag
+                .give_up("the slow connections were not accepted")
+                .await;
+        }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let mut ids = Vec::new();

@@ -113,7 +113,7 @@ async fn every_page_view_once(engine: Engine) {
         *expected.entry((s.to_owned(), page)).or_default() += n;
     };
 
-    let b = Browser::start(engine).await;
+    let b = Browser::start(engine, &env.diag).await;
 
     // Navigate away, as from the URL bar.
     open(&b, &a("navigate")).await;
@@ -200,20 +200,33 @@ async fn every_page_view_once(engine: Engine) {
          FROM {}.measurements FINAL WHERE site = '{site}'",
         env.db
     );
-    let start = Instant::now();
-    let rows = loop {
-        let rows = env.query(0, &sql).await;
-        if rows.len() >= want {
-            break rows;
-        }
-        assert!(
-            start.elapsed() < SETTLE,
-            "{engine:?}: {} of {want} page views stored after {SETTLE:?}; beacons: {:?}",
-            rows.len(),
-            shop.beacons()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let rows = wait_until(
+        &env.diag,
+        &format!("{engine:?}: {want} page views stored"),
+        SETTLE,
+        Duration::from_millis(200),
+        || async {
+            let rows = env.query(0, &sql).await;
+            if rows.len() >= want {
+                return Ok(rows);
+            }
+            let mut missing = expected.clone();
+            for r in &rows {
+                let url = col(r, "url").as_str().unwrap_or_default();
+                if let Some(n) = missing.iter_mut().find_map(|((s, page), n)| {
+                    (url.contains(&format!("/{page}?s={s}")) && *n > 0).then_some(n)
+                }) {
+                    *n -= 1;
+                }
+            }
+            missing.retain(|_, n| *n > 0);
+            Err(format!(
+                "{} of {want} stored; not stored (scenario, page): {missing:?}",
+                rows.len()
+            ))
+        },
+    )
+    .await;
     // Copies stored before folding: a second request of a page view would show here too.
     let copies: HashMap<String, i64> = env
         .query(
@@ -426,7 +439,7 @@ async fn a_failed_send_is_sent_once_more(engine: Engine) {
     let shop = Shop::start(&c, &pages(&site), Some("return 503;")).await;
     env.cli(&["sites", "add", "--key", &site, "--origin", &shop.proxy.url])
         .success();
-    let b = Browser::start(engine).await;
+    let b = Browser::start(engine, &env.diag).await;
     let url = format!("{}/shop/a.html?s=retry", shop.proxy.url);
     open(&b, &url).await;
     let page = b.client.window().await.unwrap();
@@ -448,11 +461,14 @@ async fn a_failed_send_is_sent_once_more(engine: Engine) {
         if !rows.is_empty() {
             break rows;
         }
-        assert!(
-            start.elapsed() < SETTLE,
-            "{engine:?}: no row after {SETTLE:?}; beacons: {:?}",
-            shop.beacons()
-        );
+        if start.elapsed() >= SETTLE {
+            env.diag
+                .give_up(format!(
+                    "{engine:?}: no row after {SETTLE:?}; beacons: {:?}",
+                    shop.beacons()
+                ))
+                .await;
+        }
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     if tab.is_some() {

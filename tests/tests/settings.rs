@@ -85,10 +85,14 @@ async fn a_stopped_store_costs_known_sites_nothing_and_a_change_arrives_after() 
         }
         assert_eq!(status, 202);
         // TTL (1 s) + backoff (3 s) + one reload period (1 s), with slack for a busy machine.
-        assert!(
-            changed.elapsed() < Duration::from_secs(10),
-            "the disabled site was still accepted"
-        );
+        if changed.elapsed() >= Duration::from_secs(10) {
+            c.diag
+                .give_up(
+                    "the disabled site was still accepted 10 s after the change: the TTL (1 s), \
+                     the backoff (3 s) and a reload (1 s) are 5 s, plus 5 s for a loaded machine",
+                )
+                .await;
+        }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(c.metric("collector_settings_store_up").await, 1.0);
@@ -109,7 +113,7 @@ async fn a_failing_store_gets_at_most_one_connection_attempt_per_backoff() {
     pg(&stack, "postgres", &format!("ALTER DATABASE {db} ALLOW_CONNECTIONS false; SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{db}'", db = env.db)).await;
     let before = pg_log_count(&stack, &refused);
     let start = Instant::now();
-    let traffic = Traffic::start(&c.url, &env.site, Duration::from_millis(5));
+    let traffic = Traffic::start(&c, &env.site, Duration::from_millis(5));
     tokio::time::sleep(Duration::from_secs(25)).await;
     let report = traffic.stop().await;
     let window = start.elapsed();
@@ -254,7 +258,9 @@ async fn a_thousand_requests_for_a_new_site_make_one_query() {
         if c.post_json(&m).await.0 == 202 {
             break;
         }
-        assert!(start.elapsed() < SETTLE, "the new site never became known");
+        if start.elapsed() >= SETTLE {
+            c.diag.give_up("the new site never became known").await;
+        }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
@@ -283,7 +289,7 @@ async fn intake_goes_on_through_a_failover_to_the_standby() {
         ])
         .await;
 
-    let traffic = Traffic::start(&c.url, &env.site, Duration::from_millis(20));
+    let traffic = Traffic::start(&c, &env.site, Duration::from_millis(20));
     traffic.wait_acked(50, SETTLE).await;
     stack.pg("stop");
     stack_sh(&["pg-standby", stack.dir.to_str().unwrap(), "promote"]);
@@ -316,10 +322,11 @@ async fn intake_goes_on_through_a_failover_to_the_standby() {
             break;
         }
         assert_eq!(status, 202, "{body}");
-        assert!(
-            start.elapsed() < SETTLE,
-            "the change on the promoted standby never arrived"
-        );
+        if start.elapsed() >= SETTLE {
+            c.diag
+                .give_up("the change on the promoted standby never arrived")
+                .await;
+        }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -336,11 +343,15 @@ async fn a_collector_started_without_the_store_is_ready_soon_after_it_returns() 
     stack.pg("start");
     let back = Instant::now();
     while c.status_of("/readyz").await != 200 {
-        assert!(
-            back.elapsed() < Duration::from_secs(40),
-            "not ready 40 s after the store returned (the TTL is 60 s, the backoff 10 s):\n{}",
-            c.logs()
-        );
+        if back.elapsed() >= Duration::from_secs(40) {
+            c.diag
+                .give_up(
+                    "not ready 40 s after the store returned: within the backoff (10 s) plus a \
+                     reload expected, 30 s more for a loaded machine, and still less than the \
+                     TTL (60 s) it must not wait for",
+                )
+                .await;
+        }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     eprintln!(

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use fantoccini::{Client, ClientBuilder};
 use serde_json::{json, Value};
 
-use super::{free_port, root, terminate, Collector, Nginx};
+use super::{free_port, root, terminate, Collector, Diag, Nginx};
 
 /// Makes the page hidden as a tab switch does, while it stays alive to read answers and run
 /// timers (navigating away would end it); also for an engine that fires no `visibilitychange`
@@ -70,14 +70,17 @@ pub struct Browser {
     pub engine: Engine,
     driver: Child,
     display: Option<Child>,
+    diag: Diag,
     _profile: tempfile::TempDir,
 }
 
-/// Starts `program args` and waits until it listens on `port` (fails after 30 s).
-async fn start_driver(mut command: Command, port: u16, what: &str) -> Child {
+/// Starts `program args` with its output in `log` and waits until it listens on `port`
+/// (fails after 30 s).
+async fn start_driver(mut command: Command, port: u16, what: &str, log: &std::path::Path) -> Child {
+    let out = std::fs::File::create(log).unwrap();
     let mut child = command
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stdout(out.try_clone().unwrap())
+        .stderr(out)
         .spawn()
         .unwrap_or_else(|e| panic!("{what} (scripts/stack.sh install installs it): {e}"));
     let start = Instant::now();
@@ -135,18 +138,29 @@ async fn start_display() -> (Child, String) {
 
 impl Browser {
     /// Starts `engine`'s driver on a free port and opens a session (fails loudly when the
-    /// engine or its driver is missing).
-    pub async fn start(engine: Engine) -> Browser {
+    /// engine or its driver is missing), registered with the test's `diag`: a wait that
+    /// gives up shows the engine's console (Firefox and Chromium: every page's, from the
+    /// driver's log; WebKitGTK: the open page's own record, [`RECORDER`]).
+    pub async fn start(engine: Engine, diag: &Diag) -> Browser {
         let port = free_port();
         let profile = tempfile::tempdir().unwrap();
+        // Beside the profile, not in it: the engine's console outlives the session.
+        let console = profile.path().with_extension("console.log");
         let mut caps = serde_json::Map::new();
         let mut display = None;
         let driver = match engine {
             Engine::Chromium => {
                 let mut c = Command::new("chromedriver");
-                c.arg(format!("--port={port}"));
+                // Chromium's own log (with every page's console: `--enable-logging`) goes to
+                // the driver's log.
+                c.arg(format!("--port={port}")).args([
+                    "--enable-chrome-logs".to_string(),
+                    format!("--log-path={}", console.display()),
+                ]);
                 let args = vec![
-                    "--headless".to_string(),
+                    "--enable-logging=stderr".to_string(),
+                    "--v=0".into(),
+                    "--headless".into(),
                     "--no-sandbox".into(),
                     "--disable-gpu".into(),
                     "--disable-background-networking".into(),
@@ -161,7 +175,13 @@ impl Browser {
                     "goog:chromeOptions".into(),
                     json!({ "binary": "/usr/bin/chromium", "args": args }),
                 );
-                start_driver(c, port, "chromedriver").await
+                start_driver(
+                    c,
+                    port,
+                    "chromedriver",
+                    &profile.path().with_extension("driver.log"),
+                )
+                .await
             }
             Engine::Firefox => {
                 let mut c = Command::new("geckodriver");
@@ -179,10 +199,13 @@ impl Browser {
                             "network.captive-portal-service.enabled": false,
                             "browser.safebrowsing.malware.enabled": false,
                             "browser.safebrowsing.phishing.enabled": false,
+                            // Every page's console to Firefox's stdout, which geckodriver
+                            // passes on to its own.
+                            "devtools.console.stdout.content": true,
                         },
                     }),
                 );
-                start_driver(c, port, "geckodriver").await
+                start_driver(c, port, "geckodriver", &console).await
             }
             Engine::WebKit => {
                 let (x, name) = start_display().await;
@@ -196,7 +219,7 @@ impl Browser {
                         "args": ["--automation"],
                     }),
                 );
-                start_driver(c, port, "WebKitWebDriver").await
+                start_driver(c, port, "WebKitWebDriver", &console).await
             }
         };
         let connector = hyper_util::client::legacy::connect::HttpConnector::new();
@@ -208,11 +231,16 @@ impl Browser {
         if engine != Engine::Chromium {
             client.set_window_size(1280, 900).await.unwrap();
         }
+        // WebKitWebDriver's log holds no page console (measured: nothing of the page reaches
+        // it); the page's own record is read instead.
+        let engine_console = (engine != Engine::WebKit).then_some(console.as_path());
+        diag.browser(&format!("{engine:?}"), &client, engine_console);
         Browser {
             client,
             engine,
             driver,
             display,
+            diag: diag.clone(),
             _profile: profile,
         }
     }
@@ -222,28 +250,35 @@ impl Browser {
         self.client.execute(script, vec![]).await.unwrap()
     }
 
-    /// Waits until `condition` (a JS expression) is true in the page.
+    /// Waits until `condition` (a JS expression) is true in the page; gives up after
+    /// [`SETTLE`] through the test's report.
     pub async fn wait_for(&self, condition: &str) {
-        let start = Instant::now();
-        loop {
-            // A page in the middle of a navigation may refuse a script: try again (the last
-            // refusal is shown if the page never gets there).
-            let last = match self
-                .client
-                .execute(&format!("return !!({condition});"), vec![])
-                .await
-            {
-                Ok(Value::Bool(true)) => return,
-                Ok(v) => format!("it was {v}"),
-                Err(e) => format!("the script was refused: {e}"),
-            };
-            assert!(
-                start.elapsed() < SETTLE,
-                "{:?}: the page never reached: {condition} ({last})",
-                self.engine
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let what = format!("{:?}: the page to reach {condition}", self.engine);
+        super::wait_until(
+            &self.diag,
+            &what,
+            SETTLE,
+            Duration::from_millis(50),
+            || async {
+                // A page in the middle of a navigation may refuse a script: try again (the
+                // last refusal is shown if the page never gets there).
+                match self
+                    .client
+                    .execute(&format!("return !!({condition});"), vec![])
+                    .await
+                {
+                    Ok(Value::Bool(true)) => Ok(()),
+                    Ok(v) => Err(format!("it was {v}")),
+                    Err(e) => Err(format!("the script was refused: {e}")),
+                }
+            },
+        )
+        .await
+    }
+
+    /// The test's report (see [`Diag`]).
+    pub fn diag(&self) -> &Diag {
+        &self.diag
     }
 
     /// Ends the WebDriver session: the driver closes the browser.
@@ -261,17 +296,44 @@ impl Drop for Browser {
     }
 }
 
-/// The demo shop page for `site`, as the shop serves it: script from `/perf/`, plus a
-/// recorder of uncaught errors so that the test sees whether the page broke.
+/// The page's own record, first in the head of every shop page the tests serve: uncaught
+/// errors in `window.__errors` (the tests require it empty), and in `window.__console` (the
+/// last 200) and on the console (which Firefox and Chromium write to the driver's log, so
+/// that a page already left is still seen): the page's console calls, its lifecycle events
+/// (`beforeunload`, `pagehide`, `pageshow`, `visibilitychange`, `freeze`, `resume`, with
+/// `performance.now()`), and every beacon the page sends (`sendBeacon` with what it returned,
+/// a `POST` by `fetch` with its answer), each with the page view's id. It only watches: the
+/// script's calls reach the browser unchanged.
+pub const RECORDER: &str = r#"<script>(function(){
+window.__errors=[];window.__console=[];
+var keep=function(s){__console.push(s);if(__console.length>200)__console.shift();};
+var show=function(a){try{return typeof a=='string'?a:JSON.stringify(a);}catch(e){return String(a);}};
+['log','info','warn','error','debug'].forEach(function(k){var o=console[k];console[k]=function(){
+keep(k+': '+[].map.call(arguments,show).join(' '));return o.apply(console,arguments);};});
+var mark=function(s){console.info('[page '+performance.now().toFixed(1)+' '+location.pathname+location.search+'] '+s);};
+var id=function(b){var m=/"id":"([0-9a-f-]+)"/.exec(typeof b=='string'?b:'');return m?m[1]:'(no id)';};
+addEventListener('error',function(e){__errors.push(String(e.message));mark('error: '+e.message);});
+addEventListener('unhandledrejection',function(e){__errors.push(String(e.reason));mark('unhandled rejection: '+e.reason);});
+['beforeunload','pagehide','pageshow','visibilitychange','freeze','resume'].forEach(function(t){
+addEventListener(t,function(e){mark(t+(t=='visibilitychange'?' '+document.visibilityState:'')+
+(typeof e.persisted=='boolean'?' persisted='+e.persisted:''));},true);});
+if(navigator.sendBeacon){var sb=navigator.sendBeacon;navigator.sendBeacon=function(u,d){
+var r=sb.apply(navigator,arguments);mark('sendBeacon '+id(d)+' returned '+r);return r;};}
+if(window.fetch){var f=window.fetch;window.fetch=function(u,o){var p=f.apply(window,arguments);
+if(o&&o.method=='POST'){var i=id(o.body);mark('fetch POST '+i+(o.keepalive?' keepalive':''));
+p.then(function(r){mark('fetch POST '+i+' answered '+r.status);},function(e){mark('fetch POST '+i+' failed: '+e);});}
+return p;};}
+})();</script>"#;
+
+/// The demo shop page for `site`, as the shop serves it: script from `/perf/`, plus the
+/// page's own [`RECORDER`] so that the test sees whether the page broke and what it sent.
 pub fn shop_html(site: &str) -> String {
     let page = std::fs::read_to_string(root().join("demo/index.html")).unwrap();
-    let recorder = "<script>window.__errors=[];addEventListener('error',function(e){__errors.push(String(e.message))});\
-                    addEventListener('unhandledrejection',function(e){__errors.push(String(e.reason))});</script>";
     page.replace("__COLLECTOR__", "/perf")
         .replace("data-site=\"demo\"", &format!("data-site=\"{site}\""))
         .replace(
             "<meta charset=\"utf-8\">",
-            &format!("<meta charset=\"utf-8\">\n  {recorder}"),
+            &format!("<meta charset=\"utf-8\">\n  {RECORDER}"),
         )
 }
 
@@ -339,6 +401,7 @@ impl Shop {
             fail = fail.unwrap_or("return 503;"),
         );
         let proxy = Nginx::start_with(c.port, &server_extra, &http_extra).await;
+        c.diag.beacon_log(&log);
         Shop {
             proxy,
             log,
