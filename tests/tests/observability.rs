@@ -183,6 +183,30 @@ impl Prometheus {
             .clone()
     }
 
+    /// Rule group evaluations so far (`prometheus_rule_group_iterations_total` from
+    /// Prometheus's own `/metrics`, summed over its groups); panics when it has none.
+    async fn rule_iterations(&self) -> f64 {
+        let url = format!("{}/metrics", self.url);
+        let text = http()
+            .get(&url)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("GET {url}: {e}"))
+            .text()
+            .await
+            .unwrap_or_else(|e| panic!("GET {url}: {e}"));
+        let values: Vec<f64> = text
+            .lines()
+            .filter(|l| l.starts_with("prometheus_rule_group_iterations_total{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+            .collect();
+        assert!(
+            !values.is_empty(),
+            "no prometheus_rule_group_iterations_total in {url}"
+        );
+        values.iter().sum()
+    }
+
     /// Active (pending or firing) alerts named `name`.
     async fn alerts(&self, name: &str) -> Vec<Value> {
         let data = self.api("alerts", &[]).await;
@@ -737,7 +761,24 @@ async fn prometheus_scrapes_the_collector_and_alerts_on_no_healthy_replica() {
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
-    tokio::time::sleep(Duration::from_secs(3)).await; // a few more evaluations
+    // Three more evaluations of every group on a healthy collector's series, counted by
+    // Prometheus itself, before nothing pending is believed.
+    let before = prom.rule_iterations().await;
+    wait_until(
+        &env.diag,
+        "three more rule evaluations",
+        Duration::from_secs(30),
+        EVALUATION_INTERVAL / 4,
+        || async {
+            let now = prom.rule_iterations().await;
+            if now >= before + 3.0 {
+                Ok(())
+            } else {
+                Err(format!("{} since", now - before))
+            }
+        },
+    )
+    .await;
     let active = prom.api("alerts", &[]).await["alerts"].clone();
     assert_eq!(
         active.as_array().map(Vec::len),
