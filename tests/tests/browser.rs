@@ -367,10 +367,14 @@ async fn a_429_is_retried_once_after_retry_after() {
     let beacons = shop.beacons();
     let statuses: Vec<u16> = beacons.iter().map(|b| b.status).collect();
     assert_eq!(statuses, [429, 202], "{beacons:?}");
+    // The page's timer starts when it has read the 429, which nginx stamps (`$msec`, whole
+    // milliseconds) when it logs the request, just after writing the answer the page may
+    // already be reading: the retry is logged no earlier than 2 s less that, within 50 ms.
     let waited = beacons[1].at - beacons[0].at;
     assert!(
         waited >= 1.95,
-        "retried {waited:.3} s after a Retry-After of 2 s"
+        "retried {waited:.3} s after a Retry-After of 2 s (tolerance 50 ms: nginx stamps each \
+         beacon in whole ms as it logs it, after the page may have read the answer)"
     );
     assert_eq!(c.metric("collector_measurements_accepted_total").await, 1.0);
     assert_eq!(

@@ -217,7 +217,10 @@ async fn a_collector_killed_with_groups_in_flight_at_its_maximum_rate_loses_noth
         "{per_sync:.1} requests per sync: groups were not shared, nothing was in flight together"
     );
     c.signal("KILL");
-    assert!(c.wait_exit(Duration::from_secs(10)).await.is_some());
+    assert!(
+        c.wait_exit(Duration::from_secs(10)).await.is_some(),
+        "still running 10 s after SIGKILL (immediate; 10 s allows reaping on a loaded machine)"
+    );
     let cut = flood.snapshot().statuses.get(&0).copied().unwrap_or(0);
     assert!(
         cut > 0,

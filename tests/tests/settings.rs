@@ -65,7 +65,9 @@ async fn a_stopped_store_costs_known_sites_nothing_and_a_change_arrives_after() 
     // No request waits on the store: far below the 3 s connect/query bound.
     assert!(
         slowest < Duration::from_millis(500),
-        "slowest answer {slowest:?} (with the store up: {up_latency:?})"
+        "slowest answer {slowest:?} (with the store up: {up_latency:?}); a request that waited \
+         on the store would take its 3 s call bound, one from the cache one spool sync: 500 ms \
+         tells them apart on a loaded machine"
     );
     assert!(c.metric("collector_settings_stale_served_total").await > 0.0);
     assert_eq!(c.metric("collector_settings_store_up").await, 0.0);
@@ -130,7 +132,8 @@ async fn a_failing_store_gets_at_most_one_connection_attempt_per_backoff() {
     assert!(attempts >= 1, "the store was tried at all");
     assert!(
         attempts <= allowed,
-        "{attempts} connection attempts in {window:?}, at most {allowed} allowed"
+        "{attempts} connection attempts in {window:?}, at most {allowed} allowed: one per \
+         backoff (10 s) over the window, plus the first"
     );
     pg(
         &stack,
@@ -389,7 +392,8 @@ async fn a_frozen_store_hangs_its_open_connections_and_costs_known_sites_nothing
         assert_eq!(status, 202);
         assert!(
             took < Duration::from_millis(500),
-            "a known site waited {took:?} on a frozen store"
+            "a known site waited {took:?} on a frozen store: one from the cache takes one spool \
+             sync, one that waited on the store its 3 s call bound; 500 ms tells them apart"
         );
     }
     // Refreshes time out (3 s per call) and open the breaker.
@@ -500,7 +504,9 @@ async fn random_site_keys_cost_the_store_a_bounded_rate() {
     let late_first = late_first.expect("the site added during the run was never accepted");
     assert!(
         late_first <= ttl + Duration::from_secs(2),
-        "the site added during the run was first accepted {late_first:?} after its addition"
+        "the site added during the run was first accepted {late_first:?} after its addition: \
+         at most one TTL ({ttl:?}: how long the cache may hold what it knew before), plus 2 s for \
+         the store's query and the beacons' own pace on a loaded machine"
     );
     println!(
         "{spent} store queries in {secs:.1} s ({:.1}/s), random keys {random:?}, the late site accepted {late_first:?} after its addition",
