@@ -11,6 +11,7 @@
 
 pub mod browser;
 pub mod diag;
+pub mod freeze;
 pub mod lost_answer;
 pub mod standin;
 
