@@ -28,6 +28,11 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+thread_local! {
+    /// The report of the test running on this thread ([`Diag::make_current`]).
+    static CURRENT: std::cell::RefCell<Option<Diag>> = const { std::cell::RefCell::new(None) };
+}
+
 /// Bound on each question the report asks a server or a browser.
 pub const ASK: Duration = Duration::from_secs(3);
 /// Lines of each log shown.
@@ -47,6 +52,8 @@ struct Watched {
     browsers: Vec<WatchedBrowser>,
     /// Further files a test wants shown (e.g. Prometheus's log): (name, path).
     files: Vec<(String, PathBuf)>,
+    /// The panic under way is a [`Diag::give_up`]'s, whose message has the report.
+    reported: bool,
 }
 
 #[derive(Clone)]
@@ -120,7 +127,58 @@ impl Diag {
     /// `-> !`: callers go on as if it returned, which it never does.)
     pub async fn give_up(&self, why: impl std::fmt::Display) {
         let report = self.report().await;
+        self.with(|w| w.reported = true);
         panic!("{why}\n{report}");
+    }
+
+    /// Makes this the report of the test running on this thread: a failed assertion of the
+    /// test (any panic on its thread that is not a [`Diag::give_up`]) prints it too, from a
+    /// panic hook, while what the test started still runs.
+    pub fn make_current(&self) {
+        static HOOK: std::sync::Once = std::sync::Once::new();
+        HOOK.call_once(|| {
+            let default = std::panic::take_hook();
+            std::panic::set_hook(Box::new(move |info| {
+                default(info);
+                if let Some(diag) = CURRENT.with(|c| c.borrow().clone()) {
+                    diag.report_after_panic();
+                }
+            }));
+        });
+        CURRENT.with(|c| *c.borrow_mut() = Some(self.clone()));
+    }
+
+    /// Undoes [`Diag::make_current`] (the test is over).
+    pub fn clear_current(&self) {
+        CURRENT.with(|c| {
+            let mine = c
+                .borrow()
+                .as_ref()
+                .is_some_and(|d| Arc::ptr_eq(&d.0, &self.0));
+            if mine {
+                *c.borrow_mut() = None;
+            }
+        });
+    }
+
+    /// Prints the report to stderr, unless this panic is a [`Diag::give_up`]'s, whose message
+    /// has it. Runs it on a thread and runtime of its own: the test's thread is panicking
+    /// inside its runtime.
+    fn report_after_panic(&self) {
+        if self.with(|w| std::mem::replace(&mut w.reported, false)) {
+            return;
+        }
+        let diag = self.clone();
+        let report = std::thread::spawn(move || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map(|rt| rt.block_on(diag.report()))
+                .unwrap_or_else(|e| format!("(no runtime for the report: {e})"))
+        })
+        .join()
+        .unwrap_or_else(|_| "(the report itself panicked)".into());
+        eprintln!("the test panicked (a failed assertion, or a panic it catches); what it had started:\n{report}");
     }
 
     /// Everything registered, as text (see the module doc).

@@ -229,6 +229,12 @@ pub struct TestEnv<'a> {
     pub diag: Diag,
 }
 
+impl Drop for TestEnv<'_> {
+    fn drop(&mut self) {
+        self.diag.clear_current();
+    }
+}
+
 impl<'a> TestEnv<'a> {
     /// Fresh databases on `stack`, migrated, with site `site-1` (any origin) registered. With
     /// `TEST_CLICKHOUSE=ch26` in the environment, on the stack's 26.x server in the
@@ -261,6 +267,8 @@ impl<'a> TestEnv<'a> {
         let clickhouse = stack.clickhouse_urls();
         let diag = Diag::new();
         diag.clickhouse(&clickhouse, &db);
+        // A failed assertion of this test gets the report a wait that gave up gets.
+        diag.make_current();
         TestEnv {
             stack,
             db,
