@@ -203,9 +203,9 @@
 
     // Sends page view v: once when nothing fails, at most twice, always with its one id.
     // While the page lives (a tab switch) by fetch, whose answer it reads: a 429 or 503 is
-    // retried after Retry-After, another failure after 0.5-1.5 s. While it unloads
-    // (pagehide, which every engine fires before visibilitychange) by sendBeacon, which
-    // outlives the page, and only if no fetch of this view is in flight.
+    // retried after Retry-After, another failure after 0.5-1.5 s. While it is left
+    // (beforeunload, else pagehide) by sendBeacon, which outlives the page, and only if no
+    // fetch of this view is in flight.
     var later = function (r) {
       var s = r && r.headers && parseInt(r.headers.get('Retry-After'), 10);
       return s >= 0 ? Math.min(s, 60) * 1000 : 500 + Math.random() * 1000;
@@ -227,27 +227,27 @@
         // Nothing more to do.
       }
     };
-    // Firefox fires visibilitychange before pagehide when a window closes or the browser
-    // quits, and beforeunload before both: a page that is leaving sends by sendBeacon then.
-    // (A beforeunload not followed by a hide within a second, e.g. a download link, is no
-    // leaving.) A prerendered page never shown sends nothing.
+    // Leaving sends at beforeunload, the first event of it in every engine that fires one: a
+    // browser quitting (Firefox: beforeunload, then visibilitychange and pagehide as it shuts
+    // down) can drop a beacon queued at the later events unsent, though sendBeacon accepted
+    // it (issue 38). Engines without beforeunload send at pagehide, or at a visibilitychange
+    // to hidden that comes first. A prerendered page never shown sends nothing.
     var flush = function () {
       var n = 0;
       pending.forEach(function (take) { n += take(); });
       if (n) update();
     };
-    var leaving = -1e9, hide = function (alive) {
+    var hide = function (alive) {
       if (doc.prerendering) return;
       flush();
-      send(view, alive && perf.now() - leaving > 1000);
+      send(view, alive);
     };
-    on('beforeunload', function () { leaving = perf.now(); });
+    on('beforeunload', function () { hide(false); });
     on('visibilitychange', function () { if (doc.visibilityState === 'hidden') hide(true); });
     on('pagehide', function () { hide(false); });
     // A back/forward-cache restore is a new page view: FCP (and LCP where the engine measures
     // it) from the restore to the next frame, TTFB 0, as the web-vitals library reports it.
     on('pageshow', function (e) {
-      leaving = -1e9;
       if (!e.persisted) return;
       start('back_forward_cache', Date.now());
       var v = view, t = e.timeStamp;

@@ -71,11 +71,14 @@ async fn rows_for_site(env: &TestEnv<'_>, site: &str, want: usize) -> Vec<Value>
         if rows.len() >= want {
             return rows;
         }
-        assert!(
-            start.elapsed() < SETTLE,
-            "{} of {want} rows of {site} after {SETTLE:?}",
-            rows.len()
-        );
+        if start.elapsed() >= SETTLE {
+            env.diag
+                .give_up(format!(
+                    "{} of {want} rows of {site} after {SETTLE:?}",
+                    rows.len()
+                ))
+                .await;
+        }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
@@ -110,7 +113,7 @@ async fn page_view_lands_once(flaky: bool) {
     env.cli(&["sites", "add", "--key", "shop-demo", "--origin", &proxy.url])
         .success();
 
-    let browser = Browser::start(Engine::Chromium).await;
+    let browser = Browser::start(Engine::Chromium, &env.diag).await;
     let page_url = format!("{}/shop/", proxy.url);
     let shift = if flaky {
         // A page that can still read the answer (hidden by a tab switch) retries the 503;
@@ -186,7 +189,7 @@ async fn an_unknown_site_stores_nothing_and_breaks_nothing() {
     let page = shop_page("no-such-site");
     let shop = format!("location /shop/ {{ alias {}/; }}", page.path().display());
     let proxy = Nginx::start_with(c.port, &shop, "").await;
-    let browser = Browser::start(Engine::Chromium).await;
+    let browser = Browser::start(Engine::Chromium, &env.diag).await;
     visit(&browser, &format!("{}/shop/", proxy.url)).await;
     // The script asked for its site's settings, got 404, and so sent nothing at all.
     let start = Instant::now();
@@ -195,10 +198,11 @@ async fn an_unknown_site_stores_nothing_and_breaks_nothing() {
         .await
         .is_none()
     {
-        assert!(
-            start.elapsed() < SETTLE,
-            "the script never asked for its settings"
-        );
+        if start.elapsed() >= SETTLE {
+            env.diag
+                .give_up("the script never asked for its settings")
+                .await;
+        }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let (marker, m) = measurement(&env.site);
@@ -264,7 +268,7 @@ async fn the_script_finds_its_tag_without_current_script() {
         &shop.proxy.url,
     ])
     .success();
-    let browser = Browser::start(Engine::Chromium).await;
+    let browser = Browser::start(Engine::Chromium, &env.diag).await;
     let page_url = format!("{}/shop/", shop.proxy.url);
     visit(&browser, &page_url).await;
     let rows = rows_for_site(&env, "shop-loaded", 1).await;
@@ -326,7 +330,7 @@ async fn sample_rate_is_decided_once_per_page_view_and_stored() {
         "0.5",
     ])
     .success();
-    let browser = Browser::start(Engine::Chromium).await;
+    let browser = Browser::start(Engine::Chromium, &env.diag).await;
 
     // Not drawn: hidden, then left; nothing is sent.
     load(&browser, &format!("{}/shop/out.html", shop.proxy.url)).await;
@@ -365,7 +369,7 @@ async fn a_429_is_retried_once_after_retry_after() {
     .await;
     env.cli(&["sites", "add", "--key", site, "--origin", &shop.proxy.url])
         .success();
-    let browser = Browser::start(Engine::Chromium).await;
+    let browser = Browser::start(Engine::Chromium, &env.diag).await;
     load(&browser, &format!("{}/shop/", shop.proxy.url)).await;
     browser.eval(HIDE).await;
     let rows = rows_for_site(&env, site, 1).await;
@@ -374,10 +378,14 @@ async fn a_429_is_retried_once_after_retry_after() {
     let beacons = shop.beacons();
     let statuses: Vec<u16> = beacons.iter().map(|b| b.status).collect();
     assert_eq!(statuses, [429, 202], "{beacons:?}");
+    // The page's timer starts when it has read the 429, which nginx stamps (`$msec`, whole
+    // milliseconds) when it logs the request, just after writing the answer the page may
+    // already be reading: the retry is logged no earlier than 2 s less that, within 50 ms.
     let waited = beacons[1].at - beacons[0].at;
     assert!(
         waited >= 1.95,
-        "retried {waited:.3} s after a Retry-After of 2 s"
+        "retried {waited:.3} s after a Retry-After of 2 s (tolerance 50 ms: nginx stamps each \
+         beacon in whole ms as it logs it, after the page may have read the answer)"
     );
     assert_eq!(c.metric("collector_measurements_accepted_total").await, 1.0);
     assert_eq!(
@@ -409,7 +417,7 @@ async fn synthetic_input_and_a_null_settings_answer_change_nothing() {
     let proxy = Nginx::start_with(c.port, &extra, "").await;
     env.cli(&["sites", "add", "--key", site, "--origin", &proxy.url])
         .success();
-    let browser = Browser::start(Engine::Chromium).await;
+    let browser = Browser::start(Engine::Chromium, &env.diag).await;
     let page_url = format!("{}/shop/", proxy.url);
     load(&browser, &page_url).await;
     // Hidden while alive: the send waits for the settings answer, which is `null`.
@@ -455,7 +463,7 @@ async fn route_changes_of_a_single_page_app_are_page_views() {
     let shop = Shop::start(&c, &[("spa.html", html)], None).await;
     env.cli(&["sites", "add", "--key", site, "--origin", &shop.proxy.url])
         .success();
-    let browser = Browser::start(Engine::Chromium).await;
+    let browser = Browser::start(Engine::Chromium, &env.diag).await;
     let start_url = format!("{}/shop/spa.html", shop.proxy.url);
     browser.client.goto(&start_url).await.unwrap();
     browser

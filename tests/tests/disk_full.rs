@@ -143,13 +143,12 @@ async fn wait_readyz(c: &Collector, status: u16, body_has: &str) -> Duration {
         if s == status && body.contains(body_has) {
             return start.elapsed();
         }
-        assert!(
-            start.elapsed() < WAIT,
-            "/readyz never answered {status} with {body_has:?} in {WAIT:?}; last {s}: {body}\n\
+        if start.elapsed() >= WAIT {
+            c.diag.give_up(format!("/readyz never answered {status} with {body_has:?} in {WAIT:?}; last {s}: {body}\n\
              metrics spool_disk_full={:?}\nlog:\n{}",
             c.metric_if_present("collector_spool_disk_full").await,
-            c.logs()
-        );
+            c.logs())).await;
+        }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }

@@ -333,18 +333,25 @@ async fn a_slow_client_is_cut_off_while_others_are_served() {
         let start = Instant::now();
         let (status, _) = c.post_json(&measurement(&env.site).1).await;
         assert_eq!(status, 202);
-        assert!(start.elapsed() < Duration::from_secs(1));
+        assert!(
+            start.elapsed() < Duration::from_secs(1),
+            "a beacon took {:?} while slow clients held connections (one spool sync, \
+             milliseconds; 1 s allows for a loaded machine)",
+            start.elapsed()
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let cut_after = slow_headers.join().unwrap();
     assert!(
         cut_after < Duration::from_secs(5),
-        "slow headers cut off after {cut_after:?}"
+        "slow headers cut off after {cut_after:?}: the header timeout is 2 s, seen by the \
+         client within two of its 300 ms writes; 5 s allows 2.4 s more for a loaded machine"
     );
     let (cut_after, response) = slow_body.join().unwrap();
     assert!(
         cut_after < Duration::from_secs(5),
-        "slow body cut off after {cut_after:?}"
+        "slow body cut off after {cut_after:?}: the body timeout is 2 s, seen by the client \
+         within two of its 1 s writes; 5 s allows 1 s more for a loaded machine"
     );
     assert!(
         response.starts_with("HTTP/1.1 400") || response.is_empty(),
@@ -491,7 +498,7 @@ async fn sigterm_turns_readyz_first_then_drains_and_loses_nothing() {
             ("COLLECTOR_BATCH_MAX_AGE", "3s"),
         ])
         .await;
-    let traffic = Traffic::start(&c.url, &env.site, Duration::from_millis(10));
+    let traffic = Traffic::start(&c, &env.site, Duration::from_millis(10));
     traffic.wait_acked(100, SETTLE).await;
     assert_eq!(c.status_of("/readyz").await, 200);
 
@@ -510,7 +517,11 @@ async fn sigterm_turns_readyz_first_then_drains_and_loses_nothing() {
         }
     }
     let saw_503_at = saw_503_at.expect("readyz never answered 503 while the listener was open");
-    assert!(saw_503_at < Duration::from_millis(500), "{saw_503_at:?}");
+    assert!(
+        saw_503_at < Duration::from_millis(500),
+        "/readyz answered 503 only {saw_503_at:?} after SIGTERM: at once is expected (polled \
+         every 10 ms; 500 ms allows for signal delivery and a loaded machine)"
+    );
     let status = c
         .wait_exit(Duration::from_secs(30))
         .await
@@ -518,7 +529,9 @@ async fn sigterm_turns_readyz_first_then_drains_and_loses_nothing() {
     assert_eq!(status.code(), Some(0));
     assert!(
         signalled.elapsed() >= Duration::from_secs(2),
-        "the listener stayed open for the grace"
+        "exited {:?} after SIGTERM: the listener must stay open for the whole 2 s grace \
+         (no tolerance: the grace is the least time)",
+        signalled.elapsed()
     );
     let report = traffic.stop().await;
     let bad: Vec<_> = report
@@ -562,10 +575,9 @@ async fn a_warning_repeated_ten_thousand_times_is_logged_about_once_a_second() {
                 break 'fill;
             }
         }
-        assert!(
-            filling.elapsed() < Duration::from_secs(60),
-            "the spool never filled"
-        );
+        if filling.elapsed() >= Duration::from_secs(60) {
+            c.diag.give_up("the spool never filled").await;
+        }
     }
     let body = measurement(&env.site).1.to_string();
     let start = Instant::now();
@@ -583,11 +595,14 @@ async fn a_warning_repeated_ten_thousand_times_is_logged_about_once_a_second() {
         .lines()
         .filter(|l| l.contains("intake answered 503"))
         .count();
-    // One more for the line of the filling phase.
+    // One line a second at most (`warn_limited`), in every second the run touched (its
+    // whole seconds plus one partial at each end), and one more for the filling phase.
     let allowed = elapsed.as_secs() as usize + 3;
     assert!(
         lines >= 1 && lines <= allowed,
-        "{lines} lines for 10,000 warnings in {elapsed:?}"
+        "{lines} lines for 10,000 warnings in {elapsed:?}; allowed 1 to {allowed}: one a \
+         second over the whole seconds, plus the two partial seconds at the ends and the \
+         filling phase's line"
     );
     assert!(c.metric("collector_log_suppressed_total").await >= 9_000.0);
 }
@@ -615,10 +630,11 @@ async fn slow_senders_do_not_take_the_in_flight_slots() {
     // Give the server time to read every head and start waiting for the bodies.
     let start = Instant::now();
     while c.metric("collector_http_open_connections").await < 20.0 {
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "the slow connections were not accepted"
-        );
+        if start.elapsed() >= Duration::from_secs(10) {
+            c.diag
+                .give_up("the slow connections were not accepted")
+                .await;
+        }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let mut ids = Vec::new();

@@ -113,7 +113,7 @@ async fn every_page_view_once(engine: Engine) {
         *expected.entry((s.to_owned(), page)).or_default() += n;
     };
 
-    let b = Browser::start(engine).await;
+    let b = Browser::start(engine, &env.diag).await;
 
     // Navigate away, as from the URL bar.
     open(&b, &a("navigate")).await;
@@ -144,10 +144,33 @@ async fn every_page_view_once(engine: Engine) {
     open(&b, &a("back")).await;
     expect("back", "a.html", 1);
     for i in 1..=RETURNS {
-        // A click from the page's own script: geckodriver's element click adds an `unload`
-        // listener to the page, and a page with one is not kept in Firefox's cache.
-        b.eval("window.__left = true; document.getElementById('next').click();")
-            .await;
+        // A click from the page's own timer, after the command that set it returned, and
+        // no script of the test in the page until it has been left: Firefox keeps no page in
+        // its back/forward cache that has an `unload` listener when it is left, and geckodriver
+        // adds one for as long as each of its commands runs in the page (an element click, a
+        // script: Firefox's SHIPBFCache log shows UNLOAD_LISTENER set and cleared around each).
+        // A click from within the command, then a poll by script, left the page uncached
+        // (`persisted` false, Back reloaded it) in 2 of 20 runs on a loaded machine (issue 38).
+        // The browser answers the URL itself, without the page.
+        b.eval(
+            "window.__left = true; \
+             setTimeout(function () { document.getElementById('next').click(); });",
+        )
+        .await;
+        wait_until(
+            &env.diag,
+            &format!("{engine:?}: the click to b.html to be followed (return {i})"),
+            SETTLE,
+            Duration::from_millis(50),
+            || async {
+                match b.client.current_url().await {
+                    Ok(u) if u.path().ends_with("/b.html") => Ok(()),
+                    Ok(u) => Err(format!("the browser is at {u}")),
+                    Err(e) => Err(format!("no URL: {e}")),
+                }
+            },
+        )
+        .await;
         b.wait_for(&format!(
             "location.pathname.endsWith('/b.html') && {SETTLED}"
         ))
@@ -200,20 +223,33 @@ async fn every_page_view_once(engine: Engine) {
          FROM {}.measurements FINAL WHERE site = '{site}'",
         env.db
     );
-    let start = Instant::now();
-    let rows = loop {
-        let rows = env.query(0, &sql).await;
-        if rows.len() >= want {
-            break rows;
-        }
-        assert!(
-            start.elapsed() < SETTLE,
-            "{engine:?}: {} of {want} page views stored after {SETTLE:?}; beacons: {:?}",
-            rows.len(),
-            shop.beacons()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let rows = wait_until(
+        &env.diag,
+        &format!("{engine:?}: {want} page views stored"),
+        SETTLE,
+        Duration::from_millis(200),
+        || async {
+            let rows = env.query(0, &sql).await;
+            if rows.len() >= want {
+                return Ok(rows);
+            }
+            let mut missing = expected.clone();
+            for r in &rows {
+                let url = col(r, "url").as_str().unwrap_or_default();
+                if let Some(n) = missing.iter_mut().find_map(|((s, page), n)| {
+                    (url.contains(&format!("/{page}?s={s}")) && *n > 0).then_some(n)
+                }) {
+                    *n -= 1;
+                }
+            }
+            missing.retain(|_, n| *n > 0);
+            Err(format!(
+                "{} of {want} stored; not stored (scenario, page): {missing:?}",
+                rows.len()
+            ))
+        },
+    )
+    .await;
     // Copies stored before folding: a second request of a page view would show here too.
     let copies: HashMap<String, i64> = env
         .query(
@@ -426,7 +462,7 @@ async fn a_failed_send_is_sent_once_more(engine: Engine) {
     let shop = Shop::start(&c, &pages(&site), Some("return 503;")).await;
     env.cli(&["sites", "add", "--key", &site, "--origin", &shop.proxy.url])
         .success();
-    let b = Browser::start(engine).await;
+    let b = Browser::start(engine, &env.diag).await;
     let url = format!("{}/shop/a.html?s=retry", shop.proxy.url);
     open(&b, &url).await;
     let page = b.client.window().await.unwrap();
@@ -448,11 +484,14 @@ async fn a_failed_send_is_sent_once_more(engine: Engine) {
         if !rows.is_empty() {
             break rows;
         }
-        assert!(
-            start.elapsed() < SETTLE,
-            "{engine:?}: no row after {SETTLE:?}; beacons: {:?}",
-            shop.beacons()
-        );
+        if start.elapsed() >= SETTLE {
+            env.diag
+                .give_up(format!(
+                    "{engine:?}: no row after {SETTLE:?}; beacons: {:?}",
+                    shop.beacons()
+                ))
+                .await;
+        }
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     if tab.is_some() {
@@ -473,10 +512,16 @@ async fn a_failed_send_is_sent_once_more(engine: Engine) {
         col(&rows[0], "id").as_str(),
         Some(beacons[0].ids[0].as_str())
     );
+    // The script waits 0.5-1.5 s after a 503 without Retry-After; a hidden page's timers
+    // are aligned to whole seconds (Chromium, Firefox: at most 1 s late), and the resend
+    // is stamped when nginx has its answer (one spool sync).
     let waited = beacons[1].at - beacons[0].at;
     assert!(
         (0.4..5.0).contains(&waited),
-        "{engine:?}: resent {waited:.3} s after the 503"
+        "{engine:?}: resent {waited:.3} s after the 503; allowed 0.4 s (0.5 s less 100 ms: \
+         nginx stamps the 503 when it logs it, in whole ms, after the page may have read it) \
+         to 5 s (1.5 s, plus 1 s of a hidden page's timer alignment, plus 2.5 s for the two \
+         answers on a loaded machine)"
     );
 }
 

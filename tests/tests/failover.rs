@@ -38,11 +38,58 @@ fn assert_only_202(report: &TrafficReport) {
     assert!(report.acked.len() > 50, "{:?}", report.statuses);
 }
 
+/// How long a replica may stay unable to take inserts after a freeze that outlasted the
+/// stack's ZooKeeper session timeout (10 s, scripts/stack.sh; production's cluster.xml has
+/// 30 s): ClickHouse 18.16 finds the session expired at the thaw, then answers nothing that
+/// needs ZooKeeper for about 20 s (measured: queries hung, then failed with "Session expired"),
+/// and re-initializes a table's session only when the table's restarting thread next runs, at
+/// most `zookeeper_session_expiration_check_period` (60 s) later; until then the table is
+/// read-only. 60 s + 20 s, and 10 s for a loaded machine.
+const REACTIVATION: Duration = Duration::from_secs(90);
+
+/// Waits until no replicated table of any replica is read-only or has an expired ZooKeeper
+/// session: a test that froze replicas past the session timeout leaves them so for up to
+/// [`REACTIVATION`] (issue 38: the next test's `migrate` then waited on them).
+async fn wait_sessions_live(stack: &Stack) {
+    let urls = stack.clickhouse_urls();
+    let diag = Diag::new();
+    wait_until(
+        &diag,
+        "every replica's tables writable (none read-only, no expired ZooKeeper session)",
+        REACTIVATION,
+        Duration::from_millis(500),
+        || async {
+            let sql =
+                "SELECT database, table, is_readonly, is_session_expired FROM system.replicas \
+                       WHERE is_readonly OR is_session_expired";
+            let mut not_yet = Vec::new();
+            for url in &urls {
+                match tokio::time::timeout(Duration::from_secs(3), clickhouse_query(url, sql)).await
+                {
+                    Ok(Ok(rows)) if rows.is_empty() => {}
+                    Ok(Ok(rows)) => {
+                        not_yet.push(format!("{url}: {} tables, e.g. {}", rows.len(), rows[0]))
+                    }
+                    Ok(Err(e)) => not_yet.push(format!("{url}: {e}")),
+                    Err(_) => not_yet.push(format!("{url}: no answer within 3 s")),
+                }
+            }
+            if not_yet.is_empty() {
+                Ok(())
+            } else {
+                Err(not_yet.join("; "))
+            }
+        },
+    )
+    .await;
+}
+
 async fn setup<'a>(stack: &'a Stack) -> TestEnv<'a> {
     for i in 1..=3 {
         stack.replica(i, "thaw");
     }
     stack.repair();
+    wait_sessions_live(stack).await;
     TestEnv::new(stack).await
 }
 
@@ -53,7 +100,7 @@ async fn killing_and_restarting_the_preferred_replica_loses_nothing() {
     let env = setup(stack).await;
     let c = env.collector(&[]).await;
     let urls = stack.clickhouse_urls();
-    let traffic = Traffic::start(&c.url, &env.site, EVERY);
+    let traffic = Traffic::start(&c, &env.site, EVERY);
     traffic.wait_acked(50, SWITCH).await;
 
     stack.replica(1, "kill");
@@ -78,7 +125,7 @@ async fn freezing_and_thawing_the_preferred_replica_loses_nothing() {
     let env = setup(stack).await;
     let c = env.collector(&[]).await;
     let urls = stack.clickhouse_urls();
-    let traffic = Traffic::start(&c.url, &env.site, EVERY);
+    let traffic = Traffic::start(&c, &env.site, EVERY);
     traffic.wait_acked(50, SWITCH).await;
 
     stack.replica(1, "freeze");
@@ -100,7 +147,7 @@ async fn killing_each_replica_in_turn_loses_nothing() {
     let env = setup(stack).await;
     let c = env.collector(&[]).await;
     let urls = stack.clickhouse_urls();
-    let traffic = Traffic::start(&c.url, &env.site, EVERY);
+    let traffic = Traffic::start(&c, &env.site, EVERY);
     for i in 1..=3 {
         traffic.wait_acked(30, SWITCH).await;
         stack.replica(i, "kill");
@@ -123,7 +170,7 @@ async fn all_replicas_down_for_thirty_seconds_loses_nothing() {
     let env = setup(stack).await;
     let c = env.collector(&[]).await;
     let urls = stack.clickhouse_urls();
-    let traffic = Traffic::start(&c.url, &env.site, EVERY);
+    let traffic = Traffic::start(&c, &env.site, EVERY);
     traffic.wait_acked(50, SWITCH).await;
 
     for i in 1..=3 {
@@ -163,10 +210,13 @@ async fn a_collector_killed_mid_stream_replays_its_spool() {
     let env = setup(stack).await;
     // A slow flush keeps acknowledged but unwritten measurements in the spool when it dies.
     let mut c = env.collector(&[("COLLECTOR_BATCH_MAX_AGE", "3s")]).await;
-    let traffic = Traffic::start(&c.url, &env.site, EVERY);
+    let traffic = Traffic::start(&c, &env.site, EVERY);
     traffic.wait_acked(100, SWITCH).await;
     c.signal("KILL");
-    assert!(c.wait_exit(Duration::from_secs(10)).await.is_some());
+    assert!(
+        c.wait_exit(Duration::from_secs(10)).await.is_some(),
+        "still running 10 s after SIGKILL (immediate; 10 s allows reaping on a loaded machine)"
+    );
     c.restart().await;
     traffic.wait_acked(100, SWITCH).await;
     let report = traffic.stop().await;
@@ -195,7 +245,7 @@ async fn a_collector_killed_with_groups_in_flight_at_its_maximum_rate_loses_noth
     let stack = Stack::failover();
     let env = setup(stack).await;
     let mut c = env.collector(&[("COLLECTOR_BATCH_MAX_AGE", "3s")]).await;
-    let flood = Traffic::flood(&c.url, &env.site, 64);
+    let flood = Traffic::flood(&c, &env.site, 64);
     flood.wait_acked(2000, SWITCH).await;
     let (acked0, syncs0) = (
         flood.snapshot().acked.len(),
@@ -214,7 +264,10 @@ async fn a_collector_killed_with_groups_in_flight_at_its_maximum_rate_loses_noth
         "{per_sync:.1} requests per sync: groups were not shared, nothing was in flight together"
     );
     c.signal("KILL");
-    assert!(c.wait_exit(Duration::from_secs(10)).await.is_some());
+    assert!(
+        c.wait_exit(Duration::from_secs(10)).await.is_some(),
+        "still running 10 s after SIGKILL (immediate; 10 s allows reaping on a loaded machine)"
+    );
     let cut = flood.snapshot().statuses.get(&0).copied().unwrap_or(0);
     assert!(
         cut > 0,
@@ -253,14 +306,17 @@ async fn a_full_spool_answers_503_and_keeps_what_it_acknowledged() {
     for url in &urls {
         wait_replica(&c, "replica_state", url, 0).await;
     }
-    let traffic = Traffic::start(&c.url, &env.site, Duration::from_millis(5));
+    let traffic = Traffic::start(&c, &env.site, Duration::from_millis(5));
     let start = std::time::Instant::now();
     while !traffic.snapshot().statuses.contains_key(&503) {
-        assert!(
-            start.elapsed() < SWITCH,
-            "the spool never filled: {:?}",
-            traffic.snapshot().statuses
-        );
+        if start.elapsed() >= SWITCH {
+            c.diag
+                .give_up(format!(
+                    "the spool never filled: {:?}",
+                    traffic.snapshot().statuses
+                ))
+                .await;
+        }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(
@@ -282,10 +338,9 @@ async fn a_full_spool_answers_503_and_keeps_what_it_acknowledged() {
     c.wait_metric("collector_spool_records 0", SETTLE).await;
     let start = std::time::Instant::now();
     while c.status_of("/readyz").await != 200 {
-        assert!(
-            start.elapsed() < SWITCH,
-            "ready again once the spool drained"
-        );
+        if start.elapsed() >= SWITCH {
+            c.diag.give_up("ready again once the spool drained").await;
+        }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let (id, m) = measurement(&env.site);
@@ -300,7 +355,7 @@ async fn a_lagging_replica_is_not_written_to_until_it_catches_up() {
     let env = setup(stack).await;
     let c = env.collector(&[]).await;
     let urls = stack.clickhouse_urls();
-    let traffic = Traffic::start(&c.url, &env.site, EVERY);
+    let traffic = Traffic::start(&c, &env.site, EVERY);
     traffic.wait_acked(50, SWITCH).await;
 
     // Freeze the preferred replica so the writer fails over, then let it answer again but keep
@@ -425,17 +480,24 @@ async fn sigterm_with_every_replica_down_drains_and_exits_0() {
     // The bug this guards against: a batch begun before the signal retried forever.
     let start = std::time::Instant::now();
     while c.metric("collector_batches_retried_total").await < 1.0 {
-        assert!(
-            start.elapsed() < SWITCH,
-            "collector_batches_retried_total never rose above 0"
-        );
+        if start.elapsed() >= SWITCH {
+            c.diag
+                .give_up("collector_batches_retried_total never rose above 0")
+                .await;
+        }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     c.signal("TERM");
     let status = c
         .wait_exit(Duration::from_secs(40))
         .await
-        .unwrap_or_else(|| panic!("still running 40 s after SIGTERM:\n{}", c.logs()));
+        .unwrap_or_else(|| {
+            panic!(
+                "still running 40 s after SIGTERM (compose.yaml's stop_grace_period: the drain \
+                 takes the 1 s grace, then at most the writer's 10 s deadline):\n{}",
+                c.logs()
+            )
+        });
     assert!(status.success(), "exit {status:?}:\n{}", c.logs());
     assert!(c.logs().contains("drain deadline passed"), "{}", c.logs());
 
@@ -447,18 +509,37 @@ async fn sigterm_with_every_replica_down_drains_and_exits_0() {
     env.assert_stored_once(&ids, SETTLE).await;
 }
 
-/// SIGTERM while every replica hangs (SIGSTOP: connections accepted by the kernel, never
-/// answered), the shape a frozen cluster or a black-holed address has: the drain still ends
-/// within compose.yaml's `stop_grace_period` (40 s) with exit 0, and the next start delivers
-/// everything.
+/// SIGTERM while every replica hangs (connections accepted, never answered), the shape a
+/// frozen cluster or a black-holed address has: the drain still ends within compose.yaml's
+/// `stop_grace_period` (40 s) with exit 0, and the next start delivers everything.
+///
+/// The replicas are frozen as the collector sees them, by a proxy in front of each
+/// (`common::freeze`), not by SIGSTOP (issue 38): the freeze lasts the drain (the 1 s grace
+/// and the writer's 10 s deadline), longer than the stack's ZooKeeper session timeout
+/// (10 s), and a SIGSTOPped replica lost its session at every run; ClickHouse 18.16 then
+/// re-initialized it 0 to 70 s after the thaw (measured over 21 runs, per replica), read-only
+/// meanwhile, and the test measured that instead of the collector: late in a CI run, 20 ids
+/// were still missing on replica 1 120 s after the restart. After the thaw the test waits for
+/// two things: the restarted collector confirms every record (its spool empty: ClickHouse
+/// took them), and replica 1, where the rows are read, shows each once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_with_every_replica_frozen_drains_and_exits_0() {
     let _turn = SERIAL.lock().await;
     let stack = Stack::failover();
     let env = setup(stack).await;
-    let mut c = env.collector(&[("COLLECTOR_DRAIN_GRACE", "1s")]).await;
-    for i in 1..=3 {
-        stack.replica(i, "freeze");
+    let mut proxies = Vec::new();
+    for url in stack.clickhouse_urls() {
+        proxies.push(common::freeze::Freezable::start(&url).await);
+    }
+    let urls: Vec<&str> = proxies.iter().map(|p| p.url.as_str()).collect();
+    let mut c = env
+        .collector(&[
+            ("COLLECTOR_DRAIN_GRACE", "1s"),
+            ("COLLECTOR_CLICKHOUSE_URLS", &urls.join(",")),
+        ])
+        .await;
+    for p in &proxies {
+        p.freeze();
     }
     let mut ids = Vec::new();
     for _ in 0..20 {
@@ -469,18 +550,35 @@ async fn sigterm_with_every_replica_frozen_drains_and_exits_0() {
     c.signal("TERM");
     let waited = std::time::Instant::now();
     let status = c.wait_exit(Duration::from_secs(40)).await;
-    for i in 1..=3 {
-        stack.replica(i, "thaw");
+    for p in &proxies {
+        p.thaw();
     }
-    let status =
-        status.unwrap_or_else(|| panic!("still running 40 s after SIGTERM:\n{}", c.logs()));
+    let status = status.unwrap_or_else(|| {
+        panic!(
+            "still running 40 s after SIGTERM (compose.yaml's stop_grace_period: the drain \
+                 takes the 1 s grace, then at most the writer's 10 s deadline):\n{}",
+            c.logs()
+        )
+    });
     assert!(status.success(), "exit {status:?}:\n{}", c.logs());
     eprintln!(
         "figures: every replica frozen: exit 0 {:?} after SIGTERM",
         waited.elapsed()
     );
     c.restart().await;
-    env.assert_stored_once(&ids, SETTLE).await;
+    let restarted = Instant::now();
+    // The replicas answer at once: the restart's first probe round, the replayed batch, a part
+    // fetched by the other replicas take seconds; SWITCH (30 s) leaves the rest to a loaded
+    // machine.
+    c.wait_metric("collector_spool_records 0", SWITCH).await;
+    let delivered = restarted.elapsed();
+    env.assert_stored_once(&ids, SWITCH).await;
+    eprintln!(
+        "figures: every replica frozen: all {} ids confirmed by the collector {delivered:?} and \
+         stored on replica 1 {:?} after the restart",
+        ids.len(),
+        restarted.elapsed()
+    );
 }
 
 /// How long the preferred replica refuses inserts in the refusal tests.
@@ -501,7 +599,7 @@ async fn a_replica_that_refuses_inserts(settings: &[&str], cause: &str) {
     let errors =
         format!("collector_clickhouse_insert_errors_total{{replica=\"{r1}\",kind=\"transient\"}}");
     wait_replica(&c, "replica_state", &r1, 2).await;
-    let traffic = Traffic::start(&c.url, &env.site, EVERY);
+    let traffic = Traffic::start(&c, &env.site, EVERY);
     traffic.wait_acked(50, SWITCH).await;
     let before = c.logs().len();
 
@@ -525,10 +623,9 @@ async fn a_replica_that_refuses_inserts(settings: &[&str], cause: &str) {
     stack.replica_profile(1, &[]);
     let restored = Instant::now();
     while c.metric(&state).await != 2.0 {
-        assert!(
-            restored.elapsed() < SETTLE,
-            "replica 1 not healthy {SETTLE:?} after it took inserts again; states {states:?}"
-        );
+        if restored.elapsed() >= SETTLE {
+            c.diag.give_up(format!("replica 1 not healthy {SETTLE:?} after it took inserts again; states {states:?}")).await;
+        }
         states.push(c.metric(&state).await);
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

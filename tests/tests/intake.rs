@@ -1088,7 +1088,11 @@ async fn migrate_adds_sample_rate_to_an_existing_table() {
             assert_eq!(col(r, "sample_rate"), 1.0);
             break;
         }
-        assert!(start.elapsed() < VISIBLE, "{id} never visible in {old_db}");
+        if start.elapsed() >= VISIBLE {
+            env.diag
+                .give_up(format!("{id} never visible in {old_db}"))
+                .await;
+        }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }

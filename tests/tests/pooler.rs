@@ -109,11 +109,14 @@ async fn migrate_sites_and_serve_work_through_pgbouncer_in_transaction_mode() {
         .await;
     let start = Instant::now();
     while c.status_of("/readyz").await != 200 {
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "collector behind pgbouncer never ready:\n{}",
-            c.logs()
-        );
+        if start.elapsed() >= Duration::from_secs(30) {
+            c.diag
+                .give_up(format!(
+                    "collector behind pgbouncer never ready:\n{}",
+                    c.logs()
+                ))
+                .await;
+        }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(
@@ -151,10 +154,11 @@ async fn migrate_sites_and_serve_work_through_pgbouncer_in_transaction_mode() {
         if q >= q0 + 3.0 {
             break;
         }
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "{queries} moved from {q0} to {q} only in 30 s"
-        );
+        if start.elapsed() >= Duration::from_secs(30) {
+            c.diag
+                .give_up(format!("{queries} moved from {q0} to {q} only in 30 s"))
+                .await;
+        }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     // Beacons of both sites after the reloads, every one accepted.

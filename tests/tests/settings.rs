@@ -65,7 +65,9 @@ async fn a_stopped_store_costs_known_sites_nothing_and_a_change_arrives_after() 
     // No request waits on the store: far below the 3 s connect/query bound.
     assert!(
         slowest < Duration::from_millis(500),
-        "slowest answer {slowest:?} (with the store up: {up_latency:?})"
+        "slowest answer {slowest:?} (with the store up: {up_latency:?}); a request that waited \
+         on the store would take its 3 s call bound, one from the cache one spool sync: 500 ms \
+         tells them apart on a loaded machine"
     );
     assert!(c.metric("collector_settings_stale_served_total").await > 0.0);
     assert_eq!(c.metric("collector_settings_store_up").await, 0.0);
@@ -85,10 +87,14 @@ async fn a_stopped_store_costs_known_sites_nothing_and_a_change_arrives_after() 
         }
         assert_eq!(status, 202);
         // TTL (1 s) + backoff (3 s) + one reload period (1 s), with slack for a busy machine.
-        assert!(
-            changed.elapsed() < Duration::from_secs(10),
-            "the disabled site was still accepted"
-        );
+        if changed.elapsed() >= Duration::from_secs(10) {
+            c.diag
+                .give_up(
+                    "the disabled site was still accepted 10 s after the change: the TTL (1 s), \
+                     the backoff (3 s) and a reload (1 s) are 5 s, plus 5 s for a loaded machine",
+                )
+                .await;
+        }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(c.metric("collector_settings_store_up").await, 1.0);
@@ -109,7 +115,7 @@ async fn a_failing_store_gets_at_most_one_connection_attempt_per_backoff() {
     pg(&stack, "postgres", &format!("ALTER DATABASE {db} ALLOW_CONNECTIONS false; SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{db}'", db = env.db)).await;
     let before = pg_log_count(&stack, &refused);
     let start = Instant::now();
-    let traffic = Traffic::start(&c.url, &env.site, Duration::from_millis(5));
+    let traffic = Traffic::start(&c, &env.site, Duration::from_millis(5));
     tokio::time::sleep(Duration::from_secs(25)).await;
     let report = traffic.stop().await;
     let window = start.elapsed();
@@ -126,7 +132,8 @@ async fn a_failing_store_gets_at_most_one_connection_attempt_per_backoff() {
     assert!(attempts >= 1, "the store was tried at all");
     assert!(
         attempts <= allowed,
-        "{attempts} connection attempts in {window:?}, at most {allowed} allowed"
+        "{attempts} connection attempts in {window:?}, at most {allowed} allowed: one per \
+         backoff (10 s) over the window, plus the first"
     );
     pg(
         &stack,
@@ -254,7 +261,9 @@ async fn a_thousand_requests_for_a_new_site_make_one_query() {
         if c.post_json(&m).await.0 == 202 {
             break;
         }
-        assert!(start.elapsed() < SETTLE, "the new site never became known");
+        if start.elapsed() >= SETTLE {
+            c.diag.give_up("the new site never became known").await;
+        }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
@@ -283,7 +292,7 @@ async fn intake_goes_on_through_a_failover_to_the_standby() {
         ])
         .await;
 
-    let traffic = Traffic::start(&c.url, &env.site, Duration::from_millis(20));
+    let traffic = Traffic::start(&c, &env.site, Duration::from_millis(20));
     traffic.wait_acked(50, SETTLE).await;
     stack.pg("stop");
     stack_sh(&["pg-standby", stack.dir.to_str().unwrap(), "promote"]);
@@ -316,10 +325,11 @@ async fn intake_goes_on_through_a_failover_to_the_standby() {
             break;
         }
         assert_eq!(status, 202, "{body}");
-        assert!(
-            start.elapsed() < SETTLE,
-            "the change on the promoted standby never arrived"
-        );
+        if start.elapsed() >= SETTLE {
+            c.diag
+                .give_up("the change on the promoted standby never arrived")
+                .await;
+        }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -336,11 +346,15 @@ async fn a_collector_started_without_the_store_is_ready_soon_after_it_returns() 
     stack.pg("start");
     let back = Instant::now();
     while c.status_of("/readyz").await != 200 {
-        assert!(
-            back.elapsed() < Duration::from_secs(40),
-            "not ready 40 s after the store returned (the TTL is 60 s, the backoff 10 s):\n{}",
-            c.logs()
-        );
+        if back.elapsed() >= Duration::from_secs(40) {
+            c.diag
+                .give_up(
+                    "not ready 40 s after the store returned: within the backoff (10 s) plus a \
+                     reload expected, 30 s more for a loaded machine, and still less than the \
+                     TTL (60 s) it must not wait for",
+                )
+                .await;
+        }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     eprintln!(
@@ -378,7 +392,8 @@ async fn a_frozen_store_hangs_its_open_connections_and_costs_known_sites_nothing
         assert_eq!(status, 202);
         assert!(
             took < Duration::from_millis(500),
-            "a known site waited {took:?} on a frozen store"
+            "a known site waited {took:?} on a frozen store: one from the cache takes one spool \
+             sync, one that waited on the store its 3 s call bound; 500 ms tells them apart"
         );
     }
     // Refreshes time out (3 s per call) and open the breaker.
@@ -489,7 +504,9 @@ async fn random_site_keys_cost_the_store_a_bounded_rate() {
     let late_first = late_first.expect("the site added during the run was never accepted");
     assert!(
         late_first <= ttl + Duration::from_secs(2),
-        "the site added during the run was first accepted {late_first:?} after its addition"
+        "the site added during the run was first accepted {late_first:?} after its addition: \
+         at most one TTL ({ttl:?}: how long the cache may hold what it knew before), plus 2 s for \
+         the store's query and the beacons' own pace on a loaded machine"
     );
     println!(
         "{spent} store queries in {secs:.1} s ({:.1}/s), random keys {random:?}, the late site accepted {late_first:?} after its addition",

@@ -74,13 +74,16 @@ async fn two_collectors_with_fresh_spools_store_every_same_sized_beacon_once() {
             if env.rows(&pair).await.len() == 2 {
                 break;
             }
-            assert!(
-                start.elapsed() < Duration::from_secs(20),
-                "round {round}: only {:?} of {pair:?} stored; stand-ins {:?} {:?}",
-                env.rows(&pair).await,
-                s1.stats(),
-                s2.stats()
-            );
+            if start.elapsed() >= Duration::from_secs(20) {
+                env.diag
+                    .give_up(format!(
+                        "round {round}: only {:?} of {pair:?} stored; stand-ins {:?} {:?}",
+                        env.rows(&pair).await,
+                        s1.stats(),
+                        s2.stats()
+                    ))
+                    .await;
+            }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         acked.extend(pair);
@@ -290,11 +293,9 @@ async fn a_hung_settings_host_listed_first_costs_only_its_timeout() {
         .await;
     let start = Instant::now();
     while c.status_of("/readyz").await != 200 {
-        assert!(
-            start.elapsed() < Duration::from_secs(15),
-            "not ready:\n{}",
-            c.logs()
-        );
+        if start.elapsed() >= Duration::from_secs(15) {
+            c.diag.give_up(format!("not ready:\n{}", c.logs())).await;
+        }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(hang.accepted() >= 1, "the hung host was never tried");
@@ -308,7 +309,9 @@ async fn a_hung_settings_host_listed_first_costs_only_its_timeout() {
     let answered = asked.elapsed();
     assert!(
         answered < Duration::from_secs(5),
-        "the first beacon of a new site took {answered:?}"
+        "the first beacon of a new site took {answered:?}: its first fetch may try the hung \
+         host first (HOST_TIMEOUT, 1.5 s) before the next; 5 s allows 3.5 s more for the query \
+         and a loaded machine"
     );
     env.wait_rows(&[id], STORED).await;
     let ids = [post_one(&c, &env.site).await];
@@ -381,11 +384,11 @@ async fn migrate_with_a_replica_down_and_the_replica_gets_the_table_when_it_retu
         if count == Ok(20) {
             break;
         }
-        assert!(
-            start.elapsed() < Duration::from_secs(90),
-            "replica 3 has {count:?} of 20 rows:\n{}",
-            c.logs()
-        );
+        if start.elapsed() >= Duration::from_secs(90) {
+            c.diag
+                .give_up(format!("replica 3 has {count:?} of 20 rows:\n{}", c.logs()))
+                .await;
+        }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     let rows_after = returned.elapsed();

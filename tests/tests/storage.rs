@@ -400,10 +400,9 @@ async fn migrate_moves_a_v1_table_with_rows_to_v2_while_a_collector_writes() {
             first.try_wait().unwrap().is_none(),
             "migrate finished before it could be killed halfway"
         );
-        assert!(
-            start.elapsed() < Duration::from_secs(120),
-            "migrate never started copying"
-        );
+        if start.elapsed() >= Duration::from_secs(120) {
+            env.diag.give_up("migrate never started copying").await;
+        }
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     first.wait().unwrap();

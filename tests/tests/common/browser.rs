@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use fantoccini::{Client, ClientBuilder};
 use serde_json::{json, Value};
 
-use super::{free_port, root, terminate, Collector, Nginx};
+use super::{free_port, root, terminate, Collector, Diag, Nginx};
 
 /// Makes the page hidden as a tab switch does, while it stays alive to read answers and run
 /// timers (navigating away would end it); also for an engine that fires no `visibilitychange`
@@ -68,34 +68,108 @@ pub struct Browser {
     pub client: Client,
     /// Which engine.
     pub engine: Engine,
-    driver: Child,
-    display: Option<Child>,
+    // Dropped in this order: the driver's group, then the display it may need to exit.
+    driver: Driver,
+    display: Option<Display>,
+    diag: Diag,
     _profile: tempfile::TempDir,
 }
 
-/// Starts `program args` and waits until it listens on `port` (fails after 30 s).
-async fn start_driver(mut command: Command, port: u16, what: &str) -> Child {
-    let mut child = command
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
+/// A WebDriver server and everything it starts, in a process group of its own: dropping it
+/// ends the whole group (SIGTERM, then SIGKILL after 5 s), so that a browser whose session
+/// was never closed (a test that failed, a session that could not be opened) does not outlive
+/// the test and load the rest of the suite.
+struct Driver {
+    child: Child,
+    what: &'static str,
+    /// Where its output (and, for Chromium, the engine's log) goes.
+    logs: Vec<PathBuf>,
+}
+
+impl Driver {
+    /// Its output so far, for a failure message.
+    fn logs(&self) -> String {
+        self.logs
+            .iter()
+            .map(|p| {
+                format!(
+                    "{} ({}):\n{}",
+                    self.what,
+                    p.display(),
+                    super::diag::tail(p, 40)
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let group = format!("-{}", self.child.id());
+        let _ = Command::new("kill").args(["-TERM", "--", &group]).status();
+        terminate(&mut self.child, Duration::from_secs(5));
+        // Whatever of the group is left (a browser that ignored SIGTERM).
+        let _ = Command::new("kill").args(["-KILL", "--", &group]).status();
+    }
+}
+
+/// Starts `command` (a WebDriver server listening on `port`) with its output in `log`, in a
+/// process group of its own, and waits until it is ready for a session: `GET /status` answers
+/// `ready: true` (W3C WebDriver, "Status"). A TCP connect is not enough: once in 20 runs of
+/// engines.rs (issue 38) the session asked for as soon as chromedriver's port accepted got
+/// no answer and never reached it (nothing in its log, which says it started 170 ms after it
+/// said it was starting). Fails after 30 s, with its output.
+async fn start_driver(
+    mut command: Command,
+    port: u16,
+    what: &'static str,
+    log: &std::path::Path,
+    logs: Vec<PathBuf>,
+) -> Driver {
+    use std::os::unix::process::CommandExt;
+    let out = std::fs::File::create(log).unwrap();
+    let child = command
+        .process_group(0)
+        .stdout(out.try_clone().unwrap())
+        .stderr(out)
         .spawn()
         .unwrap_or_else(|e| panic!("{what} (scripts/stack.sh install installs it): {e}"));
+    let mut driver = Driver { child, what, logs };
+    let status = format!("http://127.0.0.1:{port}/status");
     let start = Instant::now();
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        if let Ok(Some(status)) = child.try_wait() {
-            panic!("{what} exited at start: {status}");
+    loop {
+        let last = match super::http().get(&status).send().await {
+            Ok(r) => match r.json::<Value>().await {
+                Ok(v) if v["value"]["ready"] == json!(true) => return driver,
+                Ok(v) => format!("not ready: {v}"),
+                Err(e) => format!("not a WebDriver status: {e}"),
+            },
+            Err(e) => format!("no answer: {e}"),
+        };
+        if let Ok(Some(exit)) = driver.child.try_wait() {
+            panic!("{what} exited at start ({exit}):\n{}", driver.logs());
         }
         assert!(
             start.elapsed() < Duration::from_secs(30),
-            "{what} did not listen on {port}"
+            "{what} not ready on {port} after 30 s ({last}):\n{}",
+            driver.logs()
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    child
+}
+
+/// An Xvfb server, stopped when dropped.
+struct Display(Child);
+
+impl Drop for Display {
+    fn drop(&mut self) {
+        terminate(&mut self.0, Duration::from_secs(5));
+    }
 }
 
 /// An X display of its own for MiniBrowser: Xvfb on the first free display number from 90.
-async fn start_display() -> (Child, String) {
+async fn start_display() -> (Display, String) {
     for n in 90..190 {
         if PathBuf::from(format!("/tmp/.X{n}-lock")).exists()
             || PathBuf::from(format!("/tmp/.X11-unix/X{n}")).exists()
@@ -127,7 +201,7 @@ async fn start_display() -> (Child, String) {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         if child.try_wait().ok().flatten().is_none() {
-            return (child, format!(":{n}"));
+            return (Display(child), format!(":{n}"));
         }
     }
     panic!("no free X display between :90 and :189");
@@ -135,18 +209,29 @@ async fn start_display() -> (Child, String) {
 
 impl Browser {
     /// Starts `engine`'s driver on a free port and opens a session (fails loudly when the
-    /// engine or its driver is missing).
-    pub async fn start(engine: Engine) -> Browser {
+    /// engine or its driver is missing), registered with the test's `diag`: a wait that
+    /// gives up shows the engine's console (Firefox and Chromium: every page's, from the
+    /// driver's log; WebKitGTK: the open page's own record, [`RECORDER`]).
+    pub async fn start(engine: Engine, diag: &Diag) -> Browser {
         let port = free_port();
         let profile = tempfile::tempdir().unwrap();
+        // Beside the profile, not in it: the engine's console outlives the session.
+        let console = profile.path().with_extension("console.log");
         let mut caps = serde_json::Map::new();
         let mut display = None;
         let driver = match engine {
             Engine::Chromium => {
                 let mut c = Command::new("chromedriver");
-                c.arg(format!("--port={port}"));
+                // Chromium's own log (with every page's console: `--enable-logging`) goes to
+                // the driver's log.
+                c.arg(format!("--port={port}")).args([
+                    "--enable-chrome-logs".to_string(),
+                    format!("--log-path={}", console.display()),
+                ]);
                 let args = vec![
-                    "--headless".to_string(),
+                    "--enable-logging=stderr".to_string(),
+                    "--v=0".into(),
+                    "--headless".into(),
                     "--no-sandbox".into(),
                     "--disable-gpu".into(),
                     "--disable-background-networking".into(),
@@ -161,7 +246,15 @@ impl Browser {
                     "goog:chromeOptions".into(),
                     json!({ "binary": "/usr/bin/chromium", "args": args }),
                 );
-                start_driver(c, port, "chromedriver").await
+                let out = profile.path().with_extension("driver.log");
+                start_driver(
+                    c,
+                    port,
+                    "chromedriver",
+                    &out,
+                    vec![out.clone(), console.clone()],
+                )
+                .await
             }
             Engine::Firefox => {
                 let mut c = Command::new("geckodriver");
@@ -179,10 +272,13 @@ impl Browser {
                             "network.captive-portal-service.enabled": false,
                             "browser.safebrowsing.malware.enabled": false,
                             "browser.safebrowsing.phishing.enabled": false,
+                            // Every page's console to Firefox's stdout, which geckodriver
+                            // passes on to its own.
+                            "devtools.console.stdout.content": true,
                         },
                     }),
                 );
-                start_driver(c, port, "geckodriver").await
+                start_driver(c, port, "geckodriver", &console, vec![console.clone()]).await
             }
             Engine::WebKit => {
                 let (x, name) = start_display().await;
@@ -196,7 +292,7 @@ impl Browser {
                         "args": ["--automation"],
                     }),
                 );
-                start_driver(c, port, "WebKitWebDriver").await
+                start_driver(c, port, "WebKitWebDriver", &console, vec![console.clone()]).await
             }
         };
         let connector = hyper_util::client::legacy::connect::HttpConnector::new();
@@ -204,15 +300,23 @@ impl Browser {
             .capabilities(caps)
             .connect(&format!("http://127.0.0.1:{port}"))
             .await
-            .unwrap_or_else(|e| panic!("WebDriver session in {engine:?}: {e}"));
+            .unwrap_or_else(|e| {
+                // `driver` (and `display`) are dropped while this unwinds: nothing is left.
+                panic!("WebDriver session in {engine:?}: {e}\n{}", driver.logs())
+            });
         if engine != Engine::Chromium {
             client.set_window_size(1280, 900).await.unwrap();
         }
+        // WebKitWebDriver's log holds no page console (measured: nothing of the page reaches
+        // it); the page's own record is read instead.
+        let engine_console = (engine != Engine::WebKit).then_some(console.as_path());
+        diag.browser(&format!("{engine:?}"), &client, engine_console);
         Browser {
             client,
             engine,
             driver,
             display,
+            diag: diag.clone(),
             _profile: profile,
         }
     }
@@ -222,28 +326,35 @@ impl Browser {
         self.client.execute(script, vec![]).await.unwrap()
     }
 
-    /// Waits until `condition` (a JS expression) is true in the page.
+    /// Waits until `condition` (a JS expression) is true in the page; gives up after
+    /// [`SETTLE`] through the test's report.
     pub async fn wait_for(&self, condition: &str) {
-        let start = Instant::now();
-        loop {
-            // A page in the middle of a navigation may refuse a script: try again (the last
-            // refusal is shown if the page never gets there).
-            let last = match self
-                .client
-                .execute(&format!("return !!({condition});"), vec![])
-                .await
-            {
-                Ok(Value::Bool(true)) => return,
-                Ok(v) => format!("it was {v}"),
-                Err(e) => format!("the script was refused: {e}"),
-            };
-            assert!(
-                start.elapsed() < SETTLE,
-                "{:?}: the page never reached: {condition} ({last})",
-                self.engine
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let what = format!("{:?}: the page to reach {condition}", self.engine);
+        super::wait_until(
+            &self.diag,
+            &what,
+            SETTLE,
+            Duration::from_millis(50),
+            || async {
+                // A page in the middle of a navigation may refuse a script: try again (the
+                // last refusal is shown if the page never gets there).
+                match self
+                    .client
+                    .execute(&format!("return !!({condition});"), vec![])
+                    .await
+                {
+                    Ok(Value::Bool(true)) => Ok(()),
+                    Ok(v) => Err(format!("it was {v}")),
+                    Err(e) => Err(format!("the script was refused: {e}")),
+                }
+            },
+        )
+        .await
+    }
+
+    /// The test's report (see [`Diag`]).
+    pub fn diag(&self) -> &Diag {
+        &self.diag
     }
 
     /// Ends the WebDriver session: the driver closes the browser.
@@ -252,26 +363,44 @@ impl Browser {
     }
 }
 
-impl Drop for Browser {
-    fn drop(&mut self) {
-        terminate(&mut self.driver, Duration::from_secs(5));
-        if let Some(x) = &mut self.display {
-            terminate(x, Duration::from_secs(5));
-        }
-    }
-}
+/// The page's own record, first in the head of every shop page the tests serve: uncaught
+/// errors in `window.__errors` (the tests require it empty), and in `window.__console` (the
+/// last 200) and on the console (which Firefox and Chromium write to the driver's log, so
+/// that a page already left is still seen): the page's console calls, its lifecycle events
+/// (`beforeunload`, `pagehide`, `pageshow`, `visibilitychange`, `freeze`, `resume`, with
+/// `performance.now()`), and every beacon the page sends (`sendBeacon` with what it returned,
+/// a `POST` by `fetch` with its answer), each with the page view's id. It only watches: the
+/// script's calls reach the browser unchanged.
+pub const RECORDER: &str = r#"<script>(function(){
+window.__errors=[];window.__console=[];
+var keep=function(s){__console.push(s);if(__console.length>200)__console.shift();};
+var show=function(a){try{return typeof a=='string'?a:JSON.stringify(a);}catch(e){return String(a);}};
+['log','info','warn','error','debug'].forEach(function(k){var o=console[k];console[k]=function(){
+keep(k+': '+[].map.call(arguments,show).join(' '));return o.apply(console,arguments);};});
+var mark=function(s){console.info('[page '+performance.now().toFixed(1)+' '+location.pathname+location.search+'] '+s);};
+var id=function(b){var m=/"id":"([0-9a-f-]+)"/.exec(typeof b=='string'?b:'');return m?m[1]:'(no id)';};
+addEventListener('error',function(e){__errors.push(String(e.message));mark('error: '+e.message);});
+addEventListener('unhandledrejection',function(e){__errors.push(String(e.reason));mark('unhandled rejection: '+e.reason);});
+['beforeunload','pagehide','pageshow','visibilitychange','freeze','resume'].forEach(function(t){
+addEventListener(t,function(e){mark(t+(t=='visibilitychange'?' '+document.visibilityState:'')+
+(typeof e.persisted=='boolean'?' persisted='+e.persisted:''));},true);});
+if(navigator.sendBeacon){var sb=navigator.sendBeacon;navigator.sendBeacon=function(u,d){
+var r=sb.apply(navigator,arguments);mark('sendBeacon '+id(d)+' returned '+r);return r;};}
+if(window.fetch){var f=window.fetch;window.fetch=function(u,o){var p=f.apply(window,arguments);
+if(o&&o.method=='POST'){var i=id(o.body);mark('fetch POST '+i+(o.keepalive?' keepalive':''));
+p.then(function(r){mark('fetch POST '+i+' answered '+r.status);},function(e){mark('fetch POST '+i+' failed: '+e);});}
+return p;};}
+})();</script>"#;
 
-/// The demo shop page for `site`, as the shop serves it: script from `/perf/`, plus a
-/// recorder of uncaught errors so that the test sees whether the page broke.
+/// The demo shop page for `site`, as the shop serves it: script from `/perf/`, plus the
+/// page's own [`RECORDER`] so that the test sees whether the page broke and what it sent.
 pub fn shop_html(site: &str) -> String {
     let page = std::fs::read_to_string(root().join("demo/index.html")).unwrap();
-    let recorder = "<script>window.__errors=[];addEventListener('error',function(e){__errors.push(String(e.message))});\
-                    addEventListener('unhandledrejection',function(e){__errors.push(String(e.reason))});</script>";
     page.replace("__COLLECTOR__", "/perf")
         .replace("data-site=\"demo\"", &format!("data-site=\"{site}\""))
         .replace(
             "<meta charset=\"utf-8\">",
-            &format!("<meta charset=\"utf-8\">\n  {recorder}"),
+            &format!("<meta charset=\"utf-8\">\n  {RECORDER}"),
         )
 }
 
@@ -339,6 +468,7 @@ impl Shop {
             fail = fail.unwrap_or("return 503;"),
         );
         let proxy = Nginx::start_with(c.port, &server_extra, &http_extra).await;
+        c.diag.beacon_log(&log);
         Shop {
             proxy,
             log,

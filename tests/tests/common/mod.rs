@@ -10,6 +10,8 @@
 #![allow(dead_code)]
 
 pub mod browser;
+pub mod diag;
+pub mod freeze;
 pub mod lost_answer;
 pub mod standin;
 
@@ -21,6 +23,8 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+
+pub use diag::{wait_until, Diag};
 
 /// The workspace root.
 pub fn root() -> PathBuf {
@@ -220,6 +224,15 @@ pub struct TestEnv<'a> {
     pub clickhouse: Vec<String>,
     /// `COLLECTOR_CLICKHOUSE_TABLE_FORM` for the collector and its commands.
     pub table_form: &'static str,
+    /// What this test prints when it gives up waiting ([`Diag::give_up`]): its collectors,
+    /// its ClickHouse servers' `system.replicas` rows, its shops' beacons, its browsers.
+    pub diag: Diag,
+}
+
+impl Drop for TestEnv<'_> {
+    fn drop(&mut self) {
+        self.diag.clear_current();
+    }
 }
 
 impl<'a> TestEnv<'a> {
@@ -251,12 +264,18 @@ impl<'a> TestEnv<'a> {
             .batch_execute(&format!("CREATE DATABASE {db}"))
             .await
             .expect("create the test database");
+        let clickhouse = stack.clickhouse_urls();
+        let diag = Diag::new();
+        diag.clickhouse(&clickhouse, &db);
+        // A failed assertion of this test gets the report a wait that gave up gets.
+        diag.make_current();
         TestEnv {
             stack,
             db,
             site: "site-1".into(),
-            clickhouse: stack.clickhouse_urls(),
+            clickhouse,
             table_form: "replicated",
+            diag,
         }
     }
 
@@ -275,6 +294,7 @@ impl<'a> TestEnv<'a> {
         let mut env = TestEnv::empty(stack).await;
         env.clickhouse = vec![stack.ch26_url()];
         env.table_form = "single";
+        env.diag.clickhouse(&env.clickhouse, &env.db);
         env
     }
 
@@ -328,7 +348,7 @@ impl<'a> TestEnv<'a> {
         for (k, v) in extra {
             env.push(((*k).into(), (*v).into()));
         }
-        Collector::start(env, spool).await
+        Collector::start(env, spool, self.diag.clone()).await
     }
 
     /// Runs a query on ClickHouse server `i` (from 0) of this test and returns its JSON rows;
@@ -390,13 +410,16 @@ impl<'a> TestEnv<'a> {
             if missing.is_empty() {
                 return rows;
             }
-            assert!(
-                start.elapsed() < limit,
-                "{} of {} ids not visible in {}.measurements after {limit:?}: {missing:?}",
-                missing.len(),
-                ids.len(),
-                self.db
-            );
+            if start.elapsed() >= limit {
+                self.diag
+                    .give_up(format!(
+                        "{} of {} ids not visible in {}.measurements after {limit:?}: {missing:?}",
+                        missing.len(),
+                        ids.len(),
+                        self.db
+                    ))
+                    .await;
+            }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
@@ -552,20 +575,29 @@ pub struct Collector {
     pub spool: tempfile::TempDir,
     /// Log file.
     pub log: PathBuf,
+    /// The test's report for a wait that gives up (this collector is registered with it).
+    pub diag: Diag,
 }
 
 impl Collector {
-    async fn start(mut env: Vec<(String, String)>, spool: tempfile::TempDir) -> Collector {
+    async fn start(
+        mut env: Vec<(String, String)>,
+        spool: tempfile::TempDir,
+        diag: Diag,
+    ) -> Collector {
         let port = free_port();
         env.push(("COLLECTOR_LISTEN".into(), format!("127.0.0.1:{port}")));
         let log = spool.path().with_extension("log");
+        let url = format!("http://127.0.0.1:{port}");
+        diag.collector(&url, &log, spool.path(), &env);
         let mut c = Collector {
             child: None,
-            url: format!("http://127.0.0.1:{port}"),
+            url,
             port,
             env,
             spool,
             log,
+            diag,
         };
         c.spawn().await;
         c
@@ -839,11 +871,13 @@ pub struct Traffic {
     stop: tokio::sync::watch::Sender<bool>,
     task: tokio::task::JoinHandle<TrafficReport>,
     report: std::sync::Arc<std::sync::Mutex<TrafficReport>>,
+    diag: Diag,
 }
 
 impl Traffic {
-    /// Starts posting to `base_url` for `site`.
-    pub fn start(base_url: &str, site: &str, interval: Duration) -> Traffic {
+    /// Starts posting to collector `c` for `site`.
+    pub fn start(c: &Collector, site: &str, interval: Duration) -> Traffic {
+        let (base_url, diag) = (c.url.as_str(), c.diag.clone());
         let (stop, mut stopped) = tokio::sync::watch::channel(false);
         let report = std::sync::Arc::new(std::sync::Mutex::new(TrafficReport::default()));
         let (url, site, shared) = (
@@ -878,13 +912,19 @@ impl Traffic {
             let rep = shared.lock().unwrap().clone();
             rep
         });
-        Traffic { stop, task, report }
+        Traffic {
+            stop,
+            task,
+            report,
+            diag,
+        }
     }
 
     /// Starts `senders` clients posting to `base_url` for `site` back to back, each its next
     /// beacon as soon as the last is answered: the collector's maximum rate for that many
     /// connections. A request without an answer (the collector killed) counts under 0.
-    pub fn flood(base_url: &str, site: &str, senders: usize) -> Traffic {
+    pub fn flood(c: &Collector, site: &str, senders: usize) -> Traffic {
+        let (base_url, diag) = (c.url.as_str(), c.diag.clone());
         let (stop, stopped) = tokio::sync::watch::channel(false);
         let report = std::sync::Arc::new(std::sync::Mutex::new(TrafficReport::default()));
         let url = format!("{base_url}/api/v1/measurements");
@@ -924,7 +964,12 @@ impl Traffic {
             let rep = shared.lock().unwrap().clone();
             rep
         });
-        Traffic { stop, task, report }
+        Traffic {
+            stop,
+            task,
+            report,
+            diag,
+        }
     }
 
     /// What was seen so far.
@@ -935,15 +980,25 @@ impl Traffic {
     /// Waits until at least `n` more ids were acknowledged than now (at most `limit`).
     pub async fn wait_acked(&self, n: usize, limit: Duration) {
         let target = self.snapshot().acked.len() + n;
-        let start = Instant::now();
-        while self.snapshot().acked.len() < target {
-            assert!(
-                start.elapsed() < limit,
-                "traffic stalled: {:?}",
-                self.snapshot().statuses
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        wait_until(
+            &self.diag,
+            &format!("{n} more beacons acknowledged"),
+            limit,
+            Duration::from_millis(50),
+            || async {
+                let now = self.snapshot();
+                if now.acked.len() >= target {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "{} of {n} acknowledged; answers so far {:?}",
+                        n + now.acked.len() - target,
+                        now.statuses
+                    ))
+                }
+            },
+        )
+        .await
     }
 
     /// Stops and returns the report.
@@ -989,13 +1044,17 @@ impl TestEnv<'_> {
                 );
                 return;
             }
-            assert!(
-                start.elapsed() < limit,
-                "{} of {} acknowledged ids missing after {limit:?}, e.g. {:?}",
-                missing.len(),
-                acked.len(),
-                &missing[..missing.len().min(3)]
-            );
+            if start.elapsed() >= limit {
+                self.diag
+                    .give_up(format!(
+                        "{} of {} acknowledged ids missing from {}.measurements after {limit:?}, e.g. {:?}",
+                        missing.len(),
+                        acked.len(),
+                        self.db,
+                        &missing[..missing.len().min(3)]
+                    ))
+                    .await;
+            }
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
     }
@@ -1019,16 +1078,20 @@ impl Collector {
             if text.lines().any(|l| l == line) {
                 return;
             }
-            assert!(
-                start.elapsed() < limit,
-                "metrics never showed {line:?}:\n{}",
-                text.lines()
-                    .filter(|l| l.starts_with("collector_clickhouse")
-                        || l.starts_with("collector_spool")
-                        || l.starts_with("(GET"))
-                    .collect::<Vec<_>>()
-                    .join("\n")
-            );
+            if start.elapsed() >= limit {
+                self.diag
+                    .give_up(format!(
+                        "{} never showed {line:?} in {limit:?}; its last answer:\n{}",
+                        self.url,
+                        text.lines()
+                            .filter(|l| l.starts_with("collector_clickhouse")
+                                || l.starts_with("collector_spool")
+                                || l.starts_with("(GET"))
+                            .collect::<Vec<_>>()
+                            .join("\n")
+                    ))
+                    .await;
+            }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
