@@ -60,7 +60,11 @@ RUN groupadd --system --gid 10001 collector \
 
 COPY --from=builder /out/collector /usr/local/bin/collector
 
+# The public listener (beacons, the script, site settings) and the operations listener
+# (/metrics, /readyz with its reason): the latter on the container's network for Prometheus,
+# never published nor forwarded by an edge (contract v4 §4).
 ENV COLLECTOR_LISTEN=0.0.0.0:8080 \
+    COLLECTOR_ADMIN_LISTEN=0.0.0.0:9464 \
     COLLECTOR_SPOOL_DIR=/var/lib/collector/spool
 
 # The durable spool: measurements answered 202 but not yet confirmed by ClickHouse. It must
@@ -69,7 +73,7 @@ VOLUME ["/var/lib/collector/spool"]
 
 USER 10001:10001
 WORKDIR /var/lib/collector
-EXPOSE 8080
+EXPOSE 8080 9464
 
 # SIGTERM starts the drain: /readyz answers 503 for COLLECTOR_DRAIN_GRACE (5 s), the listener
 # closes, in-flight requests finish (at most 10 s), the writer flushes (at most 10 s) and leaves

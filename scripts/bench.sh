@@ -251,7 +251,9 @@ kv_into() {
     done
 }
 
-metrics() { kv_into "$1" < <(bench_py metrics "http://127.0.0.1:${2:-$cport}/metrics"); } # metrics PREFIX [PORT]
+# metrics PREFIX [PORT]: the collector on public PORT's /metrics, read on its operations listener.
+declare -A admin_of=()
+metrics() { local p=${2:-$cport}; kv_into "$1" < <(bench_py metrics "http://127.0.0.1:${admin_of[$p]:-$p}/metrics"); }
 proc_cpu() { bench_py proc "$1" | sed 's/ .*//; s/cpu=//'; }
 
 start_collector() { # start_collector [ENV=VALUE...]: $bin on $cport, spool $work/spool
@@ -262,8 +264,10 @@ start_collector() { # start_collector [ENV=VALUE...]: $bin on $cport, spool $wor
 launch_collector() { # launch_collector BIN PORT SPOOL LOG [ENV=VALUE...]: sets launched_pid
     local bin=$1 port=$2 spool=$3 log=$4
     shift 4
+    [[ -n ${admin_of[$port]:-} ]] || admin_of[$port]=$(alloc_ports 1)
     env "$@" \
         COLLECTOR_LISTEN="127.0.0.1:$port" \
+        COLLECTOR_ADMIN_LISTEN="127.0.0.1:${admin_of[$port]}" \
         COLLECTOR_DATABASE_URL="$DATABASE_URL" \
         COLLECTOR_CLICKHOUSE_URLS="$CLICKHOUSE_URLS" \
         COLLECTOR_CLICKHOUSE_DATABASE=collector \

@@ -349,9 +349,10 @@ def check_monitoring(c):
     jobs = {j.get("job_name"): j for j in config.get("scrape_configs") or []}
     targets = sorted(t for sc in (jobs.get("collector") or {}).get("static_configs") or []
                      for t in sc.get("targets") or [])
-    want = sorted(f"{n}:8080" for n in c.collectors)
+    want = sorted(f"{n}:9464" for n in c.collectors)
     if targets != want:
-        problems.append(f"job collector scrapes {targets}, not the collectors {want}")
+        problems.append(f"job collector scrapes {targets}, not the collectors' operations "
+                        f"listeners {want}")
     for f in config.get("rule_files") or []:
         if not os.path.exists(os.path.join(DEPLOY, "prometheus", f)):
             problems.append(f"rule file {f} is not in deploy/prometheus")
@@ -601,6 +602,8 @@ def check_dockerfile():
         problems.append(f"COLLECTOR_LISTEN={env.get('COLLECTOR_LISTEN')}, want 0.0.0.0:8080")
     if "8080" not in " ".join(a for i, a in fi if i == "EXPOSE").split():
         problems.append("EXPOSE 8080 is missing")
+    if env.get("COLLECTOR_ADMIN_LISTEN") != "0.0.0.0:9464":
+        problems.append(f"COLLECTOR_ADMIN_LISTEN={env.get('COLLECTOR_ADMIN_LISTEN')}, want 0.0.0.0:9464")
     if not any(i == "COPY" and "--from=builder" in a and "/usr/local/bin/collector" in a for i, a in fi):
         problems.append("the runtime does not COPY --from=builder the binary to /usr/local/bin/collector")
     # Cache-friendly order: only manifests are copied before the first cargo build.
@@ -735,6 +738,7 @@ def engine_compose(config, out, opts):
                 env["PRIMARY_PORT"] = opts["postgres-primary"]
         if name in opts and name not in POSTGRES_SERVICES:  # the collectors
             env["COLLECTOR_LISTEN"] = f"127.0.0.1:{opts[name]}"
+            env["COLLECTOR_ADMIN_LISTEN"] = f"127.0.0.1:{opts[name + '-admin']}"
         svc["environment"] = env
         if svc.get("ulimits"):
             ulimits = dict(svc["ulimits"])

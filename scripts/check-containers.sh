@@ -371,6 +371,7 @@ run_collector() {
     pm run -d --name "$name" --network host --read-only --read-only-tmpfs=false \
         --cap-drop ALL --security-opt no-new-privileges:true \
         -v "$vol:/var/lib/collector/spool" "${envs[@]}" -e "COLLECTOR_LISTEN=127.0.0.1:$port" \
+        -e "COLLECTOR_ADMIN_LISTEN=127.0.0.1:$(admin_port "$port")" \
         "$IMAGE" >/dev/null
 }
 
@@ -386,8 +387,20 @@ http_code() { curl -s -o /dev/null -m 5 -w '%{http_code}' "$1" || true; }
 ready() { [[ $(http_code "http://127.0.0.1:$1/readyz") == 200 ]]; }
 listening() { [[ $(http_code "http://127.0.0.1:$1/healthz") == 200 ]]; }
 healthy() { pm healthcheck run "$1"; }
+# The operations listener's port of a collector whose public port is $1 (/metrics is not
+# served on the public one): allocated beside it (pair_admin_ports).
+declare -A ADMIN_PORTS=()
+admin_port() { [[ -n ${ADMIN_PORTS[$1]:-} ]] || die "no operations port for $1"; echo "${ADMIN_PORTS[$1]}"; }
+pair_admin_ports() { # pair_admin_ports PORT...: an operations port for each public one
+    local p a
+    set -- "$@" $(alloc_ports $#)
+    local n=$(($# / 2)) i
+    for ((i = 1; i <= n; i++)); do
+        p=${!i}; a=$((i + n)); ADMIN_PORTS[$p]=${!a}
+    done
+}
 spool_records() {
-    curl -sS -m 5 "http://127.0.0.1:$1/metrics" | awk '$1 == "collector_spool_records" { print $2 }'
+    curl -sS -m 5 "http://127.0.0.1:$(admin_port "$1")/metrics" | awk '$1 == "collector_spool_records" { print $2 }'
 }
 spool_empty() { [[ $(spool_records "$1") == 0 ]]; }
 
@@ -658,6 +671,7 @@ compose_up() {
     "$PY" "$ROOT/scripts/check-containers.py" engine-compose "$TMP/compose.yaml" "$TMP/compose.engine.yaml" \
         image="$IMAGE" postgres_image="$PG_STANDIN" volume_prefix="$PROJECT" nofile="$NOFILE" nproc=4096 \
         postgres-primary="$CP1" postgres-standby="$CP2" collector-a="$CA" collector-b="$CB" \
+        collector-a-admin="$(admin_port "$CA")" collector-b-admin="$(admin_port "$CB")" \
         clickhouse-r1="$CH1_URL" clickhouse-r2="$CH2_URL" clickhouse-r3="$CH3_URL"
     health_ticker >/dev/null 2>&1 &
     echo $! >"$TMP/ticker.pid"
@@ -783,6 +797,7 @@ engine_main() {
     STOP_GRACE=$("$PY" "$ROOT/scripts/check-containers.py" stop-grace "$TMP/compose.yaml" collector-a)
     ports=$(alloc_ports 3)
     read -r PORT1 PORT2 PORT3 <<<"$ports"
+    pair_admin_ports "$PORT1" "$PORT2" "$PORT3"
     SPOOL_VOL=$PROJECT-spool
 
     check "run: collector migrate and sites add from the image (loopback PostgreSQL and ClickHouse)" migrate_and_sites
@@ -796,6 +811,7 @@ engine_main() {
 
     ports=$(alloc_ports 4)
     read -r CP1 CP2 CA CB <<<"$ports"
+    pair_admin_ports "$CA" "$CB"
     check "compose: podman's API socket (podman system service) answers docker-compose" api_service
     if [[ $LAST_OK -eq 1 ]]; then
         check "compose: docker-compose up -d ${COMPOSE_SERVICES[*]} (depends_on conditions met)" compose_up

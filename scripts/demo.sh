@@ -16,14 +16,15 @@ root=$PWD
 stack_dir="$root/.stack/demo"
 page_port="${DEMO_PAGE_PORT:-8000}"
 listen="${COLLECTOR_LISTEN:-127.0.0.1:8080}"
+admin_listen="${COLLECTOR_ADMIN_LISTEN:-127.0.0.1:9464}"
 # One demo per checkout: a second one would share (and, on exit, stop) the first one's stack.
 if [[ -f $stack_dir/demo.pid ]] && kill -0 "$(cat "$stack_dir/demo.pid")" 2>/dev/null; then
   die "a demo of this checkout is already running (pid $(cat "$stack_dir/demo.pid")); stop it with Ctrl-C first"
 fi
 # Both ports must be free before anything starts (a taken one would fail out of sight).
-for addr in "127.0.0.1:$page_port" "$listen"; do
+for addr in "127.0.0.1:$page_port" "$listen" "$admin_listen"; do
   if port_listening "${addr##*:}"; then
-    die "$addr is taken; pick other ports: COLLECTOR_LISTEN=127.0.0.1:18080 DEMO_PAGE_PORT=18000 scripts/demo.sh"
+    die "$addr is taken; pick other ports: COLLECTOR_LISTEN=127.0.0.1:18080 COLLECTOR_ADMIN_LISTEN=127.0.0.1:19464 DEMO_PAGE_PORT=18000 scripts/demo.sh"
   fi
 done
 
@@ -49,6 +50,7 @@ scripts/stack.sh up "$stack_dir" --replicas 2 >/dev/null
 source "$stack_dir/stack.env"
 
 export COLLECTOR_LISTEN="$listen"
+export COLLECTOR_ADMIN_LISTEN="$admin_listen"
 export COLLECTOR_DATABASE_URL="$DATABASE_URL"
 export COLLECTOR_CLICKHOUSE_URLS="$(for i in $(seq 1 "$CH_REPLICAS"); do v="CH${i}_URL"; printf '%s,' "${!v}"; done | sed 's/,$//')"
 export COLLECTOR_CLICKHOUSE_DATABASE=collector
@@ -70,14 +72,15 @@ page_pid=$!
 
 cat <<MSG
 
-  collector      $collector_url   (script: $collector_url/script.js, metrics: $collector_url/metrics)
+  collector      $collector_url   (script: $collector_url/script.js)
+  operations     http://$COLLECTOR_ADMIN_LISTEN   (metrics: /metrics, readiness with its reason: /readyz)
   demo shop page http://127.0.0.1:$page_port/   (open it, then switch tab or close it: one beacon is sent)
   ClickHouse     $CH1_URL  (replicas: $COLLECTOR_CLICKHOUSE_URLS)
   PostgreSQL     $DATABASE_URL
 
   Send a measurement by hand:
     curl -si $collector_url/api/v1/measurements -H 'content-type: application/json' \\
-      -d '{"id":"'\$(cat /proc/sys/kernel/random/uuid)'","site":"demo","url":"https://shop.example/","lcp_ms":1234}'
+      -d '{"id":"'\$(cat /proc/sys/kernel/random/uuid)'","site":"demo","url":"http://127.0.0.1:$page_port/","lcp_ms":1234}'
 
   See the rows (within about a second):
     clickhouse-client --port $CH1_TCP_PORT --query "SELECT id, site, url, lcp_ms, received_at FROM collector.measurements FINAL ORDER BY received_at DESC LIMIT 10"

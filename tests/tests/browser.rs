@@ -210,7 +210,7 @@ async fn an_unknown_site_stores_nothing_and_breaks_nothing() {
     env.wait_rows(&[marker], SETTLE).await;
     assert!(rows_for_site(&env, "no-such-site", 0).await.is_empty());
     let text = http()
-        .get(format!("{}/metrics", c.url))
+        .get(format!("{}/metrics", c.admin_url))
         .send()
         .await
         .unwrap()

@@ -122,7 +122,7 @@ async fn fill(c: &Collector, site: &str) -> Vec<String> {
 
 /// `GET /readyz`: status and body.
 async fn readyz(c: &Collector) -> (u16, String) {
-    match http().get(format!("{}/readyz", c.url)).send().await {
+    match http().get(format!("{}/readyz", c.admin_url)).send().await {
         Ok(r) => {
             let status = r.status().as_u16();
             let body = r

@@ -461,20 +461,21 @@ async fn script_and_operations_endpoints() {
         .unwrap();
     assert_eq!(r.headers()["content-encoding"], "br");
 
-    // The container health check needs no shell tools: `collector probe` asks /readyz.
+    // The container health check needs no shell tools: `collector probe` asks /readyz on the
+    // operations listener.
     let probe = |listen: String| {
         std::process::Command::new(collector_bin())
             .arg("probe")
-            .env("COLLECTOR_LISTEN", listen)
+            .env("COLLECTOR_ADMIN_LISTEN", listen)
             .output()
             .unwrap()
     };
     assert_eq!(
-        probe(format!("127.0.0.1:{}", c.port)).status.code(),
+        probe(format!("127.0.0.1:{}", c.admin_port)).status.code(),
         Some(0)
     );
     assert_eq!(
-        probe(format!("0.0.0.0:{}", c.port)).status.code(),
+        probe(format!("0.0.0.0:{}", c.admin_port)).status.code(),
         Some(0),
         "an unspecified address is probed on loopback"
     );
@@ -506,8 +507,18 @@ async fn script_and_operations_endpoints() {
             .status(),
         200
     );
+    assert_eq!(
+        http()
+            .get(format!("{}/metrics", c.url))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        404,
+        "the public listener keeps /metrics to the operations listener"
+    );
     let metrics = http()
-        .get(format!("{}/metrics", c.url))
+        .get(format!("{}/metrics", c.admin_url))
         .send()
         .await
         .unwrap()

@@ -305,7 +305,7 @@ async fn metric_value(collector: &Collector, name: &str) -> f64 {
 
 async fn metrics_text(collector: &Collector) -> String {
     let resp = http()
-        .get(format!("{}/metrics", collector.url))
+        .get(format!("{}/metrics", collector.admin_url))
         .send()
         .await
         .expect("GET /metrics");
@@ -709,7 +709,7 @@ async fn prometheus_scrapes_the_collector_and_alerts_on_no_healthy_replica() {
     let stack = Stack::own(2);
     let env = TestEnv::new(&stack).await;
     let mut collector = env.collector(&[]).await;
-    let instance = format!("127.0.0.1:{}", collector.port);
+    let instance = format!("127.0.0.1:{}", collector.admin_port);
     let prom = Prometheus::start(std::slice::from_ref(&instance), &env.diag).await;
     let long = Duration::from_secs(240);
 

@@ -200,7 +200,7 @@ async fn a_canary_of_personal_data_is_in_no_file_row_log_or_metric() {
     assert_eq!(rows.len(), 2, "{rows:?}");
     let hits = canary_hits(serde_json::to_string(&rows).unwrap().as_bytes());
     assert!(hits.is_empty(), "rows: {hits:?} in {rows:?}");
-    let metrics = reqwest::get(format!("{}/metrics", c.url))
+    let metrics = reqwest::get(format!("{}/metrics", c.admin_url))
         .await
         .unwrap()
         .text()

@@ -72,7 +72,7 @@ fn segment_numbers(spool: &Path) -> Vec<u64> {
 
 /// `GET /readyz`: status and body; panics when there is no answer.
 async fn readyz(c: &Collector) -> (u16, String) {
-    let url = format!("{}/readyz", c.url);
+    let url = format!("{}/readyz", c.admin_url);
     let r = http()
         .get(&url)
         .send()

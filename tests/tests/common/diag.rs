@@ -283,7 +283,7 @@ async fn ask_get(url: &str) -> Result<String, String> {
 }
 
 async fn collector_part(i: usize, c: &WatchedCollector) -> String {
-    let mut out = format!("-- collector {} at {}\n", i + 1, c.url);
+    let mut out = format!("-- collector {} (operations listener {})\n", i + 1, c.url);
     match ask_get(&format!("{}/metrics", c.url)).await {
         Ok(text) => {
             let lines: Vec<&str> = text

@@ -570,6 +570,11 @@ pub struct Collector {
     pub url: String,
     /// Port it listens on.
     pub port: u16,
+    /// Base URL of its operations listener (`COLLECTOR_ADMIN_LISTEN`: `/metrics`, and
+    /// `/readyz` with its reason), e.g. `http://127.0.0.1:PORT`.
+    pub admin_url: String,
+    /// Port of its operations listener.
+    pub admin_port: u16,
     env: Vec<(String, String)>,
     /// Spool folder (kept for restarts).
     pub spool: tempfile::TempDir,
@@ -587,13 +592,24 @@ impl Collector {
     ) -> Collector {
         let port = free_port();
         env.push(("COLLECTOR_LISTEN".into(), format!("127.0.0.1:{port}")));
+        let admin_port = match env.iter().find(|(k, _)| k == "COLLECTOR_ADMIN_LISTEN") {
+            Some((_, v)) => v.rsplit(':').next().unwrap().parse().unwrap(),
+            None => {
+                let p = free_port();
+                env.push(("COLLECTOR_ADMIN_LISTEN".into(), format!("127.0.0.1:{p}")));
+                p
+            }
+        };
         let log = spool.path().with_extension("log");
         let url = format!("http://127.0.0.1:{port}");
-        diag.collector(&url, &log, spool.path(), &env);
+        let admin_url = format!("http://127.0.0.1:{admin_port}");
+        diag.collector(&admin_url, &log, spool.path(), &env);
         let mut c = Collector {
             child: None,
             url,
             port,
+            admin_url,
+            admin_port,
             env,
             spool,
             log,
@@ -749,7 +765,7 @@ impl Collector {
 
     async fn metrics_text(&self) -> String {
         http()
-            .get(format!("{}/metrics", self.url))
+            .get(format!("{}/metrics", self.admin_url))
             .send()
             .await
             .expect("GET /metrics")
@@ -1065,7 +1081,7 @@ impl Collector {
     /// `limit`.
     pub async fn wait_metric(&self, line: &str, limit: Duration) {
         let start = Instant::now();
-        let url = format!("{}/metrics", self.url);
+        let url = format!("{}/metrics", self.admin_url);
         loop {
             // No answer (a restart under way) is waited through; the last one is shown.
             let text = match http().get(&url).send().await {
