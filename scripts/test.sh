@@ -61,7 +61,8 @@ trap 'cleanup; rm -f "$log"' EXIT
 
 step "tests"
 # Two test threads: the machine has two cores and every test runs real servers.
-cargo test "${select[@]}" -- --test-threads=2 "${filter[@]}" 2>&1 | tee "$log"
+# --no-fail-fast: one run names every failing test file, not only the first.
+cargo test --no-fail-fast "${select[@]}" -- --test-threads=2 "${filter[@]}" 2>&1 | tee "$log"
 
 if [[ $# -eq 0 || ${select[*]} == *"--test intake"* || ${#filter[@]} -gt 0 ]]; then
   step "the contract's intake tests again, on the ClickHouse 26.x server (single-server form)"

@@ -213,8 +213,11 @@
     var send = function (v, alive) {
       if (v.state & 1 || v.sends > 1) return;
       if (rate === undefined && alive) return settings.then(function () { send(v, alive); });
-      // Leaving before the settings answered: an unknown rate counts as 1.
-      if (!(v.draw < (rate === undefined ? 1 : rate))) return;
+      // Leaving before the settings answered: an unknown rate counts as 1. The rate drawn at
+      // goes with the page view, so that its row weighs 1 / rate (contract v4).
+      var r = rate === undefined ? 1 : rate;
+      if (!(v.draw < r)) return;
+      if (v.m.sample_rate !== r) { v.m.sample_rate = r; update(v); }
       v.sends++;
       var retry = function (r) { if (v.state < 3) { v.state = 2; setTimeout(function () { send(v, true); }, later(r)); } };
       try {

@@ -12,8 +12,8 @@ use tokio_util::task::TaskTracker;
 use crate::cli::{self, failed, RunError};
 use crate::config::Config;
 use crate::{
-    beacon, dedup, endpoints, geo, limits, logging, measurement, metrics, script, server, settings,
-    spool, state, useragent, writer,
+    beacon, dedup, endpoints, geo, limits, logging, measurement, metrics, sampling, script, server,
+    settings, spool, state, useragent, writer,
 };
 
 /// File descriptors kept for the collector's own use besides client connections: standard
@@ -165,6 +165,7 @@ pub async fn run(
     );
     let (stop_writer, shutdown) = watch::channel(false);
     let pruner = tokio::spawn(state.limits.clone().run_pruner(shutdown.clone()));
+    let sampler = tokio::spawn(state.sampler.clone().run(shutdown.clone()));
     let reloader = tokio::spawn(site_settings.clone().run_reloader(shutdown.clone()));
     let retention = tokio::spawn(apply_retention(config.clone(), shutdown.clone()));
     let geo_reloader = tokio::spawn(countries.run_reloader(shutdown.clone()));
@@ -210,6 +211,7 @@ pub async fn run(
     let _ = tokio::task::spawn_blocking(move || writer.join()).await;
     let _ = reloader.await;
     let _ = pruner.await;
+    let _ = sampler.await;
     let _ = retention.await;
     let _ = geo_reloader.await;
     let _ = close_admin.send(());
@@ -260,6 +262,7 @@ fn intake_state(
         },
         metrics: metrics.clone(),
         limits: limits::Limits::new(intake.client_rate, intake.site_rate, intake.max_in_flight),
+        sampler: sampling::Sampler::new(intake.site_rate, metrics.clone()),
         trusted_proxies: intake.trusted_proxies.clone(),
         client_ip_header: intake.client_ip_header,
         countries,

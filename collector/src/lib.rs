@@ -24,7 +24,8 @@
 //! - [`beacon`]: a request body's media type, coding and JSON, object by object;
 //!   [`client_ip`]: the client's address behind trusted proxies; [`geo`]: its country, and then
 //!   the address is forgotten; [`useragent`]: device, browser and OS from the `User-Agent`;
-//!   [`limits`]: the in-flight bound and the site and client rates.
+//!   [`limits`]: the in-flight bound and the site and client rates; [`sampling`]: a site over
+//!   its budget answered a lower `sample_rate`.
 //! - [`measurement`]: the row: its fields declared once (the field table), their rules, the
 //!   page view's filing time, its one encoding (RowBinary) and its layouts.
 //! - [`settings`]: the `sites` store and the cache intake reads through.
@@ -105,6 +106,7 @@ pub mod logging;
 pub mod measurement;
 pub mod metrics;
 pub mod priority;
+pub mod sampling;
 pub mod script;
 pub mod server;
 pub mod settings;

@@ -29,6 +29,10 @@ use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 /// The share of a site's rate that its requests without `Origin` may use: a tenth.
 pub const ORIGIN_LESS_SHARE: u32 = 10;
 
+/// The share of the places in flight, and of the spool, kept for sites within their budget: a
+/// fifth.
+pub const RESERVED_SHARE: usize = 5;
+
 /// How often idle rate-limiter state is pruned.
 pub const PRUNE_INTERVAL: Duration = Duration::from_secs(10);
 
@@ -40,6 +44,8 @@ pub struct Limits {
     /// The sites' budgets for requests without `Origin`.
     origin_less: Option<Arc<DefaultKeyedRateLimiter<String>>>,
     in_flight: Arc<Semaphore>,
+    /// `COLLECTOR_MAX_IN_FLIGHT`.
+    max_in_flight: usize,
 }
 
 fn limiter<K: std::hash::Hash + Eq + Clone>(
@@ -62,12 +68,20 @@ impl Limits {
                 .then(|| limiter((site_rate / ORIGIN_LESS_SHARE).max(1)))
                 .flatten(),
             in_flight: Arc::new(Semaphore::new(max_in_flight.max(1))),
+            max_in_flight: max_in_flight.max(1),
         }
     }
 
     /// A place among the requests in flight, or `None` when all are taken.
     pub fn enter(&self) -> Option<OwnedSemaphorePermit> {
         self.in_flight.clone().try_acquire_owned().ok()
+    }
+
+    /// Whether fewer than a [`RESERVED_SHARE`]th of the places in flight are free: the
+    /// collector is near its bound, and sites over their budget are shed before the places left
+    /// go ([`crate::sampling`], contract v4 §2).
+    pub fn strained(&self) -> bool {
+        self.in_flight.available_permits() * RESERVED_SHARE < self.max_in_flight
     }
 
     /// Whether the per-client rate is on (`COLLECTOR_CLIENT_RATE` above 0): only then is the

@@ -37,6 +37,8 @@ pub struct Inner {
     pub metrics: Arc<Metrics>,
     /// Rate limits and the in-flight bound.
     pub limits: Limits,
+    /// The sample rates of sites over their budget.
+    pub sampler: crate::sampling::Sampler,
     /// Peers whose forwarding header is believed.
     pub trusted_proxies: Vec<IpNet>,
     /// The one header those peers name the client in.

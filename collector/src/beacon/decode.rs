@@ -246,7 +246,6 @@ mod tests {
             [
                 "received_at",
                 "user_agent",
-                "sample_rate",
                 "page_view_at",
                 "device_type",
                 "browser",

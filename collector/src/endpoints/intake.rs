@@ -1,8 +1,8 @@
 //! `POST /api/v1/measurements` and its `OPTIONS` preflight (contract §2).
 //!
 //! The one way through, one station per function of `accept`: receive (headers, bounded
-//! body) → in-flight bound → decode → validate → site settings and origin → rates → dedup
-//! claim → spool append (durable) → 202. Nothing is stored unless the request as a whole is answered 202, and a
+//! body) → in-flight bound → decode → validate → site settings and origin → fair shedding →
+//! rates → dedup claim → spool append (durable) → 202. Nothing is stored unless the request as a whole is answered 202, and a
 //! 202 is only sent once the spool holds every measurement it counts as accepted.
 //!
 //! Each station returns what the next one needs or the [`IntakeError`] that ends the request.
@@ -209,6 +209,7 @@ async fn accept(
     };
     let valid = validate(&text, &found, &mut report)?;
     let valid = judge_sites(state, headers, valid, &mut report).await?;
+    shed_loud(state, &valid)?;
     check_rates(state, client, headers.contains_key(header::ORIGIN), &valid)?;
     let (to_store, guards) = claim(state, valid, &mut report).await;
     append(state, &to_store).await?;
@@ -404,7 +405,8 @@ fn validate<'a>(
 
 /// Site settings and origin: measurements of unknown or disabled sites are rejected, and so are
 /// those whose page is not on one of their site's origins (`url_not_allowed`, contract v4 §2);
-/// each kept measurement gets its site's `sample_rate` and is minimised as its site keeps URLs
+/// each kept measurement gets the `sample_rate` it was drawn at, as the sampler settles it and
+/// counts it toward its site's demand ([`crate::sampling::Sampler::settle`]), and is minimised as its site keeps URLs
 /// ([`Measurement::minimise`], contract v4 §2; before anything reaches disk);
 /// [`lookup_sites`] refuses the whole request first if it must. With nothing left: 403
 /// listing every rejection.
@@ -424,7 +426,12 @@ async fn judge_sites<'a>(
                 error: URL_NOT_ALLOWED,
             }),
             Some(site) => {
-                v.measurement.sample_rate = site.sample_rate;
+                let m = &mut v.measurement;
+                let sent = (m.sample_rate >= 0.0).then_some(m.sample_rate);
+                m.sample_rate = state.sampler.settle(&site.key, site.sample_rate, sent);
+                state
+                    .sampler
+                    .observe(&site.key, site.sample_rate, [m.sample_rate]);
                 v.measurement
                     .minimise(&site.keep_query, &site.allowed_origins);
                 kept.push((index, v));
@@ -476,6 +483,23 @@ async fn lookup_sites(
         sites.insert(key.to_owned(), site);
     }
     Ok(sites)
+}
+
+/// Fair shedding: while the collector is near its bounds (fewer than a fifth of the places in
+/// flight free, or less than a fifth of the spool; [`crate::limits::RESERVED_SHARE`]), a
+/// request with a measurement of a site over its budget is shed (503, `Retry-After`), so that
+/// what room is left goes to the sites within theirs (contract v4 §2): a quiet shop never loses
+/// a beacon because a loud one spiked.
+fn shed_loud(state: &AppState, valid: &[(usize, Valid<'_>)]) -> Result<(), IntakeError> {
+    let loud = |site: &str| state.sampler.over_budget(site);
+    if !valid.iter().any(|(_, v)| loud(&v.measurement.site)) {
+        return Ok(());
+    }
+    let reserve = state.spool.max_bytes() / crate::limits::RESERVED_SHARE as u64;
+    if state.limits.strained() || !state.spool.has_room(reserve) {
+        return Err(IntakeError::Overloaded(SHED_RETRY_AFTER));
+    }
+    Ok(())
 }
 
 /// Rates: per-site rates, counted in measurements (a request without `Origin` against its

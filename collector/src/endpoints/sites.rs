@@ -21,7 +21,9 @@ use crate::settings::Lookup;
 use crate::state::AppState;
 
 /// How long a browser may keep an answer: the default `COLLECTOR_SETTINGS_TTL`, so that a
-/// changed rate reaches browsers about as fast as it reaches collectors.
+/// changed rate reaches browsers about as fast as it reaches collectors; the most contract v4
+/// allows. A site near or over its budget is answered a shorter one
+/// ([`crate::sampling::SHORT_MAX_AGE`]), so that a lowered rate reaches its browsers sooner.
 pub const MAX_AGE: Duration = Duration::from_secs(60);
 
 /// The 200 answer.
@@ -33,20 +35,27 @@ pub struct SiteAnswer<'a> {
     pub sample_rate: f64,
 }
 
-/// 200 `{"site","sample_rate"}` for an enabled site; 404 for an unknown or disabled one (the
+/// 200 `{"site","sample_rate"}` for an enabled site, its rate lowered while it is over its
+/// budget ([`crate::sampling`]); 404 for an unknown or disabled one (the
 /// script then sends nothing); 503 with `Retry-After` for a never-seen site while the settings
 /// store is unreachable. Any origin may read it (`Access-Control-Allow-Origin: *`; the script
 /// asks without credentials).
 pub async fn get(State(state): State<AppState>, Path(key): Path<String>) -> Response {
+    let mut max_age = MAX_AGE;
     let mut response = if !beacon::is_site_key(&key) {
         error_response(StatusCode::NOT_FOUND, "unknown or disabled site")
     } else {
         match state.settings.lookup(&key).await {
-            Lookup::Known(site) if site.enabled => axum::Json(SiteAnswer {
-                site: &site.key,
-                sample_rate: site.sample_rate,
-            })
-            .into_response(),
+            Lookup::Known(site) if site.enabled => {
+                if state.sampler.near_budget(&site.key) {
+                    max_age = crate::sampling::SHORT_MAX_AGE;
+                }
+                axum::Json(SiteAnswer {
+                    site: &site.key,
+                    sample_rate: state.sampler.served(&site.key, site.sample_rate),
+                })
+                .into_response()
+            }
             Lookup::Known(_) | Lookup::Unknown => {
                 error_response(StatusCode::NOT_FOUND, "unknown or disabled site")
             }
@@ -66,7 +75,7 @@ pub async fn get(State(state): State<AppState>, Path(key): Path<String>) -> Resp
     };
     response.headers_mut().insert(
         header::CACHE_CONTROL,
-        HeaderValue::from_str(&format!("public, max-age={}", MAX_AGE.as_secs())).expect("digits"),
+        HeaderValue::from_str(&format!("public, max-age={}", max_age.as_secs())).expect("digits"),
     );
     with_cors(response)
 }

@@ -64,10 +64,11 @@ measurement_table! {
         /// The request's `User-Agent`, at most [`rules::MAX_USER_AGENT_BYTES`].
         user_agent: Cow<'a, str> = derived(Cow::Borrowed(ctx.user_agent)),
         /// The `sample_rate` its page view was sampled at, 0 to 1, so that an aggregate can
-        /// weight each row by its inverse; set by intake from the site (1 until then). Rows of
-        /// layout 1 without it read as 1 (every page view was sent then).
+        /// weight each row by its inverse: the rate the script drew at (contract v4), as intake
+        /// settles it against the site ([`crate::sampling`]; [`rules::NOT_SENT`] until then).
+        /// Rows of layout 1 without it read as 1 (every page view was sent then).
         #[serde(default = "every_page_view")]
-        sample_rate: f64 = derived(1.0),
+        sample_rate: f64 = sent(rules::rate),
     }
 
     layout 3 {

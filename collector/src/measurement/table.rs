@@ -12,6 +12,9 @@
 //!   …)` sees `lcp_ms` as judged).
 //! - `derived(expr)`: a column the collector sets; `expr` may name the context (the name after
 //!   `judged with`) and any field before it.
+//! - `sent(rule)`: a request field whose column intake settles later against the site (the
+//!   `sample_rate`, [`crate::sampling`]): judged as `optional`, its column holds the valid
+//!   value sent, or [`super::rules::NOT_SENT`], until intake sets it.
 //!
 //! From that the macro makes: [`super::Measurement`] (the row, also its JSON form through
 //! serde), [`super::RawBeacon`] and its setter (the request fields a body's object is read
@@ -28,6 +31,9 @@ macro_rules! is_request {
     (optional) => {
         true
     };
+    (sent) => {
+        true
+    };
     (derived) => {
         false
     };
@@ -39,6 +45,9 @@ macro_rules! field_kind {
         $crate::measurement::FieldKind::Required
     };
     (optional) => {
+        $crate::measurement::FieldKind::Optional
+    };
+    (sent) => {
         $crate::measurement::FieldKind::Optional
     };
     (derived) => {
@@ -59,6 +68,9 @@ macro_rules! judge_field {
             _ => return Err(concat!("invalid ", stringify!($name))),
         };
     };
+    (sent, $name:ident, $raw:ident, $dropped:ident, $withheld:ident, $($rule:tt)*) => {
+        judge_field!(optional, $name, $raw, $dropped, $withheld, $($rule)*);
+    };
     (optional, $name:ident, $raw:ident, $dropped:ident, $withheld:ident, $($rule:tt)*) => {
         let $name = ($($rule)*)($raw.$name);
         match &$name {
@@ -76,6 +88,11 @@ macro_rules! judge_field {
 macro_rules! to_column {
     (optional, $value:expr) => {
         $value.stored()
+    };
+    (sent, $value:expr) => {
+        $value
+            .stored()
+            .unwrap_or($crate::measurement::rules::NOT_SENT)
     };
     ($other:ident, $value:expr) => {
         $value

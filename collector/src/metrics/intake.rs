@@ -1,8 +1,11 @@
 //! The intake's families: what became of each measurement sent.
 
+use std::sync::atomic::{AtomicI64, AtomicU64};
+
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 /// Label set for a rejection reason.
@@ -19,7 +22,15 @@ pub struct FieldLabel {
     pub field: String,
 }
 
-/// `collector_measurements_*`.
+/// Label set naming a site (only sites sampled below their configured rate have a series: a
+/// bounded set, see [`crate::sampling`]).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SiteLabel {
+    /// The site key.
+    pub site: String,
+}
+
+/// `collector_measurements_*`, and the sampling of sites over their budget.
 pub struct IntakeMetrics {
     /// `collector_measurements_accepted_total`: measurements made durable.
     pub accepted: Counter,
@@ -31,6 +42,11 @@ pub struct IntakeMetrics {
     pub field_dropped: Family<FieldLabel, Counter>,
     /// `collector_measurements_clock_skew_total`: `ts` values stored as NULL for skew.
     pub clock_skew: Counter,
+    /// `collector_site_sample_rate{site}`: the rate answered for a site over its budget (only
+    /// while it is below the site's configured rate).
+    pub site_sample_rate: Family<SiteLabel, Gauge<f64, AtomicU64>>,
+    /// `collector_sites_sampled`: sites answered a rate below their configured one now.
+    pub sites_sampled: Gauge<i64, AtomicI64>,
 }
 
 impl IntakeMetrics {
@@ -42,7 +58,19 @@ impl IntakeMetrics {
             rejected: Family::default(),
             field_dropped: Family::default(),
             clock_skew: Counter::default(),
+            site_sample_rate: Family::default(),
+            sites_sampled: Gauge::default(),
         };
+        r.register(
+            "collector_site_sample_rate",
+            "The sample_rate answered for a site over its budget (only while below its configured rate)",
+            m.site_sample_rate.clone(),
+        );
+        r.register(
+            "collector_sites_sampled",
+            "Sites answered a sample_rate below their configured one",
+            m.sites_sampled.clone(),
+        );
         // Counter names are registered without `_total`; the encoder appends it.
         r.register(
             "collector_measurements_accepted",

@@ -32,7 +32,7 @@ pub mod spool;
 
 pub use clickhouse::{ClickHouseMetrics, ReplicaKindLabel, ReplicaLabel, INSERT_ERROR_KINDS};
 pub use http::{HttpMetrics, RouteLabel, RouteOnly, INTAKE_ROUTE, INTAKE_STATUSES};
-pub use intake::{FieldLabel, IntakeMetrics, ReasonLabel};
+pub use intake::{FieldLabel, IntakeMetrics, ReasonLabel, SiteLabel};
 pub use settings::SettingsMetrics;
 pub use spool::{SpoolMetrics, NOTHING_HELD};
 

@@ -8,6 +8,7 @@ mod cache;
 mod common;
 mod contract;
 mod drain;
+mod sampling;
 mod writer;
 
 use std::time::Duration;

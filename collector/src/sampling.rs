@@ -1,0 +1,373 @@
+//! A site over its budget is sampled, not refused (contract v4 §2, "A site over its budget"):
+//! the collector lowers the `sample_rate` it answers for the site (`GET /api/v1/sites/KEY`) so
+//! that browsers send about its budget (`COLLECTOR_SITE_RATE`), and raises it back once the
+//! spike is over. The idea is Sentry's dynamic sampling: count everything, store a sample that
+//! says how it was drawn.
+//!
+//! **What it measures.** Every stored measurement says the rate its page view was drawn at, so
+//! each stands for `1 / sample_rate` page views (the Horvitz-Thompson estimate): the site's
+//! *demand*, page views per second before sampling, whatever rate each browser held (a browser
+//! keeps an answer up to 60 s), measured every [`TICK`]: a higher demand is taken at once, a
+//! lower one through an exponential average with a [`HALF_LIFE`] (fast up, slow down).
+//! Measurements count as they arrive, before the site's rate limit: one answered 429 and resent
+//! counts twice, which errs toward a lower rate, never toward a wrong weight.
+//!
+//! **How fast browsers learn it.** A site whose demand is above [`NEAR`] of its budget, or whose
+//! rate is lowered, is answered with `max-age` [`SHORT_MAX_AGE`] instead of 60 s, so that a
+//! lowered rate reaches its browsers within seconds; until then, the older answers' beacons
+//! arrive at the older rate, and what exceeds the budget of those gets 429.
+//!
+//! **How the rate moves.** The rate that would bring the demand to the budget is
+//! `budget / demand`, at least [`MIN_RATE`] and at most the site's configured rate. A rate
+//! [`BAND`] or more above it is lowered to it at once (a spike must be met within a tick); a
+//! rate [`BAND`] or more below it is raised only once that has held for [`RAISE_HOLD`], and at
+//! most doubled per step: from 0.01 back to 1 in seven steps, within minutes. Inside the band
+//! the rate holds: a steady load keeps a steady rate, and no rate follows the noise.
+//!
+//! **Several collectors.** Each decides for itself from the share of a site's traffic it sees
+//! (the budget is per collector): behind a balancer that spreads beacons evenly, each sees the
+//! same demand over its share and answers about the same rate; a browser asks whichever
+//! collector it reaches, and every stored row carries the rate it was drawn at, so weighting by
+//! `1 / sample_rate` stays right when two collectors answer slightly different rates.
+//!
+//! **What is stored.** A beacon's `sample_rate` is believed when it lies between the lowest rate
+//! this collector answered for the site within [`HISTORY`] (a browser may hold an older answer)
+//! and the site's configured rate; otherwise the rate in force is stored (a forged 0.0001 must
+//! not multiply a count).
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::metrics::Metrics;
+
+/// How often each site's demand is measured and its rate reconsidered.
+pub const TICK: Duration = Duration::from_secs(5);
+/// The demand's half-life: how fast the average forgets.
+pub const HALF_LIFE: Duration = Duration::from_secs(15);
+/// The lowest rate ever answered (contract v4).
+pub const MIN_RATE: f64 = 0.01;
+/// How far the target may move before the rate follows: a tenth.
+pub const BAND: f64 = 0.1;
+/// How long a higher target must hold before the rate is raised.
+pub const RAISE_HOLD: Duration = Duration::from_secs(30);
+/// How long a browser may keep the rate of a site near or over its budget (demand above
+/// [`NEAR`] of it), instead of 60 s: a lowered rate reaches most browsers within it.
+pub const SHORT_MAX_AGE: Duration = Duration::from_secs(10);
+/// The share of its budget from which a site's demand is near it.
+pub const NEAR: f64 = 0.5;
+/// How far back the rates answered count for a beacon's `sample_rate` (contract v4: ten
+/// minutes); also how long an idle site's state is kept.
+pub const HISTORY: Duration = Duration::from_secs(600);
+
+/// The sampling of every site this collector sees. Cheap to clone.
+#[derive(Clone)]
+pub struct Sampler {
+    inner: Option<Arc<Inner>>,
+}
+
+struct Inner {
+    /// Measurements per second per site this collector may take (`COLLECTOR_SITE_RATE`).
+    budget: f64,
+    sites: Mutex<HashMap<String, SiteState>>,
+    metrics: Arc<Metrics>,
+}
+
+#[derive(Debug)]
+struct SiteState {
+    /// The site's configured rate, as last seen.
+    configured: f64,
+    /// The rate answered now.
+    served: f64,
+    /// Page views counted since the last tick (each measurement `1 / its rate`).
+    window: f64,
+    /// Smoothed page views per second.
+    demand: f64,
+    /// Since when a higher target has held.
+    raise_since: Option<Instant>,
+    /// The rates answered, each with when it began, oldest first, within [`HISTORY`].
+    history: VecDeque<(Instant, f64)>,
+    last_seen: Instant,
+}
+
+impl Sampler {
+    /// Sampling to `budget` measurements per second per site; 0: off (every site's configured
+    /// rate is answered and stored as it is).
+    pub fn new(budget: u32, metrics: Arc<Metrics>) -> Sampler {
+        Sampler {
+            inner: (budget > 0).then(|| {
+                Arc::new(Inner {
+                    budget: f64::from(budget),
+                    sites: Mutex::new(HashMap::new()),
+                    metrics,
+                })
+            }),
+        }
+    }
+
+    /// The rate to answer for `site` (configured at `configured`): below it while the site is
+    /// over its budget.
+    pub fn served(&self, site: &str, configured: f64) -> f64 {
+        self.with(site, configured, |s| s.served)
+            .unwrap_or(configured)
+    }
+
+    /// The rate to store for a measurement of `site` that says it was drawn at `sent`: `sent`
+    /// when it lies between the lowest rate answered within [`HISTORY`] and `configured`, else
+    /// the rate in force.
+    pub fn settle(&self, site: &str, configured: f64, sent: Option<f64>) -> f64 {
+        let (served, lowest) = self
+            .with(site, configured, |s| {
+                let lowest = s.history.iter().map(|h| h.1).fold(s.served, f64::min);
+                (s.served, lowest)
+            })
+            .unwrap_or((configured, configured));
+        match sent {
+            Some(r) if r >= lowest * (1.0 - 1e-9) && r <= configured * (1.0 + 1e-9) => r,
+            _ => served,
+        }
+    }
+
+    /// Counts measurements of `site` stored at `rates`: each stands for `1 / rate` page views.
+    pub fn observe(&self, site: &str, configured: f64, rates: impl IntoIterator<Item = f64>) {
+        let now = Instant::now();
+        self.with(site, configured, |s| {
+            s.window += rates
+                .into_iter()
+                .map(|r| 1.0 / r.max(MIN_RATE))
+                .sum::<f64>();
+            s.last_seen = now;
+        });
+    }
+
+    /// Whether `site` is sampled below its configured rate now: over its budget (a site a loaded
+    /// collector sheds first).
+    pub fn over_budget(&self, site: &str) -> bool {
+        let Some(inner) = &self.inner else {
+            return false;
+        };
+        let sites = inner.sites.lock().unwrap();
+        sites.get(site).is_some_and(|s| s.served < s.configured)
+    }
+
+    /// Whether `site`'s demand is above [`NEAR`] of its budget or its rate is lowered: its
+    /// answer is kept by browsers for [`SHORT_MAX_AGE`] only.
+    pub fn near_budget(&self, site: &str) -> bool {
+        let Some(inner) = &self.inner else {
+            return false;
+        };
+        let sites = inner.sites.lock().unwrap();
+        sites
+            .get(site)
+            .is_some_and(|s| s.served < s.configured || s.demand > NEAR * inner.budget)
+    }
+
+    /// Reconsiders every site's rate every [`TICK`] until `shutdown` turns true.
+    pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
+        let Some(inner) = self.inner else {
+            return;
+        };
+        let mut tick = tokio::time::interval(TICK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => inner.tick(Instant::now()),
+                _ = shutdown.wait_for(|stop| *stop) => return,
+            }
+        }
+    }
+
+    fn with<T>(
+        &self,
+        site: &str,
+        configured: f64,
+        f: impl FnOnce(&mut SiteState) -> T,
+    ) -> Option<T> {
+        let inner = self.inner.as_ref()?;
+        let mut sites = inner.sites.lock().unwrap();
+        let state = sites.entry(site.to_owned()).or_insert_with(|| SiteState {
+            configured,
+            served: configured,
+            window: 0.0,
+            demand: 0.0,
+            raise_since: None,
+            history: VecDeque::new(),
+            last_seen: Instant::now(),
+        });
+        if state.configured != configured {
+            // Changed by the operator (`sites update`): never above it.
+            state.configured = configured;
+            state.served = state.served.min(configured);
+        }
+        Some(f(state))
+    }
+}
+
+impl Inner {
+    fn tick(&self, now: Instant) {
+        let decay =
+            1.0 - (-TICK.as_secs_f64() / HALF_LIFE.as_secs_f64() * std::f64::consts::LN_2).exp();
+        let mut sites = self.sites.lock().unwrap();
+        sites.retain(|site, s| {
+            let measured = s.window / TICK.as_secs_f64();
+            s.window = 0.0;
+            // Fast up, slow down: a spike is met within a tick, and its end is believed only
+            // once it has lasted.
+            s.demand = if measured > s.demand {
+                measured
+            } else {
+                s.demand + decay * (measured - s.demand)
+            };
+            let before = s.served;
+            s.served = next_rate(s, self.budget, now);
+            if s.served != before {
+                s.history.push_back((now, s.served));
+                self.said(site, before, s);
+            }
+            // Entries older than HISTORY go, but the one in force at its start stays.
+            while s.history.len() > 1 && now.duration_since(s.history[1].0) > HISTORY {
+                s.history.pop_front();
+            }
+            let idle = now.duration_since(s.last_seen) > HISTORY;
+            !(idle && s.served >= s.configured)
+        });
+        self.metrics
+            .intake
+            .sites_sampled
+            .set(sites.values().filter(|s| s.served < s.configured).count() as i64);
+    }
+
+    /// Logs and exports a site's rate when it changed from `before`.
+    fn said(&self, site: &str, before: f64, s: &SiteState) {
+        let label = crate::metrics::SiteLabel {
+            site: site.to_owned(),
+        };
+        if s.served < s.configured {
+            if before >= s.configured {
+                tracing::info!(
+                    site,
+                    rate = s.served,
+                    demand = s.demand,
+                    budget = self.budget,
+                    "sampling: the site is over its budget; answering a lower sample_rate"
+                );
+            }
+            self.metrics
+                .intake
+                .site_sample_rate
+                .get_or_create(&label)
+                .set(s.served);
+        } else {
+            tracing::info!(site, rate = s.served, "sampling: the site is within its budget again; answering its configured sample_rate");
+            self.metrics.intake.site_sample_rate.remove(&label);
+        }
+    }
+}
+
+/// The rate after one tick (see the module doc).
+fn next_rate(s: &mut SiteState, budget: f64, now: Instant) -> f64 {
+    let target = if s.demand > 0.0 {
+        (budget / s.demand).clamp(MIN_RATE.min(s.configured), s.configured)
+    } else {
+        s.configured
+    };
+    if target < s.served * (1.0 - BAND) {
+        s.raise_since = None;
+        target
+    } else if target > s.served * (1.0 + BAND) {
+        let since = *s.raise_since.get_or_insert(now);
+        if now.duration_since(since) >= RAISE_HOLD {
+            s.raise_since = Some(now);
+            (s.served * 2.0).min(target)
+        } else {
+            s.served
+        }
+    } else {
+        s.raise_since = None;
+        s.served
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sampler(budget: u32) -> Sampler {
+        Sampler::new(budget, Arc::new(Metrics::new()))
+    }
+
+    /// `per_second` page views of `site` for `secs` seconds, each sent when its draw is below
+    /// the rate answered (the browsers' sampling), stored at that rate.
+    async fn load(s: &Sampler, site: &str, per_second: u32, secs: u64) {
+        let mut carry = 0.0;
+        for _ in 0..secs {
+            let rate = s.served(site, 1.0);
+            carry += f64::from(per_second) * rate;
+            let sent = carry.floor() as usize;
+            carry -= sent as f64;
+            s.observe(site, 1.0, std::iter::repeat_n(rate, sent));
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_spike_lowers_the_rate_to_the_budget_holds_it_and_raises_it_back() {
+        let s = sampler(200);
+        let (_stop, shutdown) = watch::channel(false);
+        tokio::spawn(s.clone().run(shutdown));
+        load(&s, "loud", 100, 60).await;
+        assert_eq!(s.served("loud", 1.0), 1.0, "within the budget");
+        load(&s, "loud", 800, 60).await;
+        let rate = s.served("loud", 1.0);
+        assert!((0.2..0.3).contains(&rate), "about 200 of 800: {rate}");
+        assert!(s.over_budget("loud"));
+        // Once the average has the demand (a few half-lives), the rate holds.
+        load(&s, "loud", 800, 60).await;
+        let mut seen = vec![];
+        for _ in 0..12 {
+            load(&s, "loud", 800, 10).await;
+            seen.push(s.served("loud", 1.0));
+        }
+        assert!(
+            seen.iter().all(|r| (r - seen[0]).abs() < 1e-12),
+            "a steady load keeps a steady rate: {seen:?}"
+        );
+        load(&s, "loud", 100, 300).await;
+        assert_eq!(s.served("loud", 1.0), 1.0, "back within 5 minutes");
+        assert!(!s.over_budget("loud"));
+        assert_eq!(s.served("quiet", 1.0), 1.0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_sent_rate_is_believed_between_the_lowest_recent_and_the_configured() {
+        let s = sampler(100);
+        let (_stop, shutdown) = watch::channel(false);
+        tokio::spawn(s.clone().run(shutdown));
+        load(&s, "shop", 1000, 30).await;
+        let low = s.served("shop", 1.0);
+        assert!(low < 0.2, "{low}");
+        assert_eq!(s.settle("shop", 1.0, Some(1.0)), 1.0, "an older answer");
+        assert_eq!(s.settle("shop", 1.0, Some(low)), low);
+        assert_eq!(
+            s.settle("shop", 1.0, Some(0.0001)),
+            low,
+            "forged: the rate in force"
+        );
+        assert_eq!(s.settle("shop", 1.0, None), low);
+        assert_eq!(
+            s.settle("shop", 0.5, Some(0.9)),
+            low.min(0.5),
+            "above the configured rate"
+        );
+        let off = sampler(0);
+        assert_eq!(off.served("shop", 0.5), 0.5);
+        assert_eq!(
+            off.settle("shop", 0.5, Some(0.2)),
+            0.5,
+            "off: the configured rate"
+        );
+    }
+}

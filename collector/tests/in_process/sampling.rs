@@ -1,0 +1,111 @@
+//! A site over its budget is sampled, not refused (contract v4 §2): the whole collector lowers
+//! the rate it answers for a loud site, keeps a quiet one at its configured rate, says so in
+//! `/metrics`, and stores the rate a beacon was drawn at only where it could have been.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::common::{beacon, get, Answer, App, ClickHouse, Sites};
+
+/// The test's budget (`--site-rate`), measurements per second per site.
+const BUDGET: &str = "20";
+
+/// The site's answer: its `sample_rate` and `Cache-Control`.
+async fn answer(app: &App, site: &str) -> (f64, String) {
+    let a = get(app.addr, &format!("/api/v1/sites/{site}")).await;
+    assert_eq!(a.status, 200, "{}", a.text());
+    let rate = a.json()["sample_rate"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("no sample_rate in {}", a.text()));
+    (rate, a.header("cache-control"))
+}
+
+/// Sends `body`, resending once after `Retry-After` when it is answered 429.
+async fn send_once_more(app: &App, body: &Value) -> Answer {
+    let first = app.send(body).await;
+    if first.status != 429 {
+        return first;
+    }
+    let wait: u64 = first.header("retry-after").parse().expect("Retry-After");
+    tokio::time::sleep(Duration::from_secs(wait)).await;
+    app.send(body).await
+}
+
+#[tokio::test]
+async fn a_loud_site_is_answered_a_lower_rate_and_its_beacons_say_what_they_were_drawn_at() {
+    let ch = ClickHouse::start().await;
+    let app = App::start(
+        Sites::with(&["loud", "quiet"]),
+        &[&ch],
+        &[("--site-rate", BUDGET)],
+    )
+    .await;
+    assert_eq!(answer(&app, "loud").await.0, 1.0);
+
+    // Five times the budget, in requests of ten, until the answer is lowered. The sampler
+    // measures every 5 s (sampling::TICK); allowed: two ticks and 2 s for the requests.
+    let start = Instant::now();
+    let limit = Duration::from_secs(12);
+    let lowered = loop {
+        for _ in 0..10 {
+            let batch: Vec<Value> = (0..10).map(|_| beacon("loud").1).collect();
+            let status = app.send(&json!(batch)).await.status;
+            assert!(status == 202 || status == 429, "{status}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let (rate, _) = answer(&app, "loud").await;
+        if rate < 0.5 {
+            break rate;
+        }
+        assert!(start.elapsed() < limit, "still {rate} after {limit:?}");
+    };
+    // About 20 of 100 a second; the first tick may have seen part of a second.
+    assert!((0.1..0.5).contains(&lowered), "{lowered}");
+    let (rate, cache) = answer(&app, "loud").await;
+    assert_eq!(rate, lowered);
+    assert_eq!(cache, "public, max-age=10", "a lowered rate is kept 10 s");
+    assert_eq!(
+        answer(&app, "quiet").await,
+        (1.0, "public, max-age=60".to_owned())
+    );
+    let series = "collector_site_sample_rate{site=\"loud\"}";
+    assert_eq!(app.metric(series).await, lowered);
+    assert_eq!(app.metric("collector_sites_sampled").await, 1.0);
+    let text = get(app.admin, "/metrics").await.text();
+    assert!(
+        !text.contains("collector_site_sample_rate{site=\"quiet\"}"),
+        "only sampled sites are labelled"
+    );
+
+    // What each beacon says it was drawn at, and what is stored.
+    let cases: [(&str, Option<f64>, f64); 6] = [
+        ("loud", Some(lowered), lowered),
+        ("loud", Some(1.0), 1.0),
+        ("loud", Some(0.0001), lowered),
+        ("loud", None, lowered),
+        ("quiet", Some(0.5), 1.0),
+        ("quiet", None, 1.0),
+    ];
+    let mut want = std::collections::HashMap::new();
+    for (site, sent, stored) in cases {
+        let (id, mut body) = beacon(site);
+        if let Some(r) = sent {
+            body["sample_rate"] = json!(r);
+        }
+        let a = send_once_more(&app, &body).await;
+        assert_eq!(a.status, 202, "{site} {sent:?}: {}", a.text());
+        want.insert(id, (site, sent, stored));
+    }
+    crate::common::wait_until(
+        "the six beacons stored",
+        Duration::from_secs(10),
+        || async { want.keys().all(|id| ch.rows().iter().any(|r| r.id == *id)) },
+    )
+    .await;
+    for row in ch.rows().iter().filter(|r| want.contains_key(&r.id)) {
+        let (site, sent, stored) = want[&row.id];
+        assert_eq!(row.sample_rate, stored, "{site} sent {sent:?}");
+    }
+    app.stop(false).await;
+}
