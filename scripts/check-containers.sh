@@ -139,19 +139,43 @@ install_missing() {
 
 # ---------------------------------------------------------------- compose ---
 
+# The passwords compose.yaml takes from .env (deploy/env.example), each required.
+PASSWORDS=(POSTGRES_PASSWORD COLLECTOR_DB_PASSWORD REPLICATION_PASSWORD GRAFANA_ADMIN_PASSWORD
+    CLICKHOUSE_COLLECTOR_PASSWORD CLICKHOUSE_DASHBOARD_PASSWORD)
+# placeholder_env FILE [LEAVE_OUT]: every password "check", but LEAVE_OUT.
+placeholder_env() {
+    local v
+    for v in "${PASSWORDS[@]}"; do [[ $v == "${2:-}" ]] || echo "$v=check"; done >"$1"
+}
+
 # compose ENV_FILE ARGS...: docker-compose on compose.yaml with the passwords of ENV_FILE
 # only (not the caller's environment, not a real .env).
 compose() {
-    env -u POSTGRES_PASSWORD -u COLLECTOR_DB_PASSWORD -u REPLICATION_PASSWORD -u GRAFANA_ADMIN_PASSWORD \
-        docker-compose --env-file "$1" --project-directory "$ROOT" -f "$ROOT/compose.yaml" "${@:2}"
+    local unset=() v
+    for v in "${PASSWORDS[@]}"; do unset+=(-u "$v"); done
+    env "${unset[@]}" docker-compose --env-file "$1" --project-directory "$ROOT" -f "$ROOT/compose.yaml" "${@:2}"
 }
+# No password at all, and each one left out in turn: `config` fails and names it. And
+# deploy/env.example sets exactly these.
 compose_requires_passwords() {
+    local v
     : >"$TMP/empty.env"
     if compose "$TMP/empty.env" config -q >"$TMP/nopw.out" 2>&1; then
-        echo "docker-compose config passed without POSTGRES_PASSWORD & co"
+        echo "docker-compose config passed without any password"
         return 1
     fi
     grep -q 'in .env' "$TMP/nopw.out"
+    for v in "${PASSWORDS[@]}"; do
+        placeholder_env "$TMP/less.env" "$v"
+        if compose "$TMP/less.env" config -q >"$TMP/nopw.out" 2>&1; then
+            echo "docker-compose config passed without $v"
+            return 1
+        fi
+        grep -q "set $v in .env" "$TMP/nopw.out" || { echo "without $v: $(cat "$TMP/nopw.out")"; return 1; }
+    done
+    diff <(printf '%s\n' "${PASSWORDS[@]}" | sort) \
+        <(grep -oE '^[A-Z_]+=' deploy/env.example | tr -d = | sort) ||
+        { echo "deploy/env.example does not set exactly the passwords above"; return 1; }
 }
 
 # ------------------------------------------------------------------ caddy ---
@@ -643,6 +667,42 @@ spool_survives() {
 
 # ---- compose.yaml on podman's API socket ----
 
+# compose.yaml's collectors log in to ClickHouse as `collector` with the password from .env
+# (here the placeholder of $TMP/env), which `credentials` writes into their password file. The
+# loopback replicas are ClickHouse 18.16, whose users.xml has no grants: each gets that user
+# (same password, loopback) in users.d/, where the server finds it by itself; `default` stays
+# for the checks' own queries. Waits until every replica lets it in, and refuses a wrong password.
+ch_collector_user() {
+    local i url pw
+    pw=$(sed -n 's/^CLICKHOUSE_COLLECTOR_PASSWORD=//p' "$TMP/env")
+    for ((i = 1; i <= CH_REPLICAS; i++)); do
+        mkdir -p "$STACK/ch$i/users.d"
+        cat >"$STACK/ch$i/users.d/collector.xml" <<XML
+<?xml version="1.0"?>
+<!-- written by scripts/check-containers.sh --engine: compose.yaml's ClickHouse user -->
+<yandex>
+    <users>
+        <collector>
+            <password>$pw</password>
+            <networks><ip>::1</ip><ip>127.0.0.1</ip></networks>
+            <profile>default</profile>
+            <quota>default</quota>
+        </collector>
+    </users>
+</yandex>
+XML
+    done
+    for ((i = 1; i <= CH_REPLICAS; i++)); do
+        url=CH${i}_URL
+        wait_until 60 "replica $i to let \`collector\` in" ch_as "${!url}" collector "$pw"
+        if ch_as "${!url}" collector "not-$pw" 2>/dev/null; then echo "replica $i takes a wrong password"; return 1; fi
+    done
+    echo "user collector on $CH_REPLICAS replicas; a wrong password refused"
+}
+ch_as() { # ch_as URL USER PASSWORD: SELECT 1 as that user (headers, as the collector sends)
+    [[ $(curl -sS -m 5 -H "X-ClickHouse-User: $2" -H "X-ClickHouse-Key: $3" "$1/?query=SELECT%201") == 1 ]]
+}
+
 api_service() {
     rm -f "$TMP/podman.sock"
     podman system service --time=0 "unix://$TMP/podman.sock" >"$TMP/podman-service.log" 2>&1 &
@@ -813,6 +873,8 @@ engine_main() {
     read -r CP1 CP2 CA CB <<<"$ports"
     pair_admin_ports "$CA" "$CB"
     check "compose: podman's API socket (podman system service) answers docker-compose" api_service
+    [[ $LAST_OK -eq 1 ]] && check "compose: the loopback replicas have compose's ClickHouse user \`collector\`" \
+        ch_collector_user
     if [[ $LAST_OK -eq 1 ]]; then
         check "compose: docker-compose up -d ${COMPOSE_SERVICES[*]} (depends_on conditions met)" compose_up
         if [[ $LAST_OK -eq 1 ]]; then
@@ -835,17 +897,17 @@ main() {
     install_missing
     if [[ ${1:-} == --engine ]]; then
         SHOW_OK=1
-        printf '%s\n' POSTGRES_PASSWORD=check COLLECTOR_DB_PASSWORD=check REPLICATION_PASSWORD=check GRAFANA_ADMIN_PASSWORD=check >"$TMP/env"
+        placeholder_env "$TMP/env"
         compose "$TMP/env" config >"$TMP/compose.yaml"
         engine_main
         return
     fi
 
     # Placeholder passwords: compose.yaml requires them (from .env).
-    printf '%s\n' POSTGRES_PASSWORD=check COLLECTOR_DB_PASSWORD=check REPLICATION_PASSWORD=check \
-        GRAFANA_ADMIN_PASSWORD=check >"$TMP/env"
+    placeholder_env "$TMP/env"
     check "compose: docker-compose config -q" compose "$TMP/env" config -q
-    check "compose: refuses to start without the passwords from .env" compose_requires_passwords
+    check "compose: refuses to start without the passwords from .env (each of them; deploy/env.example sets them)" \
+        compose_requires_passwords
     if compose "$TMP/env" config >"$TMP/compose.yaml" 2>"$TMP/compose.err"; then
         engine_available || static=(--dockerfile)
         "$PY" "$ROOT/scripts/check-containers.py" "$TMP/compose.yaml" "${static[@]}" >"$TMP/py.out" 2>&1 || true
