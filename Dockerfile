@@ -59,6 +59,10 @@ RUN groupadd --system --gid 10001 collector \
     && install -d -o 10001 -g 10001 -m 0750 /var/lib/collector /var/lib/collector/spool
 
 COPY --from=builder /out/collector /usr/local/bin/collector
+# The licences: the project's, and those of every crate linked into the binary and of the data
+# compiled in (collector/THIRD-PARTY-LICENSES, generated from Cargo.lock by
+# scripts/third-party-licenses.py; scripts/check-containers.sh checks that it is current).
+COPY LICENSE collector/THIRD-PARTY-LICENSES /usr/share/doc/collector/
 
 # The public listener (beacons, the script, site settings) and the operations listener
 # (/metrics, /readyz with its reason): the latter on the container's network for Prometheus,

@@ -798,6 +798,42 @@ def check_dockerfile():
     return problems
 
 
+# The licence notices in the image: the project's LICENSE and the generated third-party file
+# (scripts/third-party-licenses.py), copied from the build context by the runtime stage.
+LICENSE_FILES = ["LICENSE", "collector/THIRD-PARTY-LICENSES"]
+LICENSE_DIR = "/usr/share/doc/collector/"
+
+
+def check_license_copy():
+    problems = []
+    final_instructions = stages(dockerfile_instructions(os.path.join(ROOT, "Dockerfile")))[-1]["ins"]
+    patterns = [line.strip() for line in open(os.path.join(ROOT, ".dockerignore"))
+                if line.strip() and not line.lstrip().startswith("#")]
+    copied = {}
+    for i, a in final_instructions:
+        if i == "COPY" and "--from" not in a:
+            words = [w for w in a.split() if not w.startswith("--")]
+            for src in words[:-1]:
+                copied[src] = words[-1]
+    for f in LICENSE_FILES:
+        dst = copied.get(f)
+        if dst is None:
+            problems.append(f"the runtime stage does not COPY {f} (licence notices)")
+        elif not (dst == LICENSE_DIR or dst == LICENSE_DIR + os.path.basename(f)):
+            problems.append(f"{f} is copied to {dst}, want {LICENSE_DIR}")
+        elif not os.path.exists(os.path.join(ROOT, f)):
+            problems.append(f"{f} does not exist")
+        elif dockerignore_excluded(f, patterns):
+            problems.append(f"{f} is left out of the build context by .dockerignore")
+    notices = os.path.join(ROOT, "collector", "THIRD-PARTY-LICENSES")
+    if os.path.exists(notices):
+        body = open(notices, encoding="utf-8").read()
+        for folder in ("crawler-user-agents", "uap-core"):
+            if f"collector/assets/{folder}/LICENSE" not in body:
+                problems.append(f"collector/THIRD-PARTY-LICENSES lacks the licence of collector/assets/{folder}")
+    return problems
+
+
 def check_build_context():
     """Every COPY source of the builder, and every file the crate compiles in with
     include_str!/include_bytes!, is in the build context and copied into the builder."""
@@ -1029,6 +1065,8 @@ def main():
     ck.run("keeper: raft members are the keeper services, server ids from their environment", check_keeper, c)
     ck.run("edge: host networking, NET_ADMIN/NET_RAW, deploy/edge mounted, run scripts, one container each",
            check_edge, c)
+    ck.run("licences: the image gets LICENSE and collector/THIRD-PARTY-LICENSES (crates, vendored data) "
+           "in /usr/share/doc/collector", check_license_copy)
     if with_dockerfile:
         ck.run("dockerfile: multi-stage, non-root USER, probe HEALTHCHECK, STOPSIGNAL SIGTERM, spool VOLUME",
                check_dockerfile)

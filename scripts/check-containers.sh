@@ -6,7 +6,11 @@
 #               without an engine), then scripts/check-containers.py on the resolved file:
 #               restart policies, drain vs stop_grace_period, replica orders, spool volumes,
 #               subnet, published ports, mounted files, pinned images, the demo page copy,
-#               the edge services (host networking, capabilities, deploy/edge mounted)
+#               the edge services (host networking, capabilities, deploy/edge mounted),
+#               ClickHouse's users (deploy/clickhouse/users.xml: `default` from loopback only,
+#               `collector` and the read-only `dashboard` with passwords from .env), the
+#               collectors' password file (`credentials`), Grafana's ClickHouse data source;
+#               and that compose refuses to start without each password of .env
 #   caddy       `caddy validate` of deploy/caddy/Caddyfile (Debian's Caddy)
 #   clickhouse  every XML file parses; the replica configs have the shape scripts/stack.sh
 #               writes (macros, remote_servers, zookeeper) and agree with compose.yaml.
@@ -18,6 +22,9 @@
 #   dockerfile  built when a Docker engine answers (`docker info`); otherwise checked
 #               statically, and its dependency layer replayed with `cargo metadata` in place
 #               of `cargo build` (the workspace must load from the manifests alone)
+#   licences    collector/THIRD-PARTY-LICENSES is what scripts/third-party-licenses.py makes
+#               of Cargo.lock now, and the runtime stage copies it (and LICENSE) into
+#               /usr/share/doc/collector
 #
 # Idempotent; installs what is missing with apt-get (docker-compose, caddy, postgresql-15).
 # Ends with "containers: N passed, 0 failed"; exits 1 if any check failed. Needs root (apt-get,
@@ -32,7 +39,8 @@
 #   image       `podman build --format docker` of the unchanged Dockerfile (nice 10; layer
 #               cache, plus cargo's download cache and target folder mounted during RUN from
 #               /var/cache/collector-images/cargo); USER, HEALTHCHECK, STOPSIGNAL, VOLUME
-#               in the image; its size (base + binary only, no build tools)
+#               in the image; its size (base + binary only, no build tools); the licence
+#               notices in /usr/share/doc/collector
 #   run         against its own loopback stack (scripts/stack.sh, three replicas), the image
 #               run as compose.yaml runs a collector: `migrate` and `sites add` from the image;
 #               a bad setting exits 2 with its one-line error in `podman logs`; HEALTHCHECK
@@ -43,8 +51,10 @@
 #               stopped, beacons are acknowledged, the container is removed, and a new one on
 #               the same volume delivers each of them once when the replicas return
 #   compose     the services of compose.yaml this machine can run (postgres-primary,
-#               postgres-standby with the postgres:15 stand-in, migrate, seed, collector-a,
-#               collector-b), started by `docker-compose up -d` on podman's API socket
+#               postgres-standby with the postgres:15 stand-in, credentials, migrate, seed,
+#               collector-a, collector-b; the collectors log in to ClickHouse as `collector`
+#               with the password file `credentials` writes, which the loopback replicas get
+#               as a user in users.d/), started by `docker-compose up -d` on podman's API socket
 #               (`podman system service`) with their depends_on conditions, talking to the
 #               loopback ClickHouse replicas; the compose file is derived from compose.yaml
 #               by `scripts/check-containers.py engine-compose` (host network, loopback ports,
@@ -327,7 +337,7 @@ IMAGE=localhost/collector:check
 BUILDER_IMAGE=localhost/collector-builder:check   # the builder stage, kept for the layer cache
 PG_STANDIN=localhost/postgres-standin:15
 ENGINE_PKGS=(podman runc debootstrap docker-compose)
-COMPOSE_SERVICES=(postgres-primary postgres-standby migrate seed collector-a collector-b)
+COMPOSE_SERVICES=(postgres-primary postgres-standby credentials migrate seed collector-a collector-b)
 
 engine_install_missing() {
     local need=() p
@@ -542,6 +552,19 @@ image_size() {
     if [[ -n $tools ]]; then echo "build tools in the runtime image: $tools"; return 1; fi
 }
 
+# The licence notices: the project's LICENSE and the generated third-party file, as in the
+# repository, readable by the collector's user.
+image_licenses() {
+    local f
+    for f in LICENSE collector/THIRD-PARTY-LICENSES; do
+        pm run --rm --network host --entrypoint cat "$IMAGE" "/usr/share/doc/collector/$(basename "$f")" >"$TMP/lic" ||
+            { echo "no /usr/share/doc/collector/$(basename "$f") in the image"; return 1; }
+        cmp "$TMP/lic" "$ROOT/$f" || { echo "/usr/share/doc/collector/$(basename "$f") is not $f"; return 1; }
+        echo "/usr/share/doc/collector/$(basename "$f"): $(wc -c <"$TMP/lic") bytes, = $f"
+    done
+    grep -c '^  ' "$ROOT/collector/THIRD-PARTY-LICENSES" | sed 's/$/ listed lines (crates, data)/'
+}
+
 # The image's binary keeps readable backtraces: its DWARF line tables are there, compressed
 # (the Dockerfile's objcopy), and resolve an address of `collector::main` to main.rs and a line
 # (binutils reads compressed sections as Rust's backtrace does).
@@ -751,7 +774,7 @@ compose_up() {
 compose_one_shots() {
     local s st
     # seed may still run: nothing waits for it.
-    for s in migrate seed; do
+    for s in credentials migrate seed; do
         st=$(timeout 60 podman wait "$(cname "$s")" 2>/dev/null) || { echo "$s did not exit within 60 s"; return 1; }
         echo "$s: exit status $st"
         [[ $st == 0 ]] || return 1
@@ -759,6 +782,10 @@ compose_one_shots() {
     pm exec -u postgres "$(cname postgres-primary)" psql -qtA -h /var/run/postgresql -p "$CP1" -U postgres -d collector \
         -c 'SELECT key FROM sites' | tee "$TMP/compose-sites"
     grep -qx demo "$TMP/compose-sites"
+    # The collectors' password file: the collector's uid alone may read it.
+    pm run --rm --network none -v "$PROJECT-collector-secrets:/s:ro" --entrypoint stat "$IMAGE" \
+        -c '%n: owner %u, mode %a, %s bytes' /s/clickhouse-password | tee "$TMP/pwfile"
+    grep -q 'owner 10001, mode 600,' "$TMP/pwfile"
 }
 
 standby_streams() {
@@ -847,6 +874,7 @@ engine_main() {
     check "image: USER 10001:10001, HEALTHCHECK collector probe, STOPSIGNAL SIGTERM, spool VOLUME" image_config
     check "image: small (the base and the binary only), no build tools" image_size
     check "image: the binary's line tables are there, compressed (readable backtraces)" image_backtraces
+    check "image: licence notices in /usr/share/doc/collector (LICENSE, THIRD-PARTY-LICENSES)" image_licenses
     check "run: a bad setting exits 2 with its one-line error in podman logs" bad_setting
 
     # The loopback stack: PostgreSQL, ZooKeeper and three ClickHouse replicas (as compose.yaml).
@@ -878,7 +906,8 @@ engine_main() {
     if [[ $LAST_OK -eq 1 ]]; then
         check "compose: docker-compose up -d ${COMPOSE_SERVICES[*]} (depends_on conditions met)" compose_up
         if [[ $LAST_OK -eq 1 ]]; then
-            check "compose: migrate and seed exited 0; site demo registered" compose_one_shots
+            check "compose: credentials, migrate and seed exited 0 (as ClickHouse's \`collector\`); site demo registered; password file 0600 uid 10001" \
+                compose_one_shots
             check "compose: postgres-standby, cloned by standby-entrypoint.sh, streams from postgres-primary" compose_standby
             check "compose: collector-a and collector-b healthy; beacons to each land in ClickHouse" compose_collectors
             check "compose: docker-compose stop collector-a drains, exit 0 within stop_grace_period" compose_stop
@@ -951,6 +980,13 @@ main() {
         else
             skip "dockerfile: dependency layer (no cargo on this machine)"
         fi
+    fi
+
+    if command -v cargo >/dev/null; then
+        check "licences: collector/THIRD-PARTY-LICENSES is current (scripts/third-party-licenses.py --check)" \
+            "$PY" scripts/third-party-licenses.py --check
+    else
+        skip "licences: collector/THIRD-PARTY-LICENSES is current (no cargo on this machine)"
     fi
 
     echo "($((SECONDS - t0)) s)"
