@@ -346,6 +346,9 @@ def check_demo():
 WRITER_RIGHTS = {"SELECT", "INSERT", "CREATE DATABASE", "CREATE TABLE", "ALTER ADD COLUMN",
                  "ALTER DELETE", "ALTER MODIFY TTL", "DROP TABLE"}
 READER_RIGHTS = {"SELECT"}
+# System tables the collector reads that ClickHouse 26.x shows only with a grant (SELECT only).
+WRITER_SYSTEM_TABLES = {"system.replicas", "system.mutations", "system.parts", "system.macros",
+                        "system.merge_tree_settings"}
 
 
 def grants_of(user_el):
@@ -408,6 +411,9 @@ def check_clickhouse_users(c):
         for privs, target in grants:
             if privs is None:
                 problems.append(f"`{user}`: grant {target!r} is not `GRANT ... ON collector.*`")
+            elif user == CH_WRITER and target in WRITER_SYSTEM_TABLES:
+                if privs != {"SELECT"}:
+                    problems.append(f"`{user}`: grants {sorted(privs)} on {target}, want SELECT only")
             elif target != "collector.*":
                 problems.append(f"`{user}`: grant on {target}, want collector.* only")
             elif privs - allowed:
