@@ -574,7 +574,9 @@ image_backtraces() {
     sections=$(readelf -S -W "$bin")
     grep -E '\.debug_line .* C ' <<<"$sections" || { echo "no compressed .debug_line:"; echo "$sections"; return 1; }
     grep -E '\.debug_info .* C ' <<<"$sections" || { echo "no compressed .debug_info"; return 1; }
-    addr=$(nm -C "$bin" | awk '$3 == "collector::main" { print $1; exit }')
+    # awk reads all of nm's output: leaving early would kill nm with SIGPIPE (status 141,
+    # which pipefail makes this check's failure) whenever the symbol is not near the end.
+    addr=$(nm -C "$bin" | awk '$3 == "collector::main" && a == "" { a = $1 } END { print a }')
     [[ -n $addr ]] || { echo "no symbol collector::main"; return 1; }
     where=$(addr2line -f -C -e "$bin" "0x$addr")
     echo "collector::main at 0x$addr: $where"
@@ -702,7 +704,8 @@ ch_collector_user() {
         mkdir -p "$STACK/ch$i/users.d"
         cat >"$STACK/ch$i/users.d/collector.xml" <<XML
 <?xml version="1.0"?>
-<!-- written by scripts/check-containers.sh --engine: compose.yaml's ClickHouse user -->
+<!-- written by the engine run of scripts/check-containers.sh: compose.yaml's ClickHouse user
+     (no double hyphen in an XML comment) -->
 <yandex>
     <users>
         <collector>
