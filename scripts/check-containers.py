@@ -349,6 +349,9 @@ READER_RIGHTS = {"SELECT"}
 # System tables the collector reads that ClickHouse 26.x shows only with a grant (SELECT only).
 WRITER_SYSTEM_TABLES = {"system.replicas", "system.mutations", "system.parts", "system.macros",
                         "system.merge_tree_settings"}
+# The engines of the measurements table (replicated and single-server form): ClickHouse 26.x
+# creates a table only with TABLE ENGINE on its engine.
+WRITER_ENGINES = {"ReplicatedReplacingMergeTree", "ReplacingMergeTree"}
 
 
 def grants_of(user_el):
@@ -414,6 +417,9 @@ def check_clickhouse_users(c):
             elif user == CH_WRITER and target in WRITER_SYSTEM_TABLES:
                 if privs != {"SELECT"}:
                     problems.append(f"`{user}`: grants {sorted(privs)} on {target}, want SELECT only")
+            elif user == CH_WRITER and target in WRITER_ENGINES:
+                if privs != {"TABLE ENGINE"}:
+                    problems.append(f"`{user}`: grants {sorted(privs)} on {target}, want TABLE ENGINE only")
             elif target != "collector.*":
                 problems.append(f"`{user}`: grant on {target}, want collector.* only")
             elif privs - allowed:
