@@ -697,6 +697,8 @@ spool_survives() {
 # loopback replicas are ClickHouse 18.16, whose users.xml has no grants: each gets that user
 # (same password, loopback) in users.d/, where the server finds it by itself; `default` stays
 # for the checks' own queries. Waits until every replica lets it in, and refuses a wrong password.
+# Its queries alone go to system.query_log (log_queries in its profile): compose_collectors
+# reads there that the collectors' inserts came as `collector`.
 ch_collector_user() {
     local i url pw
     pw=$(sed -n 's/^CLICKHOUSE_COLLECTOR_PASSWORD=//p' "$TMP/env")
@@ -707,11 +709,17 @@ ch_collector_user() {
 <!-- written by the engine run of scripts/check-containers.sh: compose.yaml's ClickHouse user
      (no double hyphen in an XML comment) -->
 <yandex>
+    <profiles>
+        <collector>
+            <profile>default</profile>
+            <log_queries>1</log_queries>
+        </collector>
+    </profiles>
     <users>
         <collector>
             <password>$pw</password>
             <networks><ip>::1</ip><ip>127.0.0.1</ip></networks>
-            <profile>default</profile>
+            <profile>collector</profile>
             <quota>default</quota>
         </collector>
     </users>
@@ -814,6 +822,18 @@ compose_collectors() {
         send_beacons "$port" demo 50 "$TMP/ids-c"
     done
     wait_stored "$TMP/ids-c" demo 60
+    # Those rows came as ClickHouse's `collector` (only its queries are logged), over the
+    # replicas the two collectors prefer.
+    local i url n=0 got
+    for ((i = 1; i <= CH_REPLICAS; i++)); do
+        url=CH${i}_URL
+        curl -sS -m 10 "${!url}/" --data-binary "SYSTEM FLUSH LOGS" >/dev/null
+        got=$(curl -sS -m 10 "${!url}/" --data-binary "SELECT sum(written_rows) FROM system.query_log
+            WHERE user = 'collector' AND type = 2 AND query LIKE 'INSERT INTO %measurements%'")
+        echo "replica $i: $got rows inserted as collector"
+        n=$((n + got))
+    done
+    ((n >= $(wc -l <"$TMP/ids-c"))) || { echo "$n rows inserted as collector, want at least $(wc -l <"$TMP/ids-c")"; return 1; }
 }
 
 compose_stop() {
@@ -912,7 +932,8 @@ engine_main() {
             check "compose: credentials, migrate and seed exited 0 (as ClickHouse's \`collector\`); site demo registered; password file 0600 uid 10001" \
                 compose_one_shots
             check "compose: postgres-standby, cloned by standby-entrypoint.sh, streams from postgres-primary" compose_standby
-            check "compose: collector-a and collector-b healthy; beacons to each land in ClickHouse" compose_collectors
+            check "compose: collector-a and collector-b healthy; beacons to each land in ClickHouse, inserted as \`collector\`" \
+                compose_collectors
             check "compose: docker-compose stop collector-a drains, exit 0 within stop_grace_period" compose_stop
         fi
     fi
