@@ -2,9 +2,10 @@
 #
 #   docker build -t collector .        (or: podman build -t collector .)
 #
-# Two stages: a Rust builder and a small Debian runtime holding only the binary. The schema
-# (schema/*.sql) and the tracking script (collector/assets/) are compiled into the binary with
-# include_str!, so the runtime image needs no other file from the repository.
+# Two stages: a Rust builder and a small Debian runtime holding only the binary and its licence
+# notices. The schema (schema/*.sql) and the tracking script (collector/assets/) are compiled
+# into the binary with include_str!, so the runtime image needs no other file from the
+# repository.
 
 # ---------------------------------------------------------------- builder ---
 FROM rust:1-bookworm AS builder
