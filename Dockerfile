@@ -2,9 +2,10 @@
 #
 #   docker build -t collector .        (or: podman build -t collector .)
 #
-# Two stages: a Rust builder and a small Debian runtime holding only the binary. The schema
-# (schema/*.sql) and the tracking script (collector/assets/) are compiled into the binary with
-# include_str!, so the runtime image needs no other file from the repository.
+# Two stages: a Rust builder and a small Debian runtime holding only the binary and its licence
+# notices. The schema (schema/*.sql) and the tracking script (collector/assets/) are compiled
+# into the binary with include_str!, so the runtime image needs no other file from the
+# repository.
 
 # ---------------------------------------------------------------- builder ---
 FROM rust:1-bookworm AS builder
@@ -59,6 +60,10 @@ RUN groupadd --system --gid 10001 collector \
     && install -d -o 10001 -g 10001 -m 0750 /var/lib/collector /var/lib/collector/spool
 
 COPY --from=builder /out/collector /usr/local/bin/collector
+# The licences: the project's, and those of every crate linked into the binary and of the data
+# compiled in (collector/THIRD-PARTY-LICENSES, generated from Cargo.lock by
+# scripts/third-party-licenses.py; scripts/check-containers.sh checks that it is current).
+COPY LICENSE collector/THIRD-PARTY-LICENSES /usr/share/doc/collector/
 
 # The public listener (beacons, the script, site settings) and the operations listener
 # (/metrics, /readyz with its reason): the latter on the container's network for Prometheus,

@@ -30,14 +30,20 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEPLOY = os.path.join(ROOT, "deploy")
 
 # Services that run once and exit; every other service must be restarted by the engine.
-ONE_SHOTS = {"migrate", "seed"}
+ONE_SHOTS = {"credentials", "migrate", "seed"}
 # The collector's image as built by compose (every collector-image service has `build`).
 COLLECTOR_IMAGE = "collector:latest"
 # What the drain may take beyond COLLECTOR_DRAIN_GRACE: in-flight requests (10 s) and the
 # writer's last flush (10 s), docs/edge.md "Drain".
 DRAIN_EXTRA_S = 20.0
-# Services that may publish a port on the host's loopback (inspection, monitoring).
-LOOPBACK_PORTS = {"clickhouse-r1", "prometheus", "grafana"}
+# Services that may publish a port on the host's loopback (monitoring). No ClickHouse server:
+# its `default` user is reached from inside its container only (docker compose exec).
+LOOPBACK_PORTS = {"prometheus", "grafana"}
+# ClickHouse's users (deploy/clickhouse/users.xml): the collectors' and Grafana's.
+CH_WRITER, CH_READER = "collector", "dashboard"
+# The one-shot that writes the collectors' ClickHouse password file from .env.
+CREDENTIALS = "credentials"
+LOOPBACK_IPS = {"::1", "127.0.0.1"}
 
 
 class Checks:
@@ -227,9 +233,10 @@ def check_network(c):
         if [ipaddress.ip_network(t.strip()) for t in trusted.split(",") if t.strip()] != [subnet]:
             problems.append(f"{name}: COLLECTOR_TRUSTED_PROXIES {trusted!r} is not the subnet {subnet}")
     users = xml_root(os.path.join(DEPLOY, "clickhouse", "users.xml"))
-    ips = [e.text.strip() for e in users.findall("./users/default/networks/ip")]
-    if str(subnet) not in ips:
-        problems.append(f"deploy/clickhouse/users.xml lets `default` in from {ips}, not from {subnet}")
+    for user in (CH_WRITER, CH_READER):
+        ips = [e.text.strip() for e in users.findall(f"./users/{user}/networks/ip")]
+        if ips != [str(subnet)]:
+            problems.append(f"deploy/clickhouse/users.xml lets `{user}` in from {ips}, not from {subnet} only")
     return problems
 
 
@@ -245,7 +252,7 @@ def check_ports(c):
             if name == "caddy":
                 continue
             if name in LOOPBACK_PORTS and host_ip == "127.0.0.1":
-                continue  # inspection and monitoring ports, loopback only
+                continue  # monitoring ports, loopback only
             problems.append(f"{name} publishes {p} (only caddy may, and "
                             f"{', '.join(sorted(LOOPBACK_PORTS))} on 127.0.0.1)")
     if not c.services.get("caddy", {}).get("ports"):
@@ -329,6 +336,189 @@ def check_demo():
                             + (" (beyond __COLLECTOR__ -> /perf)" if f == "index.html" else ""))
     if b"__COLLECTOR__" in open(os.path.join(dst_dir, "index.html"), "rb").read():
         problems.append("deploy/demo/index.html still has the __COLLECTOR__ placeholder")
+    return problems
+
+
+# ------------------------------------------------------------ ClickHouse users ---
+
+# What the collector's statements need (docs/deployment.md, "ClickHouse users"); anything
+# beyond is refused by the check, so that a widened grant is a deliberate change here too.
+WRITER_RIGHTS = {"SELECT", "INSERT", "CREATE DATABASE", "CREATE TABLE", "ALTER ADD COLUMN",
+                 "ALTER DELETE", "ALTER MODIFY TTL", "DROP TABLE"}
+READER_RIGHTS = {"SELECT"}
+# System tables the collector reads that ClickHouse 26.x shows only with a grant (SELECT only).
+WRITER_SYSTEM_TABLES = {"system.replicas", "system.mutations", "system.parts", "system.macros",
+                        "system.merge_tree_settings"}
+# The engines of the measurements table (replicated and single-server form): ClickHouse 26.x
+# creates a table only with TABLE ENGINE on its engine.
+WRITER_ENGINES = {"ReplicatedReplacingMergeTree", "ReplacingMergeTree"}
+
+
+def grants_of(user_el):
+    """[(set of privileges, target)] of a users.xml user's <grants><query>GRANT ... ON x</query>;
+    a query of another shape is returned as (None, query)."""
+    out = []
+    for q in user_el.findall("./grants/query"):
+        m = re.fullmatch(r"\s*GRANT\s+(.+?)\s+ON\s+(\S+)\s*", q.text or "", re.I | re.S)
+        if not m:
+            out.append((None, (q.text or "").strip()))
+            continue
+        out.append(({re.sub(r"\s+", " ", p.strip().upper()) for p in m.group(1).split(",")}, m.group(2)))
+    return out
+
+
+def password_env(user_el):
+    """The environment variable a user's password is read from (from_env), or None."""
+    for tag in ("password", "password_sha256_hex", "password_double_sha1_hex"):
+        el = user_el.find(tag)
+        if el is not None and el.get("from_env"):
+            return el.get("from_env")
+    return None
+
+
+def check_clickhouse_users(c):
+    problems = []
+    root = xml_root(os.path.join(DEPLOY, "clickhouse", "users.xml"))
+    users = root.find("users")
+    if users is None:
+        return ["deploy/clickhouse/users.xml has no <users>"]
+    default = users.find("default")
+    if default is None:
+        problems.append("`default` is not restricted (no <default> in users.xml)")
+    else:
+        nets = default.find("networks")
+        ips = {e.text.strip() for e in nets.findall("ip")} if nets is not None else set()
+        others = [e.tag for e in nets if e.tag != "ip"] if nets is not None else []
+        if nets is None or nets.get("replace") != "replace" or not ips or not ips <= LOOPBACK_IPS or others:
+            problems.append(f"`default` must come from loopback only (<networks replace=\"replace\"> "
+                            f"with ::1/127.0.0.1): found {sorted(ips)} {others}")
+    profiles = root.find("profiles")
+    env_names = {}
+    for user, allowed in ((CH_WRITER, WRITER_RIGHTS), (CH_READER, READER_RIGHTS)):
+        el = users.find(user)
+        if el is None:
+            problems.append(f"no user `{user}`")
+            continue
+        if el.find("password") is not None and el.find("password").text and not el.find("password").get("from_env"):
+            problems.append(f"`{user}`: a password written in users.xml (it must come from .env)")
+        env = password_env(el)
+        if not env:
+            problems.append(f"`{user}`: no password from_env")
+        env_names[user] = env
+        ips = [e.text.strip() for e in el.findall("./networks/ip")]
+        if not ips or any(ipaddress.ip_network(i).num_addresses > 256 for i in ips):
+            problems.append(f"`{user}`: networks {ips}: want the stack's subnet")
+        grants = grants_of(el)
+        if not grants:
+            problems.append(f"`{user}`: no <grants> (a user without them gets every right)")
+        for privs, target in grants:
+            if privs is None:
+                problems.append(f"`{user}`: grant {target!r} is not `GRANT ... ON collector.*`")
+            elif user == CH_WRITER and target in WRITER_SYSTEM_TABLES:
+                if privs != {"SELECT"}:
+                    problems.append(f"`{user}`: grants {sorted(privs)} on {target}, want SELECT only")
+            elif user == CH_WRITER and target in WRITER_ENGINES:
+                if privs != {"TABLE ENGINE"}:
+                    problems.append(f"`{user}`: grants {sorted(privs)} on {target}, want TABLE ENGINE only")
+            elif target != "collector.*":
+                problems.append(f"`{user}`: grant on {target}, want collector.* only")
+            elif privs - allowed:
+                problems.append(f"`{user}`: grants {sorted(privs - allowed)} beyond {sorted(allowed)}")
+        if el.find("access_management") is not None and text(el, "access_management") != "0":
+            problems.append(f"`{user}`: access_management is on")
+    reader = users.find(CH_READER)
+    if reader is not None:
+        prof = text(reader, "profile")
+        readonly = text(profiles, f"./{prof}/readonly") if profiles is not None and prof else None
+        if readonly not in ("1", "2"):
+            problems.append(f"`{CH_READER}`: profile {prof!r} has readonly {readonly!r}, want 1 (or 2)")
+    # Every replica gets the passwords (from .env: compose.yaml refuses to start without them).
+    for name in c.clickhouse:
+        env = env_of(c.services[name])
+        for user, var in env_names.items():
+            if var and not env.get(var):
+                problems.append(f"{name}: {var} (the password of `{user}`) is not in its environment")
+    return problems
+
+
+def check_collector_credentials(c):
+    problems = []
+    cred = c.services.get(CREDENTIALS)
+    if cred is None:
+        return [f"no service {CREDENTIALS}"]
+    users = xml_root(os.path.join(DEPLOY, "clickhouse", "users.xml"))
+    writer = users.find(f"./users/{CH_WRITER}")
+    var = password_env(writer) if writer is not None else None
+    cred_vols = {tgt: src for kind, src, tgt in mounts_of(cred) if kind == "volume"}
+    command = " ".join(cred.get("command") or []) if isinstance(cred.get("command"), list) else str(cred.get("command"))
+    if not var or not env_of(cred).get(var):
+        problems.append(f"{CREDENTIALS}: {var} (the password of `{CH_WRITER}`) is not in its environment")
+    elif f"${var}" not in command.replace("$$", "$"):
+        problems.append(f"{CREDENTIALS}: its command does not write ${var}")
+    if "chown 10001:10001" not in command:
+        problems.append(f"{CREDENTIALS}: the file is not given to uid 10001 (the collector)")
+    if str(cred.get("network_mode")) != "none":
+        problems.append(f"{CREDENTIALS}: network_mode {cred.get('network_mode')!r}, want 'none'")
+    for name in c.collectors + sorted(ONE_SHOTS - {CREDENTIALS}):
+        svc = c.services.get(name)
+        if svc is None:
+            continue
+        env = env_of(svc)
+        if env.get("COLLECTOR_CLICKHOUSE_USER") != CH_WRITER:
+            problems.append(f"{name}: COLLECTOR_CLICKHOUSE_USER {env.get('COLLECTOR_CLICKHOUSE_USER')!r}, want {CH_WRITER!r}")
+        pw = env.get("COLLECTOR_CLICKHOUSE_PASSWORD_FILE", "")
+        if not pw:
+            problems.append(f"{name}: no COLLECTOR_CLICKHOUSE_PASSWORD_FILE")
+            continue
+        # The file's folder is the volume `credentials` writes, mounted read-only here.
+        folder, fname = os.path.split(pw)
+        mounted = [v for v in (svc.get("volumes") or [])
+                   if mounts_of({"volumes": [v]})[0][2] == folder]
+        kind, src, _ = mounts_of({"volumes": mounted[:1]})[0] if mounted else ("", "", "")
+        ro = bool(mounted) and (mounted[0].get("read_only") if isinstance(mounted[0], dict)
+                                else str(mounted[0]).endswith(":ro"))
+        if not mounted or kind != "volume" or src not in cred_vols.values():
+            problems.append(f"{name}: {folder} is not the volume {CREDENTIALS} writes")
+        elif not ro:
+            problems.append(f"{name}: {folder} is mounted writable")
+        elif f" {fname}" not in command or "mv -f" not in command:
+            problems.append(f"{name}: {CREDENTIALS} does not write {fname}")
+        if var and var in env:
+            problems.append(f"{name}: {var} is in its environment (it must only get the file)")
+    dep = (c.services.get("migrate", {}).get("depends_on") or {}).get(CREDENTIALS) or {}
+    if dep.get("condition") != "service_completed_successfully":
+        problems.append(f"migrate does not wait for {CREDENTIALS} to complete successfully")
+    return problems
+
+
+def check_grafana_clickhouse(c):
+    problems = []
+    graf = c.services.get("grafana")
+    if graf is None:
+        return ["no grafana service"]
+    users = xml_root(os.path.join(DEPLOY, "clickhouse", "users.xml"))
+    reader = users.find(f"./users/{CH_READER}")
+    var = password_env(reader) if reader is not None else None
+    path = os.path.join(DEPLOY, "grafana", "provisioning", "datasources", "clickhouse.yml")
+    if not os.path.exists(path):
+        return ["no deploy/grafana/provisioning/datasources/clickhouse.yml"]
+    sources = [d for d in yaml.safe_load(open(path))["datasources"]
+               if d.get("type") == "grafana-clickhouse-datasource"]
+    if len(sources) != 1:
+        return [f"want one ClickHouse data source, found {len(sources)}"]
+    ds = sources[0]
+    jd, sec = ds.get("jsonData") or {}, ds.get("secureJsonData") or {}
+    if jd.get("username") != CH_READER:
+        problems.append(f"data source username {jd.get('username')!r}, want {CH_READER!r}")
+    if jd.get("host") not in c.clickhouse:
+        problems.append(f"data source host {jd.get('host')!r} is not a ClickHouse service")
+    if sec.get("password") not in (f"${var}", f"${{{var}}}", f"$__env{{{var}}}"):
+        problems.append(f"data source password {sec.get('password')!r}, want ${var}")
+    env = env_of(graf)
+    if not var or not env.get(var):
+        problems.append(f"grafana: {var} is not in its environment")
+    if "grafana-clickhouse-datasource" not in env.get("GF_INSTALL_PLUGINS", ""):
+        problems.append("grafana: GF_INSTALL_PLUGINS does not install grafana-clickhouse-datasource")
     return problems
 
 
@@ -620,6 +810,42 @@ def check_dockerfile():
     return problems
 
 
+# The licence notices in the image: the project's LICENSE and the generated third-party file
+# (scripts/third-party-licenses.py), copied from the build context by the runtime stage.
+LICENSE_FILES = ["LICENSE", "collector/THIRD-PARTY-LICENSES"]
+LICENSE_DIR = "/usr/share/doc/collector/"
+
+
+def check_license_copy():
+    problems = []
+    final_instructions = stages(dockerfile_instructions(os.path.join(ROOT, "Dockerfile")))[-1]["ins"]
+    patterns = [line.strip() for line in open(os.path.join(ROOT, ".dockerignore"))
+                if line.strip() and not line.lstrip().startswith("#")]
+    copied = {}
+    for i, a in final_instructions:
+        if i == "COPY" and "--from" not in a:
+            words = [w for w in a.split() if not w.startswith("--")]
+            for src in words[:-1]:
+                copied[src] = words[-1]
+    for f in LICENSE_FILES:
+        dst = copied.get(f)
+        if dst is None:
+            problems.append(f"the runtime stage does not COPY {f} (licence notices)")
+        elif not (dst == LICENSE_DIR or dst == LICENSE_DIR + os.path.basename(f)):
+            problems.append(f"{f} is copied to {dst}, want {LICENSE_DIR}")
+        elif not os.path.exists(os.path.join(ROOT, f)):
+            problems.append(f"{f} does not exist")
+        elif dockerignore_excluded(f, patterns):
+            problems.append(f"{f} is left out of the build context by .dockerignore")
+    notices = os.path.join(ROOT, "collector", "THIRD-PARTY-LICENSES")
+    if os.path.exists(notices):
+        body = open(notices, encoding="utf-8").read()
+        for folder in ("crawler-user-agents", "uap-core"):
+            if f"collector/assets/{folder}/LICENSE" not in body:
+                problems.append(f"collector/THIRD-PARTY-LICENSES lacks the licence of collector/assets/{folder}")
+    return problems
+
+
 def check_build_context():
     """Every COPY source of the builder, and every file the crate compiles in with
     include_str!/include_bytes!, is in the build context and copied into the builder."""
@@ -673,7 +899,8 @@ def check_build_context():
 
 # The part of compose.yaml that runs on a machine with podman but no image registry and no
 # network but loopback (scripts/check-containers.sh --engine).
-ENGINE_SERVICES = ["postgres-primary", "postgres-standby", "migrate", "seed", "collector-a", "collector-b"]
+ENGINE_SERVICES = ["postgres-primary", "postgres-standby", "credentials", "migrate", "seed", "collector-a",
+                   "collector-b"]
 POSTGRES_SERVICES = {"postgres-primary", "postgres-standby"}
 POSTGRES_PORT = "5432"
 
@@ -684,7 +911,7 @@ def engine_compose(config, out, opts):
     environment, health checks, stop_grace_period, read_only, cap_drop, security_opt, mounts,
     restart, depends_on conditions among these services) kept as compose.yaml has it:
 
-    - network_mode host, no networks or ports: every server listens on 127.0.0.1 on its own
+    - network_mode host (but where it is none), no networks or ports: every server listens on 127.0.0.1 on its own
       port (opts[SERVICE] for the PostgreSQL servers and the collectors), and the service
       names in URLs and variables become those loopback addresses; the ClickHouse services
       become the loopback replicas of scripts/stack.sh (opts["clickhouse-rN"], URLs);
@@ -712,7 +939,8 @@ def engine_compose(config, out, opts):
         svc = dict(doc["services"][name])
         svc.pop("networks", None)
         svc.pop("ports", None)
-        svc["network_mode"] = "host"
+        if svc.get("network_mode") != "none":  # `credentials` needs no network at all
+            svc["network_mode"] = "host"
         deps = svc.get("depends_on") or {}
         if isinstance(deps, list):
             deps = {d: {"condition": "service_started"} for d in deps}
@@ -824,8 +1052,16 @@ def main():
     ck.run("compose: collectors list the same three replicas in different orders", check_replica_orders, c)
     ck.run("compose: one spool volume per collector, shared with no one", check_spools, c, spool_dir)
     ck.run("compose: fixed subnet = COLLECTOR_TRUSTED_PROXIES = ClickHouse users.xml network", check_network, c)
-    ck.run("compose: only caddy publishes ports (and r1, prometheus, grafana on 127.0.0.1)",
+    ck.run("compose: only caddy publishes ports (and prometheus, grafana on 127.0.0.1); no ClickHouse port",
            check_ports, c)
+    ck.run("clickhouse: `default` from loopback only; `collector` and `dashboard` with passwords from .env "
+           "and the stack's subnet; rights on the collector database only; `dashboard` read-only",
+           check_clickhouse_users, c)
+    ck.run("compose: collectors and one-shots log in as `collector` with a password file from "
+           "`credentials` (read-only volume, no password in their environment)",
+           check_collector_credentials, c)
+    ck.run("monitoring: grafana's ClickHouse data source logs in as `dashboard` with its password",
+           check_grafana_clickhouse, c)
     ck.run("compose: every bind-mounted file exists under deploy/", check_binds, c)
     ck.run("compose: third-party images pinned to a version", check_images_pinned, c)
     ck.run("monitoring: prometheus scrapes the collectors with deploy/prometheus; grafana gets the "
@@ -841,6 +1077,8 @@ def main():
     ck.run("keeper: raft members are the keeper services, server ids from their environment", check_keeper, c)
     ck.run("edge: host networking, NET_ADMIN/NET_RAW, deploy/edge mounted, run scripts, one container each",
            check_edge, c)
+    ck.run("licences: the image gets LICENSE and collector/THIRD-PARTY-LICENSES (crates, vendored data) "
+           "in /usr/share/doc/collector", check_license_copy)
     if with_dockerfile:
         ck.run("dockerfile: multi-stage, non-root USER, probe HEALTHCHECK, STOPSIGNAL SIGTERM, spool VOLUME",
                check_dockerfile)

@@ -6,7 +6,11 @@
 #               without an engine), then scripts/check-containers.py on the resolved file:
 #               restart policies, drain vs stop_grace_period, replica orders, spool volumes,
 #               subnet, published ports, mounted files, pinned images, the demo page copy,
-#               the edge services (host networking, capabilities, deploy/edge mounted)
+#               the edge services (host networking, capabilities, deploy/edge mounted),
+#               ClickHouse's users (deploy/clickhouse/users.xml: `default` from loopback only,
+#               `collector` and the read-only `dashboard` with passwords from .env), the
+#               collectors' password file (`credentials`), Grafana's ClickHouse data source;
+#               and that compose refuses to start without each password of .env
 #   caddy       `caddy validate` of deploy/caddy/Caddyfile (Debian's Caddy)
 #   clickhouse  every XML file parses; the replica configs have the shape scripts/stack.sh
 #               writes (macros, remote_servers, zookeeper) and agree with compose.yaml.
@@ -18,6 +22,9 @@
 #   dockerfile  built when a Docker engine answers (`docker info`); otherwise checked
 #               statically, and its dependency layer replayed with `cargo metadata` in place
 #               of `cargo build` (the workspace must load from the manifests alone)
+#   licences    collector/THIRD-PARTY-LICENSES is what scripts/third-party-licenses.py makes
+#               of Cargo.lock now, and the runtime stage copies it (and LICENSE) into
+#               /usr/share/doc/collector
 #
 # Idempotent; installs what is missing with apt-get (docker-compose, caddy, postgresql-15).
 # Ends with "containers: N passed, 0 failed"; exits 1 if any check failed. Needs root (apt-get,
@@ -32,7 +39,8 @@
 #   image       `podman build --format docker` of the unchanged Dockerfile (nice 10; layer
 #               cache, plus cargo's download cache and target folder mounted during RUN from
 #               /var/cache/collector-images/cargo); USER, HEALTHCHECK, STOPSIGNAL, VOLUME
-#               in the image; its size (base + binary only, no build tools)
+#               in the image; its size (base + binary only, no build tools); the licence
+#               notices in /usr/share/doc/collector
 #   run         against its own loopback stack (scripts/stack.sh, three replicas), the image
 #               run as compose.yaml runs a collector: `migrate` and `sites add` from the image;
 #               a bad setting exits 2 with its one-line error in `podman logs`; HEALTHCHECK
@@ -43,8 +51,10 @@
 #               stopped, beacons are acknowledged, the container is removed, and a new one on
 #               the same volume delivers each of them once when the replicas return
 #   compose     the services of compose.yaml this machine can run (postgres-primary,
-#               postgres-standby with the postgres:15 stand-in, migrate, seed, collector-a,
-#               collector-b), started by `docker-compose up -d` on podman's API socket
+#               postgres-standby with the postgres:15 stand-in, credentials, migrate, seed,
+#               collector-a, collector-b; the collectors log in to ClickHouse as `collector`
+#               with the password file `credentials` writes, which the loopback replicas get
+#               as a user in users.d/), started by `docker-compose up -d` on podman's API socket
 #               (`podman system service`) with their depends_on conditions, talking to the
 #               loopback ClickHouse replicas; the compose file is derived from compose.yaml
 #               by `scripts/check-containers.py engine-compose` (host network, loopback ports,
@@ -139,19 +149,43 @@ install_missing() {
 
 # ---------------------------------------------------------------- compose ---
 
+# The passwords compose.yaml takes from .env (deploy/env.example), each required.
+PASSWORDS=(POSTGRES_PASSWORD COLLECTOR_DB_PASSWORD REPLICATION_PASSWORD GRAFANA_ADMIN_PASSWORD
+    CLICKHOUSE_COLLECTOR_PASSWORD CLICKHOUSE_DASHBOARD_PASSWORD)
+# placeholder_env FILE [LEAVE_OUT]: every password "check", but LEAVE_OUT.
+placeholder_env() {
+    local v
+    for v in "${PASSWORDS[@]}"; do [[ $v == "${2:-}" ]] || echo "$v=check"; done >"$1"
+}
+
 # compose ENV_FILE ARGS...: docker-compose on compose.yaml with the passwords of ENV_FILE
 # only (not the caller's environment, not a real .env).
 compose() {
-    env -u POSTGRES_PASSWORD -u COLLECTOR_DB_PASSWORD -u REPLICATION_PASSWORD -u GRAFANA_ADMIN_PASSWORD \
-        docker-compose --env-file "$1" --project-directory "$ROOT" -f "$ROOT/compose.yaml" "${@:2}"
+    local unset=() v
+    for v in "${PASSWORDS[@]}"; do unset+=(-u "$v"); done
+    env "${unset[@]}" docker-compose --env-file "$1" --project-directory "$ROOT" -f "$ROOT/compose.yaml" "${@:2}"
 }
+# No password at all, and each one left out in turn: `config` fails and names it. And
+# deploy/env.example sets exactly these.
 compose_requires_passwords() {
+    local v
     : >"$TMP/empty.env"
     if compose "$TMP/empty.env" config -q >"$TMP/nopw.out" 2>&1; then
-        echo "docker-compose config passed without POSTGRES_PASSWORD & co"
+        echo "docker-compose config passed without any password"
         return 1
     fi
     grep -q 'in .env' "$TMP/nopw.out"
+    for v in "${PASSWORDS[@]}"; do
+        placeholder_env "$TMP/less.env" "$v"
+        if compose "$TMP/less.env" config -q >"$TMP/nopw.out" 2>&1; then
+            echo "docker-compose config passed without $v"
+            return 1
+        fi
+        grep -q "set $v in .env" "$TMP/nopw.out" || { echo "without $v: $(cat "$TMP/nopw.out")"; return 1; }
+    done
+    diff <(printf '%s\n' "${PASSWORDS[@]}" | sort) \
+        <(grep -oE '^[A-Z_]+=' deploy/env.example | tr -d = | sort) ||
+        { echo "deploy/env.example does not set exactly the passwords above"; return 1; }
 }
 
 # ------------------------------------------------------------------ caddy ---
@@ -303,7 +337,7 @@ IMAGE=localhost/collector:check
 BUILDER_IMAGE=localhost/collector-builder:check   # the builder stage, kept for the layer cache
 PG_STANDIN=localhost/postgres-standin:15
 ENGINE_PKGS=(podman runc debootstrap docker-compose)
-COMPOSE_SERVICES=(postgres-primary postgres-standby migrate seed collector-a collector-b)
+COMPOSE_SERVICES=(postgres-primary postgres-standby credentials migrate seed collector-a collector-b)
 
 engine_install_missing() {
     local need=() p
@@ -518,6 +552,19 @@ image_size() {
     if [[ -n $tools ]]; then echo "build tools in the runtime image: $tools"; return 1; fi
 }
 
+# The licence notices: the project's LICENSE and the generated third-party file, as in the
+# repository, readable by the collector's user.
+image_licenses() {
+    local f
+    for f in LICENSE collector/THIRD-PARTY-LICENSES; do
+        pm run --rm --network host --entrypoint cat "$IMAGE" "/usr/share/doc/collector/$(basename "$f")" >"$TMP/lic" ||
+            { echo "no /usr/share/doc/collector/$(basename "$f") in the image"; return 1; }
+        cmp "$TMP/lic" "$ROOT/$f" || { echo "/usr/share/doc/collector/$(basename "$f") is not $f"; return 1; }
+        echo "/usr/share/doc/collector/$(basename "$f"): $(wc -c <"$TMP/lic") bytes, = $f"
+    done
+    grep -c '^  ' "$ROOT/collector/THIRD-PARTY-LICENSES" | sed 's/$/ listed lines (crates, data)/'
+}
+
 # The image's binary keeps readable backtraces: its DWARF line tables are there, compressed
 # (the Dockerfile's objcopy), and resolve an address of `collector::main` to main.rs and a line
 # (binutils reads compressed sections as Rust's backtrace does).
@@ -527,7 +574,9 @@ image_backtraces() {
     sections=$(readelf -S -W "$bin")
     grep -E '\.debug_line .* C ' <<<"$sections" || { echo "no compressed .debug_line:"; echo "$sections"; return 1; }
     grep -E '\.debug_info .* C ' <<<"$sections" || { echo "no compressed .debug_info"; return 1; }
-    addr=$(nm -C "$bin" | awk '$3 == "collector::main" { print $1; exit }')
+    # awk reads all of nm's output: leaving early would kill nm with SIGPIPE (status 141,
+    # which pipefail makes this check's failure) whenever the symbol is not near the end.
+    addr=$(nm -C "$bin" | awk '$3 == "collector::main" && a == "" { a = $1 } END { print a }')
     [[ -n $addr ]] || { echo "no symbol collector::main"; return 1; }
     where=$(addr2line -f -C -e "$bin" "0x$addr")
     echo "collector::main at 0x$addr: $where"
@@ -643,6 +692,51 @@ spool_survives() {
 
 # ---- compose.yaml on podman's API socket ----
 
+# compose.yaml's collectors log in to ClickHouse as `collector` with the password from .env
+# (here the placeholder of $TMP/env), which `credentials` writes into their password file. The
+# loopback replicas are ClickHouse 18.16, whose users.xml has no grants: each gets that user
+# (same password, loopback) in users.d/, where the server finds it by itself; `default` stays
+# for the checks' own queries. Waits until every replica lets it in, and refuses a wrong password.
+# Its queries alone go to system.query_log (log_queries in its profile): compose_collectors
+# reads there that the collectors' inserts came as `collector`.
+ch_collector_user() {
+    local i url pw
+    pw=$(sed -n 's/^CLICKHOUSE_COLLECTOR_PASSWORD=//p' "$TMP/env")
+    for ((i = 1; i <= CH_REPLICAS; i++)); do
+        mkdir -p "$STACK/ch$i/users.d"
+        cat >"$STACK/ch$i/users.d/collector.xml" <<XML
+<?xml version="1.0"?>
+<!-- written by the engine run of scripts/check-containers.sh: compose.yaml's ClickHouse user
+     (no double hyphen in an XML comment) -->
+<yandex>
+    <profiles>
+        <collector>
+            <profile>default</profile>
+            <log_queries>1</log_queries>
+        </collector>
+    </profiles>
+    <users>
+        <collector>
+            <password>$pw</password>
+            <networks><ip>::1</ip><ip>127.0.0.1</ip></networks>
+            <profile>collector</profile>
+            <quota>default</quota>
+        </collector>
+    </users>
+</yandex>
+XML
+    done
+    for ((i = 1; i <= CH_REPLICAS; i++)); do
+        url=CH${i}_URL
+        wait_until 60 "replica $i to let \`collector\` in" ch_as "${!url}" collector "$pw"
+        if ch_as "${!url}" collector "not-$pw" 2>/dev/null; then echo "replica $i takes a wrong password"; return 1; fi
+    done
+    echo "user collector on $CH_REPLICAS replicas; a wrong password refused"
+}
+ch_as() { # ch_as URL USER PASSWORD: SELECT 1 as that user (headers, as the collector sends)
+    [[ $(curl -sS -m 5 -H "X-ClickHouse-User: $2" -H "X-ClickHouse-Key: $3" "$1/?query=SELECT%201") == 1 ]]
+}
+
 api_service() {
     rm -f "$TMP/podman.sock"
     podman system service --time=0 "unix://$TMP/podman.sock" >"$TMP/podman-service.log" 2>&1 &
@@ -691,7 +785,7 @@ compose_up() {
 compose_one_shots() {
     local s st
     # seed may still run: nothing waits for it.
-    for s in migrate seed; do
+    for s in credentials migrate seed; do
         st=$(timeout 60 podman wait "$(cname "$s")" 2>/dev/null) || { echo "$s did not exit within 60 s"; return 1; }
         echo "$s: exit status $st"
         [[ $st == 0 ]] || return 1
@@ -699,6 +793,10 @@ compose_one_shots() {
     pm exec -u postgres "$(cname postgres-primary)" psql -qtA -h /var/run/postgresql -p "$CP1" -U postgres -d collector \
         -c 'SELECT key FROM sites' | tee "$TMP/compose-sites"
     grep -qx demo "$TMP/compose-sites"
+    # The collectors' password file: the collector's uid alone may read it.
+    pm run --rm --network none -v "$PROJECT-collector-secrets:/s:ro" --entrypoint stat "$IMAGE" \
+        -c '%n: owner %u, mode %a, %s bytes' /s/clickhouse-password | tee "$TMP/pwfile"
+    grep -q 'owner 10001, mode 600,' "$TMP/pwfile"
 }
 
 standby_streams() {
@@ -724,6 +822,18 @@ compose_collectors() {
         send_beacons "$port" demo 50 "$TMP/ids-c"
     done
     wait_stored "$TMP/ids-c" demo 60
+    # Those rows came as ClickHouse's `collector` (only its queries are logged), over the
+    # replicas the two collectors prefer.
+    local i url n=0 got
+    for ((i = 1; i <= CH_REPLICAS; i++)); do
+        url=CH${i}_URL
+        curl -sS -m 10 "${!url}/" --data-binary "SYSTEM FLUSH LOGS" >/dev/null
+        got=$(curl -sS -m 10 "${!url}/" --data-binary "SELECT sum(written_rows) FROM system.query_log
+            WHERE user = 'collector' AND type = 2 AND query LIKE 'INSERT INTO %measurements%'")
+        echo "replica $i: $got rows inserted as collector"
+        n=$((n + got))
+    done
+    ((n >= $(wc -l <"$TMP/ids-c"))) || { echo "$n rows inserted as collector, want at least $(wc -l <"$TMP/ids-c")"; return 1; }
 }
 
 compose_stop() {
@@ -787,6 +897,7 @@ engine_main() {
     check "image: USER 10001:10001, HEALTHCHECK collector probe, STOPSIGNAL SIGTERM, spool VOLUME" image_config
     check "image: small (the base and the binary only), no build tools" image_size
     check "image: the binary's line tables are there, compressed (readable backtraces)" image_backtraces
+    check "image: licence notices in /usr/share/doc/collector (LICENSE, THIRD-PARTY-LICENSES)" image_licenses
     check "run: a bad setting exits 2 with its one-line error in podman logs" bad_setting
 
     # The loopback stack: PostgreSQL, ZooKeeper and three ClickHouse replicas (as compose.yaml).
@@ -813,12 +924,16 @@ engine_main() {
     read -r CP1 CP2 CA CB <<<"$ports"
     pair_admin_ports "$CA" "$CB"
     check "compose: podman's API socket (podman system service) answers docker-compose" api_service
+    [[ $LAST_OK -eq 1 ]] && check "compose: the loopback replicas have compose's ClickHouse user \`collector\`" \
+        ch_collector_user
     if [[ $LAST_OK -eq 1 ]]; then
         check "compose: docker-compose up -d ${COMPOSE_SERVICES[*]} (depends_on conditions met)" compose_up
         if [[ $LAST_OK -eq 1 ]]; then
-            check "compose: migrate and seed exited 0; site demo registered" compose_one_shots
+            check "compose: credentials, migrate and seed exited 0 (as ClickHouse's \`collector\`); site demo registered; password file 0600 uid 10001" \
+                compose_one_shots
             check "compose: postgres-standby, cloned by standby-entrypoint.sh, streams from postgres-primary" compose_standby
-            check "compose: collector-a and collector-b healthy; beacons to each land in ClickHouse" compose_collectors
+            check "compose: collector-a and collector-b healthy; beacons to each land in ClickHouse, inserted as \`collector\`" \
+                compose_collectors
             check "compose: docker-compose stop collector-a drains, exit 0 within stop_grace_period" compose_stop
         fi
     fi
@@ -835,17 +950,17 @@ main() {
     install_missing
     if [[ ${1:-} == --engine ]]; then
         SHOW_OK=1
-        printf '%s\n' POSTGRES_PASSWORD=check COLLECTOR_DB_PASSWORD=check REPLICATION_PASSWORD=check GRAFANA_ADMIN_PASSWORD=check >"$TMP/env"
+        placeholder_env "$TMP/env"
         compose "$TMP/env" config >"$TMP/compose.yaml"
         engine_main
         return
     fi
 
     # Placeholder passwords: compose.yaml requires them (from .env).
-    printf '%s\n' POSTGRES_PASSWORD=check COLLECTOR_DB_PASSWORD=check REPLICATION_PASSWORD=check \
-        GRAFANA_ADMIN_PASSWORD=check >"$TMP/env"
+    placeholder_env "$TMP/env"
     check "compose: docker-compose config -q" compose "$TMP/env" config -q
-    check "compose: refuses to start without the passwords from .env" compose_requires_passwords
+    check "compose: refuses to start without the passwords from .env (each of them; deploy/env.example sets them)" \
+        compose_requires_passwords
     if compose "$TMP/env" config >"$TMP/compose.yaml" 2>"$TMP/compose.err"; then
         engine_available || static=(--dockerfile)
         "$PY" "$ROOT/scripts/check-containers.py" "$TMP/compose.yaml" "${static[@]}" >"$TMP/py.out" 2>&1 || true
@@ -889,6 +1004,13 @@ main() {
         else
             skip "dockerfile: dependency layer (no cargo on this machine)"
         fi
+    fi
+
+    if command -v cargo >/dev/null; then
+        check "licences: collector/THIRD-PARTY-LICENSES is current (scripts/third-party-licenses.py --check)" \
+            "$PY" scripts/third-party-licenses.py --check
+    else
+        skip "licences: collector/THIRD-PARTY-LICENSES is current (no cargo on this machine)"
     fi
 
     echo "($((SECONDS - t0)) s)"
