@@ -194,6 +194,7 @@ collector_env() {
     local port
     port=$(cat "$DIR/collector-$1/port")
     echo "COLLECTOR_LISTEN=127.0.0.1:$port" \
+        "COLLECTOR_ADMIN_LISTEN=127.0.0.1:$(cat "$DIR/collector-$1/admin-port")" \
         "COLLECTOR_DATABASE_URL=postgres://postgres@127.0.0.1:$PG_PORT/$DATABASE" \
         "COLLECTOR_CLICKHOUSE_URLS=$CLICKHOUSE_URLS" \
         "COLLECTOR_CLICKHOUSE_DATABASE=$DATABASE" \
@@ -439,11 +440,15 @@ cmd_up() {
     mkdir -p "$DIR"/{collector-a,collector-b}/spool "$DIR"/{edge1,edge2}/run
     # Markers a previous topology in this DIR may have left.
     rm -f "$DIR"/{edge1,edge2}/{cut,stop,restart-now}
-    local pa pb ports
-    ports=$(alloc_ports 2)
-    read -r pa pb <<<"$ports"
+    local pa pb aa ab ports
+    ports=$(alloc_ports 4)
+    read -r pa pb aa ab <<<"$ports"
     echo "$pa" >"$DIR/collector-a/port"
     echo "$pb" >"$DIR/collector-b/port"
+    # Each collector's operations listener (/metrics, /readyz with its reason): a port of its
+    # own, or the second would find the default 127.0.0.1:9464 taken.
+    echo "$aa" >"$DIR/collector-a/admin-port"
+    echo "$ab" >"$DIR/collector-b/admin-port"
     {
         echo "STACK_DIR=$stack"
         echo "PG_PORT=$PG_PORT"

@@ -102,8 +102,19 @@ async fn every_page_view_once(engine: Engine) {
     let c = env.collector(&[]).await;
     let site = format!("shop-{engine:?}").to_lowercase();
     let shop = Shop::start(&c, &pages(&site), None).await;
-    env.cli(&["sites", "add", "--key", &site, "--origin", &shop.proxy.url])
-        .success();
+    // The scenario is in the query (`?s=`), which the site keeps (contract v4: only the
+    // parameters a site keeps are stored).
+    env.cli(&[
+        "sites",
+        "add",
+        "--key",
+        &site,
+        "--origin",
+        &shop.proxy.url,
+        "--keep-query",
+        "s",
+    ])
+    .success();
     let base = format!("{}/shop", shop.proxy.url);
     let plain = |s: &str| format!("{base}/plain.html?s={s}");
     let a = |s: &str| format!("{base}/a.html?s={s}");
