@@ -87,7 +87,7 @@ impl Prometheus {
         let deployed = std::fs::read_to_string(deploy.join("prometheus.yml")).unwrap();
         let mut config = replace_once(
             &deployed,
-            "      - targets: [collector-a:8080, collector-b:8080]",
+            "      - targets: [collector-a:9464, collector-b:9464]",
             &format!("      - targets: [{}]", targets.join(", ")),
         );
         let secs = |d: Duration| format!("{}s", d.as_secs());
