@@ -456,6 +456,14 @@ async fn postgres_with_tls_under_each_sslmode() {
     env.cli_with(&store, &["migrate"]).success();
     env.cli_with(&store, &["sites", "add", "--key", "tls-site"])
         .success();
+    // The password is what the file gives: without the file the server refuses.
+    let out = env.cli_with(&store[..1], &["sites", "list"]);
+    assert_ne!(out.code, 0, "no password: {}{}", out.stdout, out.stderr);
+    assert!(
+        out.stderr.contains("password"),
+        "the server asked for a password: {}",
+        out.stderr
+    );
     let listed = env.cli_with(&store, &["sites", "list"]);
     assert!(
         listed.success().stdout.contains("tls-site"),
@@ -853,10 +861,60 @@ async fn beacons_must_come_from_the_shops_pages() {
         env.rows(&[bad.clone(), alone.clone()]).await.is_empty(),
         "the beacons of another host's pages are not stored"
     );
+    // Another host however the URL is written, and the site's host however it is written.
+    let hostile = [
+        "https://shop.example@evil.example/",
+        "https://shop.example:pw@evil.example/p",
+        "https://evil.example\\@shop.example/",
+        "https://evil.example#@shop.example",
+        "https://evil.example?@shop.example",
+        "https://evil.example/shop.example",
+        "https://shop.example.evil.example/",
+        "https://evilshop.example/",
+        "https://[::1]/shop.example",
+    ];
+    let friendly = [
+        "https://SHOP.example/p",
+        "http://shop.example:8080/p",
+        "https://shop.example:443/p?utm_source=x",
+        "https://user@shop.example/p",
+    ];
+    let mut batch = Vec::new();
+    let mut ids = Vec::new();
+    for url in hostile.iter().chain(&friendly) {
+        let (id, m) = beacon_on("shop", url);
+        ids.push(id);
+        batch.push(m);
+    }
+    let (status, answer, _) = c
+        .post(
+            Value::Array(batch).to_string(),
+            &[
+                ("content-type", "application/json"),
+                ("origin", "https://shop.example"),
+            ],
+        )
+        .await;
+    assert_eq!(status, 202, "{answer}");
+    let expected: Vec<Value> = (0..hostile.len())
+        .map(|i| json!({"index": i, "error": "url_not_allowed"}))
+        .collect();
+    assert_eq!(
+        field(&answer, "rejected"),
+        &Value::Array(expected),
+        "every page of another host rejected, none of the site's: {hostile:?} then {friendly:?}"
+    );
+    assert_eq!(field(&answer, "accepted"), friendly.len());
+    let stored = env.wait_rows(&ids[hostile.len()..], VISIBLE).await;
+    assert_eq!(stored.len(), friendly.len());
+    assert!(
+        env.rows(&ids[..hostile.len()]).await.is_empty(),
+        "no page of another host stored"
+    );
     assert_eq!(
         c.metric("collector_measurements_rejected_total{reason=\"url_not_allowed\"}")
             .await,
-        2.0
+        (2 + hostile.len()) as f64
     );
 
     // The flood and the visitors, side by side.
