@@ -1050,7 +1050,22 @@ async fn a_client_cannot_choose_its_address_behind_a_trusted_proxy() {
             ("COLLECTOR_CLIENT_RATE", "5"),
         ])
         .await;
-    let nginx = Nginx::start(c.port, "").await;
+    // A second collector that reads `Forwarded`, behind an nginx location that appends the
+    // peer to the `Forwarded` the client sent (RFC 7239's way) and passes its
+    // `X-Forwarded-For` through untouched.
+    let by_forwarded = env
+        .collector(&[
+            ("COLLECTOR_TRUSTED_PROXIES", "127.0.0.1/32"),
+            ("COLLECTOR_CLIENT_IP_HEADER", "Forwarded"),
+            ("COLLECTOR_CLIENT_RATE", "5"),
+        ])
+        .await;
+    let fwd = format!(
+        "location /fwd/ {{\n  proxy_pass http://127.0.0.1:{}/;\n  \
+         proxy_set_header Forwarded \"$http_forwarded, for=$remote_addr\";\n}}",
+        by_forwarded.port
+    );
+    let nginx = Nginx::start(c.port, &fwd).await;
     let through_nginx = format!("{}/perf/api/v1/measurements", nginx.url);
     let (statuses, took) = rotate(&client_from("127.0.0.5"), &through_nginx, 60).await;
     let mut refused = statuses.get(&429).copied().unwrap_or(0);
@@ -1073,6 +1088,27 @@ async fn a_client_cannot_choose_its_address_behind_a_trusted_proxy() {
     let (_, m) = beacon_on("site-1", "https://shop.example/");
     assert_eq!(
         post_status(&client_from("127.0.0.6"), &through_nginx, &m, &[]).await,
+        202,
+        "another client has its own budget"
+    );
+
+    let appended = format!("{}/fwd/api/v1/measurements", nginx.url);
+    let (statuses, took) = rotate(&client_from("127.0.0.9"), &appended, 60).await;
+    let budget = client_budget(took);
+    let through = statuses.get(&202).copied().unwrap_or(0);
+    println!("nginx appending Forwarded: 60 beacons rotating X-Forwarded-For/Forwarded in {took:?}: {statuses:?} (budget {budget})");
+    assert!(
+        through <= budget,
+        "{through} got through, budget {budget}: {statuses:?}"
+    );
+    assert_eq!(statuses.get(&429).copied().unwrap_or(0), 60 - through);
+    assert!(
+        statuses.get(&429).copied().unwrap_or(0) >= 20,
+        "{statuses:?}"
+    );
+    let (_, m) = beacon_on("site-1", "https://shop.example/");
+    assert_eq!(
+        post_status(&client_from("127.0.0.10"), &appended, &m, &[]).await,
         202,
         "another client has its own budget"
     );
