@@ -16,7 +16,10 @@ use common::*;
 use fixtures::*;
 use serde_json::{json, Value};
 
-const VISIBLE: Duration = Duration::from_secs(30);
+/// From a 202 to a visible row: about a second on an idle machine (measured 0.8-1.8 s here);
+/// the bound allows for a machine loaded by a parallel CI run, where the replicas lag and the
+/// writer waits for them to catch up.
+const VISIBLE: Duration = Duration::from_secs(90);
 /// How long a collector may take to find a replica down (its prober, on a busy machine).
 const NOTICED: Duration = Duration::from_secs(60);
 
@@ -157,8 +160,8 @@ fn ch_auth<'a>(password_file: &'a str, ca: &'a str) -> Vec<(&'a str, &'a str)> {
 }
 
 /// A collector refused by its only ClickHouse server (`url`) keeps what it acknowledged in its
-/// spool: `ids` answered 202, the replica shown down (0), a log line with `words`, the spool
-/// holding them and `reader` finding none of them stored.
+/// spool: `ids` answered 202, the replica shown down (0), a warning with `words`, the spool
+/// holding them and `stored` (the test's own count on the server) finding none of them.
 async fn assert_refused_and_spooled(
     c: &Collector,
     url: &str,
@@ -227,6 +230,23 @@ async fn clickhouse_18_16_password_only_over_verified_https() {
     let auth = ch_auth(pw, ca);
     env.cli_with(&auth, &["migrate"]).success();
     env.cli(&["sites", "add", "--key", "site-1"]).success();
+    for (refused, why) in [
+        (ch_auth(pw, other_ca), "UnknownIssuer"),
+        (ch_auth(wrong, ca), "Code: 193"),
+    ] {
+        let out = env.cli_with(&refused, &["migrate"]);
+        assert_eq!(
+            out.code, 1,
+            "migrate refused ({why}): {}{}",
+            out.stdout, out.stderr
+        );
+        assert!(
+            out.stderr.contains(why) && out.stderr.contains(&ch.https_url),
+            "migrate names the server and why ({why}): {}",
+            out.stderr
+        );
+        assert!(!out.stderr.contains(WRONG_PASSWORD) && !out.stderr.contains(CH18_PASSWORD));
+    }
     let mut settings = auth.clone();
     settings.push(("RUST_LOG", "debug"));
     let c = env.collector(&settings).await;
@@ -1028,18 +1048,28 @@ async fn rotate(
     (statuses, start.elapsed())
 }
 
-/// What the per-client rate (5/s, bursts of 10) lets through in `elapsed`, with one second of
-/// slack for a busy machine.
+/// The per-client rate of the test: 2 a second, bursts of 4.
+const CLIENT_RATE: &str = "2";
+
+/// What the per-client rate lets through in `elapsed`, with one second of slack for a busy
+/// machine; checked to be well below the 60 beacons sent (a run so slow that the rate would let
+/// most of them through would prove nothing).
 fn client_budget(elapsed: Duration) -> usize {
-    10 + 5 * (elapsed.as_secs() as usize + 1)
+    let budget = 4 + 2 * (elapsed.as_secs() as usize + 1);
+    assert!(
+        budget <= 40,
+        "60 beacons took {elapsed:?}: too slow for the rate to show (budget {budget})"
+    );
+    budget
 }
 
 /// Issue 37, 7: the client address cannot be chosen by the client. A collector behind a trusted
 /// proxy (`COLLECTOR_TRUSTED_PROXIES` 127.0.0.1, `COLLECTOR_CLIENT_IP_HEADER` X-Forwarded-For,
-/// `COLLECTOR_CLIENT_RATE` 5/s): a client that sends 60 beacons, each claiming another address
-/// in `X-Forwarded-For` and `Forwarded`, through a real nginx (the shipped guide's
-/// configuration) and then through the shipped HAProxy edge, gets no more than one client's
-/// budget and the rest 429; another client meanwhile keeps its own.
+/// `COLLECTOR_CLIENT_RATE` 2/s, bursts of 4): a client that sends 60 beacons, each claiming
+/// another address in `X-Forwarded-For` and `Forwarded`, through a real nginx (the shipped
+/// guide's configuration) and then through the shipped HAProxy edge, gets no more than one
+/// client's budget and the rest 429; so does one behind an nginx that appends to `Forwarded`,
+/// to a collector reading `Forwarded`; another client meanwhile keeps its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_cannot_choose_its_address_behind_a_trusted_proxy() {
     let env = TestEnv::new(Stack::shared()).await;
@@ -1047,7 +1077,7 @@ async fn a_client_cannot_choose_its_address_behind_a_trusted_proxy() {
         .collector(&[
             ("COLLECTOR_TRUSTED_PROXIES", "127.0.0.1/32"),
             ("COLLECTOR_CLIENT_IP_HEADER", "X-Forwarded-For"),
-            ("COLLECTOR_CLIENT_RATE", "5"),
+            ("COLLECTOR_CLIENT_RATE", CLIENT_RATE),
         ])
         .await;
     // A second collector that reads `Forwarded`, behind an nginx location that appends the
@@ -1057,7 +1087,7 @@ async fn a_client_cannot_choose_its_address_behind_a_trusted_proxy() {
         .collector(&[
             ("COLLECTOR_TRUSTED_PROXIES", "127.0.0.1/32"),
             ("COLLECTOR_CLIENT_IP_HEADER", "Forwarded"),
-            ("COLLECTOR_CLIENT_RATE", "5"),
+            ("COLLECTOR_CLIENT_RATE", CLIENT_RATE),
         ])
         .await;
     let fwd = format!(
@@ -1081,10 +1111,6 @@ async fn a_client_cannot_choose_its_address_behind_a_trusted_proxy() {
         60 - through,
         "the rest is 429: {statuses:?}"
     );
-    assert!(
-        statuses.get(&429).copied().unwrap_or(0) >= 20,
-        "{statuses:?}"
-    );
     let (_, m) = beacon_on("site-1", "https://shop.example/");
     assert_eq!(
         post_status(&client_from("127.0.0.6"), &through_nginx, &m, &[]).await,
@@ -1102,10 +1128,6 @@ async fn a_client_cannot_choose_its_address_behind_a_trusted_proxy() {
         "{through} got through, budget {budget}: {statuses:?}"
     );
     assert_eq!(statuses.get(&429).copied().unwrap_or(0), 60 - through);
-    assert!(
-        statuses.get(&429).copied().unwrap_or(0) >= 20,
-        "{statuses:?}"
-    );
     let (_, m) = beacon_on("site-1", "https://shop.example/");
     assert_eq!(
         post_status(&client_from("127.0.0.10"), &appended, &m, &[]).await,
@@ -1139,10 +1161,6 @@ async fn a_client_cannot_choose_its_address_behind_a_trusted_proxy() {
     assert_eq!(
         statuses.get(&429).copied().unwrap_or(0),
         60 - through,
-        "{statuses:?}"
-    );
-    assert!(
-        statuses.get(&429).copied().unwrap_or(0) >= 20,
         "{statuses:?}"
     );
     let (_, m) = beacon_on("site-1", "https://shop.example/");
