@@ -20,6 +20,10 @@ goes to standard error. Exit status: 0 after a requested stop (signal or FIFO), 
 itself (e.g. a port was taken: the error is on standard error) or did not stop within
 --stop-timeout seconds, 2 on bad arguments.
 
+`--user NAME:SHA256_HEX` adds a user with a password (tests/tests/access.rs); the password-less
+`default` stays, for clickhouse-local's own query runs as `default` (a users.xml without it, or
+with it limited to another address, stops the server at start: AUTHENTICATION_FAILED).
+
 Used by scripts/stack.sh (`up --ch26`, `ch26 DIR ...`). Standard library and chdb only.
 """
 
@@ -82,7 +86,7 @@ USERS = """<?xml version="1.0"?>
             </networks>
             <profile>default</profile>
             <quota>default</quota>
-        </default>
+        </default>{users}
     </users>
     <quotas>
         <default>
@@ -130,6 +134,12 @@ def parse_args(argv):
     p.add_argument("--setting", action="append", default=[], metavar="NAME=VALUE",
                    help="a setting added to the default profile (repeatable), e.g. "
                         "max_insert_block_size=8")
+    p.add_argument("--user", action="append", default=[], metavar="NAME:SHA256_HEX",
+                   help="a user with a password (repeatable), given as the SHA-256 of the "
+                        "password in hex (so that the password itself is in no process "
+                        "argument), allowed from loopback, with the default profile. The "
+                        "password-less `default` user stays: clickhouse-local runs its own "
+                        "query as `default`")
     p.add_argument("--stop-timeout", type=float, default=20.0,
                    help="seconds to wait for the server to shut down once asked (default 20)")
     args = p.parse_args(argv)
@@ -142,7 +152,24 @@ def parse_args(argv):
         if not (name.replace("_", "").isalnum() and name.isascii() and value
                 and value.replace("_", "").replace(".", "").isalnum()):
             p.error(f"--setting: not NAME=VALUE: {setting}")
+    for user in args.user:
+        name, _, digest = user.partition(":")
+        if not (name.replace("_", "").isalnum() and name.isascii() and name != "default"
+                and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)):
+            p.error(f"--user: not NAME:SHA256_HEX (64 lower-case hex digits; not default): {user}")
     return args
+
+
+USER = """
+        <{name}>
+            <password_sha256_hex>{digest}</password_sha256_hex>
+            <networks>
+                <ip>::1</ip>
+                <ip>127.0.0.1</ip>
+            </networks>
+            <profile>default</profile>
+            <quota>default</quota>
+        </{name}>"""
 
 
 class Stopper:
@@ -253,7 +280,9 @@ def main(argv):
     settings = "".join(
         f"\n            <{name}>{escape(value)}</{name}>"
         for name, _, value in (s.partition("=") for s in args.setting))
-    write_atomically(users, USERS.format(settings=settings))
+    users_xml = "".join(USER.format(name=name, digest=digest)
+                        for name, _, digest in (u.partition(":") for u in args.user))
+    write_atomically(users, USERS.format(settings=settings, users=users_xml))
     name = display_name(args.workdir)
     write_atomically(os.path.join(args.workdir, "config.xml"), CONFIG.format(
         display_name=escape(name), host=escape(args.host), http_port=args.http_port,

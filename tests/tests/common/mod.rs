@@ -1432,6 +1432,12 @@ pub struct Ch26Server {
 impl Ch26Server {
     /// Starts it and waits until `/ping` answers (panics with its log after 30 s).
     pub async fn start(settings: &[&str]) -> Ch26Server {
+        Ch26Server::start_with(settings, &[]).await
+    }
+
+    /// As [`Ch26Server::start`], with more arguments for `server.py` (e.g. `--user
+    /// NAME:SHA256_HEX`, a user with a password).
+    pub async fn start_with(settings: &[&str], args: &[&str]) -> Ch26Server {
         let venv = match std::env::var_os("STACK_CH26_VENV") {
             Some(v) => PathBuf::from(v),
             None => std::env::var_os("XDG_CACHE_HOME")
@@ -1472,6 +1478,7 @@ impl Ch26Server {
         for s in settings {
             cmd.args(["--setting", s]);
         }
+        cmd.args(args);
         let child = cmd.spawn().expect("start scripts/ch26/server.py");
         let mut server = Ch26Server {
             url: format!("http://127.0.0.1:{http}"),

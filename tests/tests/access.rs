@@ -1,0 +1,1177 @@
+//! Who may reach what (contract v4 §1-§4; issue 37), on real servers of the test's own on
+//! loopback: ClickHouse 18.16 and 26.x with password-only users and verified TLS, PostgreSQL
+//! with `ssl = on` under every `sslmode` that matters, secrets that never show, the operations
+//! endpoints private (the collector's own listeners and the shipped HAProxy edge), beacons that
+//! must come from the shop's pages, and a client address the client cannot choose.
+//!
+//! The servers, certificate authorities and HAProxy are in `common/access_fixtures.rs`.
+
+mod common;
+#[path = "common/access_fixtures.rs"]
+mod fixtures;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use fixtures::*;
+use serde_json::{json, Value};
+
+/// From a 202 to a visible row: about a second on an idle machine (measured 0.8-1.8 s here);
+/// the bound allows for a machine loaded by a parallel CI run, where the replicas lag and the
+/// writer waits for them to catch up.
+const VISIBLE: Duration = Duration::from_secs(90);
+/// How long a collector may take to find a replica down (its prober, on a busy machine).
+const NOTICED: Duration = Duration::from_secs(60);
+
+/// Distinct canaries: the passwords, searched for wherever the collector writes or shows.
+const CH18_PASSWORD: &str = "ch18-canary-Q7v2Lw9x";
+const CH26_PASSWORD: &str = "ch26-canary-Hk3Rt8zP";
+const PG_PASSWORD: &str = "pg15-canary-Zm4Nc6yB";
+const WRONG_PASSWORD: &str = "wrong-canary-Yp5Ds1qT";
+
+/// A beacon of `site` on page `url` with a fresh id, and its id.
+fn beacon_on(site: &str, url: &str) -> (String, Value) {
+    let id = uuid::Uuid::new_v4().to_string();
+    (
+        id.clone(),
+        json!({"id": id, "site": site, "url": url, "lcp_ms": 1200, "ttfb_ms": 80}),
+    )
+}
+
+/// Posts `n` single beacons of `site` (any page), each answered 202; their ids.
+async fn send(c: &Collector, site: &str, n: usize) -> Vec<String> {
+    let mut ids = Vec::new();
+    for _ in 0..n {
+        let (id, m) = beacon_on(site, "https://shop.example/p/1");
+        let (status, body) = c.post_json(&m).await;
+        assert_eq!(status, 202, "{body}");
+        ids.push(id);
+    }
+    ids
+}
+
+/// The `id IN (...)` list of `ids`.
+fn id_list(ids: &[String]) -> String {
+    ids.iter()
+        .map(|i| format!("'{i}'"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// How many of `ids` the ClickHouse server at `url` holds in `db.measurements`, read as `user`
+/// with `password` through `client`.
+async fn count_ids(
+    client: &reqwest::Client,
+    url: &str,
+    password: &str,
+    db: &str,
+    ids: &[String],
+) -> Result<i64, String> {
+    let rows = ch_query(
+        client,
+        url,
+        "collector",
+        password,
+        &format!(
+            "SELECT count() AS n FROM {db}.measurements FINAL WHERE toString(id) IN ({})",
+            id_list(ids)
+        ),
+    )
+    .await?;
+    as_i64(col(&rows[0], "n")).ok_or_else(|| format!("not a count: {rows:?}"))
+}
+
+/// The replica-state line of `/metrics` for `url` with `state` (0 down, 2 healthy).
+fn replica_state(url: &str, state: u8) -> String {
+    format!("collector_clickhouse_replica_state{{replica=\"{url}\"}} {state}")
+}
+
+/// Waits until the collector's log has a warning or error line containing every one of
+/// `words` (case-insensitively): a clear error, not a debug line; that line.
+async fn wait_log_line(c: &Collector, words: &[&str], limit: Duration) -> String {
+    wait_until(
+        &c.diag,
+        &format!("a log line with {words:?}"),
+        limit,
+        Duration::from_millis(200),
+        || async {
+            let logs = c.logs();
+            logs.lines()
+                .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
+                .find(|l| {
+                    let l = l.to_ascii_lowercase();
+                    words.iter().all(|w| l.contains(&w.to_ascii_lowercase()))
+                })
+                .map(str::to_owned)
+                .ok_or_else(|| format!("no such line in {} lines", logs.lines().count()))
+        },
+    )
+    .await
+}
+
+/// Contract v4 §1: a password is "never in a log line, a metric, an error answer or a process
+/// argument". The collector must run with `RUST_LOG=debug` (its log is checked to be at debug
+/// level); its log, `/metrics`, `/proc/PID/cmdline` and `/proc/PID/environ` (the test put only
+/// file paths there) hold none of `secrets`.
+async fn assert_secrets_hidden(c: &Collector, secrets: &[&str]) {
+    let log = c.logs();
+    assert!(
+        log.contains(" DEBUG "),
+        "the collector runs at debug level (RUST_LOG=debug), so its most talkative log is searched"
+    );
+    let metrics = http()
+        .get(format!("{}/metrics", c.admin_url))
+        .send()
+        .await
+        .expect("GET /metrics")
+        .text()
+        .await
+        .unwrap();
+    let pid = c.pid();
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
+    assert!(
+        !cmdline.is_empty() && !environ.is_empty(),
+        "/proc/{pid} read"
+    );
+    for secret in secrets {
+        for (place, text) in [
+            ("its log", log.as_bytes()),
+            ("/metrics", metrics.as_bytes()),
+            ("/proc/PID/cmdline", &cmdline[..]),
+            ("/proc/PID/environ", &environ[..]),
+        ] {
+            assert!(
+                !String::from_utf8_lossy(text).contains(secret),
+                "the password {secret:?} shows in {place} of the collector (pid {pid})"
+            );
+        }
+    }
+}
+
+/// Settings for a collector or command to connect to ClickHouse as `collector` with the
+/// password in `password_file`, verifying TLS against `ca`.
+fn ch_auth<'a>(password_file: &'a str, ca: &'a str) -> Vec<(&'a str, &'a str)> {
+    vec![
+        ("COLLECTOR_CLICKHOUSE_USER", "collector"),
+        ("COLLECTOR_CLICKHOUSE_PASSWORD_FILE", password_file),
+        ("COLLECTOR_CLICKHOUSE_CA_FILE", ca),
+    ]
+}
+
+/// A collector refused by its only ClickHouse server (`url`) keeps what it acknowledged in its
+/// spool: `ids` answered 202, the replica shown down (0), a warning with `words`, the spool
+/// holding them and `stored` (the test's own count on the server) finding none of them.
+async fn assert_refused_and_spooled(
+    c: &Collector,
+    url: &str,
+    ids: &[String],
+    words: &[&str],
+    stored: impl std::future::Future<Output = Result<i64, String>>,
+) -> String {
+    c.wait_metric(&replica_state(url, 0), NOTICED).await;
+    let line = wait_log_line(c, words, NOTICED).await;
+    assert_eq!(
+        c.metric("collector_spool_records").await,
+        ids.len() as f64,
+        "the acknowledged beacons stay spooled"
+    );
+    assert_eq!(
+        stored.await.expect("the test reads the server"),
+        0,
+        "nothing stored"
+    );
+    line
+}
+
+/// Issue 37, 1: a standalone ClickHouse 18.16 with one password-only user (`collector`, no
+/// password-less `default`) and an `https_port` with a certificate of the test's own CA. With
+/// the user, its password file and that CA, `migrate` and the collector work over `https://` and
+/// the rows are read back; a collector told to trust another CA, one with a wrong password, and
+/// one whose `https://` URL names the plain HTTP port are each refused: their beacons stay
+/// spooled, nothing is stored, the log says why and the replica is down in `/metrics`. Given
+/// the right CA, the first one then stores what it held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clickhouse_18_16_password_only_over_verified_https() {
+    let tmp = tempfile::tempdir().unwrap();
+    let pki = Pki::new(tmp.path(), "ca");
+    let other = Pki::new(tmp.path(), "other");
+    let (pw, hex) = password_file(tmp.path(), "ch.pw", CH18_PASSWORD);
+    let (wrong, _) = password_file(tmp.path(), "wrong.pw", WRONG_PASSWORD);
+    let (pw, wrong) = (pw.to_str().unwrap(), wrong.to_str().unwrap());
+    let (ca, other_ca) = (pki.ca.to_str().unwrap(), other.ca.to_str().unwrap());
+    let ch = Ch18Tls::start(&pki, CH18_PASSWORD, &hex).await;
+    let reader = pki.client();
+
+    // The server as set up: nobody gets in without the password.
+    let anonymous = clickhouse_query(&ch.http_url, "SELECT 1").await;
+    assert!(
+        anonymous
+            .as_ref()
+            .is_err_and(|e| e.contains("Unknown user default")),
+        "no password-less default: {anonymous:?}"
+    );
+    let guessed = ch_query(
+        &reader,
+        &ch.https_url,
+        "collector",
+        WRONG_PASSWORD,
+        "SELECT 1",
+    )
+    .await;
+    assert!(
+        guessed.as_ref().is_err_and(|e| e.contains("Code: 193")),
+        "wrong password refused (193): {guessed:?}"
+    );
+
+    let mut env = TestEnv::empty(Stack::shared()).await;
+    env.clickhouse = vec![ch.https_url.clone()];
+    env.table_form = "single";
+    let auth = ch_auth(pw, ca);
+    env.cli_with(&auth, &["migrate"]).success();
+    env.cli(&["sites", "add", "--key", "site-1"]).success();
+    for (refused, why) in [
+        (ch_auth(pw, other_ca), "UnknownIssuer"),
+        (ch_auth(wrong, ca), "Code: 193"),
+    ] {
+        let out = env.cli_with(&refused, &["migrate"]);
+        assert_eq!(
+            out.code, 1,
+            "migrate refused ({why}): {}{}",
+            out.stdout, out.stderr
+        );
+        assert!(
+            out.stderr.contains(why) && out.stderr.contains(&ch.https_url),
+            "migrate names the server and why ({why}): {}",
+            out.stderr
+        );
+        assert!(!out.stderr.contains(WRONG_PASSWORD) && !out.stderr.contains(CH18_PASSWORD));
+    }
+    let mut settings = auth.clone();
+    settings.push(("RUST_LOG", "debug"));
+    let c = env.collector(&settings).await;
+    let ids = send(&c, "site-1", 5).await;
+    let started = Instant::now();
+    let db = env.db.clone();
+    wait_until(
+        &env.diag,
+        "5 rows read back over https",
+        VISIBLE,
+        Duration::from_millis(200),
+        || async {
+            match count_ids(&reader, &ch.https_url, CH18_PASSWORD, &db, &ids).await {
+                Ok(5) => Ok(()),
+                other => Err(format!("{other:?}; server: {}", ch.err_log())),
+            }
+        },
+    )
+    .await;
+    println!(
+        "18.16 https: 5 of 5 rows read back {:?} after the last 202",
+        started.elapsed()
+    );
+    c.wait_metric(&replica_state(&ch.https_url, 2), VISIBLE)
+        .await;
+    assert_secrets_hidden(&c, &[CH18_PASSWORD]).await;
+
+    // Another CA: the server's certificate is not trusted.
+    let mut bad_ca = env
+        .collector(&[
+            ("COLLECTOR_CLICKHOUSE_USER", "collector"),
+            ("COLLECTOR_CLICKHOUSE_PASSWORD_FILE", pw),
+            ("COLLECTOR_CLICKHOUSE_CA_FILE", other_ca),
+            ("RUST_LOG", "debug"),
+        ])
+        .await;
+    let held = send(&bad_ca, "site-1", 3).await;
+    let line = assert_refused_and_spooled(
+        &bad_ca,
+        &ch.https_url,
+        &held,
+        &["replica down", "UnknownIssuer"],
+        count_ids(&reader, &ch.https_url, CH18_PASSWORD, &db, &held),
+    )
+    .await;
+    println!("18.16, another CA: {line}");
+    assert_secrets_hidden(&bad_ca, &[CH18_PASSWORD]).await;
+
+    // A wrong password.
+    let bad_pw = env
+        .collector(&[
+            ("COLLECTOR_CLICKHOUSE_USER", "collector"),
+            ("COLLECTOR_CLICKHOUSE_PASSWORD_FILE", wrong),
+            ("COLLECTOR_CLICKHOUSE_CA_FILE", ca),
+            ("RUST_LOG", "debug"),
+        ])
+        .await;
+    let refused = send(&bad_pw, "site-1", 3).await;
+    let line = assert_refused_and_spooled(
+        &bad_pw,
+        &ch.https_url,
+        &refused,
+        &["replica down", "Code: 193", "Wrong password"],
+        count_ids(&reader, &ch.https_url, CH18_PASSWORD, &db, &refused),
+    )
+    .await;
+    println!("18.16, wrong password: {line}");
+    assert_secrets_hidden(&bad_pw, &[CH18_PASSWORD, WRONG_PASSWORD]).await;
+
+    // No fall back to plain HTTP: an https:// URL naming the server's plain HTTP port. (Its
+    // first probe meets no answer within 2 s: 18.16 waits for the rest of a request that is a
+    // TLS hello; the cause then logged once a minute is rustls's "corrupt message".)
+    let plain_port = ch.http_url.rsplit(':').next().unwrap();
+    let https_to_plain = format!("https://127.0.0.1:{plain_port}");
+    let no_fallback = env
+        .collector(&[
+            ("COLLECTOR_CLICKHOUSE_URLS", &https_to_plain),
+            ("COLLECTOR_CLICKHOUSE_USER", "collector"),
+            ("COLLECTOR_CLICKHOUSE_PASSWORD_FILE", pw),
+            ("COLLECTOR_CLICKHOUSE_CA_FILE", ca),
+        ])
+        .await;
+    let plain = send(&no_fallback, "site-1", 2).await;
+    let line = assert_refused_and_spooled(
+        &no_fallback,
+        &https_to_plain,
+        &plain,
+        &["replica down", &https_to_plain],
+        count_ids(&reader, &ch.https_url, CH18_PASSWORD, &db, &plain),
+    )
+    .await;
+    println!("18.16, https:// to the plain port: {line}");
+
+    // The right CA: what the first refused collector held is stored.
+    bad_ca.set_env("COLLECTOR_CLICKHOUSE_CA_FILE", ca);
+    bad_ca.restart().await;
+    wait_until(
+        &env.diag,
+        "the 3 held beacons stored once the CA is right",
+        VISIBLE,
+        Duration::from_millis(200),
+        || async {
+            match count_ids(&reader, &ch.https_url, CH18_PASSWORD, &db, &held).await {
+                Ok(3) => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
+    bad_ca
+        .wait_metric("collector_spool_records 0", VISIBLE)
+        .await;
+}
+
+/// Issue 37, 2: a ClickHouse 26.x server (`scripts/ch26/server.py --user collector:SHA256`)
+/// with a password-only `collector` user: `migrate` and the collector store as that user with
+/// the right password file; with a wrong one the server refuses (516, authentication failed),
+/// the beacons stay spooled and the replica is down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clickhouse_26_with_a_password() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (pw, hex) = password_file(tmp.path(), "ch26.pw", CH26_PASSWORD);
+    let (wrong, _) = password_file(tmp.path(), "wrong.pw", WRONG_PASSWORD);
+    let (pw, wrong) = (pw.to_str().unwrap(), wrong.to_str().unwrap());
+    let server = Ch26Server::start_with(&[], &["--user", &format!("collector:{hex}")]).await;
+    let plain = reqwest::Client::new();
+    let guessed = ch_query(&plain, &server.url, "collector", WRONG_PASSWORD, "SELECT 1").await;
+    assert!(
+        guessed.as_ref().is_err_and(|e| e.contains("516")),
+        "a wrong password is refused (516): {guessed:?}"
+    );
+
+    let mut env = TestEnv::empty(Stack::shared()).await;
+    env.clickhouse = vec![server.url.clone()];
+    env.table_form = "single";
+    env.diag.clickhouse(&env.clickhouse, &env.db);
+    let auth = [
+        ("COLLECTOR_CLICKHOUSE_USER", "collector"),
+        ("COLLECTOR_CLICKHOUSE_PASSWORD_FILE", pw),
+    ];
+    env.cli_with(&auth, &["migrate"]).success();
+    env.cli(&["sites", "add", "--key", "site-1"]).success();
+    let c = env
+        .collector(&[auth[0], auth[1], ("RUST_LOG", "debug")])
+        .await;
+    let ids = send(&c, "site-1", 5).await;
+    let started = Instant::now();
+    let rows = env.wait_rows(&ids, VISIBLE).await;
+    println!(
+        "26.x with a password: {} of 5 rows {:?} after the last 202",
+        rows.len(),
+        started.elapsed()
+    );
+    // As the collector user too (what the server stored was written by it).
+    let n = count_ids(&plain, &server.url, CH26_PASSWORD, &env.db, &ids).await;
+    assert_eq!(n, Ok(5));
+    assert_secrets_hidden(&c, &[CH26_PASSWORD]).await;
+
+    let bad = env
+        .collector(&[
+            ("COLLECTOR_CLICKHOUSE_USER", "collector"),
+            ("COLLECTOR_CLICKHOUSE_PASSWORD_FILE", wrong),
+            ("RUST_LOG", "debug"),
+        ])
+        .await;
+    let refused = send(&bad, "site-1", 3).await;
+    let line = assert_refused_and_spooled(
+        &bad,
+        &server.url,
+        &refused,
+        &["replica down", "516", "AUTHENTICATION_FAILED"],
+        count_ids(&plain, &server.url, CH26_PASSWORD, &env.db, &refused),
+    )
+    .await;
+    println!("26.x, wrong password: {line}");
+    assert_secrets_hidden(&bad, &[CH26_PASSWORD, WRONG_PASSWORD]).await;
+}
+
+/// `postgres://postgres@127.0.0.1:PORT/DB` with `query` (e.g. `sslmode=...`).
+fn pg_url(pg: &OwnPg, db: &str, query: &str) -> String {
+    format!("postgres://postgres@127.0.0.1:{}/{db}?{query}", pg.port)
+}
+
+/// The lines of a PostgreSQL log that say a connection to `db` was let in.
+fn authorized(log: &str, db: &str) -> usize {
+    log.lines()
+        .filter(|l| l.contains("connection authorized") && l.contains(&format!("database={db}")))
+        .count()
+}
+
+/// Issue 37, 3: a PostgreSQL 15 of the test's own with `ssl = on` (a certificate of the test's
+/// CA), password authentication and plain TCP refused. The collector and its commands read the
+/// site settings with `sslmode=verify-full` and `sslrootcert=` that CA, the password from
+/// `COLLECTOR_DATABASE_PASSWORD_FILE` (the server shows their connections encrypted); another CA
+/// under `verify-full` fails with a clear error (the command exits non-zero, the collector
+/// never loads the settings: its beacons 503, `/readyz` says why); `sslmode=require` against a
+/// server without TLS fails and nothing of it goes on in plain (that server logs no connection
+/// let in, though it would take the same password in plain).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_with_tls_under_each_sslmode() {
+    let tmp = tempfile::tempdir().unwrap();
+    let pki = Pki::new(tmp.path(), "ca");
+    let other = Pki::new(tmp.path(), "other");
+    let (pw, _) = password_file(tmp.path(), "pg.pw", PG_PASSWORD);
+    let pw = pw.to_str().unwrap();
+    let (ca, other_ca) = (pki.ca.display(), other.ca.display());
+    let pg = OwnPg::start(Some(&pki), PG_PASSWORD).await;
+    let plain_pg = OwnPg::start(None, PG_PASSWORD).await;
+    for server in [&pg, &plain_pg] {
+        server
+            .admin("postgres")
+            .await
+            .batch_execute("CREATE DATABASE access")
+            .await
+            .unwrap();
+    }
+    let env = TestEnv::empty(Stack::shared()).await;
+    let verify_full = pg_url(
+        &pg,
+        "access",
+        &format!("sslmode=verify-full&sslrootcert={ca}"),
+    );
+    let store = [
+        ("COLLECTOR_DATABASE_URL", verify_full.as_str()),
+        ("COLLECTOR_DATABASE_PASSWORD_FILE", pw),
+    ];
+    env.cli_with(&store, &["migrate"]).success();
+    env.cli_with(&store, &["sites", "add", "--key", "tls-site"])
+        .success();
+    // The password is what the file gives: without the file the server refuses.
+    let out = env.cli_with(&store[..1], &["sites", "list"]);
+    assert_ne!(out.code, 0, "no password: {}{}", out.stdout, out.stderr);
+    assert!(
+        out.stderr.contains("password"),
+        "the server asked for a password: {}",
+        out.stderr
+    );
+    let listed = env.cli_with(&store, &["sites", "list"]);
+    assert!(
+        listed.success().stdout.contains("tls-site"),
+        "{}",
+        listed.stdout
+    );
+
+    let c = env
+        .collector(&[store[0], store[1], ("RUST_LOG", "debug")])
+        .await;
+    let ids = send(&c, "tls-site", 3).await;
+    env.wait_rows(&ids, VISIBLE).await;
+    assert_eq!(c.metric("collector_settings_store_up").await, 1.0);
+    let admin = pg.admin("postgres").await;
+    let row = admin
+        .query_one(
+            "SELECT count(*) FILTER (WHERE s.ssl) AS tls, count(*) FILTER (WHERE NOT s.ssl) AS plain \
+             FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) \
+             WHERE a.datname = 'access' AND a.backend_type = 'client backend'",
+            &[],
+        )
+        .await
+        .unwrap();
+    let (tls, plain): (i64, i64) = (row.get("tls"), row.get("plain"));
+    println!("PostgreSQL verify-full: the collector's connections: {tls} encrypted, {plain} plain");
+    assert_eq!(plain, 0, "no plain connection to the settings store");
+    assert!(tls >= 1, "the collector holds an encrypted connection");
+    assert_secrets_hidden(&c, &[PG_PASSWORD]).await;
+
+    // Another CA under verify-full: a clear error, no settings.
+    let wrong_ca = pg_url(
+        &pg,
+        "access",
+        &format!("sslmode=verify-full&sslrootcert={other_ca}"),
+    );
+    let untrusted = [
+        ("COLLECTOR_DATABASE_URL", wrong_ca.as_str()),
+        ("COLLECTOR_DATABASE_PASSWORD_FILE", pw),
+    ];
+    let out = env.cli_with(&untrusted, &["sites", "list"]);
+    assert_ne!(out.code, 0, "another CA: {}{}", out.stdout, out.stderr);
+    assert!(
+        out.stderr.to_ascii_lowercase().contains("certificate"),
+        "the error names the certificate: {}",
+        out.stderr
+    );
+    assert!(!out.stderr.contains(PG_PASSWORD), "{}", out.stderr);
+    println!("PostgreSQL, another CA: {}", out.stderr.trim());
+    let refused = env
+        .collector(&[untrusted[0], untrusted[1], ("RUST_LOG", "debug")])
+        .await;
+    let (id, m) = beacon_on("tls-site", "https://shop.example/");
+    let (status, body) = refused.post_json(&m).await;
+    assert_eq!(
+        status, 503,
+        "a never-seen site while the store cannot be read: {body}"
+    );
+    let ready = http()
+        .get(format!("{}/readyz", refused.admin_url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ready.status(), 503);
+    let reason = ready.text().await.unwrap();
+    assert!(reason.contains("site settings not loaded"), "{reason}");
+    assert_eq!(refused.metric("collector_settings_store_up").await, 0.0);
+    let line = wait_log_line(&refused, &["certificate"], NOTICED).await;
+    println!("PostgreSQL, another CA, the collector's log: {line}");
+    assert!(env.rows(std::slice::from_ref(&id)).await.is_empty());
+    assert_secrets_hidden(&refused, &[PG_PASSWORD]).await;
+
+    // sslmode=require against a server without TLS: fails, never goes on in plain.
+    let disable = pg_url(&plain_pg, "access", "sslmode=disable");
+    let plain_store = [
+        ("COLLECTOR_DATABASE_URL", disable.as_str()),
+        ("COLLECTOR_DATABASE_PASSWORD_FILE", pw),
+    ];
+    env.cli_with(&plain_store, &["migrate"]).success();
+    env.cli_with(&plain_store, &["sites", "add", "--key", "plain-site"])
+        .success();
+    let before = authorized(&plain_pg.log(), "access");
+    assert!(
+        before >= 2,
+        "sslmode=disable connected in plain: {}",
+        plain_pg.log()
+    );
+    let require = pg_url(&plain_pg, "access", "sslmode=require");
+    let out = env.cli_with(
+        &[
+            ("COLLECTOR_DATABASE_URL", require.as_str()),
+            ("COLLECTOR_DATABASE_PASSWORD_FILE", pw),
+        ],
+        &["sites", "list"],
+    );
+    assert_ne!(
+        out.code, 0,
+        "sslmode=require to a server without TLS must fail: {}{}",
+        out.stdout, out.stderr
+    );
+    let err = out.stderr.to_ascii_lowercase();
+    assert!(
+        err.contains("tls") || err.contains("ssl"),
+        "the error says TLS was refused: {}",
+        out.stderr
+    );
+    assert!(!out.stdout.contains("plain-site"), "{}", out.stdout);
+    println!(
+        "PostgreSQL, require to a plain server: {}",
+        out.stderr.trim()
+    );
+    let required = env
+        .collector(&[
+            ("COLLECTOR_DATABASE_URL", require.as_str()),
+            ("COLLECTOR_DATABASE_PASSWORD_FILE", pw),
+        ])
+        .await;
+    let (_, m) = beacon_on("plain-site", "https://shop.example/");
+    let (status, body) = required.post_json(&m).await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(required.metric("collector_settings_store_up").await, 0.0);
+    assert_eq!(
+        authorized(&plain_pg.log(), "access"),
+        before,
+        "no connection let in after sslmode=require: {}",
+        plain_pg.log()
+    );
+}
+
+/// Issue 37, 4: one collector with both passwords (ClickHouse 18.16 over https, PostgreSQL over
+/// TLS), at debug level, working; then the commands (`migrate`, `sites list`) and a collector
+/// refused for a wrong password: neither password shows in a log line, `/metrics`, a command's
+/// output, a process argument or the process environment.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn secrets_never_show() {
+    let tmp = tempfile::tempdir().unwrap();
+    let pki = Pki::new(tmp.path(), "ca");
+    let (ch_pw, hex) = password_file(tmp.path(), "ch.pw", CH18_PASSWORD);
+    let (pg_pw, _) = password_file(tmp.path(), "pg.pw", PG_PASSWORD);
+    let (wrong, _) = password_file(tmp.path(), "wrong.pw", WRONG_PASSWORD);
+    let (ch_pw, pg_pw, wrong) = (
+        ch_pw.to_str().unwrap(),
+        pg_pw.to_str().unwrap(),
+        wrong.to_str().unwrap(),
+    );
+    let ca = pki.ca.to_str().unwrap();
+    let ch = Ch18Tls::start(&pki, CH18_PASSWORD, &hex).await;
+    let pg = OwnPg::start(Some(&pki), PG_PASSWORD).await;
+    pg.admin("postgres")
+        .await
+        .batch_execute("CREATE DATABASE access")
+        .await
+        .unwrap();
+    let mut env = TestEnv::empty(Stack::shared()).await;
+    env.clickhouse = vec![ch.https_url.clone()];
+    env.table_form = "single";
+    let store = pg_url(
+        &pg,
+        "access",
+        &format!("sslmode=verify-full&sslrootcert={ca}"),
+    );
+    let mut settings = ch_auth(ch_pw, ca);
+    settings.extend([
+        ("COLLECTOR_DATABASE_URL", store.as_str()),
+        ("COLLECTOR_DATABASE_PASSWORD_FILE", pg_pw),
+        ("RUST_LOG", "debug"),
+    ]);
+    let secrets = [CH18_PASSWORD, PG_PASSWORD, WRONG_PASSWORD];
+    for args in [
+        &["migrate"][..],
+        &["sites", "add", "--key", "site-1"],
+        &["sites", "list"],
+    ] {
+        let out = env.cli_with(&settings, args);
+        out.success();
+        for s in secrets {
+            assert!(
+                !out.stdout.contains(s) && !out.stderr.contains(s),
+                "collector {args:?} shows {s:?}:\n{}{}",
+                out.stdout,
+                out.stderr
+            );
+        }
+    }
+    let c = env.collector(&settings).await;
+    let ids = send(&c, "site-1", 3).await;
+    let reader = pki.client();
+    let db = env.db.clone();
+    wait_until(
+        &env.diag,
+        "3 rows over https",
+        VISIBLE,
+        Duration::from_millis(200),
+        || async {
+            match count_ids(&reader, &ch.https_url, CH18_PASSWORD, &db, &ids).await {
+                Ok(3) => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
+    assert_secrets_hidden(&c, &secrets).await;
+
+    // Refused for a wrong ClickHouse password: the error is logged, the password is not.
+    let mut refused_settings = settings.clone();
+    refused_settings.retain(|(k, _)| *k != "COLLECTOR_CLICKHOUSE_PASSWORD_FILE");
+    refused_settings.push(("COLLECTOR_CLICKHOUSE_PASSWORD_FILE", wrong));
+    let refused = env.collector(&refused_settings).await;
+    send(&refused, "site-1", 1).await;
+    refused
+        .wait_metric(&replica_state(&ch.https_url, 0), NOTICED)
+        .await;
+    wait_log_line(&refused, &["replica down", "193"], NOTICED).await;
+    assert_secrets_hidden(&refused, &[CH18_PASSWORD, PG_PASSWORD, WRONG_PASSWORD]).await;
+}
+
+/// `GET url` through `client`: status and body.
+async fn get(client: &reqwest::Client, url: &str) -> (u16, String) {
+    let r = client
+        .get(url)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("GET {url}: no answer: {e}"));
+    let status = r.status().as_u16();
+    (status, r.text().await.unwrap())
+}
+
+/// Issue 37, 5: the operations endpoints are private. On the public listener `/metrics` is 404
+/// and `/readyz` gives the status only (`{"error":"not ready"}` when not ready); the operations
+/// listener (`COLLECTOR_ADMIN_LISTEN`) serves `/metrics` and `/readyz` with its reason. Through
+/// the shipped HAProxy edge (`deploy/edge/haproxy.cfg` started by `deploy/edge/haproxy-run.sh`,
+/// as root, the shipped user and group): `/metrics` 404, `/script.js` 200, a beacon 202 and
+/// stored; HAProxy's workers run as user `haproxy`, its master as root.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operations_endpoints_are_private_and_the_edge_passes_only_the_public_paths() {
+    let env = TestEnv::new(Stack::shared()).await;
+    let c = env.collector(&[]).await;
+    let public = http();
+    assert_eq!(get(&public, &format!("{}/metrics", c.url)).await.0, 404);
+    assert_eq!(
+        get(&public, &format!("{}/readyz", c.url)).await,
+        (200, "ready\n".into())
+    );
+    let (status, metrics) = get(&public, &format!("{}/metrics", c.admin_url)).await;
+    assert_eq!(status, 200);
+    assert!(metrics.contains("collector_spool_records "), "{metrics}");
+    assert_eq!(
+        get(&public, &format!("{}/readyz", c.admin_url)).await,
+        (200, "ready\n".into())
+    );
+    // Not ready (its settings store cannot be reached, so its site settings never load): the
+    // public listener says so and no more, the operations listener says why.
+    let nowhere = format!("postgres://postgres@127.0.0.1:{}/x", free_port());
+    let unready = env
+        .collector(&[("COLLECTOR_DATABASE_URL", nowhere.as_str())])
+        .await;
+    let (status, body) = get(&public, &format!("{}/readyz", unready.url)).await;
+    assert_eq!((status, body.as_str()), (503, r#"{"error":"not ready"}"#));
+    let (status, body) = get(&public, &format!("{}/readyz", unready.admin_url)).await;
+    assert_eq!(status, 503);
+    let reason: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        field(&reason, "error"),
+        "site settings not loaded",
+        "{body}"
+    );
+    assert_eq!(
+        get(&public, &format!("{}/metrics", unready.url)).await.0,
+        404
+    );
+
+    // The shipped edge in front.
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "the edge is started as root, as its systemd unit does, so that it can drop to haproxy"
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let pki = Pki::new(tmp.path(), "edge");
+    let edge = EdgeHaproxy::start(&pki, c.port).await;
+    let client = pki.client();
+    for path in ["/metrics", "//metrics/", "/api/v1/other", "/metrics?x=1"] {
+        let (status, body) = get(&client, &format!("{}{path}", edge.url)).await;
+        assert_eq!(
+            (status, body.as_str()),
+            (404, r#"{"error":"not found"}"#),
+            "{path}"
+        );
+    }
+    let (status, script) = get(&client, &format!("{}/script.js", edge.url)).await;
+    assert_eq!(status, 200);
+    assert!(
+        script.len() > 1000,
+        "the tracking script: {} bytes",
+        script.len()
+    );
+    let (id, m) = beacon_on("site-1", "https://shop.example/");
+    let answer = client
+        .post(format!("{}/api/v1/measurements", edge.url))
+        .header("content-type", "text/plain")
+        .body(m.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status().as_u16(), 202, "{}", edge.logs());
+    env.wait_rows(std::slice::from_ref(&id), VISIBLE).await;
+
+    let haproxy = uid_of("haproxy");
+    let master = edge.master_pid();
+    assert_eq!(
+        uids(master),
+        vec![0; 4],
+        "the master stays root (it reloads)"
+    );
+    let workers = edge.worker_pids();
+    assert!(
+        !workers.is_empty(),
+        "no worker of master {master}: {}",
+        edge.logs()
+    );
+    for w in &workers {
+        assert_eq!(
+            uids(*w),
+            vec![haproxy; 4],
+            "worker {w}: real, effective, saved and fs uid are haproxy's ({haproxy})"
+        );
+    }
+    println!("edge: master {master} uid 0, workers {workers:?} uid {haproxy} (haproxy)");
+}
+
+/// The status of one beacon POSTed to `url` through `client` with `headers`.
+async fn post_status(
+    client: &reqwest::Client,
+    url: &str,
+    body: &Value,
+    headers: &[(&str, String)],
+) -> u16 {
+    let mut req = client
+        .post(url)
+        .header("content-type", "text/plain")
+        .body(body.to_string());
+    for (k, v) in headers {
+        req = req.header(*k, v);
+    }
+    req.send()
+        .await
+        .map(|r| r.status().as_u16())
+        .unwrap_or_else(|e| panic!("POST {url}: no answer: {e}"))
+}
+
+/// Issue 37, 6: beacons must come from the shop's pages. For a site with an origin, a beacon
+/// whose `url` is on another host is rejected (`url_not_allowed`, in the answer and the metric)
+/// and not stored, while one on the site's host is. Then a flood without `Origin` at three times
+/// the site's rate (`COLLECTOR_SITE_RATE` 20/s: 60/s for 10 s) beside real visitors with the
+/// shop's `Origin` at 5/s: at least 99 % of the visitors' beacons are answered 202 and stored,
+/// and the flood gets no more than its own budget (a tenth of the site's: 2/s, bursts of 4).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn beacons_must_come_from_the_shops_pages() {
+    let env = TestEnv::new(Stack::shared()).await;
+    env.cli(&[
+        "sites",
+        "add",
+        "--key",
+        "shop",
+        "--origin",
+        "https://shop.example",
+    ])
+    .success();
+    let c = env.collector(&[("COLLECTOR_SITE_RATE", "20")]).await;
+    let origin = [("origin", "https://shop.example".to_owned())];
+    let url = format!("{}/api/v1/measurements", c.url);
+    let (good, good_m) = beacon_on("shop", "https://shop.example/cart");
+    let (bad, bad_m) = beacon_on("shop", "https://evil.example/cart");
+    let (status, answer, _) = c
+        .post(
+            json!([good_m, bad_m]).to_string(),
+            &[
+                ("content-type", "application/json"),
+                ("origin", "https://shop.example"),
+            ],
+        )
+        .await;
+    assert_eq!(status, 202, "{answer}");
+    assert_eq!(
+        field(&answer, "rejected"),
+        &json!([{"index": 1, "error": "url_not_allowed"}])
+    );
+    let (alone, alone_m) = beacon_on("shop", "https://shop.example.evil.example/");
+    let (status, answer, _) = c
+        .post(alone_m.to_string(), &[("content-type", "application/json")])
+        .await;
+    assert_eq!(status, 403, "a beacon on another host alone: {answer}");
+    env.wait_rows(std::slice::from_ref(&good), VISIBLE).await;
+    assert!(
+        env.rows(&[bad.clone(), alone.clone()]).await.is_empty(),
+        "the beacons of another host's pages are not stored"
+    );
+    // Another host however the URL is written, and the site's host however it is written.
+    let hostile = [
+        "https://shop.example@evil.example/",
+        "https://shop.example:pw@evil.example/p",
+        "https://evil.example\\@shop.example/",
+        "https://evil.example#@shop.example",
+        "https://evil.example?@shop.example",
+        "https://evil.example/shop.example",
+        "https://shop.example.evil.example/",
+        "https://evilshop.example/",
+        "https://[::1]/shop.example",
+    ];
+    let friendly = [
+        "https://SHOP.example/p",
+        "http://shop.example:8080/p",
+        "https://shop.example:443/p?utm_source=x",
+        "https://user@shop.example/p",
+    ];
+    let mut batch = Vec::new();
+    let mut ids = Vec::new();
+    for url in hostile.iter().chain(&friendly) {
+        let (id, m) = beacon_on("shop", url);
+        ids.push(id);
+        batch.push(m);
+    }
+    let (status, answer, _) = c
+        .post(
+            Value::Array(batch).to_string(),
+            &[
+                ("content-type", "application/json"),
+                ("origin", "https://shop.example"),
+            ],
+        )
+        .await;
+    assert_eq!(status, 202, "{answer}");
+    let expected: Vec<Value> = (0..hostile.len())
+        .map(|i| json!({"index": i, "error": "url_not_allowed"}))
+        .collect();
+    assert_eq!(
+        field(&answer, "rejected"),
+        &Value::Array(expected),
+        "every page of another host rejected, none of the site's: {hostile:?} then {friendly:?}"
+    );
+    assert_eq!(field(&answer, "accepted"), friendly.len());
+    let stored = env.wait_rows(&ids[hostile.len()..], VISIBLE).await;
+    assert_eq!(stored.len(), friendly.len());
+    assert!(
+        env.rows(&ids[..hostile.len()]).await.is_empty(),
+        "no page of another host stored"
+    );
+    assert_eq!(
+        c.metric("collector_measurements_rejected_total{reason=\"url_not_allowed\"}")
+            .await,
+        (2 + hostile.len()) as f64
+    );
+
+    // The flood and the visitors, side by side.
+    let flooder = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let visitor = flooder.clone();
+    let length = Duration::from_secs(10);
+    let flood_url = url.clone();
+    let flood = tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_micros(1_000_000 / 60));
+        let mut sent = Vec::new();
+        let start = Instant::now();
+        while start.elapsed() < length {
+            tick.tick().await;
+            let (client, url) = (flooder.clone(), flood_url.clone());
+            let (_, m) = beacon_on("shop", "https://shop.example/p/flood");
+            sent.push(tokio::spawn(async move {
+                post_status(&client, &url, &m, &[]).await
+            }));
+        }
+        let elapsed = start.elapsed();
+        let mut statuses = std::collections::BTreeMap::<u16, usize>::new();
+        for s in sent {
+            *statuses.entry(s.await.unwrap()).or_default() += 1;
+        }
+        (statuses, elapsed)
+    });
+    let mut tick = tokio::time::interval(Duration::from_millis(200));
+    let mut visits = Vec::new();
+    let start = Instant::now();
+    while start.elapsed() < length {
+        tick.tick().await;
+        let (client, url, headers) = (visitor.clone(), url.clone(), origin.clone());
+        let (id, m) = beacon_on("shop", "https://shop.example/p/visit");
+        visits.push(tokio::spawn(async move {
+            let sent = Instant::now();
+            let status = post_status(&client, &url, &m, &headers).await;
+            (id, status, sent.elapsed())
+        }));
+    }
+    let mut acked = Vec::new();
+    let mut slowest = Duration::ZERO;
+    let mut visitor_statuses = std::collections::BTreeMap::<u16, usize>::new();
+    let sent = visits.len();
+    for v in visits {
+        let (id, status, took) = v.await.unwrap();
+        *visitor_statuses.entry(status).or_default() += 1;
+        slowest = slowest.max(took);
+        if status == 202 {
+            acked.push(id);
+        }
+    }
+    let (flood_statuses, flood_for) = flood.await.unwrap();
+    let flood_sent: usize = flood_statuses.values().sum();
+    println!(
+        "flood without Origin: {flood_sent} in {flood_for:?}, answers {flood_statuses:?}; \
+         visitors: {sent} sent, answers {visitor_statuses:?}, slowest answer {slowest:?}"
+    );
+    assert!(
+        acked.len() * 100 >= sent * 99,
+        "at least 99 % of the visitors' beacons answered 202: {} of {sent} ({visitor_statuses:?})",
+        acked.len()
+    );
+    let stored = env.wait_rows(&acked, VISIBLE).await;
+    assert!(
+        stored.len() * 100 >= sent * 99,
+        "{} stored of {sent}",
+        stored.len()
+    );
+    // The flood's budget: 2/s with a burst of 4 over its run; one second of slack for the
+    // timing of a busy machine (the limiter's clock starts before the first tick).
+    let flood_acked = flood_statuses.get(&202).copied().unwrap_or(0);
+    let budget = 4 + 2 * (flood_for.as_secs() as usize + 1);
+    assert!(
+        flood_acked <= budget,
+        "the flood got {flood_acked} through, its budget is {budget}: {flood_statuses:?}"
+    );
+    assert!(
+        flood_statuses.get(&429).copied().unwrap_or(0) >= flood_sent - budget,
+        "the rest of the flood is answered 429: {flood_statuses:?}"
+    );
+    assert!(
+        flood_sent >= 500,
+        "the flood ran at about 60/s: {flood_sent}"
+    );
+}
+
+/// One client rotating the address it claims: `n` beacons back to back from its own loopback
+/// address through `client` to `url`, each with a new `X-Forwarded-For` and `Forwarded` value of
+/// its choosing. The answers by status and how long it took.
+async fn rotate(
+    client: &reqwest::Client,
+    url: &str,
+    n: usize,
+) -> (std::collections::BTreeMap<u16, usize>, Duration) {
+    let mut statuses = std::collections::BTreeMap::new();
+    let start = Instant::now();
+    for i in 0..n {
+        let claimed = format!("198.51.100.{}", i % 250 + 1);
+        let (_, m) = beacon_on("site-1", "https://shop.example/");
+        let headers = [
+            ("x-forwarded-for", claimed.clone()),
+            ("forwarded", format!("for={claimed}")),
+        ];
+        *statuses
+            .entry(post_status(client, url, &m, &headers).await)
+            .or_default() += 1;
+    }
+    (statuses, start.elapsed())
+}
+
+/// The per-client rate of the test: 2 a second, bursts of 4.
+const CLIENT_RATE: &str = "2";
+
+/// What the per-client rate lets through in `elapsed`, with one second of slack for a busy
+/// machine; checked to be well below the 60 beacons sent (a run so slow that the rate would let
+/// most of them through would prove nothing).
+fn client_budget(elapsed: Duration) -> usize {
+    let budget = 4 + 2 * (elapsed.as_secs() as usize + 1);
+    assert!(
+        budget <= 40,
+        "60 beacons took {elapsed:?}: too slow for the rate to show (budget {budget})"
+    );
+    budget
+}
+
+/// Issue 37, 7: the client address cannot be chosen by the client. A collector behind a trusted
+/// proxy (`COLLECTOR_TRUSTED_PROXIES` 127.0.0.1, `COLLECTOR_CLIENT_IP_HEADER` X-Forwarded-For,
+/// `COLLECTOR_CLIENT_RATE` 2/s, bursts of 4): a client that sends 60 beacons, each claiming
+/// another address in `X-Forwarded-For` and `Forwarded`, through a real nginx (the shipped
+/// guide's configuration) and then through the shipped HAProxy edge, gets no more than one
+/// client's budget and the rest 429; so does one behind an nginx that appends to `Forwarded`,
+/// to a collector reading `Forwarded`; another client meanwhile keeps its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_cannot_choose_its_address_behind_a_trusted_proxy() {
+    let env = TestEnv::new(Stack::shared()).await;
+    let c = env
+        .collector(&[
+            ("COLLECTOR_TRUSTED_PROXIES", "127.0.0.1/32"),
+            ("COLLECTOR_CLIENT_IP_HEADER", "X-Forwarded-For"),
+            ("COLLECTOR_CLIENT_RATE", CLIENT_RATE),
+        ])
+        .await;
+    // A second collector that reads `Forwarded`, behind an nginx location that appends the
+    // peer to the `Forwarded` the client sent (RFC 7239's way) and passes its
+    // `X-Forwarded-For` through untouched.
+    let by_forwarded = env
+        .collector(&[
+            ("COLLECTOR_TRUSTED_PROXIES", "127.0.0.1/32"),
+            ("COLLECTOR_CLIENT_IP_HEADER", "Forwarded"),
+            ("COLLECTOR_CLIENT_RATE", CLIENT_RATE),
+        ])
+        .await;
+    let fwd = format!(
+        "location /fwd/ {{\n  proxy_pass http://127.0.0.1:{}/;\n  \
+         proxy_set_header Forwarded \"$http_forwarded, for=$remote_addr\";\n}}",
+        by_forwarded.port
+    );
+    let nginx = Nginx::start(c.port, &fwd).await;
+    let through_nginx = format!("{}/perf/api/v1/measurements", nginx.url);
+    let (statuses, took) = rotate(&client_from("127.0.0.5"), &through_nginx, 60).await;
+    let mut refused = statuses.get(&429).copied().unwrap_or(0);
+    let budget = client_budget(took);
+    let through = statuses.get(&202).copied().unwrap_or(0);
+    println!("nginx: 60 beacons rotating X-Forwarded-For/Forwarded in {took:?}: {statuses:?} (budget {budget})");
+    assert!(
+        through <= budget,
+        "{through} got through, budget {budget}: {statuses:?}"
+    );
+    assert_eq!(
+        statuses.get(&429).copied().unwrap_or(0),
+        60 - through,
+        "the rest is 429: {statuses:?}"
+    );
+    let (_, m) = beacon_on("site-1", "https://shop.example/");
+    assert_eq!(
+        post_status(&client_from("127.0.0.6"), &through_nginx, &m, &[]).await,
+        202,
+        "another client has its own budget"
+    );
+
+    let appended = format!("{}/fwd/api/v1/measurements", nginx.url);
+    let (statuses, took) = rotate(&client_from("127.0.0.9"), &appended, 60).await;
+    let budget = client_budget(took);
+    let through = statuses.get(&202).copied().unwrap_or(0);
+    println!("nginx appending Forwarded: 60 beacons rotating X-Forwarded-For/Forwarded in {took:?}: {statuses:?} (budget {budget})");
+    assert!(
+        through <= budget,
+        "{through} got through, budget {budget}: {statuses:?}"
+    );
+    assert_eq!(statuses.get(&429).copied().unwrap_or(0), 60 - through);
+    let (_, m) = beacon_on("site-1", "https://shop.example/");
+    assert_eq!(
+        post_status(&client_from("127.0.0.10"), &appended, &m, &[]).await,
+        202,
+        "another client has its own budget"
+    );
+
+    let tmp = tempfile::tempdir().unwrap();
+    let pki = Pki::new(tmp.path(), "edge");
+    let edge = EdgeHaproxy::start(&pki, c.port).await;
+    let ca = reqwest::Certificate::from_pem(&std::fs::read(&pki.ca).unwrap()).unwrap();
+    let from = |source: &str| {
+        reqwest::Client::builder()
+            .tls_built_in_root_certs(false)
+            .add_root_certificate(ca.clone())
+            .local_address(source.parse::<std::net::IpAddr>().unwrap())
+            .timeout(Duration::from_secs(30))
+            .build()
+            .unwrap()
+    };
+    let through_edge = format!("{}/api/v1/measurements", edge.url);
+    let (statuses, took) = rotate(&from("127.0.0.7"), &through_edge, 60).await;
+    refused += statuses.get(&429).copied().unwrap_or(0);
+    let budget = client_budget(took);
+    let through = statuses.get(&202).copied().unwrap_or(0);
+    println!("HAProxy: 60 beacons rotating X-Forwarded-For/Forwarded in {took:?}: {statuses:?} (budget {budget})");
+    assert!(
+        through <= budget,
+        "{through} got through, budget {budget}: {statuses:?}"
+    );
+    assert_eq!(
+        statuses.get(&429).copied().unwrap_or(0),
+        60 - through,
+        "{statuses:?}"
+    );
+    let (_, m) = beacon_on("site-1", "https://shop.example/");
+    assert_eq!(
+        post_status(&from("127.0.0.8"), &through_edge, &m, &[]).await,
+        202,
+        "another client has its own budget"
+    );
+    assert_eq!(
+        c.metric("collector_http_rate_limited_total").await,
+        refused as f64,
+        "every 429 counted, and no other"
+    );
+}
