@@ -245,6 +245,24 @@ mod tests {
     }
 
     #[test]
+    fn docs_queries_md_shows_the_query_as_sent() {
+        // 2026-11-26 12:00:00 to 2026-12-03 12:05:00 UTC.
+        let now = 1_796_299_200;
+        let sql = report_query(
+            "collector",
+            "shop",
+            GroupBy::DeviceType,
+            now - 7 * 86_400,
+            now + 300,
+        );
+        let doc = include_str!("../../../docs/queries.md");
+        assert!(
+            doc.contains(&format!("```sql\n{sql}\n```")),
+            "docs/queries.md, \"A site at a glance\", should show:\n{sql}"
+        );
+    }
+
+    #[test]
     fn a_row_becomes_figures_and_a_short_array_is_an_error() {
         let row = Row {
             grp: "mobile".into(),
