@@ -193,9 +193,14 @@ impl Expected {
     }
 }
 
+/// Per device type: measurements, page views and each metric's figures.
+type Want = BTreeMap<&'static str, (u64, f64, Vec<Expected>)>;
+/// Per device type and metric, the server's `(quantileExactWeighted, quantileExact)`.
+type ServerP75s = BTreeMap<String, Vec<(Option<f64>, Option<f64>)>>;
+
 /// Per device type (bots left out): measurements, page views and each metric's figures.
-fn expected(rows: &[Row]) -> BTreeMap<&'static str, (u64, f64, Vec<Expected>)> {
-    let mut out: BTreeMap<&str, (u64, f64, Vec<Expected>)> = BTreeMap::new();
+fn expected(rows: &[Row]) -> Want {
+    let mut out = Want::new();
     for row in rows.iter().filter(|r| r.device != "bot") {
         let e = out.entry(row.device).or_insert_with(|| {
             (
@@ -232,10 +237,7 @@ fn num(v: &Value) -> Option<f64> {
 
 /// The p75s the server computes for each device type and metric, asked independently of the
 /// report: `(weighted, unweighted)`, `quantileExactWeighted` and `quantileExact`.
-async fn server_p75s(
-    env: &TestEnv<'_>,
-    from: i64,
-) -> BTreeMap<String, Vec<(Option<f64>, Option<f64>)>> {
+async fn server_p75s(env: &TestEnv<'_>, from: i64) -> ServerP75s {
     let columns: Vec<String> = METRICS
         .iter()
         .map(|(name, c, ..)| {
@@ -273,11 +275,7 @@ async fn server_p75s(
 }
 
 /// Checks the JSON report against the rows and the server's own p75s; prints what it measured.
-fn check_report(
-    report: &Value,
-    want: &BTreeMap<&str, (u64, f64, Vec<Expected>)>,
-    server: &BTreeMap<String, Vec<(Option<f64>, Option<f64>)>>,
-) {
+fn check_report(report: &Value, want: &Want, server: &ServerP75s) {
     let groups = field(report, "groups")
         .as_array()
         .expect("groups is a list");

@@ -195,10 +195,20 @@ fn bar(f: &MetricFigures, shares: [f64; 3], y: f64) -> String {
             percent(share)
         );
         if w >= 34.0 {
+            // Centred in its segment, unless the p75's mark would cross it: then beside it.
+            let mark = BAR_X + 0.75 * BAR_W;
+            let centre = x + w / 2.0;
+            let label_x = if (centre - mark).abs() >= 18.0 {
+                centre
+            } else if mark - x >= 36.0 {
+                mark - 18.0
+            } else {
+                mark + 18.0
+            };
             let _ = write!(
                 out,
                 "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\" fill=\"#202124\">{}</text>",
-                x + w / 2.0,
+                label_x,
                 y + 16.0,
                 percent(share)
             );
