@@ -86,6 +86,10 @@ cat <<MSG
     clickhouse-client --port $CH1_TCP_PORT --query "SELECT id, site, url, lcp_ms, received_at FROM collector.measurements FINAL ORDER BY received_at DESC LIMIT 10"
     curl -s '$CH1_URL/' --data-binary "SELECT id, site, url, lcp_ms, received_at FROM collector.measurements FINAL ORDER BY received_at DESC LIMIT 10 FORMAT PrettyCompact"
 
+  A site's numbers at a glance (p75 and good / needs improvement / poor per device type;
+  --by country|browser, --format json, --html FILE for a page with charts):
+    COLLECTOR_CLICKHOUSE_URLS=$COLLECTOR_CLICKHOUSE_URLS $bin report --site demo --days 1
+
   Ctrl-C stops the collector (it drains) and the stack.
 
 MSG

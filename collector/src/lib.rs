@@ -16,7 +16,9 @@
 //!
 //! - [`config`]: the `COLLECTOR_*` configuration in sections, every bad value reported at once;
 //!   [`cli`]: the command tree and the one-shot commands (`migrate`, `sites`, `probe`,
-//!   `spool dump`), one file each, and [`RunError`], how a command fails.
+//!   `retention`, `report`, `spool dump`), one file each, and [`RunError`], how a command fails.
+//! - [`report`]: a site's numbers at a glance for `collector report`: the one query (weighted
+//!   by `1 / sample_rate`, web.dev's thresholds), the terminal table and the HTML page.
 //! - [`server`]: the accept loop, connection and header limits, drain; it serves any router,
 //!   and an idle keep-alive connection holds no HTTP state.
 //! - [`endpoints`]: the routes ([`endpoints::router`]) and one handler per file, each reading
@@ -106,6 +108,7 @@ pub mod logging;
 pub mod measurement;
 pub mod metrics;
 pub mod priority;
+pub mod report;
 pub mod sampling;
 pub mod script;
 pub mod server;
@@ -136,6 +139,7 @@ pub async fn run(cli: Cli) -> i32 {
         Command::Sites { command } => cli::sites::run(&config, command).await,
         Command::Probe => cli::probe::run(&config).await,
         Command::Retention => cli::retention::run(&config).await,
+        Command::Report(args) => cli::report::run(&config, args).await,
         Command::Spool { command } => cli::spool::run(&config, command),
     };
     match result {

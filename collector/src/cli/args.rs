@@ -1,5 +1,5 @@
-//! The command tree (contract §1): `serve` (the default), `migrate`, `probe`, `sites …`,
-//! `spool …`; the settings every command shares are [`crate::config::RawArgs`].
+//! The command tree (contract §1): `serve` (the default), `migrate`, `probe`, `retention`,
+//! `report`, `sites …`, `spool …`; the settings every command shares are [`crate::config::RawArgs`].
 
 use clap::{Args, Parser, Subcommand};
 
@@ -34,6 +34,10 @@ pub enum Command {
     /// Delete, once, every row older than `COLLECTOR_RETENTION` on every ClickHouse server, and
     /// kept-aside records as old (`serve` does the same at start and daily).
     Retention,
+    /// A site's numbers at a glance, from ClickHouse: per group, page views and, for LCP, INP,
+    /// CLS, FCP and TTFB, the p75 and the shares rated good, needing improvement and poor
+    /// (web.dev's thresholds), weighted by 1 / sample_rate; bots left out.
+    Report(super::report::ReportArgs),
     /// Manage sites in the settings store.
     Sites {
         /// What to do with sites.

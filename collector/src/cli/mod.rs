@@ -4,6 +4,7 @@ pub mod args;
 pub mod migrate;
 pub mod probe;
 pub mod purge;
+pub mod report;
 pub mod retention;
 pub mod sites;
 pub mod spool;

@@ -167,7 +167,7 @@ async fn has_table_ttl(client: &clickhouse::Client) -> Result<bool, clickhouse::
 
 /// Year, month and day of days since the Unix epoch (H. Hinnant, "chrono-Compatible Low-Level
 /// Date Algorithms", `civil_from_days`).
-fn civil_from_days(days: i64) -> (i64, u32, u32) {
+pub(crate) fn civil_from_days(days: i64) -> (i64, u32, u32) {
     let z = days + 719_468;
     let era = z.div_euclid(146_097);
     let doe = z - era * 146_097;

@@ -1,0 +1,323 @@
+//! A site's numbers at a glance (`collector report`, contract v4 §1): per group of page views
+//! (device type, country or browser), the page views and, for LCP, INP, CLS, FCP and TTFB,
+//! the p75 and the shares rated good, needing improvement and poor, every figure weighted by
+//! `1 / sample_rate` (docs/queries.md, "Sampling").
+//!
+//! - [`sql`]: the one query, built with escaped literals (ClickHouse 18.16 has no query
+//!   parameters), and its answer read into a [`Report`];
+//! - [`table`]: the terminal table; [`html`]: the self-contained page with inline SVG charts;
+//! - the command itself, which asks the servers in turn, is [`crate::cli::report`].
+//!
+//! Thresholds are web.dev's, each cited at its [`Metric`]: a value is good at or below the
+//! good threshold, poor above the poor one, and needs improvement between
+//! (<https://web.dev/articles/vitals>, "Core Web Vitals thresholds").
+
+pub mod html;
+pub mod sql;
+pub mod table;
+
+use serde::Serialize;
+
+/// One metric the report shows, in the order it shows them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Metric {
+    /// Largest Contentful Paint, ms: good ≤ 2500, poor > 4000 (<https://web.dev/articles/lcp>).
+    Lcp,
+    /// Interaction to Next Paint, ms: good ≤ 200, poor > 500 (<https://web.dev/articles/inp>).
+    Inp,
+    /// Cumulative Layout Shift, unitless: good ≤ 0.1, poor > 0.25
+    /// (<https://web.dev/articles/cls>).
+    Cls,
+    /// First Contentful Paint, ms: good ≤ 1800, poor > 3000 (<https://web.dev/articles/fcp>).
+    Fcp,
+    /// Time to First Byte, ms: good ≤ 800, poor > 1800 (<https://web.dev/articles/ttfb>).
+    Ttfb,
+}
+
+/// How a value rates against its metric's thresholds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Rating {
+    /// At or below the good threshold.
+    Good,
+    /// Above the good threshold, at or below the poor one.
+    NeedsImprovement,
+    /// Above the poor threshold.
+    Poor,
+}
+
+impl Rating {
+    /// How a shop owner reads it.
+    pub fn label(self) -> &'static str {
+        match self {
+            Rating::Good => "good",
+            Rating::NeedsImprovement => "needs improvement",
+            Rating::Poor => "poor",
+        }
+    }
+}
+
+impl Metric {
+    /// Every metric, in the report's order.
+    pub const ALL: [Metric; 5] = [
+        Metric::Lcp,
+        Metric::Inp,
+        Metric::Cls,
+        Metric::Fcp,
+        Metric::Ttfb,
+    ];
+
+    /// Its column in `measurements` (contract §2).
+    pub fn column(self) -> &'static str {
+        match self {
+            Metric::Lcp => "lcp_ms",
+            Metric::Inp => "inp_ms",
+            Metric::Cls => "cls",
+            Metric::Fcp => "fcp_ms",
+            Metric::Ttfb => "ttfb_ms",
+        }
+    }
+
+    /// Its short name, as web.dev writes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Metric::Lcp => "LCP",
+            Metric::Inp => "INP",
+            Metric::Cls => "CLS",
+            Metric::Fcp => "FCP",
+            Metric::Ttfb => "TTFB",
+        }
+    }
+
+    /// `(good, poor)`: good at or below the first, poor above the second; milliseconds, CLS
+    /// unitless (web.dev, cited at each variant).
+    pub fn thresholds(self) -> (f64, f64) {
+        match self {
+            Metric::Lcp => (2500.0, 4000.0),
+            Metric::Inp => (200.0, 500.0),
+            Metric::Cls => (0.1, 0.25),
+            Metric::Fcp => (1800.0, 3000.0),
+            Metric::Ttfb => (800.0, 1800.0),
+        }
+    }
+
+    /// How `value` rates (see [`Metric::thresholds`]).
+    pub fn rate(self, value: f64) -> Rating {
+        let (good, poor) = self.thresholds();
+        if value <= good {
+            Rating::Good
+        } else if value <= poor {
+            Rating::NeedsImprovement
+        } else {
+            Rating::Poor
+        }
+    }
+
+    /// `value` as a shop owner reads it: whole milliseconds with thousands separated
+    /// (`2,710 ms`), CLS with three decimals (`0.105`), so that a value just above a threshold
+    /// does not print as the threshold.
+    pub fn format(self, value: f64) -> String {
+        match self {
+            Metric::Cls => format!("{value:.3}"),
+            _ => format!("{} ms", thousands(value.round())),
+        }
+    }
+}
+
+/// What the page views are grouped by (`--by`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum GroupBy {
+    /// `mobile`, `tablet`, `desktop`, `unknown` (bots are left out).
+    #[default]
+    #[value(name = "device_type")]
+    DeviceType,
+    /// ISO 3166-1 alpha-2, empty where unknown.
+    #[value(name = "country")]
+    Country,
+    /// The browser family (`Chrome`, `Mobile Safari`, ...).
+    #[value(name = "browser")]
+    Browser,
+}
+
+impl GroupBy {
+    /// Its column in `measurements`.
+    pub fn column(self) -> &'static str {
+        match self {
+            GroupBy::DeviceType => "device_type",
+            GroupBy::Country => "country",
+            GroupBy::Browser => "browser",
+        }
+    }
+
+    /// A group's name for display: an empty value (no country found, an unknown browser)
+    /// reads `(unknown)`.
+    pub fn display(self, group: &str) -> String {
+        if group.is_empty() {
+            "(unknown)".to_owned()
+        } else {
+            group.to_owned()
+        }
+    }
+}
+
+/// One metric's figures in one group; page views are weighted by `1 / sample_rate`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MetricFigures {
+    /// The metric.
+    pub metric: Metric,
+    /// Measurements (rows) in which it was measured (not NULL): what the figures rest on.
+    pub measured: u64,
+    /// The page views those stand for.
+    pub measured_page_views: f64,
+    /// The 75th percentile (weighted, exact); `None` when nothing was measured.
+    pub p75: Option<f64>,
+    /// How the p75 rates.
+    pub rating: Option<Rating>,
+    /// Share of the measured page views rated good, 0 to 1; `None` when nothing was measured.
+    pub good: Option<f64>,
+    /// Share needing improvement.
+    pub needs_improvement: Option<f64>,
+    /// Share rated poor.
+    pub poor: Option<f64>,
+}
+
+impl MetricFigures {
+    /// The figures from weighted page-view sums: `measured_views` with the metric, of which
+    /// `good_views` good and `poor_views` poor.
+    pub fn new(
+        metric: Metric,
+        measured: u64,
+        measured_views: f64,
+        p75: Option<f64>,
+        good_views: f64,
+        poor_views: f64,
+    ) -> MetricFigures {
+        let share = |v: f64| (measured > 0 && measured_views > 0.0).then(|| v / measured_views);
+        let (good, poor) = (share(good_views), share(poor_views));
+        MetricFigures {
+            metric,
+            measured,
+            measured_page_views: measured_views,
+            p75,
+            rating: p75.map(|v| metric.rate(v)),
+            good,
+            needs_improvement: good.zip(poor).map(|(g, p)| (1.0 - g - p).max(0.0)),
+            poor,
+        }
+    }
+
+    /// The three shares, good first, when anything was measured.
+    pub fn shares(&self) -> Option<[f64; 3]> {
+        Some([self.good?, self.needs_improvement?, self.poor?])
+    }
+}
+
+/// One group's figures.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GroupFigures {
+    /// The group's value as stored (`mobile`, `DE`, `Firefox`; may be empty).
+    pub group: String,
+    /// Measurements (rows) in the group.
+    pub measurements: u64,
+    /// Page views they stand for (`sum(1 / sample_rate)`).
+    pub page_views: f64,
+    /// One entry per metric, in [`Metric::ALL`]'s order.
+    pub metrics: Vec<MetricFigures>,
+}
+
+/// The report of one site over one time range.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Report {
+    /// The site key.
+    pub site: String,
+    /// The range's length in days.
+    pub days: u32,
+    /// How page views are grouped.
+    pub by: GroupBy,
+    /// Start of the range, `YYYY-MM-DD hh:mm:ss` UTC (inclusive).
+    pub from: String,
+    /// End of the range, UTC (exclusive).
+    pub to: String,
+    /// The ClickHouse server that answered.
+    pub server: String,
+    /// The groups, most page views first.
+    pub groups: Vec<GroupFigures>,
+}
+
+/// `n` (a whole number) with its thousands separated by commas: `12,345`.
+pub fn thousands(n: f64) -> String {
+    let digits = format!("{:.0}", n.abs());
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    if n < 0.0 && digits != "0" {
+        out.insert(0, '-');
+    }
+    out
+}
+
+/// A share (0 to 1) as a whole percentage: `61%`.
+pub fn percent(share: f64) -> String {
+    format!("{:.0}%", share * 100.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_rate_by_the_web_dev_thresholds_at_their_edges() {
+        let cases = [
+            (Metric::Lcp, 2500.0, Rating::Good),
+            (Metric::Lcp, 2500.1, Rating::NeedsImprovement),
+            (Metric::Lcp, 4000.0, Rating::NeedsImprovement),
+            (Metric::Lcp, 4000.1, Rating::Poor),
+            (Metric::Inp, 200.0, Rating::Good),
+            (Metric::Inp, 201.0, Rating::NeedsImprovement),
+            (Metric::Inp, 500.0, Rating::NeedsImprovement),
+            (Metric::Inp, 501.0, Rating::Poor),
+            (Metric::Cls, 0.0, Rating::Good),
+            (Metric::Cls, 0.1, Rating::Good),
+            (Metric::Cls, 0.100_01, Rating::NeedsImprovement),
+            (Metric::Cls, 0.25, Rating::NeedsImprovement),
+            (Metric::Cls, 0.26, Rating::Poor),
+            (Metric::Fcp, 1800.0, Rating::Good),
+            (Metric::Fcp, 3000.0, Rating::NeedsImprovement),
+            (Metric::Fcp, 3001.0, Rating::Poor),
+            (Metric::Ttfb, 800.0, Rating::Good),
+            (Metric::Ttfb, 1800.0, Rating::NeedsImprovement),
+            (Metric::Ttfb, 1800.5, Rating::Poor),
+        ];
+        for (metric, value, rating) in cases {
+            assert_eq!(metric.rate(value), rating, "{metric:?} {value}");
+        }
+    }
+
+    #[test]
+    fn shares_are_of_the_measured_page_views_and_absent_without_any() {
+        let f = MetricFigures::new(Metric::Lcp, 3, 4.0, Some(3000.0), 2.0, 1.0);
+        assert_eq!(f.shares(), Some([0.5, 0.25, 0.25]));
+        assert_eq!(f.rating, Some(Rating::NeedsImprovement));
+        let none = MetricFigures::new(Metric::Cls, 0, 0.0, None, 0.0, 0.0);
+        assert_eq!(none.shares(), None);
+        assert_eq!(none.rating, None);
+    }
+
+    #[test]
+    fn numbers_read_as_a_shop_owner_reads_them() {
+        assert_eq!(thousands(0.0), "0");
+        assert_eq!(thousands(999.0), "999");
+        assert_eq!(thousands(1000.0), "1,000");
+        assert_eq!(thousands(1_234_567.0), "1,234,567");
+        assert_eq!(Metric::Lcp.format(2709.6), "2,710 ms");
+        assert_eq!(Metric::Cls.format(0.1049), "0.105");
+        assert_eq!(percent(0.614), "61%");
+        assert_eq!(GroupBy::Country.display(""), "(unknown)");
+    }
+}
