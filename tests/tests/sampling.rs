@@ -13,6 +13,9 @@
 //! minutes of the spike's end; no answer is a 5xx and every 429 carries `Retry-After`.
 
 mod common;
+#[path = "common/access_fixtures.rs"]
+#[allow(dead_code)]
+mod fixtures;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -98,6 +101,7 @@ struct Cached {
 
 /// Emulated browsers of one site.
 struct Browsers {
+    client: reqwest::Client,
     base: String,
     site: String,
     origin: String,
@@ -114,7 +118,8 @@ impl Browsers {
             }
         }
         let url = format!("{}/api/v1/sites/{}", self.base, self.site);
-        let r = browser_http()
+        let r = self
+            .client
             .get(&url)
             .send()
             .await
@@ -151,7 +156,8 @@ impl Browsers {
         .to_string();
         for attempt in 0..2 {
             let url = format!("{}/api/v1/measurements", self.base);
-            let sent = browser_http()
+            let sent = self
+                .client
                 .post(&url)
                 .header("content-type", "text/plain")
                 .header("origin", &self.origin)
@@ -267,9 +273,9 @@ impl Load {
 }
 
 /// The rate answered for `site` now (a fresh question, no browser cache).
-async fn answered(base: &str, site: &str) -> f64 {
+async fn answered(client: &reqwest::Client, base: &str, site: &str) -> f64 {
     let url = format!("{base}/api/v1/sites/{site}");
-    let v: serde_json::Value = browser_http()
+    let v: serde_json::Value = client
         .get(&url)
         .send()
         .await
@@ -282,14 +288,28 @@ async fn answered(base: &str, site: &str) -> f64 {
         .unwrap_or_else(|| panic!("{url}: {v}"))
 }
 
-fn browsers(base: &str, site: &str, tally: &Arc<Mutex<Tally>>) -> Arc<Browsers> {
-    Arc::new(Browsers {
-        base: base.to_owned(),
-        site: site.to_owned(),
-        origin: format!("https://{site}.example"),
-        cache: (0..BROWSERS).map(|_| Mutex::new(None)).collect(),
-        tally: tally.clone(),
-    })
+/// Where the browsers send: a base URL and the client that reaches it.
+#[derive(Clone)]
+struct Target {
+    base: String,
+    client: reqwest::Client,
+}
+
+impl Target {
+    fn browsers(&self, site: &str, tally: &Arc<Mutex<Tally>>) -> Arc<Browsers> {
+        Arc::new(Browsers {
+            client: self.client.clone(),
+            base: self.base.clone(),
+            site: site.to_owned(),
+            origin: format!("https://{site}.example"),
+            cache: (0..BROWSERS).map(|_| Mutex::new(None)).collect(),
+            tally: tally.clone(),
+        })
+    }
+
+    async fn answered(&self, site: &str) -> f64 {
+        answered(&self.client, &self.base, site).await
+    }
 }
 
 /// The true 75th percentile (nearest rank) of `values`.
@@ -298,35 +318,78 @@ fn p75(values: &mut [f64]) -> f64 {
     values[((values.len() as f64 * 0.75).ceil() as usize).saturating_sub(1)]
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_site_four_times_over_its_budget_is_sampled_and_its_numbers_stay_true() {
-    let env = TestEnv::new(Stack::shared()).await;
+/// The sites `loud` and `quiet`, with their origins.
+fn add_sites(env: &TestEnv<'_>) {
     for site in ["loud", "quiet"] {
         let origin = format!("https://{site}.example");
         env.cli(&["sites", "add", "--key", site, "--origin", &origin])
             .success();
     }
-    let budget = BUDGET.to_string();
-    let c = env
-        .collector(&[
-            ("COLLECTOR_SITE_RATE", &budget),
-            ("COLLECTOR_CLIENT_RATE", "0"),
-        ])
-        .await;
-    let tally = Arc::new(Mutex::new(Tally::default()));
-    let loud = Load::start(browsers(&c.url, "loud", &tally), CALM, 41);
-    let quiet = Load::start(browsers(&c.url, "quiet", &tally), QUIET, 42);
+}
 
+/// A collector of the test with the test's budget.
+async fn collector(env: &TestEnv<'_>) -> Collector {
+    let budget = BUDGET.to_string();
+    env.collector(&[
+        ("COLLECTOR_SITE_RATE", &budget),
+        ("COLLECTOR_CLIENT_RATE", "0"),
+    ])
+    .await
+}
+
+/// What a run measured.
+#[derive(Debug)]
+struct Figures {
+    fell_after: Option<Duration>,
+    lowest: f64,
+    back_after: Duration,
+    quiet_lowest: f64,
+    loud_views: u64,
+    simulated: f64,
+    rows: f64,
+    weighted: f64,
+    stored_p75: f64,
+    true_p75: f64,
+    quiet_views: u64,
+    quiet_rows: f64,
+    tally: Tally,
+}
+
+/// The calm, the spike and the calm after, through `target`; `during` runs once, 30 s into
+/// the spike (a collector killed, say). Returns the rates seen and the loads' true values.
+async fn run_spike(
+    target: &Target,
+    diag: &Diag,
+    during: impl std::future::Future<Output = ()>,
+) -> (Figures, Vec<f64>) {
+    let tally = Arc::new(Mutex::new(Tally::default()));
+    let loud = Load::start(target.browsers("loud", &tally), CALM, 41);
+    let quiet = Load::start(target.browsers("quiet", &tally), QUIET, 42);
     tokio::time::sleep(CALM_BEFORE).await;
-    assert_eq!(answered(&c.url, "loud").await, 1.0, "within the budget");
+    assert_eq!(target.answered("loud").await, 1.0, "within the budget");
     loud.set(SPIKE, true);
     let spike_at = Instant::now();
     let (mut fell_after, mut lowest, mut quiet_lowest) = (None, 1.0f64, 1.0f64);
+    let mut during = Some(Box::pin(during));
     while spike_at.elapsed() < SPIKE_FOR {
         tokio::time::sleep(Duration::from_secs(1)).await;
-        let rate = answered(&c.url, "loud").await;
+        if spike_at.elapsed() >= Duration::from_secs(30) {
+            if let Some(d) = during.take() {
+                d.await;
+            }
+        }
+        let rate = target.answered("loud").await;
+        if spike_at.elapsed().as_secs().is_multiple_of(10) {
+            let t = tally.lock().unwrap();
+            eprintln!(
+                "sampling: {:?} into the spike: rate {rate:.3}, answers {:?}, no answer {}",
+                spike_at.elapsed(),
+                t.statuses,
+                t.errors.values().sum::<u64>()
+            );
+        }
         lowest = lowest.min(rate);
-        quiet_lowest = quiet_lowest.min(answered(&c.url, "quiet").await);
+        quiet_lowest = quiet_lowest.min(target.answered("quiet").await);
         if rate < 0.5 && fell_after.is_none() {
             fell_after = Some(spike_at.elapsed());
         }
@@ -335,82 +398,136 @@ async fn a_site_four_times_over_its_budget_is_sampled_and_its_numbers_stay_true(
     let calm_at = Instant::now();
     let back_after = loop {
         tokio::time::sleep(Duration::from_secs(1)).await;
-        quiet_lowest = quiet_lowest.min(answered(&c.url, "quiet").await);
-        if answered(&c.url, "loud").await == 1.0 {
+        quiet_lowest = quiet_lowest.min(target.answered("quiet").await);
+        let rate = target.answered("loud").await;
+        if calm_at.elapsed().as_secs().is_multiple_of(20) {
+            eprintln!(
+                "sampling: {:?} after the spike: rate {rate:.3}",
+                calm_at.elapsed()
+            );
+        }
+        if rate == 1.0 {
             break calm_at.elapsed();
         }
         if calm_at.elapsed() > Duration::from_secs(300) {
-            c.diag
-                .give_up("the loud site's rate not back to 1 within 5 minutes")
+            diag.give_up("the loud site's rate not back to 1 within 5 minutes")
                 .await;
         }
     };
-    let (mut spiked, loud_views) = loud.stop().await;
+    let (spiked, loud_views) = loud.stop().await;
     let (_, quiet_views) = quiet.stop().await;
-    c.wait_metric("collector_spool_records 0", Duration::from_secs(60))
-        .await;
+    let tally = std::mem::take(&mut *tally.lock().unwrap());
+    let figures = Figures {
+        fell_after,
+        lowest,
+        back_after,
+        quiet_lowest,
+        loud_views,
+        simulated: spiked.len() as f64,
+        rows: 0.0,
+        weighted: 0.0,
+        stored_p75: 0.0,
+        true_p75: 0.0,
+        quiet_views,
+        quiet_rows: 0.0,
+        tally,
+    };
+    (figures, spiked)
+}
 
+/// A number of a JSON row (ClickHouse writes 64-bit ones as strings); panics naming it.
+fn number(v: &serde_json::Value, k: &str) -> f64 {
+    let x = &v[k];
+    x.as_f64()
+        .or_else(|| x.as_str().and_then(|s| s.parse().ok()))
+        .unwrap_or_else(|| panic!("{k} in {v}"))
+}
+
+/// Fills in what the rows say: the spike's weighted count and p75 (docs/queries.md's
+/// weighting), the quiet site's rows.
+async fn read_rows(env: &TestEnv<'_>, f: &mut Figures, mut spiked: Vec<f64>) {
     let db = &env.db;
     let spike = &env
         .query(
             0,
             &format!(
-                "SELECT count() AS rows, sum(1 / sample_rate) AS weighted, min(sample_rate) AS lowest, \
+                "SELECT count() AS rows, sum(1 / sample_rate) AS weighted, \
                  quantileExactWeighted(0.75)(lcp_ms, toUInt64(round(1000 / sample_rate))) AS p75 \
                  FROM {db}.measurements FINAL WHERE site = 'loud' AND path(url) LIKE '/spike/%'"
             ),
         )
         .await[0];
-    let quiet_rows = &env
+    let quiet = &env
         .query(
             0,
             &format!("SELECT count() AS rows FROM {db}.measurements FINAL WHERE site = 'quiet'"),
         )
         .await[0];
-    let number = |v: &serde_json::Value, k: &str| -> f64 {
-        let x = &v[k];
-        x.as_f64()
-            .or_else(|| x.as_str().and_then(|s| s.parse().ok()))
-            .unwrap_or_else(|| panic!("{k} in {v}"))
-    };
-    let (weighted, stored_p75) = (number(spike, "weighted"), number(spike, "p75"));
-    let true_p75 = p75(&mut spiked);
-    let simulated = spiked.len() as f64;
-    let t = tally.lock().unwrap();
+    f.rows = number(spike, "rows");
+    f.weighted = number(spike, "weighted");
+    f.stored_p75 = number(spike, "p75");
+    f.true_p75 = p75(&mut spiked);
+    f.quiet_rows = number(quiet, "rows");
+}
+
+/// Prints the figures (the issue's note quotes them) and holds them to the issue's bounds.
+fn check(f: &Figures) {
     eprintln!(
-        "sampling: loud {loud_views} page views ({simulated} in the spike), rate < 0.5 after \
-         {fell_after:?}, lowest {lowest}, back to 1 {back_after:?} after the spike; spike rows {} \
-         weighted {weighted:.0} ({:+.2} %), p75 LCP stored {stored_p75} true {true_p75} ({:+.2} %); \
-         quiet {quiet_views} page views, {} rows, lowest rate {quiet_lowest}; answers {:?}, \
-         lost {}, settings asked {}, no answer {:?}",
-        number(spike, "rows"),
-        (weighted / simulated - 1.0) * 100.0,
-        (stored_p75 / true_p75 - 1.0) * 100.0,
-        number(quiet_rows, "rows"),
-        t.statuses,
-        t.lost,
-        t.settings_asked,
-        t.errors,
+        "sampling: loud {} page views ({} in the spike), rate < 0.5 after {:?}, lowest {:.3}, \
+         back to 1 {:?} after the spike; spike rows {} weighted {:.0} ({:+.2} %), p75 LCP \
+         stored {} true {} ({:+.2} %); quiet {} page views, {} rows, lowest rate {}; \
+         answers {:?}, lost {}, settings asked {}, no answer {:?}",
+        f.loud_views,
+        f.simulated,
+        f.fell_after,
+        f.lowest,
+        f.back_after,
+        f.rows,
+        f.weighted,
+        (f.weighted / f.simulated - 1.0) * 100.0,
+        f.stored_p75,
+        f.true_p75,
+        (f.stored_p75 / f.true_p75 - 1.0) * 100.0,
+        f.quiet_views,
+        f.quiet_rows,
+        f.quiet_lowest,
+        f.tally.statuses,
+        f.tally.lost,
+        f.tally.settings_asked,
+        f.tally.errors,
     );
-    let fell = fell_after.expect("the loud site's rate never fell below 0.5");
+    let fell = f
+        .fell_after
+        .expect("the loud site's rate never fell below 0.5");
     assert!(
         fell <= Duration::from_secs(90),
         "fell below 0.5 after {fell:?}"
     );
-    assert!(back_after <= Duration::from_secs(300), "{back_after:?}");
-    assert_eq!(quiet_lowest, 1.0, "the quiet site is never sampled");
     assert!(
-        number(quiet_rows, "rows") >= 0.999 * quiet_views as f64,
-        "quiet: {quiet_rows} of {quiet_views}"
+        f.back_after <= Duration::from_secs(300),
+        "{:?}",
+        f.back_after
+    );
+    assert_eq!(f.quiet_lowest, 1.0, "the quiet site is never sampled");
+    assert!(
+        f.quiet_rows >= 0.999 * f.quiet_views as f64,
+        "quiet: {} of {}",
+        f.quiet_rows,
+        f.quiet_views
     );
     assert!(
-        (weighted / simulated - 1.0).abs() <= 0.10,
-        "weighted {weighted} of {simulated} simulated"
+        (f.weighted / f.simulated - 1.0).abs() <= 0.10,
+        "weighted {} of {} simulated",
+        f.weighted,
+        f.simulated
     );
     assert!(
-        (stored_p75 / true_p75 - 1.0).abs() <= 0.05,
-        "p75 {stored_p75} against {true_p75}"
+        (f.stored_p75 / f.true_p75 - 1.0).abs() <= 0.05,
+        "p75 {} against {}",
+        f.stored_p75,
+        f.true_p75
     );
+    let t = &f.tally;
     assert!(
         t.statuses.keys().all(|s| *s < 500),
         "no 5xx: {:?}",
@@ -422,4 +539,55 @@ async fn a_site_four_times_over_its_budget_is_sampled_and_its_numbers_stay_true(
         "sends without an answer: {:?}",
         t.errors
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_site_four_times_over_its_budget_is_sampled_and_its_numbers_stay_true() {
+    let env = TestEnv::new(Stack::shared()).await;
+    add_sites(&env);
+    let c = collector(&env).await;
+    let target = Target {
+        base: c.url.clone(),
+        client: browser_http(),
+    };
+    let (mut f, spiked) = run_spike(&target, &c.diag, async {}).await;
+    c.wait_metric("collector_spool_records 0", Duration::from_secs(60))
+        .await;
+    read_rows(&env, &mut f, spiked).await;
+    check(&f);
+}
+
+/// The same behind the shipped HAProxy edge (deploy/edge/haproxy.cfg, TLS with a CA of the
+/// test's own) with two collectors, the preferred one SIGKILLed 30 s into the spike: the
+/// fallback, which saw none of the spike, meets it on its own and stores what it is sent;
+/// the killed one is restarted after the spike and delivers what it held. Not in CI (six
+/// minutes; the issue's note quotes it): `cargo test -p collector-tests --test sampling --
+/// --ignored --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore]
+async fn two_collectors_behind_the_shipped_edge_keep_the_numbers_true_through_a_failover() {
+    let env = TestEnv::new(Stack::shared()).await;
+    add_sites(&env);
+    let mut a = collector(&env).await;
+    let b = collector(&env).await;
+    let dir = tempfile::tempdir().unwrap();
+    let pki = fixtures::Pki::new(dir.path(), "edge");
+    let edge = fixtures::EdgeHaproxy::start_paths(&pki, a.port, b.port).await;
+    let target = Target {
+        base: edge.url.clone(),
+        client: pki.client(),
+    };
+    let kill = async {
+        a.kill().await;
+        eprintln!("sampling: killed the preferred collector 30 s into the spike");
+    };
+    let (mut f, spiked) = run_spike(&target, &b.diag, kill).await;
+    a.restart().await;
+    for c in [&a, &b] {
+        c.wait_metric("collector_spool_records 0", Duration::from_secs(60))
+            .await;
+    }
+    read_rows(&env, &mut f, spiked).await;
+    check(&f);
+    drop(edge);
 }

@@ -429,9 +429,13 @@ async fn judge_sites<'a>(
                 let m = &mut v.measurement;
                 let sent = (m.sample_rate >= 0.0).then_some(m.sample_rate);
                 m.sample_rate = state.sampler.settle(&site.key, site.sample_rate, sent);
-                state
-                    .sampler
-                    .observe(&site.key, site.sample_rate, [m.sample_rate]);
+                // Only browsers' beacons (they send Origin on every POST) count toward the
+                // demand: a flood without Origin must not lower a shop's rate.
+                if origin.is_some() {
+                    state
+                        .sampler
+                        .observe(&site.key, site.sample_rate, [m.sample_rate]);
+                }
                 v.measurement
                     .minimise(&site.keep_query, &site.allowed_origins);
                 kept.push((index, v));
@@ -526,7 +530,7 @@ fn check_rates(
         state
             .limits
             .check_site(site, n, with_origin)
-            .map_err(IntakeError::RateLimited)?;
+            .map_err(|wait| IntakeError::RateLimited(state.sampler.retry_after(site, wait)))?;
     }
     Ok(())
 }

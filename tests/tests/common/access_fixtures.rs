@@ -453,6 +453,13 @@ impl OwnPg {
                 "start",
             ],
         );
+        if !start.status.success() {
+            // A start that timed out may still come up: never leave it running.
+            as_postgres(
+                &format!("{PG_BIN}/pg_ctl"),
+                &["-D", data.to_str().unwrap(), "-m", "immediate", "stop"],
+            );
+        }
         assert!(
             start.status.success(),
             "pg_ctl start: {}{}\n{}",
@@ -517,15 +524,20 @@ impl EdgeHaproxy {
     /// Starts it in front of the collector on `collector_port` and waits (30 s at most) until
     /// `/readyz` answers 200 through it (its health checks found the path up).
     pub async fn start(pki: &Pki, collector_port: u16) -> EdgeHaproxy {
+        EdgeHaproxy::start_paths(pki, collector_port, collector_port).await
+    }
+
+    /// As [`EdgeHaproxy::start`], with the collector on `preferred` as the preferred path and
+    /// the one on `fallback` as the fallback.
+    pub async fn start_paths(pki: &Pki, preferred: u16, fallback: u16) -> EdgeHaproxy {
         let dir = tempfile::tempdir().unwrap();
         let port = free_port();
         let run_dir = dir.path().join("run");
-        let collector = format!("127.0.0.1:{collector_port}");
         let child = Command::new(root().join("deploy/edge/haproxy-run.sh"))
             .env("EDGE_BIND", format!("127.0.0.1:{port}"))
             .env("EDGE_CERT", &pki.bundle)
-            .env("EDGE_PREFERRED", &collector)
-            .env("EDGE_FALLBACK", &collector)
+            .env("EDGE_PREFERRED", format!("127.0.0.1:{preferred}"))
+            .env("EDGE_FALLBACK", format!("127.0.0.1:{fallback}"))
             .env("EDGE_RUN_DIR", &run_dir)
             .env("EDGE_MAXCONN", "4000")
             .stdin(Stdio::null())
