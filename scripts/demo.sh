@@ -37,7 +37,14 @@ bin="${CARGO_TARGET_DIR:-$root/target}/release/collector"
 mkdir -p "$stack_dir"
 echo $$ >"$stack_dir/demo.pid"
 page_pid=
+collector_pid=
 cleanup() {
+  # SIGTERM or SIGINT to this script alone (not its process group, as Ctrl-C) reaches the
+  # collector through here: it drains, then the stack stops.
+  if [[ -n $collector_pid ]] && kill -0 "$collector_pid" 2>/dev/null; then
+    kill -INT "$collector_pid" 2>/dev/null
+    wait "$collector_pid" 2>/dev/null
+  fi
   [[ -n $page_pid ]] && kill "$page_pid" 2>/dev/null
   echo "stopping the stack..."
   scripts/stack.sh down "$stack_dir" >/dev/null 2>&1 || true
@@ -45,6 +52,8 @@ cleanup() {
 }
 # Set before the stack starts: a failure from here on stops it too.
 trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 scripts/stack.sh up "$stack_dir" --replicas 2 >/dev/null
 # shellcheck disable=SC1091
 source "$stack_dir/stack.env"
@@ -78,8 +87,11 @@ cat <<MSG
   ClickHouse     $CH1_URL  (replicas: $COLLECTOR_CLICKHOUSE_URLS)
   PostgreSQL     $DATABASE_URL
 
-  Send a measurement by hand:
+  Send a measurement by hand (as a browser would: with its Origin and a browser's user agent;
+  curl's own is stored as a bot, which reports leave out):
     curl -si $collector_url/api/v1/measurements -H 'content-type: application/json' \\
+      -H 'origin: http://127.0.0.1:$page_port' \\
+      -A 'Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/131.0.0.0 Safari/537.36' \\
       -d '{"id":"'\$(cat /proc/sys/kernel/random/uuid)'","site":"demo","url":"http://127.0.0.1:$page_port/","lcp_ms":1234}'
 
   See the rows (within about a second):
@@ -93,4 +105,8 @@ cat <<MSG
   Ctrl-C stops the collector (it drains) and the stack.
 
 MSG
-"$bin" serve
+# In the background with a wait, so that a signal to this script runs cleanup (bash defers
+# traps while a foreground child runs).
+"$bin" serve &
+collector_pid=$!
+wait "$collector_pid"
