@@ -102,7 +102,7 @@ impl Limits {
 
     /// Counts `n` measurements of `site` against its budget, or, for a request without
     /// `Origin` (`with_origin` false), against that budget's tenth; `Err(wait)` when it is
-    /// over.
+    /// over. A request of more than the burst counts as the whole burst.
     pub fn check_site(&self, site: &str, n: u32, with_origin: bool) -> Result<(), Duration> {
         let limiter = if with_origin {
             &self.sites
@@ -116,7 +116,17 @@ impl Limits {
             return Ok(());
         };
         // The limiter is keyed by an owned string (governor's keyed state map).
-        match limiter.check_key_n(&site.to_owned(), n) {
+        let key = site.to_owned();
+        // A request of more measurements than the burst (a batch of 100 against the origin-less
+        // tenth of a small budget) could never pass: it takes the whole burst instead.
+        let outcome = match limiter.check_key_n(&key, n) {
+            Err(governor::InsufficientCapacity(burst)) => {
+                let burst = NonZeroU32::new(burst).unwrap_or(NonZeroU32::MIN);
+                limiter.check_key_n(&key, burst)
+            }
+            checked => checked,
+        };
+        match outcome {
             Ok(Ok(())) => Ok(()),
             Ok(Err(not_until)) => Err(not_until.wait_time_from(DefaultClock::default().now())),
             Err(_) => Err(Duration::from_secs(1)),
@@ -190,6 +200,18 @@ mod tests {
         );
         let off = Limits::new(0, 0, 10);
         assert!((0..1000).all(|_| off.check_site("s", 50, false).is_ok()));
+    }
+
+    /// A batch larger than the burst takes the whole burst instead of never passing.
+    #[test]
+    fn a_batch_over_the_burst_takes_the_whole_burst() {
+        let limits = Limits::new(0, 50, 10);
+        assert!(limits.check_site("s", 100, false).is_ok(), "burst 10 < 100");
+        assert!(
+            limits.check_site("s", 1, false).is_err(),
+            "the burst is spent"
+        );
+        assert!(limits.check_site("s", 100, true).is_ok(), "burst 100 = 100");
     }
 
     #[test]

@@ -12,6 +12,22 @@
 //! Measurements count as they arrive, before the site's rate limit: one answered 429 and resent
 //! counts twice, which errs toward a lower rate, never toward a wrong weight.
 //!
+//! **Who may move it.** `Origin` is not a trust boundary: anyone can send beacons that carry a
+//! shop's `Origin`. So each client address (as [`crate::client_ip`] finds it) counts at most
+//! [`CLIENT_DEMAND_MAX`] page views per site and tick toward the demand, however many beacons it
+//! sends and whatever rate they claim: a flood from a few addresses cannot lower a shop's rate
+//! (found by an adversarial review: a forged-`Origin` flood from one address drove a site to
+//! 0.01 in 14 s, and its own rows then weighed 100 each). To lower the rate of a quiet site to
+//! `r`, a flood needs about `HEADROOM × budget / (r × CLIENT_DEMAND_MAX)` addresses: 90 to begin
+//! to move it at the default budget of 2,000/s, 180 to halve it, 9,000 to bring it to
+//! [`MIN_RATE`]. The counts live in a count-min sketch of [`CLIENT_CELLS`] cells in two rows,
+//! keyed by a per-process random hash of site and address and cleared every tick: bounded
+//! memory (256 KiB), no address kept. The cost: behind a proxy that is not trusted
+//! (`COLLECTOR_TRUSTED_PROXIES`) every visitor is one address, and the demand it sees is at
+//! most [`CLIENT_DEMAND_MAX`] per second: sampling never starts, and what exceeds the budget gets
+//! 429 (docs/operations.md says so); and a site sampled below `1 / CLIENT_DEMAND_MAX` (more
+//! than 18 times over its budget) is measured low, so its rate settles above the budget's.
+//!
 //! **How fast browsers learn it.** A site whose demand is above [`NEAR`] of its budget, or whose
 //! rate is lowered, is answered with `max-age` [`SHORT_MAX_AGE`] instead of 60 s, so that a
 //! lowered rate reaches its browsers within seconds; until then, the older answers' beacons
@@ -36,6 +52,7 @@
 //! not multiply a count).
 
 use std::collections::{HashMap, VecDeque};
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -69,6 +86,14 @@ pub const NEAR: f64 = 0.5;
 /// behind the edge, with the preferred collector killed in a spike at four times the budget,
 /// 6,220 of 24,166 page views got 429 twice and were lost).
 pub const WARMUP: Duration = Duration::from_secs(10);
+/// The most page views one client address counts per site and [`TICK`] toward the site's
+/// demand (see the module doc, "Who may move it"): a measurement stands for `1 / rate` page
+/// views, and what is over this from one address is not counted. A visitor makes a page view
+/// every few seconds at most; 20 a second is a corporate network or a carrier's shared address
+/// full of one shop's visitors, or a flood.
+pub const CLIENT_DEMAND_MAX: f32 = 20.0;
+/// Cells per row of the per-address count (two rows; `f32` each): 256 KiB in all.
+pub const CLIENT_CELLS: usize = 1 << 15;
 /// How far back the rates answered count for a beacon's `sample_rate` (contract v4: ten
 /// minutes); also how long an idle site's state is kept.
 pub const HISTORY: Duration = Duration::from_secs(600);
@@ -83,7 +108,48 @@ struct Inner {
     /// Measurements per second per site this collector may take (`COLLECTOR_SITE_RATE`).
     budget: f64,
     sites: Mutex<HashMap<String, SiteState>>,
+    clients: Mutex<ClientCounts>,
     metrics: Arc<Metrics>,
+}
+
+/// Page views counted this tick per site and client address: a count-min sketch (two rows of
+/// [`CLIENT_CELLS`] cells, the lower of an address's two cells is its count), so that a
+/// collision can only make an address count less, never more.
+struct ClientCounts {
+    rows: [Vec<f32>; 2],
+    keys: std::hash::RandomState,
+}
+
+impl ClientCounts {
+    fn new() -> ClientCounts {
+        ClientCounts {
+            rows: [vec![0.0; CLIENT_CELLS], vec![0.0; CLIENT_CELLS]],
+            keys: std::hash::RandomState::new(),
+        }
+    }
+
+    /// Counts `views` page views of `client` for `site`; returns how many of them count, at
+    /// most what is left of [`CLIENT_DEMAND_MAX`] for this tick.
+    fn admit(&mut self, site: &str, client: IpAddr, views: f32) -> f32 {
+        use std::hash::BuildHasher;
+        let hash = self.keys.hash_one((site, client));
+        let cells = [
+            (hash as usize) % CLIENT_CELLS,
+            ((hash >> 32) as usize) % CLIENT_CELLS,
+        ];
+        let used = self.rows[0][cells[0]].min(self.rows[1][cells[1]]);
+        let counted = views.min(CLIENT_DEMAND_MAX - used).max(0.0);
+        for (row, cell) in self.rows.iter_mut().zip(cells) {
+            row[cell] += counted;
+        }
+        counted
+    }
+
+    fn clear(&mut self) {
+        for row in &mut self.rows {
+            row.fill(0.0);
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -105,6 +171,22 @@ struct SiteState {
     since: Instant,
 }
 
+impl SiteState {
+    fn new(configured: f64) -> SiteState {
+        let now = Instant::now();
+        SiteState {
+            configured,
+            served: configured,
+            window: 0.0,
+            demand: 0.0,
+            raise_since: None,
+            history: VecDeque::new(),
+            last_seen: now,
+            since: now,
+        }
+    }
+}
+
 impl Sampler {
     /// Sampling to `budget` measurements per second per site; 0: off (every site's configured
     /// rate is answered and stored as it is).
@@ -114,6 +196,7 @@ impl Sampler {
                 Arc::new(Inner {
                     budget: f64::from(budget),
                     sites: Mutex::new(HashMap::new()),
+                    clients: Mutex::new(ClientCounts::new()),
                     metrics,
                 })
             }),
@@ -143,14 +226,29 @@ impl Sampler {
         }
     }
 
-    /// Counts measurements of `site` stored at `rates`: each stands for `1 / rate` page views.
-    pub fn observe(&self, site: &str, configured: f64, rates: impl IntoIterator<Item = f64>) {
+    /// Counts measurements of `site` from `client` stored at `rates`: each stands for
+    /// `1 / rate` page views, and `client` counts at most [`CLIENT_DEMAND_MAX`] of them per
+    /// tick.
+    pub fn observe(
+        &self,
+        site: &str,
+        configured: f64,
+        client: IpAddr,
+        rates: impl IntoIterator<Item = f64>,
+    ) {
+        let Some(inner) = &self.inner else {
+            return;
+        };
+        let views = {
+            let mut clients = inner.clients.lock().unwrap();
+            rates
+                .into_iter()
+                .map(|r| clients.admit(site, client, (1.0 / r.max(MIN_RATE)) as f32))
+                .sum::<f32>()
+        };
         let now = Instant::now();
         self.with(site, configured, |s| {
-            s.window += rates
-                .into_iter()
-                .map(|r| 1.0 / r.max(MIN_RATE))
-                .sum::<f64>();
+            s.window += f64::from(views);
             s.last_seen = now;
         });
     }
@@ -214,16 +312,11 @@ impl Sampler {
     ) -> Option<T> {
         let inner = self.inner.as_ref()?;
         let mut sites = inner.sites.lock().unwrap();
-        let state = sites.entry(site.to_owned()).or_insert_with(|| SiteState {
-            configured,
-            served: configured,
-            window: 0.0,
-            demand: 0.0,
-            raise_since: None,
-            history: VecDeque::new(),
-            last_seen: Instant::now(),
-            since: Instant::now(),
-        });
+        // Looked up before it is inserted: no key is allocated for a site already known.
+        if !sites.contains_key(site) {
+            sites.insert(site.to_owned(), SiteState::new(configured));
+        }
+        let state = sites.get_mut(site).expect("inserted above");
         if state.configured != configured {
             // Changed by the operator (`sites update`): never above it.
             state.configured = configured;
@@ -235,6 +328,7 @@ impl Sampler {
 
 impl Inner {
     fn tick(&self, now: Instant) {
+        self.clients.lock().unwrap().clear();
         let decay =
             1.0 - (-TICK.as_secs_f64() / HALF_LIFE.as_secs_f64() * std::f64::consts::LN_2).exp();
         let mut sites = self.sites.lock().unwrap();
@@ -335,6 +429,10 @@ mod tests {
         Sampler::new(budget, Arc::new(Metrics::new()))
     }
 
+    fn visitor(i: usize) -> IpAddr {
+        IpAddr::from([10, (i >> 16) as u8, (i >> 8) as u8, i as u8])
+    }
+
     /// `per_second` page views of `site` for `secs` seconds, each sent when its draw is below
     /// the rate answered (the browsers' sampling), stored at that rate.
     async fn load(s: &Sampler, site: &str, per_second: u32, secs: u64) {
@@ -344,7 +442,10 @@ mod tests {
             carry += f64::from(per_second) * rate;
             let sent = carry.floor() as usize;
             carry -= sent as f64;
-            s.observe(site, 1.0, std::iter::repeat_n(rate, sent));
+            // Each from an address of its own, as visitors come.
+            for i in 0..sent {
+                s.observe(site, 1.0, visitor(i), [rate]);
+            }
             tokio::time::sleep(Duration::from_secs(1)).await;
         }
     }
@@ -432,5 +533,51 @@ mod tests {
             0.5,
             "off: the configured rate"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_flood_from_a_few_addresses_does_not_move_the_rate() {
+        // The adversarial review's attack: beacons with a forged Origin, each claiming the
+        // lowest rate, from a few addresses, at five times the budget.
+        let s = sampler(200);
+        let (_stop, shutdown) = watch::channel(false);
+        tokio::spawn(s.clone().run(shutdown));
+        for _ in 0..60 {
+            for i in 0..1000 {
+                let claimed = s.settle("shop", 1.0, Some(MIN_RATE));
+                s.observe("shop", 1.0, visitor(i % 4), [claimed]);
+            }
+            tokio::time::sleep(TICK).await;
+        }
+        assert_eq!(s.served("shop", 1.0), 1.0, "4 addresses count 80 a second");
+        assert_eq!(
+            s.settle("shop", 1.0, Some(MIN_RATE)),
+            1.0,
+            "nothing lower served"
+        );
+        // From 40 addresses (800 a second counted), the rate follows what they may count,
+        // not what they claim: about 180 / 800, never the floor.
+        for _ in 0..60 {
+            for i in 0..1000 {
+                let claimed = s.settle("shop", 1.0, Some(MIN_RATE));
+                s.observe("shop", 1.0, visitor(i % 40), [claimed]);
+            }
+            tokio::time::sleep(TICK).await;
+        }
+        let rate = s.served("shop", 1.0);
+        assert!((0.2..0.25).contains(&rate), "{rate}");
+    }
+
+    #[test]
+    fn an_address_counts_at_most_its_share_per_tick() {
+        let mut counts = ClientCounts::new();
+        let a = visitor(1);
+        assert_eq!(counts.admit("s", a, 15.0), 15.0);
+        assert_eq!(counts.admit("s", a, 15.0), 5.0, "the rest of the 20");
+        assert_eq!(counts.admit("s", a, 1.0), 0.0);
+        assert_eq!(counts.admit("t", a, 1.0), 1.0, "per site");
+        assert_eq!(counts.admit("s", visitor(2), 1.0), 1.0, "per address");
+        counts.clear();
+        assert_eq!(counts.admit("s", a, 1.0), 1.0, "a new tick");
     }
 }

@@ -77,6 +77,12 @@ struct Tally {
     settings_asked: u64,
 }
 
+/// Browser `b`'s address (one of [`BROWSERS`] in 192.0.2.0/24, never sent to: it only names
+/// the client in `X-Forwarded-For`, as an edge would).
+fn visitor(b: usize) -> String {
+    format!("192.0.2.{}", 1 + b % 254)
+}
+
 /// The browsers' HTTP client: keep-alive connections, as browsers hold them (the tests'
 /// `http()` opens one per request, which at 800 a second would run out of local ports).
 fn browser_http() -> reqwest::Client {
@@ -161,6 +167,7 @@ impl Browsers {
                 .post(&url)
                 .header("content-type", "text/plain")
                 .header("origin", &self.origin)
+                .header("x-forwarded-for", visitor(b))
                 .body(body.clone())
                 .send()
                 .await;
@@ -333,6 +340,9 @@ async fn collector(env: &TestEnv<'_>) -> Collector {
     env.collector(&[
         ("COLLECTOR_SITE_RATE", &budget),
         ("COLLECTOR_CLIENT_RATE", "0"),
+        // The browsers' addresses come in X-Forwarded-For (the test's, or the edge's after
+        // it): each address counts a bounded share of a site's demand.
+        ("COLLECTOR_TRUSTED_PROXIES", "127.0.0.1/32"),
     ])
     .await
 }

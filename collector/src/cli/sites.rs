@@ -96,12 +96,19 @@ fn check_key(key: &str) -> Result<(), RunError> {
     }
 }
 
+/// The lowest configured `sample_rate`: one page view in a thousand. A rate of 0 would make
+/// every row weigh `1 / 0` in a weighted read (`--disabled` stops a site instead), and a
+/// denormal one as good as that.
+pub const MIN_CONFIGURED_RATE: f64 = 0.001;
+
+/// `--sample-rate`: from [`MIN_CONFIGURED_RATE`] to 1 (exit 2 otherwise; NaN too).
 fn check_rate(rate: f64) -> Result<f64, RunError> {
-    if (0.0..=1.0).contains(&rate) {
+    if (MIN_CONFIGURED_RATE..=1.0).contains(&rate) {
         Ok(rate)
     } else {
         Err(RunError::Usage(format!(
-            "--sample-rate {rate}: must be between 0 and 1"
+            "--sample-rate {rate}: must be from {MIN_CONFIGURED_RATE} to 1 \
+             (to stop collecting for a site, use --disabled)"
         )))
     }
 }

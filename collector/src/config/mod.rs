@@ -122,8 +122,9 @@ pub struct IntakeConfig {
     pub dedup_capacity: u64,
 }
 
-/// The site settings store (PostgreSQL) and the cache intake reads through.
-#[derive(Debug, Clone)]
+/// The site settings store (PostgreSQL) and the cache intake reads through. Its `Debug` hides
+/// the connection string, which may carry a password.
+#[derive(Clone)]
 pub struct SiteSettingsConfig {
     /// PostgreSQL connection string, as given (validated by tokio-postgres).
     pub database_url: String,
@@ -133,6 +134,17 @@ pub struct SiteSettingsConfig {
     pub backoff: Duration,
     /// The password, if `COLLECTOR_DATABASE_PASSWORD_FILE` names one.
     pub password: Option<Secret>,
+}
+
+impl std::fmt::Debug for SiteSettingsConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SiteSettingsConfig")
+            .field("database_url", &"<hidden>")
+            .field("ttl", &self.ttl)
+            .field("backoff", &self.backoff)
+            .field("password", &self.password)
+            .finish()
+    }
 }
 
 /// The ClickHouse replicas and the writer's batches.

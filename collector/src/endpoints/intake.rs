@@ -208,7 +208,7 @@ async fn accept(
         country: &country,
     };
     let valid = validate(&text, &found, &mut report)?;
-    let valid = judge_sites(state, headers, valid, &mut report).await?;
+    let valid = judge_sites(state, headers, client, valid, &mut report).await?;
     shed_loud(state, &valid)?;
     check_rates(state, client, headers.contains_key(header::ORIGIN), &valid)?;
     let (to_store, guards) = claim(state, valid, &mut report).await;
@@ -406,13 +406,15 @@ fn validate<'a>(
 /// Site settings and origin: measurements of unknown or disabled sites are rejected, and so are
 /// those whose page is not on one of their site's origins (`url_not_allowed`, contract v4 §2);
 /// each kept measurement gets the `sample_rate` it was drawn at, as the sampler settles it and
-/// counts it toward its site's demand ([`crate::sampling::Sampler::settle`]), and is minimised as its site keeps URLs
+/// counts it toward its site's demand as `client`'s ([`crate::sampling::Sampler::settle`],
+/// [`crate::sampling::Sampler::observe`]), and is minimised as its site keeps URLs
 /// ([`Measurement::minimise`], contract v4 §2; before anything reaches disk);
 /// [`lookup_sites`] refuses the whole request first if it must. With nothing left: 403
 /// listing every rejection.
 async fn judge_sites<'a>(
     state: &AppState,
     headers: &HeaderMap,
+    client: IpAddr,
     valid: Vec<(usize, Valid<'a>)>,
     report: &mut Accepted,
 ) -> Result<Vec<(usize, Valid<'a>)>, IntakeError> {
@@ -430,11 +432,12 @@ async fn judge_sites<'a>(
                 let sent = (m.sample_rate >= 0.0).then_some(m.sample_rate);
                 m.sample_rate = state.sampler.settle(&site.key, site.sample_rate, sent);
                 // Only browsers' beacons (they send Origin on every POST) count toward the
-                // demand: a flood without Origin must not lower a shop's rate.
+                // demand, each client address a bounded share of it: a flood without Origin,
+                // or from a few addresses, must not lower a shop's rate.
                 if origin.is_some() {
                     state
                         .sampler
-                        .observe(&site.key, site.sample_rate, [m.sample_rate]);
+                        .observe(&site.key, site.sample_rate, client, [m.sample_rate]);
                 }
                 v.measurement
                     .minimise(&site.keep_query, &site.allowed_origins);

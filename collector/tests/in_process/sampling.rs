@@ -9,11 +9,14 @@ use serde_json::{json, Value};
 use crate::common::{beacon, get, post, Answer, App, ClickHouse, Sites};
 
 /// Sends `body` as a browser does: with an `Origin` (only browsers' beacons count toward a
-/// site's demand).
-async fn send(app: &App, body: &Value) -> Answer {
+/// site's demand), from visitor `visitor`'s address, as a trusted proxy names it (one address
+/// counts at most `sampling::CLIENT_DEMAND_MAX` page views a second).
+async fn send(app: &App, body: &Value, visitor: u8) -> Answer {
+    let from = format!("192.0.2.{visitor}");
     let headers = [
         ("content-type", "application/json"),
         ("origin", "https://shop.example"),
+        ("x-forwarded-for", from.as_str()),
     ];
     post(app.addr, "/api/v1/measurements", &headers, body.to_string()).await
 }
@@ -33,13 +36,13 @@ async fn answer(app: &App, site: &str) -> (f64, String) {
 
 /// Sends `body`, resending once after `Retry-After` when it is answered 429.
 async fn send_once_more(app: &App, body: &Value) -> Answer {
-    let first = send(app, body).await;
+    let first = send(app, body, 1).await;
     if first.status != 429 {
         return first;
     }
     let wait: u64 = first.header("retry-after").parse().expect("Retry-After");
     tokio::time::sleep(Duration::from_secs(wait)).await;
-    send(app, body).await
+    send(app, body, 1).await
 }
 
 #[tokio::test]
@@ -48,7 +51,10 @@ async fn a_loud_site_is_answered_a_lower_rate_and_its_beacons_say_what_they_were
     let app = App::start(
         Sites::with(&["loud", "quiet"]),
         &[&ch],
-        &[("--site-rate", BUDGET)],
+        &[
+            ("--site-rate", BUDGET),
+            ("--trusted-proxies", "127.0.0.1/32"),
+        ],
     )
     .await;
     assert_eq!(answer(&app, "loud").await.0, 1.0);
@@ -64,9 +70,9 @@ async fn a_loud_site_is_answered_a_lower_rate_and_its_beacons_say_what_they_were
     let start = Instant::now();
     let limit = Duration::from_secs(12);
     let lowered = loop {
-        for _ in 0..10 {
+        for visitor in 0..10 {
             let batch: Vec<Value> = (0..10).map(|_| beacon("loud").1).collect();
-            let status = send(&app, &json!(batch)).await.status;
+            let status = send(&app, &json!(batch), visitor).await.status;
             assert!(status == 202 || status == 429, "{status}");
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -125,5 +131,50 @@ async fn a_loud_site_is_answered_a_lower_rate_and_its_beacons_say_what_they_were
         let (site, sent, stored) = want[&row.id];
         assert_eq!(row.sample_rate, stored, "{site} sent {sent:?}");
     }
+    app.stop(false).await;
+}
+
+/// The adversarial review's attack: a flood with a forged `Origin` from one address, at five
+/// times a budget of 50, every beacon claiming the lowest rate. One address counts at most
+/// `sampling::CLIENT_DEMAND_MAX` (20) page views a second, so the site's rate stays 1 and the
+/// flood's rows weigh 1 each.
+#[tokio::test]
+async fn a_flood_from_one_address_does_not_lower_a_sites_rate() {
+    let ch = ClickHouse::start().await;
+    let app = App::start(Sites::with(&["shop"]), &[&ch], &[("--site-rate", "50")]).await;
+    let start = Instant::now();
+    let mut stored = Vec::new();
+    while start.elapsed() < Duration::from_secs(6) {
+        for _ in 0..10 {
+            let batch: Vec<Value> = (0..25)
+                .map(|_| {
+                    let (id, mut b) = beacon("shop");
+                    b["sample_rate"] = json!(0.01);
+                    stored.push(id);
+                    b
+                })
+                .collect();
+            let status = send(&app, &json!(batch), 7).await.status;
+            assert!(status == 202 || status == 429, "{status}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    assert_eq!(
+        answer(&app, "shop").await.0,
+        1.0,
+        "the flood moved the rate"
+    );
+    crate::common::wait_until(
+        "some of the flood stored",
+        Duration::from_secs(10),
+        || async { ch.rows().iter().any(|r| stored.contains(&r.id)) },
+    )
+    .await;
+    let rows = ch.rows();
+    let flood: Vec<_> = rows.iter().filter(|r| stored.contains(&r.id)).collect();
+    assert!(
+        flood.iter().all(|r| r.sample_rate == 1.0),
+        "a claimed 0.01 is stored as the rate in force, 1"
+    );
     app.stop(false).await;
 }
