@@ -13,7 +13,8 @@
 //! counts twice, which errs toward a lower rate, never toward a wrong weight.
 //!
 //! **Who may move it.** `Origin` is not a trust boundary: anyone can send beacons that carry a
-//! shop's `Origin`. So each client address (as [`crate::client_ip`] finds it) counts at most
+//! shop's `Origin`. So each client address (as [`crate::client_ip`] finds it; an IPv6
+//! address's /64, which one subscriber holds) counts at most
 //! [`CLIENT_DEMAND_MAX`] page views per site and tick toward the demand, however many beacons it
 //! sends and whatever rate they claim: a flood from a few addresses cannot lower a shop's rate
 //! (found by an adversarial review: a forged-`Origin` flood from one address drove a site to
@@ -120,6 +121,18 @@ struct ClientCounts {
     keys: std::hash::RandomState,
 }
 
+/// The part of an address one subscriber holds: an IPv4 address, or an IPv6 address's /64
+/// (RFC 6177: a site, a home or a phone is given at least a /64, so one client has 2^64
+/// addresses to choose from).
+fn subscriber(client: IpAddr) -> IpAddr {
+    match client {
+        IpAddr::V4(_) => client,
+        IpAddr::V6(v6) => IpAddr::V6(std::net::Ipv6Addr::from(
+            v6.to_bits() & !((1u128 << 64) - 1),
+        )),
+    }
+}
+
 impl ClientCounts {
     fn new() -> ClientCounts {
         ClientCounts {
@@ -132,7 +145,7 @@ impl ClientCounts {
     /// most what is left of [`CLIENT_DEMAND_MAX`] for this tick.
     fn admit(&mut self, site: &str, client: IpAddr, views: f32) -> f32 {
         use std::hash::BuildHasher;
-        let hash = self.keys.hash_one((site, client));
+        let hash = self.keys.hash_one((site, subscriber(client)));
         let cells = [
             (hash as usize) % CLIENT_CELLS,
             ((hash >> 32) as usize) % CLIENT_CELLS,
@@ -577,6 +590,14 @@ mod tests {
         assert_eq!(counts.admit("s", a, 1.0), 0.0);
         assert_eq!(counts.admit("t", a, 1.0), 1.0, "per site");
         assert_eq!(counts.admit("s", visitor(2), 1.0), 1.0, "per address");
+        let v6 = |s: &str| s.parse::<IpAddr>().unwrap();
+        assert_eq!(counts.admit("s", v6("2001:db8:1:2::1"), 20.0), 20.0);
+        assert_eq!(
+            counts.admit("s", v6("2001:db8:1:2:ffff::9"), 1.0),
+            0.0,
+            "one /64 is one subscriber"
+        );
+        assert_eq!(counts.admit("s", v6("2001:db8:1:3::1"), 1.0), 1.0);
         counts.clear();
         assert_eq!(counts.admit("s", a, 1.0), 1.0, "a new tick");
     }

@@ -733,12 +733,30 @@ impl Collector {
         )
     }
 
-    /// POSTs JSON with `Content-Type: application/json`.
+    /// POSTs JSON with `Content-Type: application/json`. A 503 `spool write timed out` (the
+    /// spool's sync outlived its 5 s limit: a disk saturated by the machine's other work, as
+    /// a CI runner building beside the tests) is resent after its `Retry-After`, at most twice,
+    /// as the script resends it; every other answer is returned as it came.
     pub async fn post_json(&self, body: &Value) -> (u16, Value) {
-        let (s, v, _) = self
-            .post(body.to_string(), &[("content-type", "application/json")])
-            .await;
-        (s, v)
+        let mut attempt = 0;
+        loop {
+            let (s, v, headers) = self
+                .post(body.to_string(), &[("content-type", "application/json")])
+                .await;
+            attempt += 1;
+            if s != 503 || v["error"] != "spool write timed out" || attempt == 3 {
+                return (s, v);
+            }
+            let wait = headers
+                .get("retry-after")
+                .and_then(|h| h.to_str().ok()?.parse::<u64>().ok())
+                .expect("a 503 without Retry-After");
+            eprintln!(
+                "{}: 503 spool write timed out (a slow disk); resent after {wait} s",
+                self.url
+            );
+            tokio::time::sleep(Duration::from_secs(wait)).await;
+        }
     }
 
     /// The value of a metric line (exact name with labels); panics naming it when `/metrics`
