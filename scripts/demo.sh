@@ -28,7 +28,7 @@ for addr in "127.0.0.1:$page_port" "$listen" "$admin_listen"; do
   fi
 done
 
-scripts/stack.sh install
+scripts/stack.sh install --demo
 echo "building the collector (release; about 5 minutes the first time)..."
 cargo build -q --release -p collector --bin collector
 # Where cargo puts it: CARGO_TARGET_DIR when set.

@@ -13,8 +13,9 @@
 # under the state folder DIR (absolute path; created if missing).
 #
 # Subcommands
-#   stack.sh install
-#       apt-get installs clickhouse-server, clickhouse-client, zookeeper, nginx, caddy,
+#   stack.sh install [--demo]
+#       --demo: only what scripts/demo.sh runs (PostgreSQL 15, ZooKeeper, ClickHouse,
+#       curl, the country database). Without it, apt-get installs clickhouse-server, clickhouse-client, zookeeper, nginx, caddy,
 #       chromium, chromium-driver, haproxy, keepalived, iproute2, socat, iptables,
 #       apache2, systemd, prometheus (promtool and the server of the observability
 #       tests), pgbouncer (the pooler tests), faketime (the stepped-clock tests), fiu-utils
@@ -148,12 +149,41 @@ usage() {
 pkg_installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'; }
 
 cmd_install() {
-    install_packages
-    geckodriver_install
-    web_vitals_install
-    geo_db_install
-    ch26_install
+    case ${1:-} in
+        --demo)
+            # What scripts/demo.sh runs: the servers and the country database, no test bench.
+            install_packages "${DEMO_PACKAGES[@]}"
+            geo_db_install ;;
+        "")
+            install_packages "${DEMO_PACKAGES[@]}" "${TEST_PACKAGES[@]}"
+            geckodriver_install
+            web_vitals_install
+            geo_db_install
+            ch26_install ;;
+        *) usage ;;
+    esac
 }
+
+# The demo's packages: the servers of the stack (PostgreSQL, checked apart, and Java for
+# ZooKeeper) and curl. procps: minimal images lack ps.
+DEMO_PACKAGES=(clickhouse-server clickhouse-client zookeeper curl procps)
+# The test bench's, on top of the demo's:
+# nginx: the customer proxy of the edge tests (run by the tests, never as a service).
+# chromium, chromium-driver: the browser tests of the tracking script.
+# haproxy, keepalived, iproute2, socat, iptables: the edge (scripts/edge.sh; run in namespaces,
+# never as services). apache2, systemd: the tests load docs/proxy/apache-dns.conf and verify the
+# edge's systemd units (neither is started).
+# prometheus: promtool (rule tests) and the server the observability test scrapes with.
+# pgbouncer: the transaction-mode pooler of the pooler tests (run by them, never as a service).
+# faketime (and its libfaketime): the stepped wall clock of the storage tests.
+# fiu-utils (fiu-run, fiu-ctrl, libfiu's POSIX preload): the failing-sync spool test.
+# firefox-esr, webkit2gtk-driver (WebKitWebDriver and MiniBrowser), xvfb (xvfb-run, for
+# MiniBrowser, which has no headless mode): the script's tests in the other two engines.
+# libmaxmind-db-writer-perl, mmdb-bin: the country tests' tiny databases, made and checked.
+# python3-venv: the venv of chdb-core (ClickHouse 26.x, see ch26_install), checked apart.
+TEST_PACKAGES=(nginx caddy chromium chromium-driver firefox-esr webkit2gtk-driver xvfb xauth
+    libmaxmind-db-writer-perl mmdb-bin haproxy keepalived iproute2 socat iptables apache2 systemd
+    prometheus pgbouncer faketime fiu-utils)
 
 # A real country database (CC0: ip-location-db's geo-whois-asn-country, from the npm registry),
 # for the demo and the compose stack (COLLECTOR_GEO_DB); the tests make tiny ones of their own
@@ -203,30 +233,18 @@ geckodriver_install() {
         die "cargo install geckodriver $GECKODRIVER_VERSION failed"
 }
 
+# install_packages PACKAGE...: apt-get installs those of PACKAGE missing, and PostgreSQL 15 and
+# Java when missing (and python3-venv with the test bench's packages).
 install_packages() {
     local need=() p
-    # nginx: the customer proxy of the edge tests (run by the tests, never as a service).
-    # chromium, chromium-driver: the browser tests of the tracking script.
-    # haproxy, keepalived, iproute2, socat, iptables: the edge (scripts/edge.sh; run in namespaces,
-    # never as services). apache2, systemd: the tests load docs/proxy/apache-dns.conf and verify the
-    # edge's systemd units (neither is started).
-    # prometheus: promtool (rule tests) and the server the observability test scrapes with.
-    # pgbouncer: the transaction-mode pooler of the pooler tests (run by them, never as a service).
-    # faketime (and its libfaketime): the stepped wall clock of the storage tests.
-    # fiu-utils (fiu-run, fiu-ctrl, libfiu's POSIX preload): the failing-sync spool test.
-    # firefox-esr, webkit2gtk-driver (WebKitWebDriver and MiniBrowser), xvfb (xvfb-run, for
-    # MiniBrowser, which has no headless mode): the script's tests in the other two engines.
-    # libmaxmind-db-writer-perl, mmdb-bin: the country tests' tiny databases, made and checked.
-    for p in clickhouse-server clickhouse-client zookeeper curl nginx caddy chromium chromium-driver \
-             firefox-esr webkit2gtk-driver xvfb xauth libmaxmind-db-writer-perl mmdb-bin \
-             haproxy keepalived iproute2 socat iptables apache2 systemd prometheus pgbouncer faketime fiu-utils; do
+    for p in "$@"; do
         pkg_installed "$p" || need+=("$p")
     done
     [[ -x $PG_BIN/postgres && -x $PG_BIN/initdb && -x $PG_BIN/psql ]] || need+=(postgresql-15)
     command -v java >/dev/null || need+=(default-jre-headless)
-    command -v ps >/dev/null || need+=(procps)   # minimal images lack ps
-    # python3-venv: the venv of chdb-core (ClickHouse 26.x, see ch26_install).
-    python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need+=(python3-venv)
+    if [[ " $* " == *" chromium "* ]]; then
+        python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need+=(python3-venv)
+    fi
     [[ ${#need[@]} -eq 0 ]] && return 0
 
     local sudo=()
@@ -1548,7 +1566,7 @@ main() {
     local cmd=${1:-}
     shift || true
     case $cmd in
-        install) cmd_install ;;
+        install) cmd_install "$@" ;;
         up)      cmd_up "$@" ;;
         down)    cmd_down "$@" ;;
         replica) cmd_replica "$@" ;;
