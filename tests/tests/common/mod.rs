@@ -880,15 +880,52 @@ pub struct TrafficReport {
     pub statuses: std::collections::BTreeMap<u16, usize>,
     /// 503 answers that lacked `Retry-After`.
     pub unavailable_without_retry_after: usize,
+    /// Resends of a 503 `spool write timed out` (see [`send_beacon`]).
+    pub resent_after_slow_disk: usize,
+}
+
+/// POSTs one beacon `body` as a browser's script does; a 503 `spool write timed out` (a disk
+/// saturated by the machine's other work) is resent after its `Retry-After`, at most twice,
+/// as the script resends it. The last answer's status (0: no answer) and whether it had
+/// `Retry-After`, and how many such resends it took.
+async fn send_beacon(client: &reqwest::Client, url: &str, body: &str) -> (u16, bool, usize) {
+    let mut resent = 0;
+    loop {
+        let answer = client
+            .post(url)
+            .header("content-type", "text/plain")
+            .header("origin", "https://shop.example")
+            .body(body.to_owned())
+            .send()
+            .await;
+        let Ok(r) = answer else {
+            return (0, false, resent);
+        };
+        let status = r.status().as_u16();
+        let retry_after = r
+            .headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+        let slow_disk = status == 503
+            && resent < 2
+            && r.text()
+                .await
+                .is_ok_and(|t| t.contains("spool write timed out"));
+        match retry_after {
+            Some(wait) if slow_disk => {
+                resent += 1;
+                tokio::time::sleep(Duration::from_secs(wait)).await;
+            }
+            _ => return (status, retry_after.is_some(), resent),
+        }
+    }
 }
 
 impl TrafficReport {
-    /// Counts the answer to the beacon `id` (or its absence, as status 0); returns the status.
-    fn record(&mut self, id: String, answer: reqwest::Result<reqwest::Response>) -> u16 {
-        let (status, retry_after) = match answer {
-            Ok(r) => (r.status().as_u16(), r.headers().contains_key("retry-after")),
-            Err(_) => (0, false),
-        };
+    /// Counts the answer to the beacon `id` (`status` 0: no answer), whether it had
+    /// `Retry-After`, and its resends after a slow disk's 503; returns the status.
+    fn record(&mut self, id: String, (status, retry_after, resent): (u16, bool, usize)) -> u16 {
+        self.resent_after_slow_disk += resent;
         *self.statuses.entry(status).or_default() += 1;
         if status == 202 {
             self.acked.push(id);
@@ -932,10 +969,9 @@ impl Traffic {
                     _ = tick.tick() => {
                         let (id, m) = measurement(&site);
                         // With an Origin, as every browser POST has (requests without one draw on a small budget).
-                        let req = client.post(&url).header("content-type", "text/plain").header("origin", "https://shop.example").body(m.to_string()).send();
-                        let shared = shared.clone();
+                        let (client, url, shared) = (client.clone(), url.clone(), shared.clone());
                         inflight.push(async move {
-                            let answer = req.await;
+                            let answer = send_beacon(&client, &url, &m.to_string()).await;
                             shared.lock().unwrap().record(id, answer);
                         });
                     }
@@ -976,13 +1012,7 @@ impl Traffic {
                 tokio::spawn(async move {
                     while !*stopped.borrow() {
                         let (id, m) = measurement(&site);
-                        let answer = client
-                            .post(&url)
-                            .header("content-type", "text/plain")
-                            .header("origin", "https://shop.example")
-                            .body(m.to_string())
-                            .send()
-                            .await;
+                        let answer = send_beacon(&client, &url, &m.to_string()).await;
                         let status = shared.lock().unwrap().record(id, answer);
                         if status == 0 {
                             // Refused while the collector is down: not a busy loop.
