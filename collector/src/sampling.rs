@@ -331,9 +331,15 @@ impl Sampler {
         }
         let state = sites.get_mut(site).expect("inserted above");
         if state.configured != configured {
-            // Changed by the operator (`sites update`): never above it.
+            // Changed by the operator (`sites update`): never above it, and followed at once by
+            // a site that was not sampled (a sampled one is raised as the demand allows).
+            let sampled = state.served < state.configured;
             state.configured = configured;
-            state.served = state.served.min(configured);
+            state.served = if sampled {
+                state.served.min(configured)
+            } else {
+                configured
+            };
         }
         Some(f(state))
     }
@@ -600,5 +606,15 @@ mod tests {
         assert_eq!(counts.admit("s", v6("2001:db8:1:3::1"), 1.0), 1.0);
         counts.clear();
         assert_eq!(counts.admit("s", a, 1.0), 1.0, "a new tick");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_raised_configured_rate_is_answered_at_once_when_not_sampled() {
+        let s = sampler(200);
+        let (_stop, shutdown) = watch::channel(false);
+        tokio::spawn(s.clone().run(shutdown));
+        load(&s, "shop", 10, 20).await;
+        assert_eq!(s.served("shop", 0.5), 0.5, "lowered by the operator");
+        assert_eq!(s.served("shop", 1.0), 1.0, "raised by the operator: at once");
     }
 }
