@@ -46,6 +46,30 @@ impl ClientIpHeader {
     }
 }
 
+/// The prefixes `client` counts under, each with its share of a per-client cap (as [`crate::sampling::client_cap`]): its subscriber's
+/// (an IPv4 address; an IPv6 /64, RFC 6177: a home, a site or a phone is given at least a /64)
+/// at 1, and the wider blocks an operator or a tunnel broker hands out (an IPv4 /24; an IPv6
+/// /48 and /32) at 10 and 100.
+pub fn prefixes(client: IpAddr) -> [(u8, IpAddr, f32); 3] {
+    let v6 = |ip: std::net::Ipv6Addr, bits: u32| {
+        IpAddr::V6(std::net::Ipv6Addr::from(
+            ip.to_bits() & !(u128::MAX >> bits),
+        ))
+    };
+    match client {
+        IpAddr::V4(ip) => {
+            let block = IpAddr::V4(std::net::Ipv4Addr::from(ip.to_bits() & !0xff));
+            // An IPv4 client has two levels; the third repeats the second.
+            [(32, client, 1.0), (24, block, 10.0), (24, block, 10.0)]
+        }
+        IpAddr::V6(ip) => [
+            (64, v6(ip, 64), 1.0),
+            (48, v6(ip, 48), 10.0),
+            (32, v6(ip, 32), 100.0),
+        ],
+    }
+}
+
 /// Whether `ip` is in one of `trusted`.
 fn is_trusted(ip: IpAddr, trusted: &[IpNet]) -> bool {
     trusted.iter().any(|net| net.contains(&ip))

@@ -90,13 +90,15 @@ impl Limits {
         self.clients.is_some()
     }
 
-    /// Counts one request of `client` for `site`; `Err(wait)` when it is over its rate.
+    /// Counts one request of `client` for `site`; `Err(wait)` when it is over its rate. An IPv6
+    /// client counts by its /64 ([`crate::client_ip::prefixes`]): one subscriber's 2^64
+    /// addresses are one client.
     pub fn check_client(&self, site: &str, client: IpAddr) -> Result<(), Duration> {
         let Some(limiter) = &self.clients else {
             return Ok(());
         };
         limiter
-            .check_key(&(site.to_owned(), client))
+            .check_key(&(site.to_owned(), crate::client_ip::prefixes(client)[0].1))
             .map_err(|not_until| not_until.wait_time_from(DefaultClock::default().now()))
     }
 

@@ -13,21 +13,23 @@
 //! counts twice, which errs toward a lower rate, never toward a wrong weight.
 //!
 //! **Who may move it.** `Origin` is not a trust boundary: anyone can send beacons that carry a
-//! shop's `Origin`. So each client address (as [`crate::client_ip`] finds it; an IPv6
-//! address's /64, which one subscriber holds) counts at most
-//! [`CLIENT_DEMAND_MAX`] page views per site and tick toward the demand, however many beacons it
-//! sends and whatever rate they claim: a flood from a few addresses cannot lower a shop's rate
-//! (found by an adversarial review: a forged-`Origin` flood from one address drove a site to
-//! 0.01 in 14 s, and its own rows then weighed 100 each). To lower the rate of a quiet site to
-//! `r`, a flood needs about `HEADROOM × budget / (r × CLIENT_DEMAND_MAX)` addresses: 90 to begin
-//! to move it at the default budget of 2,000/s, 180 to halve it, 9,000 to bring it to
-//! [`MIN_RATE`]. The counts live in a count-min sketch of [`CLIENT_CELLS`] cells in two rows,
-//! keyed by a per-process random hash of site and address and cleared every tick: bounded
-//! memory (256 KiB), no address kept. The cost: behind a proxy that is not trusted
-//! (`COLLECTOR_TRUSTED_PROXIES`) every visitor is one address, and the demand it sees is at
-//! most [`CLIENT_DEMAND_MAX`] per second: sampling never starts, and what exceeds the budget gets
-//! 429 (docs/operations.md says so); and a site sampled below `1 / CLIENT_DEMAND_MAX` (more
-//! than 18 times over its budget) is measured low, so its rate settles above the budget's.
+//! shop's `Origin`. So each *subscriber* (an IPv4 address, an IPv6 /64; see [`crate::client_ip::prefixes`]) counts
+//! at most [`client_cap`] page views per site and tick toward the demand, however many beacons
+//! it sends and whatever rate they claim, and so does each wider block (an IPv4 /24, an IPv6
+//! /48 and /32) at 10 and 100 times that: a flood from a few addresses, or from one /64 or one
+//! tunnel broker's /48, cannot lower a shop's rate (found by two adversarial reviews: a
+//! forged-`Origin` flood from one address drove a site to 0.01 in 14 s, its rows then weighing
+//! 100 each; then the same from the 2^64 addresses of one IPv6 /64). The cap is
+//! `max(CLIENT_DEMAND_MAX, 1 / served)`: one beacon at the rate in force always counts in full,
+//! so a site far over its budget is measured right; and a flood needs about
+//! `HEADROOM × budget / (r × cap)` subscribers to bring a quiet site to `r`: 90 to begin to move
+//! it at the default budget of 2,000/s, 180 to halve it, and 1,800 (in at least 180 blocks) to
+//! bring it to [`MIN_RATE`]. The counts live in a count-min sketch of [`CLIENT_CELLS`] cells in
+//! two rows, keyed by a per-process random hash of site and prefix and cleared every tick:
+//! bounded memory (2 MiB), no address kept, and a collision only makes a client count less.
+//! The cost: behind a proxy that is not trusted (`COLLECTOR_TRUSTED_PROXIES`) every visitor is
+//! one address, and sampling never starts: what exceeds the budget gets 429, as before sampling
+//! existed (docs/operations.md says so).
 //!
 //! **How fast browsers learn it.** A site whose demand is above [`NEAR`] of its budget, or whose
 //! rate is lowered, is answered with `max-age` [`SHORT_MAX_AGE`] instead of 60 s, so that a
@@ -87,14 +89,21 @@ pub const NEAR: f64 = 0.5;
 /// behind the edge, with the preferred collector killed in a spike at four times the budget,
 /// 6,220 of 24,166 page views got 429 twice and were lost).
 pub const WARMUP: Duration = Duration::from_secs(10);
-/// The most page views one client address counts per site and [`TICK`] toward the site's
-/// demand (see the module doc, "Who may move it"): a measurement stands for `1 / rate` page
-/// views, and what is over this from one address is not counted. A visitor makes a page view
-/// every few seconds at most; 20 a second is a corporate network or a carrier's shared address
-/// full of one shop's visitors, or a flood.
+/// The least number of page views one subscriber (an IPv4 address, an IPv6 /64) counts per
+/// site and [`TICK`] toward the site's demand ([`client_cap`]; see the module doc, "Who may move
+/// it"). A visitor makes a page view every few seconds at most; 20 a second is a corporate
+/// network or a carrier's shared address full of one shop's visitors, or a flood.
 pub const CLIENT_DEMAND_MAX: f32 = 20.0;
-/// Cells per row of the per-address count (two rows; `f32` each): 256 KiB in all.
-pub const CLIENT_CELLS: usize = 1 << 15;
+/// Cells per row of the per-prefix count (two rows; `f32` each): 2 MiB in all, about 95 % of a
+/// quiet shop's visitors still counted when 64,000 prefixes fill cells in one tick.
+pub const CLIENT_CELLS: usize = 1 << 18;
+
+/// What a subscriber counts per site and tick at `served`, the site's rate in force: at least
+/// [`CLIENT_DEMAND_MAX`] and at least one beacon at that rate (`1 / served` page views).
+pub fn client_cap(served: f64) -> f32 {
+    CLIENT_DEMAND_MAX.max((1.0 / served.max(MIN_RATE)) as f32)
+}
+
 /// How far back the rates answered count for a beacon's `sample_rate` (contract v4: ten
 /// minutes); also how long an idle site's state is kept.
 pub const HISTORY: Duration = Duration::from_secs(600);
@@ -121,18 +130,6 @@ struct ClientCounts {
     keys: std::hash::RandomState,
 }
 
-/// The part of an address one subscriber holds: an IPv4 address, or an IPv6 address's /64
-/// (RFC 6177: a site, a home or a phone is given at least a /64, so one client has 2^64
-/// addresses to choose from).
-fn subscriber(client: IpAddr) -> IpAddr {
-    match client {
-        IpAddr::V4(_) => client,
-        IpAddr::V6(v6) => IpAddr::V6(std::net::Ipv6Addr::from(
-            v6.to_bits() & !((1u128 << 64) - 1),
-        )),
-    }
-}
-
 impl ClientCounts {
     fn new() -> ClientCounts {
         ClientCounts {
@@ -141,19 +138,29 @@ impl ClientCounts {
         }
     }
 
-    /// Counts `views` page views of `client` for `site`; returns how many of them count, at
-    /// most what is left of [`CLIENT_DEMAND_MAX`] for this tick.
-    fn admit(&mut self, site: &str, client: IpAddr, views: f32) -> f32 {
+    /// Counts `views` page views of `client` for `site`, each prefix of it ([`crate::client_ip::prefixes`]) at
+    /// most its share of `cap`; returns how many count: the least that any prefix has left.
+    fn admit(&mut self, site: &str, client: IpAddr, views: f32, cap: f32) -> f32 {
         use std::hash::BuildHasher;
-        let hash = self.keys.hash_one((site, subscriber(client)));
-        let cells = [
-            (hash as usize) % CLIENT_CELLS,
-            ((hash >> 32) as usize) % CLIENT_CELLS,
-        ];
-        let used = self.rows[0][cells[0]].min(self.rows[1][cells[1]]);
-        let counted = views.min(CLIENT_DEMAND_MAX - used).max(0.0);
-        for (row, cell) in self.rows.iter_mut().zip(cells) {
-            row[cell] += counted;
+        let levels = crate::client_ip::prefixes(client);
+        let mut cells = [[0usize; 2]; 3];
+        let mut counted = views;
+        for (cell, (bits, prefix, share)) in cells.iter_mut().zip(levels) {
+            let hash = self.keys.hash_one((site, bits, prefix));
+            *cell = [
+                (hash as usize) % CLIENT_CELLS,
+                ((hash >> 32) as usize) % CLIENT_CELLS,
+            ];
+            let used = self.rows[0][cell[0]].min(self.rows[1][cell[1]]);
+            counted = counted.min(cap * share - used);
+        }
+        let counted = counted.max(0.0);
+        // An IPv4 client's third level repeats its second: counted once.
+        let distinct = if client.is_ipv4() { 2 } else { 3 };
+        for cell in &cells[..distinct] {
+            for (row, &c) in self.rows.iter_mut().zip(cell) {
+                row[c] += counted;
+            }
         }
         counted
     }
@@ -252,15 +259,16 @@ impl Sampler {
         let Some(inner) = &self.inner else {
             return;
         };
-        let views = {
-            let mut clients = inner.clients.lock().unwrap();
-            rates
-                .into_iter()
-                .map(|r| clients.admit(site, client, (1.0 / r.max(MIN_RATE)) as f32))
-                .sum::<f32>()
-        };
         let now = Instant::now();
+        // The sites' lock, then the counts' (as the tick takes them): a tick never clears the
+        // counts between a view's admission and its window.
         self.with(site, configured, |s| {
+            let cap = client_cap(s.served);
+            let mut clients = inner.clients.lock().unwrap();
+            let views: f32 = rates
+                .into_iter()
+                .map(|r| clients.admit(site, client, (1.0 / r.max(MIN_RATE)) as f32, cap))
+                .sum();
             s.window += f64::from(views);
             s.last_seen = now;
         });
@@ -347,10 +355,10 @@ impl Sampler {
 
 impl Inner {
     fn tick(&self, now: Instant) {
-        self.clients.lock().unwrap().clear();
         let decay =
             1.0 - (-TICK.as_secs_f64() / HALF_LIFE.as_secs_f64() * std::f64::consts::LN_2).exp();
         let mut sites = self.sites.lock().unwrap();
+        self.clients.lock().unwrap().clear();
         sites.retain(|site, s| {
             let measured = s.window / TICK.as_secs_f64();
             s.window = 0.0;
@@ -448,8 +456,9 @@ mod tests {
         Sampler::new(budget, Arc::new(Metrics::new()))
     }
 
+    /// Visitor `i`'s address: consecutive visitors in different /24s, as visitors come.
     fn visitor(i: usize) -> IpAddr {
-        IpAddr::from([10, (i >> 16) as u8, (i >> 8) as u8, i as u8])
+        IpAddr::from([10, i as u8, (i >> 8) as u8, (i >> 16) as u8])
     }
 
     /// `per_second` page views of `site` for `secs` seconds, each sent when its draw is below
@@ -588,24 +597,76 @@ mod tests {
     }
 
     #[test]
-    fn an_address_counts_at_most_its_share_per_tick() {
+    fn a_client_counts_at_most_its_share_per_tick_and_so_does_its_block() {
         let mut counts = ClientCounts::new();
-        let a = visitor(1);
-        assert_eq!(counts.admit("s", a, 15.0), 15.0);
-        assert_eq!(counts.admit("s", a, 15.0), 5.0, "the rest of the 20");
-        assert_eq!(counts.admit("s", a, 1.0), 0.0);
-        assert_eq!(counts.admit("t", a, 1.0), 1.0, "per site");
-        assert_eq!(counts.admit("s", visitor(2), 1.0), 1.0, "per address");
-        let v6 = |s: &str| s.parse::<IpAddr>().unwrap();
-        assert_eq!(counts.admit("s", v6("2001:db8:1:2::1"), 20.0), 20.0);
+        let cap = CLIENT_DEMAND_MAX;
+        let v4 = |i: u8| IpAddr::from([192, 0, 2, i]);
+        let a = v4(1);
+        assert_eq!(counts.admit("s", a, 15.0, cap), 15.0);
+        assert_eq!(counts.admit("s", a, 15.0, cap), 5.0, "the rest of the 20");
+        assert_eq!(counts.admit("s", a, 1.0, cap), 0.0);
+        assert_eq!(counts.admit("t", a, 1.0, cap), 1.0, "per site");
+        assert_eq!(counts.admit("s", v4(2), 1.0, cap), 1.0, "per address");
+        // The /24 of 192.0.2.1: 200 in all (20 used by it, 1 by 192.0.2.2).
+        let block: f32 = (3..20).map(|i| counts.admit("s", v4(i), 20.0, cap)).sum();
+        assert_eq!(block, 179.0, "an IPv4 /24 counts ten subscribers' worth");
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        assert_eq!(counts.admit("s", ip("2001:db8:1:2::1"), 20.0, cap), 20.0);
         assert_eq!(
-            counts.admit("s", v6("2001:db8:1:2:ffff::9"), 1.0),
+            counts.admit("s", ip("2001:db8:1:2:ffff::9"), 1.0, cap),
             0.0,
             "one /64 is one subscriber"
         );
-        assert_eq!(counts.admit("s", v6("2001:db8:1:3::1"), 1.0), 1.0);
+        // Every /64 of one /48: 200 in all.
+        let tunnel: f32 = (0..100u16)
+            .map(|i| counts.admit("s", ip(&format!("2001:db8:1:{i:x}::1")), 20.0, cap))
+            .sum();
+        assert_eq!(tunnel, 200.0 - 20.0, "a /48 counts ten subscribers' worth");
+        assert_eq!(
+            counts.admit("s", ip("2001:db8:2::1"), 20.0, cap),
+            20.0,
+            "another /48"
+        );
         counts.clear();
-        assert_eq!(counts.admit("s", a, 1.0), 1.0, "a new tick");
+        assert_eq!(counts.admit("s", a, 1.0, cap), 1.0, "a new tick");
+        assert_eq!(
+            counts.admit("s", visitor(9), 100.0, client_cap(0.01)),
+            100.0,
+            "one beacon at the rate in force counts in full"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_flood_from_one_ipv6_block_does_not_move_the_rate() {
+        // The second review's attack: every address of one /48 (and so of thousands of /64s).
+        let s = sampler(300);
+        let (_stop, shutdown) = watch::channel(false);
+        tokio::spawn(s.clone().run(shutdown));
+        for _ in 0..60 {
+            for i in 0..5000u32 {
+                let client = IpAddr::from([0x2001, 0xdb8, 7, i as u16, 0, 0, 0, 1]);
+                let claimed = s.settle("shop", 1.0, Some(MIN_RATE));
+                s.observe("shop", 1.0, client, [claimed]);
+            }
+            tokio::time::sleep(TICK).await;
+        }
+        assert_eq!(
+            s.served("shop", 1.0),
+            1.0,
+            "one /48 counts 200 at most, 270 the aim"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_site_far_over_its_budget_is_measured_right() {
+        // 100 times the budget from distinct visitors: the rate reaches the budget's, 0.01,
+        // though each row then stands for 100 page views (more than CLIENT_DEMAND_MAX).
+        let s = sampler(100);
+        let (_stop, shutdown) = watch::channel(false);
+        tokio::spawn(s.clone().run(shutdown));
+        load(&s, "loud", 10_000, 120).await;
+        let rate = s.served("loud", 1.0);
+        assert!(rate < 0.011, "{rate}");
     }
 
     #[tokio::test(start_paused = true)]
@@ -615,6 +676,10 @@ mod tests {
         tokio::spawn(s.clone().run(shutdown));
         load(&s, "shop", 10, 20).await;
         assert_eq!(s.served("shop", 0.5), 0.5, "lowered by the operator");
-        assert_eq!(s.served("shop", 1.0), 1.0, "raised by the operator: at once");
+        assert_eq!(
+            s.served("shop", 1.0),
+            1.0,
+            "raised by the operator: at once"
+        );
     }
 }

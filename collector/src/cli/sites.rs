@@ -96,19 +96,15 @@ fn check_key(key: &str) -> Result<(), RunError> {
     }
 }
 
-/// The lowest configured `sample_rate`: one page view in a thousand. A rate of 0 would make
-/// every row weigh `1 / 0` in a weighted read (`--disabled` stops a site instead), and a
-/// denormal one as good as that.
-pub const MIN_CONFIGURED_RATE: f64 = 0.001;
-
-/// `--sample-rate`: from [`MIN_CONFIGURED_RATE`] to 1 (exit 2 otherwise; NaN too).
+/// `--sample-rate`: from [`settings::MIN_CONFIGURED_RATE`] to 1 (exit 2 otherwise; NaN too).
 fn check_rate(rate: f64) -> Result<f64, RunError> {
-    if (MIN_CONFIGURED_RATE..=1.0).contains(&rate) {
+    if (settings::MIN_CONFIGURED_RATE..=1.0).contains(&rate) {
         Ok(rate)
     } else {
         Err(RunError::Usage(format!(
-            "--sample-rate {rate}: must be from {MIN_CONFIGURED_RATE} to 1 \
-             (to stop collecting for a site, use --disabled)"
+            "--sample-rate {rate}: must be from {} to 1 \
+             (to stop collecting for a site, use --disabled)",
+            settings::MIN_CONFIGURED_RATE
         )))
     }
 }

@@ -109,6 +109,12 @@ pub struct Site {
 /// The query parameters a site keeps unless it says otherwise: the campaign tags.
 pub const DEFAULT_KEEP_QUERY: &str = "utm_*";
 
+/// The lowest configured `sample_rate`: one page view in a thousand (`sites add/update
+/// --sample-rate` takes 0.001 to 1). A stored row below it (the CLI took 0 to 1 before) is read
+/// as a disabled site when 0, and as this rate when above: a rate of 0, or a denormal one,
+/// would weigh each of its rows `1 / 0` in a weighted read.
+pub const MIN_CONFIGURED_RATE: f64 = 0.001;
+
 fn default_keep_query() -> Vec<String> {
     vec![DEFAULT_KEEP_QUERY.to_owned()]
 }

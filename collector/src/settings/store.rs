@@ -181,10 +181,18 @@ struct SiteRow {
 fn site_from_json(text: &str) -> Result<Site, StoreError> {
     let row: SiteRow = serde_json::from_str(text)
         .map_err(|e| StoreError::Failed(format!("a sites row that does not read: {e}")))?;
-    Ok(Site {
+    let mut site = Site {
         purged: row.purged_at.is_some_and(|v| !v.is_null()),
         ..row.site
-    })
+    };
+    // See MIN_CONFIGURED_RATE: NaN and 0 collect nothing, a denormal rate the least.
+    if site.sample_rate.is_nan() || site.sample_rate <= 0.0 {
+        site.enabled = false;
+        site.sample_rate = 1.0;
+    } else if site.sample_rate < super::MIN_CONFIGURED_RATE {
+        site.sample_rate = super::MIN_CONFIGURED_RATE;
+    }
+    Ok(site)
 }
 
 /// A PostgreSQL error as a log needs it: the message and, from the server, its SQLSTATE
@@ -708,6 +716,22 @@ type Query<'c, T> =
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stored_rate_below_the_least_is_read_disabled_or_raised() {
+        let row = |rate: &str| {
+            site_from_json(&format!(
+                r#"{{"key":"s","allowed_origins":[],"sample_rate":{rate},"enabled":true}}"#
+            ))
+            .unwrap()
+        };
+        let zero = row("0");
+        assert!(!zero.enabled, "0 collects nothing");
+        let tiny = row("1e-300");
+        assert!(tiny.enabled);
+        assert_eq!(tiny.sample_rate, crate::settings::MIN_CONFIGURED_RATE);
+        assert_eq!(row("0.25").sample_rate, 0.25);
+    }
 
     #[test]
     fn one_trial_call_after_the_backoff() {
