@@ -134,47 +134,78 @@ async fn a_loud_site_is_answered_a_lower_rate_and_its_beacons_say_what_they_were
     app.stop(false).await;
 }
 
-/// The adversarial review's attack: a flood with a forged `Origin` from one address, at five
-/// times a budget of 50, every beacon claiming the lowest rate. One address counts at most
-/// `sampling::CLIENT_DEMAND_MAX` (20) page views a second, so the site's rate stays 1 and the
-/// flood's rows weigh 1 each.
-#[tokio::test]
-async fn a_flood_from_one_address_does_not_lower_a_sites_rate() {
+/// The adversarial reviews' attack: a flood with a forged `Origin`, at five times a budget of
+/// 50, every beacon claiming the lowest rate, through a trusted proxy that names its client
+/// `from(request)`. Returns the site's rate after 6 s and the stored rows' rates.
+async fn flood(from: impl Fn(usize) -> String) -> (f64, Vec<f64>) {
     let ch = ClickHouse::start().await;
-    let app = App::start(Sites::with(&["shop"]), &[&ch], &[("--site-rate", "50")]).await;
+    let app = App::start(
+        Sites::with(&["shop"]),
+        &[&ch],
+        &[("--site-rate", "50"), ("--trusted-proxies", "127.0.0.1/32")],
+    )
+    .await;
     let start = Instant::now();
-    let mut stored = Vec::new();
+    let mut sent = Vec::new();
+    let mut n = 0;
     while start.elapsed() < Duration::from_secs(6) {
-        for _ in 0..10 {
-            let batch: Vec<Value> = (0..25)
-                .map(|_| {
-                    let (id, mut b) = beacon("shop");
-                    b["sample_rate"] = json!(0.01);
-                    stored.push(id);
-                    b
-                })
-                .collect();
-            let status = send(&app, &json!(batch), 7).await.status;
-            assert!(status == 202 || status == 429, "{status}");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let batch: Vec<Value> = (0..25)
+            .map(|_| {
+                let (id, mut b) = beacon("shop");
+                b["sample_rate"] = json!(0.01);
+                sent.push(id);
+                b
+            })
+            .collect();
+        let client = from(n);
+        n += 1;
+        let headers = [
+            ("content-type", "application/json"),
+            ("origin", "https://shop.example"),
+            ("x-forwarded-for", client.as_str()),
+        ];
+        let status = post(
+            app.addr,
+            "/api/v1/measurements",
+            &headers,
+            json!(batch).to_string(),
+        )
+        .await
+        .status;
+        assert!(status == 202 || status == 429, "{status}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert_eq!(
-        answer(&app, "shop").await.0,
-        1.0,
-        "the flood moved the rate"
-    );
+    let rate = answer(&app, "shop").await.0;
     crate::common::wait_until(
         "some of the flood stored",
         Duration::from_secs(10),
-        || async { ch.rows().iter().any(|r| stored.contains(&r.id)) },
+        || async { ch.rows().iter().any(|r| sent.contains(&r.id)) },
     )
     .await;
-    let rows = ch.rows();
-    let flood: Vec<_> = rows.iter().filter(|r| stored.contains(&r.id)).collect();
-    assert!(
-        flood.iter().all(|r| r.sample_rate == 1.0),
-        "a claimed 0.01 is stored as the rate in force, 1"
-    );
+    let stored = ch
+        .rows()
+        .iter()
+        .filter(|r| sent.contains(&r.id))
+        .map(|r| r.sample_rate)
+        .collect();
     app.stop(false).await;
+    (rate, stored)
+}
+
+/// One address: it counts at most `sampling::CLIENT_DEMAND_MAX` (20) page views a second, so
+/// the site's rate stays 1 and the flood's rows weigh 1 each.
+#[tokio::test]
+async fn a_flood_from_one_address_does_not_lower_a_sites_rate() {
+    let (rate, stored) = flood(|_| "192.0.2.7".to_owned()).await;
+    assert_eq!(rate, 1.0, "the flood moved the rate");
+    assert!(stored.iter().all(|&r| r == 1.0), "{stored:?}");
+}
+
+/// Every request from another address of one IPv6 /64 (the second review's attack: 2^64
+/// addresses to choose from): the /64 is one client.
+#[tokio::test]
+async fn a_flood_from_one_ipv6_subscriber_does_not_lower_a_sites_rate() {
+    let (rate, stored) = flood(|n| format!("2001:db8:1:2::{:x}", n + 1)).await;
+    assert_eq!(rate, 1.0, "the flood moved the rate");
+    assert!(stored.iter().all(|&r| r == 1.0), "{stored:?}");
 }
