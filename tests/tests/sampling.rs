@@ -133,12 +133,26 @@ impl Browsers {
             }
         }
         let url = format!("{}/api/v1/sites/{}", self.base, self.site);
-        let r = self
-            .client
-            .get(&url)
-            .send()
-            .await
-            .unwrap_or_else(|e| panic!("GET {url}: {e:?}"));
+        // A browser asks again when a reused keep-alive connection fails before any answer
+        // (the server closed it as the request left: Chromium's "reused socket" retry); an
+        // error is counted, and a third one fails the page view's task loudly.
+        let mut tries = 0;
+        let r = loop {
+            match self.client.get(&url).send().await {
+                Ok(r) => break r,
+                Err(e) if tries < 2 => {
+                    tries += 1;
+                    *self
+                        .tally
+                        .lock()
+                        .unwrap()
+                        .errors
+                        .entry(format!("GET: {e:?}"))
+                        .or_default() += 1;
+                }
+                Err(e) => panic!("GET {url}, the third time: {e:?}"),
+            }
+        };
         self.tally.lock().unwrap().settings_asked += 1;
         assert_eq!(r.status(), 200, "GET {url}");
         let max_age = r.headers()["cache-control"]
@@ -240,6 +254,9 @@ impl Load {
             let (mut carry, mut n, mut spiked) = (0.0, 0u64, Vec::new());
             let mut views = tokio::task::JoinSet::new();
             let mut tick = tokio::time::interval(Duration::from_millis(10));
+            // A stalled generator (a loaded machine) skips the ticks it missed: page views
+            // arrive as visitors come, never as a burst made up afterwards.
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
             while !st.load(Ordering::Relaxed) {
                 tick.tick().await;
                 carry += f64::from_bits(r.load(Ordering::Relaxed)) / 100.0;

@@ -64,11 +64,11 @@ pub fn render(report: &Report) -> String {
     let mut page = format!(
         "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n\
          <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n\
-         <title>{site}: the last {days} days</title>\n<style>{STYLE}</style>\n</head>\n<body>\n\
-         <h1>{site}: the last {days} days</h1>\n\
+         <title>{site}: the last {days}</title>\n<style>{STYLE}</style>\n</head>\n<body>\n\
+         <h1>{site}: the last {days}</h1>\n\
          <p class=\"sub\">{from} to {to} UTC, by {by}. Page views weighted by 1&#8202;/&#8202;sample_rate; \
          bots left out. Answered by {server}.</p>\n{legend}",
-        days = report.days,
+        days = super::days(report.days),
         from = escape(&report.from),
         to = escape(&report.to),
         by = escape(report.by.column()),
@@ -217,14 +217,18 @@ fn bar(f: &MetricFigures, shares: [f64; 3], y: f64) -> String {
         edges.push(x);
     }
     let (good, poor) = f.metric.thresholds();
+    // Under their edges, but never on each other: "≤ good" ends at least 70 before the bar's
+    // end, "> poor" begins at least 10 after it (both 100 % good: found by a newcomer).
+    let good_x = edges[0].max(BAR_X + 60.0).min(BAR_X + BAR_W - 70.0);
+    let poor_x = edges[1].min(BAR_X + BAR_W - 60.0).max(good_x + 10.0);
     let _ = writeln!(
         out,
         "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\" fill=\"#5f6368\" font-size=\"11\">\u{2264} {}</text>\
          <text x=\"{:.1}\" y=\"{:.1}\" fill=\"#5f6368\" font-size=\"11\">&gt; {}</text>",
-        edges[0].max(BAR_X + 60.0),
+        good_x,
         y + BAR_H + 16.0,
         f.metric.format(good),
-        edges[1].min(BAR_X + BAR_W - 60.0),
+        poor_x,
         y + BAR_H + 16.0,
         f.metric.format(poor)
     );

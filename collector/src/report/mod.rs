@@ -321,3 +321,12 @@ mod tests {
         assert_eq!(GroupBy::Country.display(""), "(unknown)");
     }
 }
+
+/// `days` as a heading says it: "day" or "N days".
+fn days(days: u32) -> String {
+    if days == 1 {
+        "day".to_owned()
+    } else {
+        format!("{days} days")
+    }
+}

@@ -52,14 +52,14 @@ pub fn render(report: &Report) -> String {
 /// What the report covers and how to read it.
 fn heading(report: &Report) -> String {
     format!(
-        "Site {}: the last {} days ({} to {} UTC), by {}\n\
+        "Site {}: the last {} ({} to {} UTC), by {}\n\
          Page views weighted by 1 / sample_rate; bots left out. p75: the 75th percentile. \
          Shares of the page views that measured the metric; measured: the measurements they \
          rest on.\n\
          Thresholds (web.dev): LCP 2,500/4,000 ms, INP 200/500 ms, CLS 0.1/0.25, \
          FCP 1,800/3,000 ms, TTFB 800/1,800 ms.\n",
         report.site,
-        report.days,
+        super::days(report.days),
         report.from,
         report.to,
         report.by.column()
