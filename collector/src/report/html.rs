@@ -219,7 +219,7 @@ fn bar(f: &MetricFigures, shares: [f64; 3], y: f64) -> String {
     let (good, poor) = f.metric.thresholds();
     // Under their edges, but never on each other: "≤ good" ends at least 70 before the bar's
     // end, "> poor" begins at least 10 after it (both 100 % good: found by a newcomer).
-    let good_x = edges[0].max(BAR_X + 60.0).min(BAR_X + BAR_W - 70.0);
+    let good_x = edges[0].clamp(BAR_X + 60.0, BAR_X + BAR_W - 70.0);
     let poor_x = edges[1].min(BAR_X + BAR_W - 60.0).max(good_x + 10.0);
     let _ = writeln!(
         out,

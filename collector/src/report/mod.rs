@@ -267,6 +267,15 @@ pub fn percent(share: f64) -> String {
     format!("{:.0}%", share * 100.0)
 }
 
+/// `days` as a heading says it: "day" or "N days".
+fn days(days: u32) -> String {
+    if days == 1 {
+        "day".to_owned()
+    } else {
+        format!("{days} days")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -319,14 +328,5 @@ mod tests {
         assert_eq!(Metric::Cls.format(0.1049), "0.105");
         assert_eq!(percent(0.614), "61%");
         assert_eq!(GroupBy::Country.display(""), "(unknown)");
-    }
-}
-
-/// `days` as a heading says it: "day" or "N days".
-fn days(days: u32) -> String {
-    if days == 1 {
-        "day".to_owned()
-    } else {
-        format!("{days} days")
     }
 }

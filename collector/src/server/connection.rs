@@ -161,7 +161,11 @@ async fn first_bytes(
     let deadline = tokio::time::sleep(timeout);
     tokio::pin!(deadline);
     loop {
+        // Readiness first: on a starved core the deadline and a request's bytes may be ready
+        // in the same poll, and closing on unread bytes resets the connection (the client's
+        // request lost: seen as "connection reset" by a load test on a loaded machine).
         tokio::select! {
+            biased;
             ready = stream.readable() => ready.ok()?,
             () = &mut deadline => return None,
             () = draining.cancelled() => return None,
