@@ -29,8 +29,8 @@ for addr in "127.0.0.1:$page_port" "$listen" "$admin_listen"; do
 done
 
 scripts/stack.sh install --demo
-echo "building the collector (release; about 5 minutes the first time)..."
-cargo build -q --release -p collector --bin collector
+echo "building the collector (release; about 5 minutes the first time on two idle cores, up to 20 on a busy machine)..."
+cargo build --release -p collector --bin collector
 # Where cargo puts it: CARGO_TARGET_DIR when set.
 bin="${CARGO_TARGET_DIR:-$root/target}/release/collector"
 

