@@ -4,6 +4,7 @@
 use super::{cli_store, failed, RunError, SiteLists, SitesCommand};
 use crate::beacon;
 use crate::config::Config;
+use crate::measurement::page_groups::presets;
 use crate::settings::{self, Site};
 
 /// Runs one `sites` subcommand.
@@ -107,7 +108,7 @@ fn check_rate(rate: f64) -> Result<f64, RunError> {
 }
 
 /// Replaces each list of `site` that `lists` gives, every value checked (exit 2 naming the
-/// first bad one).
+/// first bad one). A preset makes the page-group rules those given, then the preset's.
 fn apply_lists(site: &mut Site, lists: SiteLists) -> Result<(), RunError> {
     let usage =
         |flag: &str, value: &str, e: String| RunError::Usage(format!("--{flag} {value:?}: {e}"));
@@ -127,7 +128,15 @@ fn apply_lists(site: &mut Site, lists: SiteLists) -> Result<(), RunError> {
         }
         site.keep_query = keep;
     }
-    if let Some(groups) = lists.page_groups {
+    let mut page_groups = lists.page_groups;
+    if let Some(preset) = lists.page_groups_preset {
+        let rules = presets::rules(&preset)
+            .ok_or_else(|| usage("page-groups-preset", &preset, "not a preset".into()))?;
+        let mut groups = page_groups.unwrap_or_default();
+        groups.extend(rules.iter().map(|r| r.to_string()));
+        page_groups = Some(groups);
+    }
+    if let Some(groups) = page_groups {
         for g in &groups {
             settings::check_page_group(g).map_err(|e| usage("page-group", g, e))?;
         }

@@ -36,8 +36,11 @@ mod column;
 pub mod fields;
 pub mod filing;
 pub mod layouts;
+pub mod dimensions;
 pub mod minimise;
+pub mod page_groups;
 pub mod rules;
+pub mod timing;
 
 pub use column::{Column, DateTime, IntoOwned, Label, RowDecodeError};
 pub use fields::{judge, Measurement, RawBeacon, COLUMNS, FIELDS, LAYOUT_SECTIONS};
