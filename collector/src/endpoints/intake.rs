@@ -679,7 +679,7 @@ mod tests {
             }],
             dropped_fields: vec![DroppedField {
                 index: 0,
-                field: "lcp_ms",
+                field: "lcp_ms".into(),
             }],
             clock_skewed: 1,
         }
