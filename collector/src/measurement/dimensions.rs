@@ -207,14 +207,25 @@ mod tests {
     fn at_most_a_hundred_distinct_values_a_day_then_other() {
         let d = DistinctValues::default();
         for i in 0..MAX_DISTINCT {
-            assert_eq!(d.admit("s", "v", 1, format!("v{i}").into()), format!("v{i}"));
+            assert_eq!(
+                d.admit("s", "v", 1, format!("v{i}").into()),
+                format!("v{i}")
+            );
         }
         assert_eq!(d.admit("s", "v", 1, "new".into()), OTHER);
-        assert_eq!(d.admit("s", "v", 1, "v7".into()), "v7", "a known one still is");
+        assert_eq!(
+            d.admit("s", "v", 1, "v7".into()),
+            "v7",
+            "a known one still is"
+        );
         assert_eq!(d.admit("s", "w", 1, "new".into()), "new", "per name");
         assert_eq!(d.admit("t", "v", 1, "new".into()), "new", "per site");
         assert_eq!(d.admit("s", "v", 2, "new".into()), "new", "per day");
-        assert_eq!(d.inner.lock().unwrap().values.len(), 1, "the day before is forgotten");
+        assert_eq!(
+            d.inner.lock().unwrap().values.len(),
+            1,
+            "the day before is forgotten"
+        );
     }
 
     #[test]

@@ -16,8 +16,8 @@ use std::borrow::Cow;
 use uuid::Uuid;
 
 use super::column::{DateTime, Label};
-use super::{dimensions, filing, timing};
 use super::rules::{self, CONNECTION_TYPES, INP_TYPES, MAX_CLS, MAX_MS};
+use super::{dimensions, filing, timing};
 
 measurement_table! {
     <'a> judged with ctx;

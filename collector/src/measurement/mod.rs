@@ -33,10 +33,10 @@
 #[macro_use]
 pub mod table;
 mod column;
+pub mod dimensions;
 pub mod fields;
 pub mod filing;
 pub mod layouts;
-pub mod dimensions;
 pub mod minimise;
 pub mod page_groups;
 pub mod rules;
@@ -264,8 +264,14 @@ pub(crate) mod tests {
             server_timing_dur: vec![0.0, 12.5],
             server_timing_desc: vec!["HIT".into(), "".into()],
             cdn_cache: Label("hit".into()),
-            dimension_names: n.is_multiple_of(2).then(|| vec!["variant".into()]).unwrap_or_default(),
-            dimension_values: n.is_multiple_of(2).then(|| vec!["b".into()]).unwrap_or_default(),
+            dimension_names: n
+                .is_multiple_of(2)
+                .then(|| vec!["variant".into()])
+                .unwrap_or_default(),
+            dimension_values: n
+                .is_multiple_of(2)
+                .then(|| vec!["b".into()])
+                .unwrap_or_default(),
             page_group: Label("product".into()),
             // Columns added later are at their defaults.
             ..Default::default()

@@ -107,7 +107,10 @@ pub fn cdn_cache(judged: &Field<Vec<Timing<'_>>>) -> Label<'static> {
     let d = entry.desc.trim();
     let status = if d.eq_ignore_ascii_case("HIT") {
         "hit"
-    } else if ["MISS", "EXPIRED"].iter().any(|s| d.eq_ignore_ascii_case(s)) {
+    } else if ["MISS", "EXPIRED"]
+        .iter()
+        .any(|s| d.eq_ignore_ascii_case(s))
+    {
         "miss"
     } else if ["STALE", "UPDATING", "REVALIDATED"]
         .iter()
@@ -142,7 +145,10 @@ mod tests {
             panic!("valid")
         };
         assert_eq!(t.len(), 2);
-        assert_eq!((&*t[0].name, t[0].dur, &*t[0].desc), ("db", 12.5, "Postgres"));
+        assert_eq!(
+            (&*t[0].name, t[0].dur, &*t[0].desc),
+            ("db", 12.5, "Postgres")
+        );
         assert_eq!((&*t[1].name, t[1].dur, &*t[1].desc), ("app", 0.0, ""));
     }
 

@@ -25,7 +25,10 @@ pub mod presets;
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Segment {
     /// The same text, or, with a `*` inside, this prefix and suffix around anything.
-    Text { prefix: String, suffix: Option<String> },
+    Text {
+        prefix: String,
+        suffix: Option<String>,
+    },
     /// `*`: any one non-empty segment.
     One,
     /// `**`: any rest (last).
@@ -61,7 +64,10 @@ fn parse(value: &str) -> Result<Rule, String> {
     let Some(path) = pattern.strip_prefix('/') else {
         return Err("the pattern must be a path starting with / (no query)".into());
     };
-    if pattern.chars().any(|c| c.is_whitespace() || c == '?' || c == '#') {
+    if pattern
+        .chars()
+        .any(|c| c.is_whitespace() || c == '?' || c == '#')
+    {
         return Err("the pattern must be a path starting with / (no query)".into());
     }
     let parts: Vec<&str> = path.split('/').collect();
@@ -196,7 +202,10 @@ mod tests {
     #[test]
     fn first_match_wins_and_the_query_is_not_matched() {
         let g = groups(&["sale=/p/sale-*", "product=/p/*", "home=/", "cart=/cart/**"]);
-        assert_eq!(g.group_of("https://s.example/p/sale-shoes?utm_source=x"), "sale");
+        assert_eq!(
+            g.group_of("https://s.example/p/sale-shoes?utm_source=x"),
+            "sale"
+        );
         assert_eq!(g.group_of("https://s.example/p/shoes"), "product");
         assert_eq!(g.group_of("https://s.example/"), "home");
         assert_eq!(g.group_of("https://s.example"), "home");
@@ -217,26 +226,24 @@ mod tests {
     fn a_trailing_slash_is_a_segment() {
         let g = groups(&["category=/*/", "product=/*/*"]);
         assert_eq!(g.group_of("https://s.example/Clothing/"), "category");
-        assert_eq!(g.group_of("https://s.example/Main-product/SW10001"), "product");
+        assert_eq!(
+            g.group_of("https://s.example/Main-product/SW10001"),
+            "product"
+        );
         assert_eq!(g.group_of("https://s.example/Clothing"), "/Clothing");
     }
 
     #[test]
     fn bad_rules_are_refused() {
         for bad in [
-            "product",
-            "=/p/*",
-            "a b=/p",
-            "p=p/*",
-            "p=/p?x=1",
-            "p=/**/x",
-            "p=/a*b*c",
-            "p=/p /q",
+            "product", "=/p/*", "a b=/p", "p=p/*", "p=/p?x=1", "p=/**/x", "p=/a*b*c", "p=/p /q",
         ] {
             assert!(check(bad).is_err(), "{bad}");
         }
         assert_eq!(
-            PageGroups::compile(&["bad".into(), "ok=/".into()]).rules.len(),
+            PageGroups::compile(&["bad".into(), "ok=/".into()])
+                .rules
+                .len(),
             1
         );
     }

@@ -126,7 +126,11 @@ mod tests {
     use super::*;
 
     fn assert_golden(preset: &str, golden: &[(&str, &str)]) {
-        let rules: Vec<String> = rules(preset).unwrap().iter().map(|r| r.to_string()).collect();
+        let rules: Vec<String> = rules(preset)
+            .unwrap()
+            .iter()
+            .map(|r| r.to_string())
+            .collect();
         for r in &rules {
             check(r).unwrap_or_else(|e| panic!("{preset}: {r}: {e}"));
         }
@@ -152,7 +156,10 @@ mod tests {
             &[
                 ("/", "home"),
                 ("/products/classic-leather-jacket", "product"),
-                ("/collections/frontpage/products/classic-leather-jacket", "product"),
+                (
+                    "/collections/frontpage/products/classic-leather-jacket",
+                    "product",
+                ),
                 ("/collections/all", "collection"),
                 ("/collections/mens-shoes/size-42", "collection"),
                 ("/collections", "collection"),
@@ -192,7 +199,10 @@ mod tests {
                 ("/account", "account"),
                 ("/account/order", "account"),
                 ("/account/login", "account"),
-                ("/landingPage/0190a1b2c3d4e5f60718293a4b5c6d7e", "landing_page"),
+                (
+                    "/landingPage/0190a1b2c3d4e5f60718293a4b5c6d7e",
+                    "landing_page",
+                ),
             ],
         );
     }
