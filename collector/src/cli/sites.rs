@@ -166,3 +166,49 @@ async fn set_enabled(
         Err(RunError::Failed(format!("no site {key:?}")))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lists(groups: Option<&[&str]>, preset: Option<&str>) -> SiteLists {
+        SiteLists {
+            origins: None,
+            keep_query: None,
+            page_groups: groups.map(|g| g.iter().map(|s| s.to_string()).collect()),
+            page_groups_preset: preset.map(str::to_owned),
+            dimensions: None,
+        }
+    }
+
+    #[test]
+    fn a_preset_follows_the_sites_own_rules() {
+        let mut site = Site::new("s");
+        apply_lists(
+            &mut site,
+            lists(Some(&["sale=/products/sale-*"]), Some("shopify")),
+        )
+        .unwrap();
+        assert_eq!(site.page_groups[0], "sale=/products/sale-*");
+        assert_eq!(site.page_groups[1..], *presets::SHOPIFY);
+
+        apply_lists(&mut site, lists(None, Some("woocommerce"))).unwrap();
+        assert_eq!(
+            site.page_groups,
+            *presets::WOOCOMMERCE,
+            "a preset alone replaces the rules"
+        );
+
+        apply_lists(&mut site, lists(None, None)).unwrap();
+        assert_eq!(
+            site.page_groups,
+            *presets::WOOCOMMERCE,
+            "nothing given keeps them"
+        );
+
+        let bad = apply_lists(&mut site, lists(Some(&["p=/**/x"]), Some("magento")));
+        assert!(matches!(bad, Err(RunError::Usage(_))));
+        let unknown = apply_lists(&mut site, lists(None, Some("prestashop")));
+        assert!(matches!(unknown, Err(RunError::Usage(_))));
+    }
+}
