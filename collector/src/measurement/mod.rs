@@ -264,14 +264,16 @@ pub(crate) mod tests {
             server_timing_dur: vec![0.0, 12.5],
             server_timing_desc: vec!["HIT".into(), "".into()],
             cdn_cache: Label("hit".into()),
-            dimension_names: n
-                .is_multiple_of(2)
-                .then(|| vec!["variant".into()])
-                .unwrap_or_default(),
-            dimension_values: n
-                .is_multiple_of(2)
-                .then(|| vec!["b".into()])
-                .unwrap_or_default(),
+            dimension_names: if n.is_multiple_of(2) {
+                vec!["variant".into()]
+            } else {
+                vec![]
+            },
+            dimension_values: if n.is_multiple_of(2) {
+                vec!["b".into()]
+            } else {
+                vec![]
+            },
             page_group: Label("product".into()),
             // Columns added later are at their defaults.
             ..Default::default()
