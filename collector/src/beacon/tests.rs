@@ -645,7 +645,8 @@ fn v4_intake_cost() {
     let keep = vec!["utm_*".to_owned()];
     let distinct = DistinctValues::default();
     const N: u32 = 20_000;
-    let run = |body: &str, v4: bool| {
+    // `groups`: the page group from the preset; `dims`: the dimensions settled.
+    let run = |body: &str, groups: Option<&PageGroups>, dims: bool| {
         let start = std::time::Instant::now();
         let mut bytes = 0;
         for _ in 0..N {
@@ -657,8 +658,10 @@ fn v4_intake_cost() {
                 .collect();
             for m in &mut valid {
                 m.minimise(&keep, &[]);
-                if v4 {
-                    m.page_group = crate::measurement::Label(groups.group_of(&m.url).into());
+                if let Some(g) = groups {
+                    m.page_group = crate::measurement::Label(g.group_of(&m.url).into());
+                }
+                if dims {
                     assert!(m.settle_dimensions(&declared, &distinct).is_empty());
                 }
             }
@@ -666,11 +669,30 @@ fn v4_intake_cost() {
         }
         (start.elapsed() / N, bytes / N as usize)
     };
-    for round in 0..3 {
-        let (b, b_bytes) = run(&before, false);
-        let (a, a_bytes) = run(&after, true);
-        println!(
-            "round {round}: before {b:?} per beacon ({b_bytes} bytes); with v4's additions {a:?} ({a_bytes} bytes)"
-        );
+    // The least of 7 rounds, interleaved: the machine is shared.
+    let mut best = [std::time::Duration::MAX; 3];
+    for _ in 0..7 {
+        for (i, (body, g, d)) in [
+            (&before, None, false),
+            (&before, Some(&groups), false),
+            (&after, Some(&groups), true),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            best[i] = best[i].min(run(body, g, d).0);
+        }
     }
+    println!(
+        "per beacon, least of 7 rounds: before {:?}; with the page group (Shopify preset) {:?}; \
+         with Server-Timing (3 entries) and 2 dimensions in the body too {:?}",
+        best[0], best[1], best[2]
+    );
+    let start = std::time::Instant::now();
+    for _ in 0..N {
+        std::hint::black_box(groups.group_of(std::hint::black_box(
+            "https://shop.example/collections/summer/products/linen-shirt-42?utm_source=x",
+        )));
+    }
+    println!("group_of alone: {:?}", start.elapsed() / N);
 }

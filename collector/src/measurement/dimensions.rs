@@ -86,7 +86,10 @@ pub struct DistinctValues {
 struct Tracked {
     /// The UTC day tracked, days since the Unix epoch.
     day: u32,
-    values: HashMap<(String, String), HashSet<String>>,
+    /// (site, name) pairs tracked: the bound's count.
+    pairs: usize,
+    /// Values stored, by site and name (nested, so that a lookup borrows its keys).
+    values: HashMap<String, HashMap<String, HashSet<String>>>,
 }
 
 impl DistinctValues {
@@ -94,17 +97,25 @@ impl DistinctValues {
     /// Unix epoch, UTC): the value while it is one of the first [`MAX_DISTINCT`] distinct ones
     /// of the day, else [`OTHER`].
     pub fn admit<'v>(&self, site: &str, name: &str, day: u32, value: Cow<'v, str>) -> Cow<'v, str> {
-        let mut t = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let mut guard = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let t = &mut *guard;
         if day > t.day {
             t.day = day;
+            t.pairs = 0;
             t.values.clear();
         }
-        let tracked = t.values.len();
-        let key = (site.to_owned(), name.to_owned());
-        let seen = match t.values.get_mut(&key) {
+        let known = t.values.get_mut(site).and_then(|names| names.get_mut(name));
+        let seen = match known {
             Some(seen) => seen,
-            None if tracked >= MAX_TRACKED_PAIRS => return Cow::Borrowed(OTHER),
-            None => t.values.entry(key).or_default(),
+            None if t.pairs >= MAX_TRACKED_PAIRS => return Cow::Borrowed(OTHER),
+            None => {
+                t.pairs += 1;
+                t.values
+                    .entry(site.to_owned())
+                    .or_default()
+                    .entry(name.to_owned())
+                    .or_default()
+            }
         };
         if seen.contains(value.as_ref()) {
             return value;
