@@ -263,6 +263,7 @@ fn intake_state(
         metrics: metrics.clone(),
         limits: limits::Limits::new(intake.client_rate, intake.site_rate, intake.max_in_flight),
         sampler: sampling::Sampler::new(intake.site_rate, metrics.clone()),
+        dimension_values: Default::default(),
         trusted_proxies: intake.trusted_proxies.clone(),
         client_ip_header: intake.client_ip_header,
         countries,

@@ -39,6 +39,8 @@ pub struct Inner {
     pub limits: Limits,
     /// The sample rates of sites over their budget.
     pub sampler: crate::sampling::Sampler,
+    /// The distinct dimension values stored per site, name and UTC day (bounded).
+    pub dimension_values: crate::measurement::dimensions::DistinctValues,
     /// Peers whose forwarding header is believed.
     pub trusted_proxies: Vec<IpNet>,
     /// The one header those peers name the client in.

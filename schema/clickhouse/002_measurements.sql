@@ -37,7 +37,14 @@ CREATE TABLE IF NOT EXISTS {database}.measurements
     inp_script_url Nullable(String),
     cls_time_ms Nullable(Float64),
     cls_value Nullable(Float64),
-    country LowCardinality(String) DEFAULT ''
+    country LowCardinality(String) DEFAULT '',
+    server_timing_name Array(String),
+    server_timing_dur Array(Float64),
+    server_timing_desc Array(String),
+    cdn_cache LowCardinality(String) DEFAULT '',
+    dimension_names Array(String),
+    dimension_values Array(String),
+    page_group LowCardinality(String) DEFAULT ''
 )
 ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/{database}/measurements_v2', '{replica}')
 PARTITION BY toYYYYMM(page_view_at)

@@ -161,6 +161,64 @@ const SHOP: [PageView; 15] = [
 /// collector.
 const RESENT: [usize; 3] = [4, 6, 9];
 
+/// The page-group rule of the shop (`/` has none: its automatic group is `/`).
+const PAGE_GROUP_RULE: &str = "product=/p/*";
+
+/// What some page views of [`SHOP`] also carry (v4): by index, a CDN cache entry of
+/// Server-Timing (its name and `desc`) with the TTFB it came with (the others keep the
+/// beacon's 120.5 ms and send no Server-Timing), and the value of the dimension `variant`.
+const CACHE: [(usize, &str, &str, f64); 6] = [
+    (0, "cdn-cache", "HIT", 40.0),
+    (3, "cdn-cache", "HIT", 40.0),
+    (6, "cfCacheStatus", "hit", 40.0),
+    (4, "cdn-cache", "MISS", 900.0),
+    (7, "cfCacheStatus", "EXPIRED", 900.0),
+    (5, "cdn-cache", "STALE", 300.0),
+];
+const VARIANT: [(usize, &str); 7] = [
+    (3, "a"),
+    (6, "a"),
+    (8, "a"),
+    (0, "b"),
+    (4, "b"),
+    (7, "b"),
+    (9, "b"),
+];
+
+/// Adds to beacon `i` of [`SHOP`] its Server-Timing, TTFB and variant ([`CACHE`], [`VARIANT`]).
+fn with_extras(i: usize, m: &mut Value) {
+    if let Some(&(_, name, desc, ttfb)) = CACHE.iter().find(|c| c.0 == i) {
+        m["server_timing"] = json!([{"name": "app", "dur": 10}, {"name": name, "desc": desc}]);
+        m["ttfb_ms"] = json!(ttfb);
+    }
+    if let Some(&(_, variant)) = VARIANT.iter().find(|v| v.0 == i) {
+        m["dimensions"] = json!({ "variant": variant });
+    }
+}
+
+/// The columns intake derives from beacon `i` of [`SHOP`] at `path` and its extras, as a row
+/// written straight into the table carries them (the 26.x test).
+fn derived_v4(i: usize, path: &str, m: &mut Value) {
+    let cache = CACHE.iter().find(|c| c.0 == i).map_or("", |c| match c.2 {
+        "HIT" | "hit" => "hit",
+        "STALE" => "stale",
+        _ => "miss",
+    });
+    m["cdn_cache"] = json!(cache);
+    m["page_group"] = json!(if path.starts_with("/p/") {
+        "product"
+    } else {
+        path
+    });
+    if let Some(&(_, variant)) = VARIANT.iter().find(|v| v.0 == i) {
+        m["dimension_names"] = json!(["variant"]);
+        m["dimension_values"] = json!([variant]);
+    }
+    for key in ["server_timing", "dimensions"] {
+        m.as_object_mut().unwrap().remove(key);
+    }
+}
+
 /// What each documented query must answer for [`SHOP`] (days `d0` and `d1` as `YYYY-MM-DD`),
 /// worked out by hand; every percentile sits inside a run of equal values, so that ClickHouse's
 /// interpolating `quantile` and an exact one agree.
@@ -186,34 +244,65 @@ fn expected_answers(d0: &str, d1: &str) -> Vec<(&'static str, Vec<Value>)> {
                    "cls_measured": 1, "cls_p75": 0}),
             ],
         ),
+        // Page views weigh 1 / sample_rate: two each (the shop samples half).
         (
             "lcp_distribution",
             vec![
-                json!({"device_type": "desktop", "rows": 6, "lcp_measured": 6, "good": 2,
-                   "needs_improvement": 4, "poor": 0}),
-                json!({"device_type": "mobile", "rows": 6, "lcp_measured": 4, "good": 1,
-                   "needs_improvement": 1, "poor": 2}),
+                json!({"device_type": "desktop", "rows": 6, "page_views": 12, "lcp_measured": 6,
+                   "good": 4, "needs_improvement": 8, "poor": 0}),
+                json!({"device_type": "mobile", "rows": 6, "page_views": 12, "lcp_measured": 4,
+                   "good": 2, "needs_improvement": 2, "poor": 4}),
                 // Nothing measured: counts of 0, not NULL.
-                json!({"device_type": "tablet", "rows": 1, "lcp_measured": 0, "good": 0,
-                   "needs_improvement": 0, "poor": 0}),
+                json!({"device_type": "tablet", "rows": 1, "page_views": 2, "lcp_measured": 0,
+                   "good": 0, "needs_improvement": 0, "poor": 0}),
             ],
         ),
         (
             "lcp_histogram",
             vec![
-                json!({"bucket_ms": 1000, "page_views": 1}),
-                json!({"bucket_ms": 1500, "page_views": 1}),
-                json!({"bucket_ms": 2000, "page_views": 1}),
-                json!({"bucket_ms": 3000, "page_views": 5}),
-                json!({"bucket_ms": 4500, "page_views": 2}),
+                json!({"bucket_ms": 1000, "rows": 1, "page_views": 2}),
+                json!({"bucket_ms": 1500, "rows": 1, "page_views": 2}),
+                json!({"bucket_ms": 2000, "rows": 1, "page_views": 2}),
+                json!({"bucket_ms": 3000, "rows": 5, "page_views": 10}),
+                json!({"bucket_ms": 4500, "rows": 2, "page_views": 4}),
             ],
         ),
         (
             "slowest_pages",
             vec![
-                json!({"page": "/p/shoes", "rows": 5, "lcp_measured": 4, "lcp_p75_ms": 4500,
-                   "inp_p75_ms": 300, "cls_p75": 0.3}),
-                json!({"page": "/", "rows": 8, "lcp_measured": 6, "lcp_p75_ms": 3000}),
+                json!({"page": "/p/shoes", "rows": 5, "page_views": 10, "lcp_measured": 4,
+                   "lcp_p75_ms": 4500, "inp_p75_ms": 300, "cls_p75": 0.3}),
+                json!({"page": "/", "rows": 8, "page_views": 16, "lcp_measured": 6,
+                   "lcp_p75_ms": 3000}),
+            ],
+        ),
+        // The site's rule `product=/p/*`; `/` has no rule: its automatic group is itself.
+        // Weighted p75s are exact: the value where the cumulated weight reaches 3/4.
+        (
+            "by_page_group",
+            vec![
+                json!({"page_group": "/", "rows": 8, "page_views": 16, "lcp_measured": 6,
+                   "lcp_p75_ms": 3000, "inp_p75_ms": 100, "cls_p75": 0.05}),
+                json!({"page_group": "product", "rows": 5, "page_views": 10, "lcp_measured": 4,
+                   "lcp_p75_ms": 4500, "inp_p75_ms": 300, "cls_p75": 0.3}),
+            ],
+        ),
+        (
+            "ttfb_by_cdn_cache",
+            vec![
+                json!({"cdn_cache": "", "rows": 7, "page_views": 14, "ttfb_p75_ms": 120.5}),
+                json!({"cdn_cache": "hit", "rows": 3, "page_views": 6, "ttfb_p75_ms": 40}),
+                json!({"cdn_cache": "miss", "rows": 2, "page_views": 4, "ttfb_p75_ms": 900}),
+                json!({"cdn_cache": "stale", "rows": 1, "page_views": 2, "ttfb_p75_ms": 300}),
+            ],
+        ),
+        (
+            "lcp_by_dimension",
+            vec![
+                json!({"value": "a", "rows": 3, "page_views": 6, "lcp_measured": 3,
+                   "lcp_p75_ms": 2000}),
+                json!({"value": "b", "rows": 4, "page_views": 8, "lcp_measured": 3,
+                   "lcp_p75_ms": 4500}),
             ],
         ),
         (
@@ -240,8 +329,19 @@ fn expected_answers(d0: &str, d1: &str) -> Vec<(&'static str, Vec<Value>)> {
 async fn the_documented_dashboard_queries_answer_what_the_beacons_say() {
     let env = TestEnv::new(Stack::shared()).await;
     // The shop samples half of its page views: every row stands for two.
-    env.cli(&["sites", "add", "--key", "shop", "--sample-rate", "0.5"])
-        .success();
+    env.cli(&[
+        "sites",
+        "add",
+        "--key",
+        "shop",
+        "--sample-rate",
+        "0.5",
+        "--page-group",
+        PAGE_GROUP_RULE,
+        "--dimension",
+        "variant",
+    ])
+    .success();
     let c1 = env.collector(&[]).await;
     let c2 = env.collector(&[]).await;
 
@@ -255,9 +355,11 @@ async fn the_documented_dashboard_queries_answer_what_the_beacons_say() {
         m["lcp_ms"] = json!(lcp);
         m["inp_ms"] = json!(inp);
         m["cls"] = json!(cls);
+        with_extras(i, &mut m);
         let headers = [("Content-Type", "application/json"), ("User-Agent", ua)];
         let (s, a, _) = c1.post(m.to_string(), &headers).await;
         assert_eq!(s, 202, "{a}");
+        assert_eq!(a["dropped_fields"], json!([]), "{a}");
         if RESENT.contains(&i) {
             let (s, a, _) = c2.post(m.to_string(), &headers).await;
             assert_eq!(s, 202, "{a}");
@@ -301,6 +403,7 @@ async fn the_documented_dashboard_queries_answer_what_the_beacons_say() {
         ("from", format!("toDateTime('{d0} 00:00:00', 'UTC')")),
         ("to", format!("toDateTime('{d2} 00:00:00', 'UTC')")),
         ("min_page_views", "2".to_owned()),
+        ("dimension", "'variant'".to_owned()),
     ];
     for (name, expected) in expected_answers(&d0, &d1) {
         let sql = bind(&documented(name), &env.db, &params);
@@ -356,7 +459,7 @@ async fn the_documented_queries_bind_their_parameters_on_clickhouse_26() {
     env.cli(&["migrate"]).success();
     let db = env.db.clone();
     let first_day = (now_ms() / DAY_MS - 3) * DAY_MS;
-    let row = |(day, ua, path, lcp, inp, cls): PageView| {
+    let row = |i: usize, (day, ua, path, lcp, inp, cls): PageView| {
         let (device_type, browser, browser_version) = derived(ua);
         let (id, mut m) = measurement("shop");
         let ts = first_day + day * DAY_MS + DAY_MS / 2;
@@ -371,6 +474,8 @@ async fn the_documented_queries_bind_their_parameters_on_clickhouse_26() {
         m["device_type"] = json!(device_type);
         m["browser"] = json!(browser);
         m["browser_version"] = json!(browser_version);
+        with_extras(i, &mut m);
+        derived_v4(i, path.split('?').next().unwrap(), &mut m);
         (id, m)
     };
     let insert = |rows: Vec<Value>| {
@@ -385,7 +490,7 @@ async fn the_documented_queries_bind_their_parameters_on_clickhouse_26() {
             &[],
         )
     };
-    let rows: Vec<Value> = SHOP.iter().map(|&v| row(v).1).collect();
+    let rows: Vec<Value> = SHOP.iter().enumerate().map(|(i, &v)| row(i, v).1).collect();
     insert(rows.clone()).await;
     // Each resend arrives later, in a batch of its own, with its own receipt time.
     for &i in &RESENT {
@@ -393,7 +498,7 @@ async fn the_documented_queries_bind_their_parameters_on_clickhouse_26() {
         again["received_at"] = json!(as_i64(&again["received_at"]).unwrap() + 600);
         insert(vec![again]).await;
     }
-    let (_, mut other) = row((0, ANDROID, "/", Some(9999.0), None, None));
+    let (_, mut other) = row(usize::MAX, (0, ANDROID, "/", Some(9999.0), None, None));
     other["site"] = json!("another-shop");
     insert(vec![other]).await;
 
@@ -418,6 +523,7 @@ async fn the_documented_queries_bind_their_parameters_on_clickhouse_26() {
         ("param_from", format!("{d0} 00:00:00")),
         ("param_to", format!("{d2} 00:00:00")),
         ("param_min_page_views", "2".to_owned()),
+        ("param_dimension", "variant".to_owned()),
     ];
     for (name, expected) in expected_answers(&d0, &d1) {
         let sql = documented(name).replace("collector.measurements", &format!("{db}.measurements"));

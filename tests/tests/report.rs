@@ -110,6 +110,55 @@ fn utc_time(secs: i64) -> String {
     )
 }
 
+/// The page group of a row of `device` (v4: `--by page_group`): phones' rows are of the
+/// product pages, desktops' of the home page, the others' of categories.
+fn page_group(device: &str) -> &'static str {
+    match device {
+        "mobile" => "product",
+        "desktop" => "/",
+        _ => "category",
+    }
+}
+
+/// `--by page_group` groups the same rows as `--by device_type`, by their page group: each
+/// group's measurements and page views are those of its devices.
+fn check_by_page_group(env: &TestEnv<'_>, by_device: &Value) {
+    let out = env.cli(&[
+        "report",
+        "--site",
+        SITE,
+        "--by",
+        "page_group",
+        "--format",
+        "json",
+    ]);
+    out.success();
+    let report: Value =
+        serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", out.stdout));
+    assert_eq!(field(&report, "by"), "page_group");
+    let sums = |r: &Value, group_of: &dyn Fn(&str) -> String| {
+        let mut sums = std::collections::BTreeMap::<String, (f64, f64)>::new();
+        for g in field(r, "groups").as_array().expect("groups is a list") {
+            let name = group_of(field(g, "group").as_str().unwrap());
+            let e = sums.entry(name).or_default();
+            e.0 += num(field(g, "measurements")).unwrap();
+            e.1 += num(field(g, "page_views")).unwrap();
+        }
+        sums
+    };
+    let got = sums(&report, &|g| g.to_owned());
+    let want = sums(by_device, &|d| page_group(d).to_owned());
+    assert_eq!(got.keys().collect::<Vec<_>>(), ["/", "category", "product"]);
+    for (group, (measurements, views)) in &want {
+        let (m, v) = got[group];
+        assert_eq!(m, *measurements, "{group}");
+        assert!(
+            (v - views).abs() < 1e-6,
+            "{group}: {v} page views, not {views}"
+        );
+    }
+}
+
 /// `row` as a line of JSONEachRow for `site`, its page view `row.age` seconds before `now`.
 /// Every column is given: 18.16 fills an omitted one with its type's zero, not its DEFAULT.
 fn json_row(site: &str, row: &Row, now: i64) -> String {
@@ -119,6 +168,7 @@ fn json_row(site: &str, row: &Row, now: i64) -> String {
         "received_at": utc_time(at), "ts": at * 1000, "page_view_at": utc_time(at),
         "user_agent": "", "sample_rate": row.rate, "device_type": row.device,
         "browser": row.browser, "browser_version": "", "os": "", "country": "",
+        "page_group": page_group(row.device),
     });
     for ((_, column, ..), value) in METRICS.iter().zip(row.metrics) {
         v[*column] = json!(value);
@@ -376,6 +426,7 @@ async fn report_answers_what_the_rows_say(env: &TestEnv<'_>) -> std::path::PathB
     assert_eq!(field(&report, "days"), 7);
     let server = server_p75s(env, now - 7 * DAY).await;
     check_report(&report, &expected(&rows), &server);
+    check_by_page_group(env, &report);
 
     // The table: one block per device type, the hostile name as it is (a terminal runs nothing).
     let table = env.cli(&["report", "--site", SITE, "--by", "browser", "--days", "30"]);

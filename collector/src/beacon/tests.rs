@@ -621,3 +621,78 @@ fn beacon_cost() {
         start.elapsed() / 20_000
     );
 }
+
+/// The cost per beacon of contract v4's additions at intake (issue 40), without I/O: the
+/// station work of [`beacon_cost`] plus what intake does once the site is known (minimise),
+/// first as before the additions, then with a body carrying three Server-Timing entries and
+/// two dimensions, the page group from the Shopify preset (13 rules) and the dimensions
+/// settled. Run by hand (`cargo test --release -p collector v4_intake_cost -- --ignored
+/// --nocapture`); a speed figure is not a test.
+#[test]
+#[ignore]
+fn v4_intake_cost() {
+    use crate::measurement::dimensions::DistinctValues;
+    use crate::measurement::page_groups::{presets, PageGroups};
+    let common = r#","ts":1780000000000,"referrer":"https://search.example/?q=shoes","navigation_type":"navigate","ttfb_ms":120.5,"fcp_ms":800,"lcp_ms":1500.25,"inp_ms":64,"cls":0.05,"dom_content_loaded_ms":900,"load_ms":1800,"viewport_width":1280,"effective_connection_type":"4g","lcp_target":"main>img.hero","lcp_resource_load_delay_ms":100,"lcp_resource_load_duration_ms":400,"lcp_element_render_delay_ms":50,"inp_type":"pointer","inp_input_delay_ms":4,"inp_processing_duration_ms":40,"inp_presentation_delay_ms":20"#;
+    let url = r#"{"id":"7f1c2a3e-9b4d-4c6e-8f00-123456789abc","site":"shop-1","url":"https://shop.example/collections/summer/products/linen-shirt-42?utm_source=x&fbclid=abc""#;
+    let before = format!("{url}{common}}}");
+    let after = format!(
+        r#"{url}{common},"server_timing":[{{"name":"cdn-cache","desc":"HIT"}},{{"name":"edge","dur":3.5}},{{"name":"db","dur":12,"desc":"postgres"}}],"dimensions":{{"variant":"b","page_type":"pdp"}}}}"#
+    );
+    let rules: Vec<String> = presets::SHOPIFY.iter().map(|r| r.to_string()).collect();
+    let groups = PageGroups::compile(&rules);
+    let declared = vec!["variant".to_owned(), "page_type".to_owned()];
+    let keep = vec!["utm_*".to_owned()];
+    let distinct = DistinctValues::default();
+    const N: u32 = 20_000;
+    // `groups`: the page group from the preset; `dims`: the dimensions settled.
+    let run = |body: &str, groups: Option<&PageGroups>, dims: bool| {
+        let start = std::time::Instant::now();
+        let mut bytes = 0;
+        for _ in 0..N {
+            let text = text(body.as_bytes());
+            let mut valid: Vec<_> = parse(&text)
+                .unwrap()
+                .into_iter()
+                .map(|item| validate(item, &ctx()).unwrap().measurement)
+                .collect();
+            for m in &mut valid {
+                m.minimise(&keep, &[]);
+                if let Some(g) = groups {
+                    m.page_group = crate::measurement::Label(g.group_of(&m.url).into());
+                }
+                if dims {
+                    assert!(m.settle_dimensions(&declared, &distinct).is_empty());
+                }
+            }
+            bytes += crate::measurement::encode(&valid).payload.len();
+        }
+        (start.elapsed() / N, bytes / N as usize)
+    };
+    // The least of 7 rounds, interleaved: the machine is shared.
+    let mut best = [std::time::Duration::MAX; 3];
+    for _ in 0..7 {
+        for (i, (body, g, d)) in [
+            (&before, None, false),
+            (&before, Some(&groups), false),
+            (&after, Some(&groups), true),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            best[i] = best[i].min(run(body, g, d).0);
+        }
+    }
+    println!(
+        "per beacon, least of 7 rounds: before {:?}; with the page group (Shopify preset) {:?}; \
+         with Server-Timing (3 entries) and 2 dimensions in the body too {:?}",
+        best[0], best[1], best[2]
+    );
+    let start = std::time::Instant::now();
+    for _ in 0..N {
+        std::hint::black_box(groups.group_of(std::hint::black_box(
+            "https://shop.example/collections/summer/products/linen-shirt-42?utm_source=x",
+        )));
+    }
+    println!("group_of alone: {:?}", start.elapsed() / N);
+}

@@ -129,6 +129,11 @@ pub struct SiteLists {
     /// wins); repeat for several, in order.
     #[arg(long = "page-group")]
     pub page_groups: Option<Vec<String>>,
+    /// A shop platform's page-group rules (`shopify`, `shopware`, `magento`,
+    /// `woocommerce`): the site's rules become the `--page-group` rules given, then the
+    /// preset's (the first match wins, so a shop's own rules come first).
+    #[arg(long = "page-groups-preset", value_parser = clap::builder::PossibleValuesParser::new(crate::measurement::page_groups::presets::NAMES))]
+    pub page_groups_preset: Option<String>,
     /// A dimension name the page may set (`[a-z0-9_]`, at most 32 bytes); at most 5.
     #[arg(long = "dimension")]
     pub dimensions: Option<Vec<String>>,

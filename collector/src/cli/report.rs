@@ -1,4 +1,4 @@
-//! `collector report --site KEY [--days N] [--by device_type|country|browser] [--format
+//! `collector report --site KEY [--days N] [--by page_group|device_type|country|browser] [--format
 //! table|json] [--html FILE]` (contract v4 §1): a site's numbers at a glance, from ClickHouse
 //! ([`crate::report`]).
 //!

@@ -4,6 +4,7 @@
 use super::{cli_store, failed, RunError, SiteLists, SitesCommand};
 use crate::beacon;
 use crate::config::Config;
+use crate::measurement::page_groups::presets;
 use crate::settings::{self, Site};
 
 /// Runs one `sites` subcommand.
@@ -110,7 +111,7 @@ fn check_rate(rate: f64) -> Result<f64, RunError> {
 }
 
 /// Replaces each list of `site` that `lists` gives, every value checked (exit 2 naming the
-/// first bad one).
+/// first bad one). A preset makes the page-group rules those given, then the preset's.
 fn apply_lists(site: &mut Site, lists: SiteLists) -> Result<(), RunError> {
     let usage =
         |flag: &str, value: &str, e: String| RunError::Usage(format!("--{flag} {value:?}: {e}"));
@@ -130,7 +131,15 @@ fn apply_lists(site: &mut Site, lists: SiteLists) -> Result<(), RunError> {
         }
         site.keep_query = keep;
     }
-    if let Some(groups) = lists.page_groups {
+    let mut page_groups = lists.page_groups;
+    if let Some(preset) = lists.page_groups_preset {
+        let rules = presets::rules(&preset)
+            .ok_or_else(|| usage("page-groups-preset", &preset, "not a preset".into()))?;
+        let mut groups = page_groups.unwrap_or_default();
+        groups.extend(rules.iter().map(|r| r.to_string()));
+        page_groups = Some(groups);
+    }
+    if let Some(groups) = page_groups {
         for g in &groups {
             settings::check_page_group(g).map_err(|e| usage("page-group", g, e))?;
         }
@@ -158,5 +167,51 @@ async fn set_enabled(
         Ok(())
     } else {
         Err(RunError::Failed(format!("no site {key:?}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lists(groups: Option<&[&str]>, preset: Option<&str>) -> SiteLists {
+        SiteLists {
+            origins: None,
+            keep_query: None,
+            page_groups: groups.map(|g| g.iter().map(|s| s.to_string()).collect()),
+            page_groups_preset: preset.map(str::to_owned),
+            dimensions: None,
+        }
+    }
+
+    #[test]
+    fn a_preset_follows_the_sites_own_rules() {
+        let mut site = Site::new("s");
+        apply_lists(
+            &mut site,
+            lists(Some(&["sale=/products/sale-*"]), Some("shopify")),
+        )
+        .unwrap();
+        assert_eq!(site.page_groups[0], "sale=/products/sale-*");
+        assert_eq!(site.page_groups[1..], *presets::SHOPIFY);
+
+        apply_lists(&mut site, lists(None, Some("woocommerce"))).unwrap();
+        assert_eq!(
+            site.page_groups,
+            *presets::WOOCOMMERCE,
+            "a preset alone replaces the rules"
+        );
+
+        apply_lists(&mut site, lists(None, None)).unwrap();
+        assert_eq!(
+            site.page_groups,
+            *presets::WOOCOMMERCE,
+            "nothing given keeps them"
+        );
+
+        let bad = apply_lists(&mut site, lists(Some(&["p=/**/x"]), Some("magento")));
+        assert!(matches!(bad, Err(RunError::Usage(_))));
+        let unknown = apply_lists(&mut site, lists(None, Some("prestashop")));
+        assert!(matches!(unknown, Err(RunError::Usage(_))));
     }
 }

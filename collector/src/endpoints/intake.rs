@@ -28,9 +28,9 @@ use crate::beacon::{
 use crate::client_ip::client_ip;
 use crate::dedup::{Claim, ClaimGuard};
 use crate::error::{IntakeError, Rejected};
-use crate::measurement::{self, Measurement};
+use crate::measurement::{self, Label, Measurement};
 use crate::metrics::Metrics;
-use crate::settings::{Lookup, Site};
+use crate::settings::{LoadedSite, Lookup};
 use crate::spool::AppendError;
 use crate::state::AppState;
 use crate::useragent::Agent;
@@ -71,8 +71,20 @@ pub struct Accepted {
 pub struct DroppedField {
     /// Index in the request array.
     pub index: usize,
-    /// Field name.
-    pub field: &'static str,
+    /// Field name; for a dimension, `dimensions.NAME`.
+    pub field: Cow<'static, str>,
+}
+
+impl DroppedField {
+    /// The `field` label it is counted under: its name, or `dimensions` for every
+    /// `dimensions.NAME` (the names are the client's: a label of them would be unbounded).
+    pub fn metric_label(&self) -> &str {
+        if self.field.starts_with("dimensions.") {
+            "dimensions"
+        } else {
+            &self.field
+        }
+    }
 }
 
 /// Query parameters of the preflight: `site` lets it judge the origin by that site's list.
@@ -235,7 +247,7 @@ fn count(metrics: &Metrics, outcome: &Result<Accepted, IntakeError>) {
                 metrics.intake.reject(r.error);
             }
             for d in &report.dropped_fields {
-                metrics.intake.drop_field(d.field);
+                metrics.intake.drop_field(d.metric_label());
             }
         }
         Err(IntakeError::NoValidMeasurement(rejected) | IntakeError::UnknownSite(rejected)) => {
@@ -439,8 +451,7 @@ async fn judge_sites<'a>(
                         .sampler
                         .observe(&site.key, site.sample_rate, client, [m.sample_rate]);
                 }
-                v.measurement
-                    .minimise(&site.keep_query, &site.allowed_origins);
+                settle(state, site, &mut v.measurement, index, report);
                 kept.push((index, v));
             }
             None => report.rejected.push(Rejected {
@@ -457,6 +468,28 @@ async fn judge_sites<'a>(
     Ok(kept)
 }
 
+/// What intake sets of a measurement once its site is known (contract v4 §2): the URL and
+/// referrer minimised as the site keeps them ([`Measurement::minimise`]; before anything
+/// reaches disk), the page group from the site's compiled rules
+/// ([`crate::measurement::page_groups`]), and the dimensions the site declared
+/// ([`Measurement::settle_dimensions`]; the others listed as dropped fields).
+fn settle(
+    state: &AppState,
+    site: &LoadedSite,
+    m: &mut Measurement<'_>,
+    index: usize,
+    report: &mut Accepted,
+) {
+    m.minimise(&site.keep_query, &site.allowed_origins);
+    m.page_group = Label(Cow::Owned(site.page_groups.group_of(&m.url)));
+    for field in m.settle_dimensions(&site.dimensions, &state.dimension_values) {
+        report.dropped_fields.push(DroppedField {
+            index,
+            field: Cow::Owned(field),
+        });
+    }
+}
+
 /// Looks up each distinct site of the request once: `None` for an unknown or disabled one.
 /// An `Origin` a known site does not allow refuses the whole request (403), and so does a
 /// never-seen site while the settings store is unreachable (503).
@@ -464,7 +497,7 @@ async fn lookup_sites(
     state: &AppState,
     origin: Option<&str>,
     valid: &[(usize, Valid<'_>)],
-) -> Result<HashMap<String, Option<Arc<Site>>>, IntakeError> {
+) -> Result<HashMap<String, Option<Arc<LoadedSite>>>, IntakeError> {
     let mut sites = HashMap::new();
     for (_, v) in valid {
         let key: &str = &v.measurement.site;
@@ -552,7 +585,10 @@ async fn claim<'a>(
     let mut seen = HashSet::with_capacity(valid.len());
     for (index, v) in valid {
         for &field in &v.dropped {
-            report.dropped_fields.push(DroppedField { index, field });
+            report.dropped_fields.push(DroppedField {
+                index,
+                field: Cow::Borrowed(field),
+            });
         }
         report.clock_skewed += v.clock_skewed as u64;
         if !seen.insert(v.measurement.id) {
@@ -646,7 +682,7 @@ mod tests {
             }],
             dropped_fields: vec![DroppedField {
                 index: 0,
-                field: "lcp_ms",
+                field: "lcp_ms".into(),
             }],
             clock_skewed: 1,
         }

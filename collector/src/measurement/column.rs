@@ -37,6 +37,28 @@ fn take<'a>(input: &mut &'a [u8], n: usize) -> Result<&'a [u8], RowDecodeError> 
     Ok(head)
 }
 
+/// Appends `n` as LEB128, as ClickHouse's `writeVarUInt` (a string's or an array's length).
+fn write_length(mut n: usize, out: &mut Vec<u8>) {
+    while n >= 0x80 {
+        out.push((n as u8) | 0x80);
+        n >>= 7;
+    }
+    out.push(n as u8);
+}
+
+/// Reads a LEB128 length from the front of `input`, advancing it.
+fn read_length(input: &mut &[u8]) -> Result<usize, RowDecodeError> {
+    let mut n = 0usize;
+    for shift in (0..64).step_by(7) {
+        let b = *take(input, 1)?.first().expect("one byte");
+        n |= usize::from(b & 0x7f) << shift;
+        if b & 0x80 == 0 {
+            return Ok(n);
+        }
+    }
+    Err(RowDecodeError("length beyond 64 bits"))
+}
+
 macro_rules! fixed_width {
     ($($t:ty => $name:literal),*) => {$(
         impl Column for $t {
@@ -105,27 +127,14 @@ impl Column for Cow<'_, str> {
         "String".into()
     }
     fn encode(&self, out: &mut Vec<u8>) {
-        let mut n = self.len();
-        // LEB128, as ClickHouse's `writeVarUInt`.
-        while n >= 0x80 {
-            out.push((n as u8) | 0x80);
-            n >>= 7;
-        }
-        out.push(n as u8);
+        write_length(self.len(), out);
         out.extend_from_slice(self.as_bytes());
     }
     fn decode(input: &mut &[u8]) -> Result<Self, RowDecodeError> {
-        let mut n = 0usize;
-        for shift in (0..64).step_by(7) {
-            let b = *take(input, 1)?.first().expect("one byte");
-            n |= usize::from(b & 0x7f) << shift;
-            if b & 0x80 == 0 {
-                let bytes = take(input, n)?;
-                // Every string the collector writes is UTF-8; a damaged one still decodes.
-                return Ok(Cow::Owned(String::from_utf8_lossy(bytes).into_owned()));
-            }
-        }
-        Err(RowDecodeError("string length beyond 64 bits"))
+        let n = read_length(input)?;
+        let bytes = take(input, n)?;
+        // Every string the collector writes is UTF-8; a damaged one still decodes.
+        Ok(Cow::Owned(String::from_utf8_lossy(bytes).into_owned()))
     }
 }
 
@@ -147,6 +156,29 @@ impl<T: Column> Column for Option<T> {
             0 => T::decode(input).map(Some),
             _ => Ok(None),
         }
+    }
+}
+
+/// `Array(T)`: a LEB128 count, then the elements (ClickHouse docs, RowBinary: "Array is
+/// represented as a varint length (unsigned LEB128), followed by successive elements").
+impl<T: Column> Column for Vec<T> {
+    fn clickhouse_type() -> String {
+        format!("Array({})", T::clickhouse_type())
+    }
+    fn encode(&self, out: &mut Vec<u8>) {
+        write_length(self.len(), out);
+        for v in self {
+            v.encode(out);
+        }
+    }
+    fn decode(input: &mut &[u8]) -> Result<Self, RowDecodeError> {
+        let n = read_length(input)?;
+        // Each element takes a byte at least: a count beyond the input is damage, not a
+        // reason to allocate.
+        if n > input.len() {
+            return Err(RowDecodeError("array length beyond the input"));
+        }
+        (0..n).map(|_| T::decode(input)).collect()
     }
 }
 
@@ -207,6 +239,13 @@ impl IntoOwned for Label<'_> {
     type Owned = Label<'static>;
     fn into_owned(self) -> Label<'static> {
         Label(IntoOwned::into_owned(self.0))
+    }
+}
+
+impl<T: IntoOwned> IntoOwned for Vec<T> {
+    type Owned = Vec<T::Owned>;
+    fn into_owned(self) -> Self::Owned {
+        self.into_iter().map(T::into_owned).collect()
     }
 }
 

@@ -16,11 +16,20 @@ use std::borrow::Cow;
 use uuid::Uuid;
 
 use super::column::{DateTime, Label};
-use super::filing;
 use super::rules::{self, CONNECTION_TYPES, INP_TYPES, MAX_CLS, MAX_MS};
+use super::{dimensions, filing, timing};
 
 measurement_table! {
     <'a> judged with ctx;
+
+    sent without a column since layout 6 {
+        /// The page's navigation Server-Timing entries (contract v4): at most 10 of `{"name",
+        /// "dur", "desc"}`, stored as the `server_timing_*` arrays ([`timing`]).
+        server_timing: Vec<timing::Timing<'a>> = optional(timing::server_timing),
+        /// Values under the names the site declared (contract v4), stored as the
+        /// `dimension_*` arrays once intake knows the site ([`dimensions`]).
+        dimensions: dimensions::Pairs<'a> = optional(dimensions::dimensions),
+    }
 
     layout 2 {
         /// The client-made measurement id; one row per id after `FINAL`. Our script makes
@@ -145,6 +154,38 @@ measurement_table! {
         /// loopback addresses. The address itself is never stored.
         #[serde(default)]
         country: Label<'a> = derived(Label(Cow::Borrowed(ctx.country))),
+    }
+
+    layout 6 {
+        /// The names of the page's Server-Timing entries, at most 10, each 1 to 64 bytes
+        /// (contract v4); rows of earlier layouts: empty.
+        #[serde(default)]
+        server_timing_name: Vec<Cow<'a, str>> = derived(timing::column(&server_timing, |t| t.name.clone())),
+        /// Their durations, milliseconds, 0 to 3,600,000 (0 when not sent), in the same order.
+        #[serde(default)]
+        server_timing_dur: Vec<f64> = derived(timing::column(&server_timing, |t| t.dur)),
+        /// Their descriptions, at most 64 bytes (empty when not sent), in the same order.
+        #[serde(default)]
+        server_timing_desc: Vec<Cow<'a, str>> = derived(timing::column(&server_timing, |t| t.desc.clone())),
+        /// `hit`, `miss`, `stale`, `pass` or empty: the CDN's cache status from the first
+        /// Server-Timing entry `cdn-cache` or `cfCacheStatus` ([`timing::cdn_cache`]).
+        #[serde(default)]
+        cdn_cache: Label<'a> = derived(timing::cdn_cache(&server_timing)),
+        /// The names of the dimensions stored, at most 5, each declared by the site
+        /// (`--dimension`), in byte order; intake keeps the declared ones
+        /// ([`Measurement::settle_dimensions`]).
+        #[serde(default)]
+        dimension_names: Vec<Cow<'a, str>> = derived(dimensions::column(&dimensions, |p| p.0.clone())),
+        /// Their values, at most 64 bytes, masked as a URL's path; per site, name and UTC day
+        /// at most 100 distinct ones per collector, later new ones `(other)`.
+        #[serde(default)]
+        dimension_values: Vec<Cow<'a, str>> = derived(dimensions::column(&dimensions, |p| p.1.clone())),
+        /// The page group (contract v4): the name of the site's first page-group rule the
+        /// minimised path matches, else the path with its variable parts as `*`
+        /// ([`super::page_groups`]); set by intake, which knows the site. Rows of earlier
+        /// layouts: empty.
+        #[serde(default)]
+        page_group: Label<'a> = derived(Label::default()),
     }
 }
 

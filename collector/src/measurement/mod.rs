@@ -33,11 +33,14 @@
 #[macro_use]
 pub mod table;
 mod column;
+pub mod dimensions;
 pub mod fields;
 pub mod filing;
 pub mod layouts;
 pub mod minimise;
+pub mod page_groups;
 pub mod rules;
+pub mod timing;
 
 pub use column::{Column, DateTime, IntoOwned, Label, RowDecodeError};
 pub use fields::{judge, Measurement, RawBeacon, COLUMNS, FIELDS, LAYOUT_SECTIONS};
@@ -257,6 +260,21 @@ pub(crate) mod tests {
             inp_script_url: None,
             cls_time_ms: Some(1234.5),
             cls_value: Some(0.1),
+            server_timing_name: vec!["cdn-cache".into(), "db".into()],
+            server_timing_dur: vec![0.0, 12.5],
+            server_timing_desc: vec!["HIT".into(), "".into()],
+            cdn_cache: Label("hit".into()),
+            dimension_names: if n.is_multiple_of(2) {
+                vec!["variant".into()]
+            } else {
+                vec![]
+            },
+            dimension_values: if n.is_multiple_of(2) {
+                vec!["b".into()]
+            } else {
+                vec![]
+            },
+            page_group: Label("product".into()),
             // Columns added later are at their defaults.
             ..Default::default()
         }
@@ -345,7 +363,15 @@ pub(crate) mod tests {
             cls_time_ms: Option<f64>,
             cls_value: Option<f64>,
             country: String,
+            server_timing_name: Vec<String>,
+            server_timing_dur: Vec<f64>,
+            server_timing_desc: Vec<String>,
+            cdn_cache: String,
+            dimension_names: Vec<String>,
+            dimension_values: Vec<String>,
+            page_group: String,
         }
+        let texts = |v: &[Cow<'_, str>]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         let text = |s: &Option<Cow<'_, str>>| s.as_deref().map(str::to_owned);
         let crate_row = |m: &Measurement<'_>| Crate {
             id: m.id,
@@ -386,6 +412,13 @@ pub(crate) mod tests {
             cls_time_ms: m.cls_time_ms,
             cls_value: m.cls_value,
             country: m.country.to_string(),
+            server_timing_name: texts(&m.server_timing_name),
+            server_timing_dur: m.server_timing_dur.clone(),
+            server_timing_desc: texts(&m.server_timing_desc),
+            cdn_cache: m.cdn_cache.to_string(),
+            dimension_names: texts(&m.dimension_names),
+            dimension_values: texts(&m.dimension_values),
+            page_group: m.page_group.to_string(),
         };
         let rows: Vec<_> = (0..3).map(sample).collect();
         assert_eq!(
@@ -435,8 +468,23 @@ pub(crate) mod tests {
         assert_eq!(declared, ours);
     }
 
-    /// `m` as a row of layout 3: no attribution.
+    /// `m` as a row of layout 5: none of the columns of layout 6.
+    pub(crate) fn in_layout_5(m: Measurement<'static>) -> Measurement<'static> {
+        Measurement {
+            server_timing_name: vec![],
+            server_timing_dur: vec![],
+            server_timing_desc: vec![],
+            cdn_cache: Label::default(),
+            dimension_names: vec![],
+            dimension_values: vec![],
+            page_group: Label::default(),
+            ..m
+        }
+    }
+
+    /// `m` as a row of layout 3: no attribution, nor any column added after.
     pub(crate) fn without_attribution(m: Measurement<'static>) -> Measurement<'static> {
+        let m = in_layout_5(m);
         Measurement {
             lcp_target: None,
             inp_target: None,
@@ -521,6 +569,19 @@ pub(crate) mod tests {
         assert_eq!((up.layout, up.rows), (LAYOUT, 1));
         assert_eq!(decode_all(&up.payload).unwrap(), vec![v3]);
         assert_eq!(layouts::upgrade(3, &bytes[..bytes.len() - 1]), None);
+    }
+
+    /// A row of layout 5 (`country`, before Server-Timing, dimensions and page groups) reads
+    /// with those columns empty, and upgrades to a record of the current layout.
+    #[test]
+    fn a_row_of_layout_5_reads_without_the_columns_of_layout_6() {
+        let v5 = in_layout_5(sample(4));
+        let bytes = encoded_in(&v5, 5);
+        assert_eq!(layouts::read_record(5, &bytes).unwrap(), vec![v5.clone()]);
+        let up = layouts::upgrade(5, &bytes).unwrap();
+        assert_eq!((up.layout, up.rows), (LAYOUT, 1));
+        assert_eq!(decode_all(&up.payload).unwrap(), vec![v5]);
+        assert_eq!(LAYOUT, 6);
     }
 
     /// A spool record of the JSON release (layout 1), written before `sample_rate` existed,

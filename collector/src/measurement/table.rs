@@ -12,6 +12,9 @@
 //!   …)` sees `lcp_ms` as judged).
 //! - `derived(expr)`: a column the collector sets; `expr` may name the context (the name after
 //!   `judged with`) and any field before it.
+//! - In the section `sent without a column since layout N`, a request field that has no
+//!   column of its own (`server_timing`, `dimensions`): judged first, dropped alone when
+//!   invalid, as `optional`; derived columns read it by name, as a [`super::Field`].
 //! - `sent(rule)`: a request field whose column intake settles later against the site (the
 //!   `sample_rate`, [`crate::sampling`]): judged as `optional`, its column holds the valid
 //!   value sent, or [`super::rules::NOT_SENT`], until intake sets it.
@@ -103,6 +106,12 @@ macro_rules! to_column {
 macro_rules! measurement_table {
     (
         <$lt:lifetime> judged with $ctx:ident;
+        sent without a column since layout $input_layout:literal {
+            $(
+                $(#[$iattr:meta])*
+                $iname:ident : $ity:ty = optional ( $($irule:tt)* )
+            ),* $(,)?
+        }
         $(
             layout $layout:literal {
                 $(
@@ -134,6 +143,10 @@ macro_rules! measurement_table {
                 #[doc = concat!("`", stringify!($name), "`.")]
                 pub $name: Option<&$lt ::serde_json::value::RawValue>,
             )*)*
+            $(
+                #[doc = concat!("`", stringify!($iname), "` (no column of its own).")]
+                pub $iname: Option<&$lt ::serde_json::value::RawValue>,
+            )*
         }
 
         impl<$lt> RawBeacon<$lt> {
@@ -142,6 +155,7 @@ macro_rules! measurement_table {
             pub fn set(&mut self, key: &str, value: &$lt ::serde_json::value::RawValue) {
                 let slot = match key {
                     $($(stringify!($name) if is_request!($kind) => &mut self.$name,)*)*
+                    $(stringify!($iname) => &mut self.$iname,)*
                     _ => return,
                 };
                 *slot = (value.get() != "null").then_some(value);
@@ -157,6 +171,13 @@ macro_rules! measurement_table {
                 missing: concat!("missing ", stringify!($name)),
                 invalid: concat!("invalid ", stringify!($name)),
             },)*)*
+            $($crate::measurement::FieldSpec {
+                name: stringify!($iname),
+                kind: $crate::measurement::FieldKind::Optional,
+                layout: $input_layout,
+                missing: concat!("missing ", stringify!($iname)),
+                invalid: concat!("invalid ", stringify!($iname)),
+            },)*
         ];
 
         /// The column names, in table (and RowBinary) order.
@@ -226,6 +247,12 @@ macro_rules! measurement_table {
         ) -> Result<$crate::measurement::Valid<$lt>, $crate::measurement::Rejection> {
             let mut dropped = Vec::new();
             let mut withheld = false;
+            $(
+                let $iname: $crate::measurement::Field<$ity> = ($($irule)*)(raw.$iname);
+                if matches!($iname, $crate::measurement::Field::Invalid) {
+                    dropped.push(stringify!($iname));
+                }
+            )*
             $($(judge_field!($kind, $name, raw, dropped, withheld, $($rule)*);)*)*
             Ok($crate::measurement::Valid {
                 measurement: Measurement {

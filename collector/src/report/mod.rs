@@ -139,6 +139,10 @@ pub enum GroupBy {
     /// The browser family (`Chrome`, `Mobile Safari`, ...).
     #[value(name = "browser")]
     Browser,
+    /// The page group (contract v4): a rule's name, or the path with its variable parts as
+    /// `*`; empty for rows stored before page groups.
+    #[value(name = "page_group")]
+    PageGroup,
 }
 
 impl GroupBy {
@@ -148,6 +152,7 @@ impl GroupBy {
             GroupBy::DeviceType => "device_type",
             GroupBy::Country => "country",
             GroupBy::Browser => "browser",
+            GroupBy::PageGroup => "page_group",
         }
     }
 

@@ -43,6 +43,7 @@ use tokio::sync::{watch, Semaphore};
 // The runtime's clock, so that tests can pause and advance it.
 use tokio::time::Instant;
 
+use crate::measurement::page_groups::PageGroups;
 use crate::metrics::Metrics;
 pub use store::{SettingsStore, StoreError};
 
@@ -224,18 +225,10 @@ pub fn check_keep_query(value: &str) -> Result<(), String> {
 }
 
 /// A `--page-group` value: `NAME=PATTERN`, the name 1 to 64 characters from
-/// `A-Za-z0-9._-`, the pattern a path starting with `/`.
+/// `A-Za-z0-9._-`, the pattern a path starting with `/` (see
+/// [`crate::measurement::page_groups`] for what it matches).
 pub fn check_page_group(value: &str) -> Result<(), String> {
-    let (name, pattern) = value
-        .split_once('=')
-        .ok_or_else(|| "must be NAME=PATTERN".to_owned())?;
-    if !crate::measurement::rules::is_site_key(name) {
-        return Err("the name must be 1 to 64 characters from A-Za-z0-9._-".into());
-    }
-    if !pattern.starts_with('/') || pattern.chars().any(|c| c.is_whitespace() || c == '?') {
-        return Err("the pattern must be a path starting with / (no query)".into());
-    }
-    Ok(())
+    crate::measurement::page_groups::check(value)
 }
 
 /// The `--dimension` names of a site: at most [`MAX_DIMENSIONS`], each 1 to
@@ -258,11 +251,38 @@ pub fn check_dimensions(names: &[String]) -> Result<(), String> {
     Ok(())
 }
 
+/// A site's settings as the cache holds them: the row, and what intake needs compiled from it,
+/// made once per load of the row (never per beacon). Reads as its [`Site`].
+#[derive(Debug)]
+pub struct LoadedSite {
+    /// The row.
+    pub site: Site,
+    /// Its page-group rules, compiled.
+    pub page_groups: PageGroups,
+}
+
+impl LoadedSite {
+    /// Compiles what intake needs of `site`.
+    pub fn new(site: Site) -> LoadedSite {
+        LoadedSite {
+            page_groups: PageGroups::compile(&site.page_groups),
+            site,
+        }
+    }
+}
+
+impl std::ops::Deref for LoadedSite {
+    type Target = Site;
+    fn deref(&self) -> &Site {
+        &self.site
+    }
+}
+
 /// The answer to a settings lookup.
 #[derive(Debug, Clone)]
 pub enum Lookup {
     /// The site exists (enabled or not).
-    Known(Arc<Site>),
+    Known(Arc<LoadedSite>),
     /// No such site.
     Unknown,
     /// The site is not cached and the store cannot be asked now.
@@ -274,7 +294,7 @@ pub enum Lookup {
 /// A cached answer and when it was loaded.
 #[derive(Debug)]
 struct Entry {
-    site: Option<Arc<Site>>,
+    site: Option<Arc<LoadedSite>>,
     loaded: Instant,
 }
 
@@ -450,7 +470,7 @@ impl SiteSettings {
         });
         for site in sites {
             let entry = Entry {
-                site: Some(Arc::new(site.clone())),
+                site: Some(Arc::new(LoadedSite::new(site.clone()))),
                 loaded,
             };
             self.inner
@@ -514,7 +534,7 @@ impl SiteSettings {
                 let site = site?;
                 inner.loaded.store(true, Ordering::Release);
                 Ok::<_, StoreError>(Arc::new(Entry {
-                    site: site.map(Arc::new),
+                    site: site.map(|s| Arc::new(LoadedSite::new(s))),
                     loaded: Instant::now(),
                 }))
             })
@@ -541,7 +561,7 @@ impl SiteSettings {
                     .insert(
                         key.clone(),
                         Arc::new(Entry {
-                            site: site.map(Arc::new),
+                            site: site.map(|s| Arc::new(LoadedSite::new(s))),
                             loaded: Instant::now(),
                         }),
                     )

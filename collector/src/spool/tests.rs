@@ -40,6 +40,7 @@ pub(super) fn m(n: u128) -> Measurement<'static> {
         // recovery would count with a prepared segment's zeros (the damage tests need the
         // written end to be the frame's end).
         country: Label("ZZ".into()),
+        page_group: Label("/".into()),
         ..Default::default()
     }
 }
@@ -320,9 +321,10 @@ async fn a_damaged_magic_of_a_previous_release_segment_is_read_in_its_layout() {
         open(dir.path(), 1 << 20, LAYOUTS, Arc::new(Metrics::new())).unwrap();
     let frames = read_all(&mut reader);
     assert_eq!(ids(&frames), [1, 2, 3, 4]);
-    // Layout 3 has no country: it reads as the column's default.
+    // Layout 3 has no country nor page group: they read as the columns' defaults.
     let in_layout_3 = |n| Measurement {
         country: Label::default(),
+        page_group: Label::default(),
         ..m(n)
     };
     assert_eq!(

@@ -156,3 +156,34 @@ async fn the_collector_serves_a_cached_site_while_the_store_is_down_and_503s_a_n
     assert!(app.metric("collector_settings_stale_served_total").await >= 1.0);
     app.stop(false).await;
 }
+
+/// A site's page-group rules are compiled once per load of its settings, kept with the cached
+/// entry: every lookup between two loads answers the same compiled entry, and a load brings
+/// the new rules.
+#[tokio::test(start_paused = true)]
+async fn page_group_rules_are_compiled_once_per_load() {
+    let sites = Sites::with(&[]);
+    sites.put(collector::settings::Site {
+        page_groups: vec!["product=/p/*".into()],
+        ..crate::common::site("shop")
+    });
+    let (settings, _) = cache(&sites);
+    settings.reload().await.unwrap();
+    let lookup = || async {
+        match settings.lookup("shop").await {
+            Lookup::Known(site) => site,
+            _ => panic!("known"),
+        }
+    };
+    let (a, b) = (lookup().await, lookup().await);
+    assert!(Arc::ptr_eq(&a, &b), "one compiled entry between loads");
+    assert_eq!(a.page_groups.group_of("https://s.example/p/1"), "product");
+    sites.put(collector::settings::Site {
+        page_groups: vec!["item=/p/*".into()],
+        ..crate::common::site("shop")
+    });
+    settings.reload().await.unwrap();
+    let c = lookup().await;
+    assert!(!Arc::ptr_eq(&a, &c));
+    assert_eq!(c.page_groups.group_of("https://s.example/p/1"), "item");
+}

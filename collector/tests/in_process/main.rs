@@ -8,6 +8,7 @@ mod cache;
 mod common;
 mod contract;
 mod drain;
+mod groups;
 mod sampling;
 mod writer;
 

@@ -1,0 +1,271 @@
+//! Page groups (contract v4): which group a page view's minimised URL belongs to.
+//!
+//! A site's rules (`--page-group NAME=PATTERN`, in order; presets in [`presets`]) are compiled
+//! once per settings load ([`PageGroups::compile`], kept next to the site's cached settings),
+//! and matched per beacon against the stored path ([`PageGroups::group_of`]):
+//!
+//! - a pattern is a path of `/`-separated segments; the query is never matched;
+//! - a segment `*` matches exactly one non-empty path segment; `**`, as the last segment,
+//!   matches any rest, none included (`/cart/**` matches `/cart`, `/cart/` and `/cart/x/y`);
+//! - any other segment matches the same text; one `*` inside it matches any characters
+//!   within that one segment (`*.html` matches `tops-women.html`), an addition to the
+//!   contract that the Magento preset needs;
+//! - a trailing slash is a segment of its own (empty): `/cart` does not match `/cart/`, so
+//!   that a preset can tell Shopware's categories (`/Clothing/`) from its products
+//!   (`/Main-product/SW10001`);
+//! - the first rule that matches names the group.
+//!
+//! With no rule matching, the group is the path itself with every masked part, every run of
+//! digits and every id-like segment (hexadecimal of 8 or more characters) as `*`
+//! ([`automatic`]).
+
+pub mod presets;
+
+/// One segment of a compiled pattern.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Segment {
+    /// The same text, or, with a `*` inside, this prefix and suffix around anything.
+    Text {
+        prefix: String,
+        suffix: Option<String>,
+    },
+    /// `*`: any one non-empty segment.
+    One,
+    /// `**`: any rest (last).
+    Rest,
+}
+
+/// One compiled rule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Rule {
+    name: String,
+    segments: Vec<Segment>,
+}
+
+/// A site's page-group rules, compiled; empty: every page gets its automatic group.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PageGroups {
+    rules: Vec<Rule>,
+}
+
+/// Why a `NAME=PATTERN` is not a rule.
+pub fn check(value: &str) -> Result<(), String> {
+    parse(value).map(|_| ())
+}
+
+/// Parses one `NAME=PATTERN`.
+fn parse(value: &str) -> Result<Rule, String> {
+    let (name, pattern) = value
+        .split_once('=')
+        .ok_or_else(|| "must be NAME=PATTERN".to_owned())?;
+    if !super::rules::is_site_key(name) {
+        return Err("the name must be 1 to 64 characters from A-Za-z0-9._-".into());
+    }
+    let Some(path) = pattern.strip_prefix('/') else {
+        return Err("the pattern must be a path starting with / (no query)".into());
+    };
+    if pattern
+        .chars()
+        .any(|c| c.is_whitespace() || c == '?' || c == '#')
+    {
+        return Err("the pattern must be a path starting with / (no query)".into());
+    }
+    let parts: Vec<&str> = path.split('/').collect();
+    let mut segments = Vec::with_capacity(parts.len());
+    for (i, part) in parts.iter().enumerate() {
+        segments.push(match *part {
+            "**" if i + 1 == parts.len() => Segment::Rest,
+            "**" => return Err("** may only end the pattern".into()),
+            "*" => Segment::One,
+            text => match text.split_once('*') {
+                None => Segment::Text {
+                    prefix: text.to_owned(),
+                    suffix: None,
+                },
+                Some((_, after)) if after.contains('*') => {
+                    return Err(format!("at most one * within the segment {text:?}"))
+                }
+                Some((before, after)) => Segment::Text {
+                    prefix: before.to_owned(),
+                    suffix: Some(after.to_owned()),
+                },
+            },
+        });
+    }
+    Ok(Rule {
+        name: name.to_owned(),
+        segments,
+    })
+}
+
+impl PageGroups {
+    /// Compiles a site's rules, in order; a rule that does not parse (only a row written by
+    /// hand gets here: `collector sites` checks every rule) is left out.
+    pub fn compile(rules: &[String]) -> PageGroups {
+        PageGroups {
+            rules: rules.iter().filter_map(|r| parse(r).ok()).collect(),
+        }
+    }
+
+    /// The group of a page at `url` (a stored, minimised URL): the first rule's name whose
+    /// pattern its path matches, else [`automatic`] of the path.
+    pub fn group_of(&self, url: &str) -> String {
+        let path = path_of(url);
+        let segments: Vec<&str> = path.strip_prefix('/').unwrap_or(path).split('/').collect();
+        self.rules
+            .iter()
+            .find(|r| matches(&r.segments, &segments))
+            .map_or_else(|| automatic(path), |r| r.name.clone())
+    }
+}
+
+/// The path of a URL `scheme://host[:port]/path[?query]` (`/` when it has none).
+fn path_of(url: &str) -> &str {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let path = rest.find('/').map_or("/", |i| &rest[i..]);
+    path.split(['?', '#']).next().unwrap_or("/")
+}
+
+/// Whether path `segments` match a pattern's.
+fn matches(pattern: &[Segment], segments: &[&str]) -> bool {
+    let mut i = 0;
+    for p in pattern {
+        match p {
+            Segment::Rest => return true,
+            Segment::One => match segments.get(i) {
+                Some(s) if !s.is_empty() => {}
+                _ => return false,
+            },
+            Segment::Text { prefix, suffix } => {
+                let Some(s) = segments.get(i) else {
+                    return false;
+                };
+                let ok = match suffix {
+                    None => s == prefix,
+                    Some(suffix) => {
+                        s.len() >= prefix.len() + suffix.len()
+                            && s.starts_with(prefix.as_str())
+                            && s.ends_with(suffix.as_str())
+                    }
+                };
+                if !ok {
+                    return false;
+                }
+            }
+        }
+        i += 1;
+    }
+    i == segments.len()
+}
+
+/// The automatic group of a path: each segment that is id-like (8 or more hexadecimal digits
+/// and nothing else) becomes `*`, and in the others each run of digits does; masked parts are
+/// `*` already. `/orders/4711/items` is `/orders/*/items`, `/p/shoe-42` is `/p/shoe-*`.
+pub fn automatic(path: &str) -> String {
+    let mut out = String::with_capacity(path.len());
+    for (i, segment) in path.split('/').enumerate() {
+        if i > 0 {
+            out.push('/');
+        }
+        if segment.len() >= 8 && segment.bytes().all(|b| b.is_ascii_hexdigit()) {
+            out.push('*');
+            continue;
+        }
+        let mut in_digits = false;
+        for c in segment.chars() {
+            if c.is_ascii_digit() {
+                if !in_digits {
+                    out.push('*');
+                }
+                in_digits = true;
+            } else {
+                out.push(c);
+                in_digits = false;
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn groups(rules: &[&str]) -> PageGroups {
+        let rules: Vec<String> = rules.iter().map(|r| r.to_string()).collect();
+        for r in &rules {
+            check(r).unwrap();
+        }
+        PageGroups::compile(&rules)
+    }
+
+    #[test]
+    fn first_match_wins_and_the_query_is_not_matched() {
+        let g = groups(&["sale=/p/sale-*", "product=/p/*", "home=/", "cart=/cart/**"]);
+        assert_eq!(
+            g.group_of("https://s.example/p/sale-shoes?utm_source=x"),
+            "sale"
+        );
+        assert_eq!(g.group_of("https://s.example/p/shoes"), "product");
+        assert_eq!(g.group_of("https://s.example/"), "home");
+        assert_eq!(g.group_of("https://s.example"), "home");
+        assert_eq!(g.group_of("https://s.example/?q=1"), "home");
+        for cart in ["/cart", "/cart/", "/cart/a/b"] {
+            assert_eq!(g.group_of(&format!("https://s.example{cart}")), "cart");
+        }
+        assert_eq!(
+            g.group_of("https://s.example/p/shoes/reviews"),
+            "/p/shoes/reviews",
+            "* is one segment"
+        );
+        assert_eq!(g.group_of("https://s.example/p/"), "/p/", "* is not empty");
+        assert_eq!(g.group_of("https://s.example/cartx"), "/cartx");
+    }
+
+    #[test]
+    fn a_trailing_slash_is_a_segment() {
+        let g = groups(&["category=/*/", "product=/*/*"]);
+        assert_eq!(g.group_of("https://s.example/Clothing/"), "category");
+        assert_eq!(
+            g.group_of("https://s.example/Main-product/SW10001"),
+            "product"
+        );
+        assert_eq!(g.group_of("https://s.example/Clothing"), "/Clothing");
+    }
+
+    #[test]
+    fn bad_rules_are_refused() {
+        for bad in [
+            "product", "=/p/*", "a b=/p", "p=p/*", "p=/p?x=1", "p=/**/x", "p=/a*b*c", "p=/p /q",
+        ] {
+            assert!(check(bad).is_err(), "{bad}");
+        }
+        assert_eq!(
+            PageGroups::compile(&["bad".into(), "ok=/".into()])
+                .rules
+                .len(),
+            1
+        );
+    }
+
+    #[test]
+    fn automatic_groups_hide_what_varies() {
+        for (path, group) in [
+            ("/orders/4711/items", "/orders/*/items"),
+            ("/p/*", "/p/*"),
+            ("/p/shoe-42", "/p/shoe-*"),
+            ("/t/deadbeef01", "/t/*"),
+            ("/t/deadbee", "/t/deadbee"),
+            ("/t/cafebabe", "/t/*"),
+            ("/blog/2026/12/03/sale", "/blog/*/*/*/sale"),
+            ("/", "/"),
+            ("/collections/shoes", "/collections/shoes"),
+        ] {
+            assert_eq!(automatic(path), group, "{path}");
+        }
+        assert_eq!(
+            PageGroups::default().group_of("https://s.example/orders/*/items?utm_x=1"),
+            "/orders/*/items"
+        );
+    }
+}
