@@ -1063,6 +1063,38 @@ fn client_budget(elapsed: Duration) -> usize {
     budget
 }
 
+/// 60 beacons rotating the address they claim through `url` from `rotating`: no more than one
+/// client's budget gets through, the rest is 429, and `other` then still has its own budget.
+/// Returns how many were refused.
+async fn one_clients_budget(
+    label: &str,
+    rotating: &reqwest::Client,
+    other: &reqwest::Client,
+    url: &str,
+) -> usize {
+    let (statuses, took) = rotate(rotating, url, 60).await;
+    let budget = client_budget(took);
+    let through = statuses.get(&202).copied().unwrap_or(0);
+    let refused = statuses.get(&429).copied().unwrap_or(0);
+    println!("{label}: 60 beacons rotating X-Forwarded-For/Forwarded in {took:?}: {statuses:?} (budget {budget})");
+    assert!(
+        through <= budget,
+        "{label}: {through} got through, budget {budget}: {statuses:?}"
+    );
+    assert_eq!(
+        refused,
+        60 - through,
+        "{label}: the rest is 429: {statuses:?}"
+    );
+    let (_, m) = beacon_on("site-1", "https://shop.example/");
+    assert_eq!(
+        post_status(other, url, &m, &[]).await,
+        202,
+        "{label}: another client has its own budget"
+    );
+    refused
+}
+
 /// Issue 37, 7: the client address cannot be chosen by the client. A collector behind a trusted
 /// proxy (`COLLECTOR_TRUSTED_PROXIES` 127.0.0.1, `COLLECTOR_CLIENT_IP_HEADER` X-Forwarded-For,
 /// `COLLECTOR_CLIENT_RATE` 2/s, bursts of 4): a client that sends 60 beacons, each claiming
@@ -1097,43 +1129,22 @@ async fn a_client_cannot_choose_its_address_behind_a_trusted_proxy() {
     );
     let nginx = Nginx::start(c.port, &fwd).await;
     let through_nginx = format!("{}/perf/api/v1/measurements", nginx.url);
-    let (statuses, took) = rotate(&client_from("127.0.0.5"), &through_nginx, 60).await;
-    let mut refused = statuses.get(&429).copied().unwrap_or(0);
-    let budget = client_budget(took);
-    let through = statuses.get(&202).copied().unwrap_or(0);
-    println!("nginx: 60 beacons rotating X-Forwarded-For/Forwarded in {took:?}: {statuses:?} (budget {budget})");
-    assert!(
-        through <= budget,
-        "{through} got through, budget {budget}: {statuses:?}"
-    );
-    assert_eq!(
-        statuses.get(&429).copied().unwrap_or(0),
-        60 - through,
-        "the rest is 429: {statuses:?}"
-    );
-    let (_, m) = beacon_on("site-1", "https://shop.example/");
-    assert_eq!(
-        post_status(&client_from("127.0.0.6"), &through_nginx, &m, &[]).await,
-        202,
-        "another client has its own budget"
-    );
+    let mut refused = one_clients_budget(
+        "nginx",
+        &client_from("127.0.0.5"),
+        &client_from("127.0.0.6"),
+        &through_nginx,
+    )
+    .await;
 
     let appended = format!("{}/fwd/api/v1/measurements", nginx.url);
-    let (statuses, took) = rotate(&client_from("127.0.0.9"), &appended, 60).await;
-    let budget = client_budget(took);
-    let through = statuses.get(&202).copied().unwrap_or(0);
-    println!("nginx appending Forwarded: 60 beacons rotating X-Forwarded-For/Forwarded in {took:?}: {statuses:?} (budget {budget})");
-    assert!(
-        through <= budget,
-        "{through} got through, budget {budget}: {statuses:?}"
-    );
-    assert_eq!(statuses.get(&429).copied().unwrap_or(0), 60 - through);
-    let (_, m) = beacon_on("site-1", "https://shop.example/");
-    assert_eq!(
-        post_status(&client_from("127.0.0.10"), &appended, &m, &[]).await,
-        202,
-        "another client has its own budget"
-    );
+    one_clients_budget(
+        "nginx appending Forwarded",
+        &client_from("127.0.0.9"),
+        &client_from("127.0.0.10"),
+        &appended,
+    )
+    .await;
 
     let tmp = tempfile::tempdir().unwrap();
     let pki = Pki::new(tmp.path(), "edge");
@@ -1149,26 +1160,13 @@ async fn a_client_cannot_choose_its_address_behind_a_trusted_proxy() {
             .unwrap()
     };
     let through_edge = format!("{}/api/v1/measurements", edge.url);
-    let (statuses, took) = rotate(&from("127.0.0.7"), &through_edge, 60).await;
-    refused += statuses.get(&429).copied().unwrap_or(0);
-    let budget = client_budget(took);
-    let through = statuses.get(&202).copied().unwrap_or(0);
-    println!("HAProxy: 60 beacons rotating X-Forwarded-For/Forwarded in {took:?}: {statuses:?} (budget {budget})");
-    assert!(
-        through <= budget,
-        "{through} got through, budget {budget}: {statuses:?}"
-    );
-    assert_eq!(
-        statuses.get(&429).copied().unwrap_or(0),
-        60 - through,
-        "{statuses:?}"
-    );
-    let (_, m) = beacon_on("site-1", "https://shop.example/");
-    assert_eq!(
-        post_status(&from("127.0.0.8"), &through_edge, &m, &[]).await,
-        202,
-        "another client has its own budget"
-    );
+    refused += one_clients_budget(
+        "HAProxy",
+        &from("127.0.0.7"),
+        &from("127.0.0.8"),
+        &through_edge,
+    )
+    .await;
     assert_eq!(
         c.metric("collector_http_rate_limited_total").await,
         refused as f64,
