@@ -31,9 +31,10 @@ pub const MAX_DISTINCT: usize = 100;
 pub const OTHER: &str = "(other)";
 /// Most (site, name) pairs whose values a collector tracks in one UTC day: 1,000 sites with 5
 /// dimensions each. With each pair's at most [`MAX_DISTINCT`] values of at most
-/// [`MAX_VALUE_BYTES`] bytes, the tracking holds at most about 5,000 × 100 × 100 bytes (50 MB,
-/// counting the hash set's overhead), whatever the traffic; a pair beyond it stores every
-/// value as [`OTHER`] until the day ends.
+/// [`MAX_VALUE_BYTES`] bytes, kept as 64-bit hashes (a collision only lets a new value in
+/// uncounted), the tracking holds at most about 5,000 × 100 × 16 bytes (8 MB, counting the
+/// hash set's overhead), whatever the traffic; a pair beyond it stores every value as
+/// [`OTHER`] until the day ends.
 pub const MAX_TRACKED_PAIRS: usize = 5_000;
 /// The longest name echoed in `dropped_fields` (`dimensions.NAME`), in bytes: a declared name
 /// is at most 32 bytes, so a longer one is cut rather than echoed whole.
@@ -88,8 +89,10 @@ struct Tracked {
     day: u32,
     /// (site, name) pairs tracked: the bound's count.
     pairs: usize,
-    /// Values stored, by site and name (nested, so that a lookup borrows its keys).
-    values: HashMap<String, HashMap<String, HashSet<String>>>,
+    /// Values stored, by site and name (nested, so that a lookup borrows its keys), as hashes.
+    values: HashMap<String, HashMap<String, HashSet<u64>>>,
+    /// The values' hash: random per process.
+    hasher: std::hash::RandomState,
 }
 
 impl DistinctValues {
@@ -117,13 +120,14 @@ impl DistinctValues {
                     .or_default()
             }
         };
-        if seen.contains(value.as_ref()) {
+        let hash = std::hash::BuildHasher::hash_one(&t.hasher, value.as_ref());
+        if seen.contains(&hash) {
             return value;
         }
         if seen.len() >= MAX_DISTINCT {
             return Cow::Borrowed(OTHER);
         }
-        seen.insert(value.clone().into_owned());
+        seen.insert(hash);
         value
     }
 }
