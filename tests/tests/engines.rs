@@ -589,7 +589,8 @@ async fn server_timing_and_dimensions_are_sent(engine: Engine) {
     b.eval(HIDE).await;
     b.wait_for("window.__console.some(function (l) { return l.indexOf(' answered 503') >= 0; })")
         .await;
-    b.eval("collectorq.push(['dimension', 'variant', 'c']);").await;
+    b.eval("collectorq.push(['dimension', 'variant', 'c']);")
+        .await;
     let beacons = wait_until(
         &env.diag,
         &format!("{engine:?}: the resend"),
@@ -640,9 +641,7 @@ async fn server_timing_and_dimensions_are_sent(engine: Engine) {
     }
     // The collector takes the beacon whatever it makes of these fields (before layout 6 it
     // ignores them, as any unknown field): one row.
-    let rows = env
-        .wait_rows(&[beacons[0].ids[0].clone()], SETTLE)
-        .await;
+    let rows = env.wait_rows(&[beacons[0].ids[0].clone()], SETTLE).await;
     assert_eq!(rows.len(), 1, "{engine:?}: {rows:?}");
 }
 
@@ -783,7 +782,9 @@ async fn a_full_keepalive_budget_loses_no_page_view(engine: Engine) {
         || async {
             let rows = env.query(0, &sql).await;
             let urls: Vec<&str> = rows.iter().filter_map(|r| col(r, "url").as_str()).collect();
-            if urls.iter().any(|u| u.ends_with("s=tab")) && urls.iter().any(|u| u.ends_with("s=leave")) {
+            if urls.iter().any(|u| u.ends_with("s=tab"))
+                && urls.iter().any(|u| u.ends_with("s=leave"))
+            {
                 Ok(rows.clone())
             } else {
                 Err(format!("rows: {urls:?}; beacons: {:?}", shop.beacons()))
@@ -796,7 +797,9 @@ async fn a_full_keepalive_budget_loses_no_page_view(engine: Engine) {
     let urls: Vec<&str> = rows.iter().filter_map(|r| col(r, "url").as_str()).collect();
     for s in ["tab", "leave"] {
         assert_eq!(
-            urls.iter().filter(|u| u.ends_with(&format!("s={s}"))).count(),
+            urls.iter()
+                .filter(|u| u.ends_with(&format!("s={s}")))
+                .count(),
             1,
             "{engine:?}: {urls:?}"
         );
