@@ -109,19 +109,6 @@
       };
       if (doc.readyState == 'complete') loaded(); else on('load', loaded);
       update();
-      // Dimensions: collectorq.push(['dimension', NAME, VALUE]) before this script ran (queued)
-      // or after (push replaced), at most 5 names. The page view's body is made again, so a
-      // value set before its last send goes with it.
-      var q = window.collectorq = window.collectorq || [];
-      var command = function (c) {
-        if (c && c[0] == 'dimension' && c[2] != null && (dims.hasOwnProperty(c[1]) || Object.keys(dims).length < 5)) {
-          dims[c[1]] = cut(c[2]);
-          view.m.dimensions = Object.assign({}, dims);
-          update();
-        }
-      };
-      q.forEach(safe(command));
-      q.push = function () { [].forEach.call(arguments, safe(command)); return q.length; };
 
       // A CSS selector of a node, as the web-vitals library builds it (its getSelector): from
       // tag names, ids and sorted class names only, never text or values; at most 100 characters.
@@ -319,6 +306,20 @@
         view.m.ttfb_ms = 0;
         if (e.presentationTime || e.paintTime) view.m.fcp_ms = Math.max(0, (e.presentationTime || e.paintTime) - e.startTime);
       });
+      // Dimensions: collectorq.push(['dimension', NAME, VALUE]) before this script ran (queued)
+      // or after (push replaced), at most 5 names. The page view's body is made again, so a
+      // value set before its last send goes with it. Last, so that a page's odd collectorq
+      // costs nothing else.
+      var q = window.collectorq = window.collectorq || [];
+      var command = function (c) {
+        if (c && c[0] == 'dimension' && c[2] != null && (dims.hasOwnProperty(c[1]) || Object.keys(dims).length < 5)) {
+          dims[c[1]] = cut(c[2]);
+          view.m.dimensions = Object.assign({}, dims);
+          update();
+        }
+      };
+      q.forEach(safe(command));
+      q.push = function () { [].forEach.call(arguments, safe(command)); return q.length; };
     };
     if (doc.prerendering) doc.addEventListener('prerenderingchange', safe(run), true); else run();
   } catch (e) {
