@@ -69,14 +69,17 @@ export COLLECTOR_SPOOL_DIR="$stack_dir/spool"
 collector_url="http://$COLLECTOR_LISTEN"
 
 COLLECTOR=("$bin")
-bootstrap_site "$stack_dir/bootstrap.log" demo --origin "http://127.0.0.1:$page_port" --origin "http://localhost:$page_port"
+# The page sets the dimension `variant` (an experiment's), which the site declares.
+bootstrap_site "$stack_dir/bootstrap.log" demo --origin "http://127.0.0.1:$page_port" --origin "http://localhost:$page_port" \
+  --dimension variant
 
-# The demo shop page, with the script tag pointing at this collector.
+# The demo shop page, with the script tag pointing at this collector, served with a CDN's
+# Server-Timing (scripts/demo-page.py).
 page_dir="$stack_dir/page"
 mkdir -p "$page_dir"
 sed "s#__COLLECTOR__#$collector_url#g" demo/index.html > "$page_dir/index.html"
 cp demo/*.svg "$page_dir/" 2>/dev/null || true
-python3 -m http.server "$page_port" --bind 127.0.0.1 --directory "$page_dir" >"$stack_dir/page.log" 2>&1 &
+python3 scripts/demo-page.py "$page_port" "$page_dir" >"$stack_dir/page.log" 2>&1 &
 page_pid=$!
 
 cat <<MSG

@@ -17,268 +17,311 @@
     var safe = function (fn) { return function (a) { try { fn(a); } catch (e) { /* never break the page */ } }; };
     var on = function (type, fn) { addEventListener(type, safe(fn), true); };
 
-    // A UUIDv7 (RFC 9562): the page view's start in its first 48 bits, so that a beacon of it
-    // files by that time even without ts (contract v4 §3); the rest random.
-    var uuid = function (ms) {
-      var b = crypto.getRandomValues(new Uint8Array(16)), h = [];
-      for (var j = 5; j >= 0; j--) { b[j] = ms % 256; ms = Math.floor(ms / 256); }
-      b[6] = b[6] & 15 | 112; b[8] = b[8] & 63 | 128;
-      for (var i = 0; i < 16; i++) h.push((b[i] + 256).toString(16).slice(1));
-      h = h.join('');
-      return [h.slice(0, 8), h.slice(8, 12), h.slice(12, 16), h.slice(16, 20), h.slice(20)].join('-');
-    };
-    // A resource's address without its query and fragment: the collector stores no more
-    // (signed URLs carry their signature there), so it is not sent either.
-    var bare = function (u) { return u.split(/[?#]/)[0]; };
-    // What this engine measures: a metric it measures is sent even when it measured nothing
-    // (CLS 0); one it does not is left out, so NULL means "not measured".
-    var types = PerformanceObserver.supportedEntryTypes || [];
-    var can = function (t) { return types.indexOf(t) >= 0; };
-    // Entries not yet delivered are taken at hide (a click just before leaving).
-    var pending = [];
-    var observe = function (type, fn, opts) {
-      if (!can(type)) return;
-      try {
-        var o = new PerformanceObserver(safe(function (l) { l.getEntries().forEach(fn); update(); }));
-        opts = opts || {}; opts.type = type; opts.buffered = true;
-        o.observe(opts);
-        pending.push(function () { var r = o.takeRecords(); r.forEach(fn); return r.length; });
-        return o;
-      } catch (e) {
-        // Listed but refused: nothing to observe.
-      }
-    };
-
-    var nav = perf.getEntriesByType('navigation')[0] || {};
-    // Read when used: a prerendered page learns its activationStart only when it is shown.
-    var since = function (t) { return Math.max(0, t - (nav.activationStart || 0)); };
-
-    // The page view being measured. Observers write into the current one; every send, answer
-    // and timer holds its own view, so a late answer of one page view never touches another
-    // (a back/forward-cache restore starts a new one). state: 0 not sent, 1 a fetch in
-    // flight, 2 waiting to retry, 3 done.
-    var view;
-    var start = function (type, ts) {
-      view = { m: { id: uuid(Math.round(ts)), site: site, url: location.href, referrer: doc.referrer || undefined,
-        navigation_type: type, effective_connection_type: navigator.connection && navigator.connection.effectiveType,
-        viewport_width: innerWidth,
-        // The page view's start, sent unchanged by every send of it: the collector files the
-        // row by it, so that every resend folds (docs/storage.md).
-        ts: Math.round(ts), cls: can('layout-shift') ? 0 : undefined },
-        // One sampling decision per page view: it sends when draw < rate.
-        draw: Math.random(), state: 0, sends: 0, cls: 0, clsStart: 0, clsLast: 0, inp: {} };
-    };
-    // The body is made whenever a value changes, so that leaving the page only sends.
-    var update = function (v) { v = v || view; v.body = JSON.stringify(v.m); };
-    start(nav.activationStart > 0 || doc.prerendering ? 'prerender' : doc.wasDiscarded ? 'restore' : nav.type,
-      perf.timeOrigin ? perf.timeOrigin + (nav.activationStart || 0) : Date.now());
-    // As web-vitals: no TTFB from an entry whose responseStart is not after the page's start
-    // and before now (WebKitGTK gives negative ones for pages from its cache).
-    var ttfb = function () {
-      if (nav.responseStart > 0 && nav.responseStart < perf.now()) first.m.ttfb_ms = since(nav.responseStart);
-    };
-    var first = view;
-    ttfb();
-    var loaded = function () {
-      setTimeout(function () {
-        if (first.m.ttfb_ms == null) ttfb();
-        if (nav.domContentLoadedEventEnd) first.m.dom_content_loaded_ms = since(nav.domContentLoadedEventEnd);
-        if (nav.loadEventEnd) first.m.load_ms = since(nav.loadEventEnd);
-        update(first);
-      });
-    };
-    if (doc.readyState == 'complete') loaded(); else on('load', loaded);
-    update();
-
-    // A CSS selector of a node, as the web-vitals library builds it (its getSelector): from
-    // tag names, ids and sorted class names only, never text or values; at most 100 characters.
-    var selector = function (n) {
-      var sel = '', part;
-      try {
-        while (n && n.nodeType !== 9) {
-          part = n.id ? '#' + n.id : [n.nodeType === 1 ? n.nodeName.toLowerCase() : n.nodeName.toUpperCase().replace(/^#/, '')]
-            .concat([].slice.call(n.classList || []).sort()).join('.');
-          if (sel.length + part.length > 99) return sel || part;
-          sel = sel ? part + '>' + sel : part;
-          if (n.id) break;
-          n = n.parentNode;
+    // Everything below runs when the page is shown: at once, or for a prerendered page
+    // (speculation rules) at its activation, as web-vitals waits for it: observers registered
+    // then get the buffered entries when activationStart is known, the page view starts then,
+    // and a prerender never shown sends nothing.
+    var run = function () {
+      // A UUIDv7 (RFC 9562): the page view's start in its first 48 bits, so that a beacon of it
+      // files by that time even without ts (contract v4 §3); the rest random.
+      var uuid = function (ms) {
+        var b = crypto.getRandomValues(new Uint8Array(16)), h = [];
+        for (var j = 5; j >= 0; j--) { b[j] = ms % 256; ms = Math.floor(ms / 256); }
+        b[6] = b[6] & 15 | 112; b[8] = b[8] & 63 | 128;
+        for (var i = 0; i < 16; i++) h.push((b[i] + 256).toString(16).slice(1));
+        h = h.join('');
+        return [h.slice(0, 8), h.slice(8, 12), h.slice(12, 16), h.slice(16, 20), h.slice(20)].join('-');
+      };
+      // A resource's address without its query and fragment: the collector stores no more
+      // (signed URLs carry their signature there), so it is not sent either.
+      var bare = function (u) { return u.split(/[?#]/)[0]; };
+      // What this engine measures: a metric it measures is sent even when it measured nothing
+      // (CLS 0); one it does not is left out, so NULL means "not measured".
+      var types = PerformanceObserver.supportedEntryTypes || [];
+      var can = function (t) { return types.indexOf(t) >= 0; };
+      // Entries not yet delivered are taken at hide (a click just before leaving).
+      var pending = [];
+      var observe = function (type, fn, opts) {
+        if (!can(type)) return;
+        try {
+          var o = new PerformanceObserver(safe(function (l) { l.getEntries().forEach(fn); update(); }));
+          opts = opts || {}; opts.type = type; opts.buffered = true;
+          o.observe(opts);
+          pending.push(function () { var r = o.takeRecords(); r.forEach(fn); return r.length; });
+          return o;
+        } catch (e) {
+          // Listed but refused: nothing to observe.
         }
-      } catch (e) {
-        // A detached or foreign node: what was built so far.
-      }
-      return sel || undefined;
-    };
+      };
 
-    // Paint entries belong to the load, never to a restored view (measured from the restore).
-    observe('paint', function (e) { if (e.name === 'first-contentful-paint') first.m.fcp_ms = since(e.startTime); });
-    // LCP and its attribution, as web-vitals' attribution build: the element, its resource,
-    // and the time after TTFB split into the resource's load delay, its load, and the render.
-    var onLcp = function (e) {
-      var m = first.m, a = nav.activationStart || 0, ttfb = Math.max(0, nav.responseStart - a) || 0, res;
-      if (first.lcpDone) return;
-      m.lcp_ms = since(e.startTime);
-      m.lcp_target = e.element ? selector(e.element) : e.id ? '#' + e.id : undefined;
-      // Only a fetched resource: a data: image's URL is the image itself (Firefox gives it whole).
-      m.lcp_url = /^https?:/.test(e.url) ? bare(e.url) : undefined;
-      perf.getEntriesByType('resource').forEach(function (r) {
-        if (e.url && r.name === e.url && (r.requestStart || r.startTime) <= e.startTime) res = r;
+      var nav = perf.getEntriesByType('navigation')[0] || {};
+      var since = function (t) { return Math.max(0, t - (nav.activationStart || 0)); };
+      // Text cut to the collector's bounds (64 bytes of UTF-8, whole characters): past them it
+      // drops the whole field (contract v4).
+      var cut = function (t) {
+        t = Array.from(String(t)).slice(0, 64);
+        while (new TextEncoder().encode(t.join('')).length > 64) t.pop();
+        return t.join('');
+      };
+      // The page's dimensions (collectorq, below): every page view starts with those set so far.
+      var dims = {};
+
+      // The page view being measured. Observers write into the current one; every send, answer
+      // and timer holds its own view, so a late answer of one page view never touches another
+      // (a back/forward-cache restore starts a new one). state: 0 not sent, 1 a fetch in
+      // flight, 2 waiting to retry, 3 done.
+      var view;
+      var start = function (type, ts) {
+        view = { m: { id: uuid(Math.round(ts)), site: site, url: location.href, referrer: doc.referrer || undefined,
+          navigation_type: type, effective_connection_type: navigator.connection && navigator.connection.effectiveType,
+          viewport_width: innerWidth,
+          // The page view's start, sent unchanged by every send of it: the collector files the
+          // row by it, so that every resend folds (docs/storage.md).
+          ts: Math.round(ts), cls: can('layout-shift') ? 0 : undefined,
+          dimensions: Object.keys(dims).length ? Object.assign({}, dims) : undefined },
+          // One sampling decision per page view: it sends when draw < rate.
+          draw: Math.random(), state: 0, sends: 0, cls: 0, clsStart: 0, clsLast: 0, inp: {} };
+      };
+      // The body is made whenever a value changes, so that leaving the page only sends.
+      var update = function (v) { v = v || view; v.body = JSON.stringify(v.m); };
+      start(nav.activationStart > 0 ? 'prerender' : doc.wasDiscarded ? 'restore' : nav.type,
+        perf.timeOrigin ? perf.timeOrigin + (nav.activationStart || 0) : Date.now());
+      // As web-vitals: no TTFB from an entry whose responseStart is not after the page's start
+      // and before now (WebKitGTK gives negative ones for pages from its cache).
+      var ttfb = function () {
+        if (nav.responseStart > 0 && nav.responseStart < perf.now()) first.m.ttfb_ms = since(nav.responseStart);
+      };
+      var first = view;
+      ttfb();
+      // The response's Server-Timing (a CDN's cache status, the origin's time), where the
+      // engine exposes it (Chromium, WebKit; Firefox on secure pages: https, loopback).
+      var st = (nav.serverTiming || []).slice(0, 10).map(function (t) {
+        return { name: cut(t.name), dur: Math.min(Math.max(t.duration, 0), 36e5) || 0, desc: cut(t.description) };
       });
-      var start = Math.max(ttfb, res ? (res.requestStart || res.startTime) - a : 0),
-        end = Math.min(m.lcp_ms, Math.max(start, res ? res.responseEnd - a : 0));
-      m.lcp_resource_load_delay_ms = start - ttfb;
-      m.lcp_resource_load_duration_ms = end - start;
-      m.lcp_element_render_delay_ms = m.lcp_ms - end;
-    };
-    var lcp = observe('largest-contentful-paint', onLcp);
-    // LCP ends at the visitor's first input; the page's own synthetic events do not count.
-    var stopLcp = function (e) {
-      if (!e.isTrusted || first.lcpDone) return;
-      if (lcp) { lcp.takeRecords().forEach(onLcp); lcp.disconnect(); }
-      first.lcpDone = true;
-      update(first);
-    };
-    on('keydown', stopLcp); on('click', stopLcp);
-
-    // CLS: the largest session window (shifts less than 1 s apart, at most 5 s); its largest
-    // shift is the attribution, with its first element source.
-    observe('layout-shift', function (e) {
-      var v = view, m = v.m, src = e.sources || [];
-      if (e.hadRecentInput) return;
-      if (!(v.cls && e.startTime - v.clsLast < 1000 && e.startTime - v.clsStart < 5000)) { v.cls = 0; v.clsStart = e.startTime; v.big = 0; }
-      v.cls += e.value;
-      v.clsLast = e.startTime;
-      if (!v.big || e.value >= v.big.value) {
-        src = src.filter(function (s) { return s.node && s.node.nodeType === 1; })[0] || src[0];
-        v.big = { value: e.value, time: e.startTime, target: src && src.node ? selector(src.node) : undefined };
-      }
-      if (v.cls > m.cls) {
-        m.cls = v.cls;
-        m.cls_target = v.big.target; m.cls_time_ms = v.big.time; m.cls_value = v.big.value;
-      }
-    });
-
-    // INP: per interaction its longest entry; the 98th percentile of them (one ignored per
-    // 50). Its phases, as web-vitals measures them: entries presented in one frame (render
-    // times within 8 ms) are a group, whose earliest processing start and latest end bound
-    // the processing; and the script that ran longest in the long animation frames it spans.
-    var frames = [], loafs = [];
-    // The attribution of view v's INP interaction; again when a long animation frame arrives
-    // (the engine reports it after the frame, so after the interaction's entries).
-    var inpParts = function (v) {
-      var m = v.m, it = v.inpAt, f, g, ps, paint, pe, best = 0;
-      if (!it) return;
-      f = it.e; g = it.g;
-      ps = Math.max(g.ps, f.startTime); paint = Math.max(f.startTime + f.duration, ps); pe = Math.min(g.pe, paint);
-      m.inp_ms = f.duration;
-      m.inp_target = it.t;
-      m.inp_type = f.name.indexOf('key') ? 'pointer' : 'keyboard';
-      m.inp_input_delay_ms = ps - f.startTime;
-      m.inp_processing_duration_ms = pe - ps;
-      m.inp_presentation_delay_ms = paint - pe;
-      m.inp_script_url = undefined;
-      loafs.forEach(function (l) {
-        if (l.startTime + l.duration < f.startTime || l.startTime > pe) return;
-        (l.scripts || []).forEach(function (sc) {
-          var d = sc.startTime + sc.duration - Math.max(f.startTime, sc.startTime);
-          if (d > best && /^https?:/.test(sc.sourceURL)) { best = d; m.inp_script_url = bare(sc.sourceURL); }
+      if (st.length) first.m.server_timing = st;
+      var loaded = function () {
+        setTimeout(function () {
+          if (first.m.ttfb_ms == null) ttfb();
+          if (nav.domContentLoadedEventEnd) first.m.dom_content_loaded_ms = since(nav.domContentLoadedEventEnd);
+          if (nav.loadEventEnd) first.m.load_ms = since(nav.loadEventEnd);
+          update(first);
         });
-      });
-    };
-    observe('long-animation-frame', function (e) { loafs.push(e); if (loafs.length > 50) loafs.shift(); inpParts(view); });
-    var onEvent = function (e) {
-      var v = view, i = v.inp, end = e.startTime + e.duration, g, k, it, all;
-      for (k = frames.length - 1; k >= 0 && !g; k--) if (Math.abs(end - frames[k].end) <= 8) g = frames[k];
-      if (g) { g.ps = Math.min(g.ps, e.processingStart); g.pe = Math.max(g.pe, e.processingEnd); }
-      else { frames.push(g = { end: end, ps: e.processingStart, pe: e.processingEnd }); if (frames.length > 10) frames.shift(); }
-      if (!e.interactionId) return;
-      it = i[e.interactionId];
-      if (!it || e.duration > it.e.duration) i[e.interactionId] = { e: e, g: g, t: (it && it.t) || (e.target && selector(e.target)) };
-      else if (!it.t && e.target) it.t = selector(e.target);
-      all = Object.keys(i).map(function (k) { return i[k]; }).sort(function (a, b) { return b.e.duration - a.e.duration; });
-      v.inpAt = all[Math.min(all.length - 1, Math.floor(all.length / 50))];
-      inpParts(v);
-    };
-    observe('event', onEvent, { durationThreshold: 40 });
-    observe('first-input', onEvent);
-
-    // Sends page view v: once when nothing fails, at most twice, always with its one id.
-    // While the page lives (a tab switch) by fetch, whose answer it reads: a 429 or 503 is
-    // retried after Retry-After, another failure after 0.5-1.5 s. While it is left
-    // (beforeunload, else pagehide) by sendBeacon, which outlives the page, and only if no
-    // fetch of this view is in flight.
-    var later = function (r) {
-      var s = r && r.headers && parseInt(r.headers.get('Retry-After'), 10);
-      return s >= 0 ? Math.min(s, 60) * 1000 : 500 + Math.random() * 1000;
-    };
-    var send = function (v, alive) {
-      if (v.state & 1 || v.sends > 1) return;
-      if (rate === undefined && alive) return settings.then(function () { send(v, alive); });
-      // Leaving before the settings answered: an unknown rate counts as 1. The rate drawn at
-      // goes with the page view, so that its row weighs 1 / rate (contract v4).
-      var r = rate === undefined ? 1 : rate;
-      if (!(v.draw < r)) return;
-      if (v.m.sample_rate !== r) { v.m.sample_rate = r; update(v); }
-      v.sends++;
-      var retry = function (r) { if (v.state < 3) { v.state = 2; setTimeout(function () { send(v, true); }, later(r)); } };
-      try {
-        if (!alive && navigator.sendBeacon && navigator.sendBeacon(endpoint, v.body)) { v.state = 3; return; }
-        v.state = alive ? 1 : 3;
-        fetch(endpoint, { method: 'POST', body: v.body, keepalive: true, headers: { 'Content-Type': 'text/plain' } })
-          .then(function (r) { if (r.status == 429 || r.status >= 500) retry(r); else v.state = 3; }, retry)
-          .catch(function () {});
-      } catch (e) {
-        // Nothing more to do.
-      }
-    };
-    // Leaving sends at beforeunload, the first event of it in every engine that fires one: a
-    // browser quitting (Firefox: beforeunload, then visibilitychange and pagehide as it shuts
-    // down) can drop a beacon queued at the later events unsent, though sendBeacon accepted
-    // it (issue 38). Engines without beforeunload send at pagehide, or at a visibilitychange
-    // to hidden that comes first. A prerendered page never shown sends nothing.
-    var flush = function () {
-      var n = 0;
-      pending.forEach(function (take) { n += take(); });
-      if (n) update();
-    };
-    var hide = function (alive) {
-      if (doc.prerendering) return;
-      flush();
-      send(view, alive);
-    };
-    on('beforeunload', function () { hide(false); });
-    on('visibilitychange', function () { if (doc.visibilityState === 'hidden') hide(true); });
-    on('pagehide', function () { hide(false); });
-    // A back/forward-cache restore is a new page view: FCP (and LCP where the engine measures
-    // it) from the restore to the next frame, TTFB 0, as the web-vitals library reports it.
-    on('pageshow', function (e) {
-      if (!e.persisted) return;
-      start('back_forward_cache', Date.now());
-      var v = view, t = e.timeStamp;
-      v.m.ttfb_ms = 0;
+      };
+      if (doc.readyState == 'complete') loaded(); else on('load', loaded);
       update();
-      requestAnimationFrame(function () {
+
+      // A CSS selector of a node, as the web-vitals library builds it (its getSelector): from
+      // tag names, ids and sorted class names only, never text or values; at most 100 characters.
+      var selector = function (n) {
+        var sel = '', part;
+        try {
+          while (n && n.nodeType !== 9) {
+            part = n.id ? '#' + n.id : [n.nodeType === 1 ? n.nodeName.toLowerCase() : n.nodeName.toUpperCase().replace(/^#/, '')]
+              .concat([].slice.call(n.classList || []).sort()).join('.');
+            if (sel.length + part.length > 99) return sel || part;
+            sel = sel ? part + '>' + sel : part;
+            if (n.id) break;
+            n = n.parentNode;
+          }
+        } catch (e) {
+          // A detached or foreign node: what was built so far.
+        }
+        return sel || undefined;
+      };
+
+      // Paint entries belong to the load, never to a restored view (measured from the restore).
+      observe('paint', function (e) { if (e.name === 'first-contentful-paint') first.m.fcp_ms = since(e.startTime); });
+      // LCP and its attribution, as web-vitals' attribution build: the element, its resource,
+      // and the time after TTFB split into the resource's load delay, its load, and the render.
+      var onLcp = function (e) {
+        var m = first.m, a = nav.activationStart || 0, ttfb = Math.max(0, nav.responseStart - a) || 0, res;
+        if (first.lcpDone) return;
+        m.lcp_ms = since(e.startTime);
+        m.lcp_target = e.element ? selector(e.element) : e.id ? '#' + e.id : undefined;
+        // Only a fetched resource: a data: image's URL is the image itself (Firefox gives it whole).
+        m.lcp_url = /^https?:/.test(e.url) ? bare(e.url) : undefined;
+        perf.getEntriesByType('resource').forEach(function (r) {
+          if (e.url && r.name === e.url && (r.requestStart || r.startTime) <= e.startTime) res = r;
+        });
+        var start = Math.max(ttfb, res ? (res.requestStart || res.startTime) - a : 0),
+          end = Math.min(m.lcp_ms, Math.max(start, res ? res.responseEnd - a : 0));
+        m.lcp_resource_load_delay_ms = start - ttfb;
+        m.lcp_resource_load_duration_ms = end - start;
+        m.lcp_element_render_delay_ms = m.lcp_ms - end;
+      };
+      var lcp = observe('largest-contentful-paint', onLcp);
+      // LCP ends at the visitor's first input; the page's own synthetic events do not count.
+      var stopLcp = function (e) {
+        if (!e.isTrusted || first.lcpDone) return;
+        if (lcp) { lcp.takeRecords().forEach(onLcp); lcp.disconnect(); }
+        first.lcpDone = true;
+        update(first);
+      };
+      on('keydown', stopLcp); on('click', stopLcp);
+
+      // CLS: the largest session window (shifts less than 1 s apart, at most 5 s); its largest
+      // shift is the attribution, with its first element source.
+      observe('layout-shift', function (e) {
+        var v = view, m = v.m, src = e.sources || [];
+        if (e.hadRecentInput) return;
+        if (!(v.cls && e.startTime - v.clsLast < 1000 && e.startTime - v.clsStart < 5000)) { v.cls = 0; v.clsStart = e.startTime; v.big = 0; }
+        v.cls += e.value;
+        v.clsLast = e.startTime;
+        if (!v.big || e.value >= v.big.value) {
+          src = src.filter(function (s) { return s.node && s.node.nodeType === 1; })[0] || src[0];
+          v.big = { value: e.value, time: e.startTime, target: src && src.node ? selector(src.node) : undefined };
+        }
+        if (v.cls > m.cls) {
+          m.cls = v.cls;
+          m.cls_target = v.big.target; m.cls_time_ms = v.big.time; m.cls_value = v.big.value;
+        }
+      });
+
+      // INP: per interaction its longest entry; the 98th percentile of them (one ignored per
+      // 50). Its phases, as web-vitals measures them: entries presented in one frame (render
+      // times within 8 ms) are a group, whose earliest processing start and latest end bound
+      // the processing; and the script that ran longest in the long animation frames it spans.
+      var frames = [], loafs = [];
+      // The attribution of view v's INP interaction; again when a long animation frame arrives
+      // (the engine reports it after the frame, so after the interaction's entries).
+      var inpParts = function (v) {
+        var m = v.m, it = v.inpAt, f, g, ps, paint, pe, best = 0;
+        if (!it) return;
+        f = it.e; g = it.g;
+        ps = Math.max(g.ps, f.startTime); paint = Math.max(f.startTime + f.duration, ps); pe = Math.min(g.pe, paint);
+        m.inp_ms = f.duration;
+        m.inp_target = it.t;
+        m.inp_type = f.name.indexOf('key') ? 'pointer' : 'keyboard';
+        m.inp_input_delay_ms = ps - f.startTime;
+        m.inp_processing_duration_ms = pe - ps;
+        m.inp_presentation_delay_ms = paint - pe;
+        m.inp_script_url = undefined;
+        loafs.forEach(function (l) {
+          if (l.startTime + l.duration < f.startTime || l.startTime > pe) return;
+          (l.scripts || []).forEach(function (sc) {
+            var d = sc.startTime + sc.duration - Math.max(f.startTime, sc.startTime);
+            if (d > best && /^https?:/.test(sc.sourceURL)) { best = d; m.inp_script_url = bare(sc.sourceURL); }
+          });
+        });
+      };
+      observe('long-animation-frame', function (e) { loafs.push(e); if (loafs.length > 50) loafs.shift(); inpParts(view); });
+      var onEvent = function (e) {
+        var v = view, i = v.inp, end = e.startTime + e.duration, g, k, it, all;
+        for (k = frames.length - 1; k >= 0 && !g; k--) if (Math.abs(end - frames[k].end) <= 8) g = frames[k];
+        if (g) { g.ps = Math.min(g.ps, e.processingStart); g.pe = Math.max(g.pe, e.processingEnd); }
+        else { frames.push(g = { end: end, ps: e.processingStart, pe: e.processingEnd }); if (frames.length > 10) frames.shift(); }
+        if (!e.interactionId) return;
+        it = i[e.interactionId];
+        if (!it || e.duration > it.e.duration) i[e.interactionId] = { e: e, g: g, t: (it && it.t) || (e.target && selector(e.target)) };
+        else if (!it.t && e.target) it.t = selector(e.target);
+        all = Object.keys(i).map(function (k) { return i[k]; }).sort(function (a, b) { return b.e.duration - a.e.duration; });
+        v.inpAt = all[Math.min(all.length - 1, Math.floor(all.length / 50))];
+        inpParts(v);
+      };
+      observe('event', onEvent, { durationThreshold: 40 });
+      observe('first-input', onEvent);
+
+      // Sends page view v: once when nothing fails, at most twice, always with its one id.
+      // While the page lives (a tab switch) by fetch, whose answer it reads: a 429 or 503 is
+      // retried after Retry-After, another failure after 0.5-1.5 s. While it is left
+      // (beforeunload, else pagehide) by sendBeacon, which outlives the page, and only if no
+      // keepalive fetch of this view is in flight. A keepalive fetch is refused at once when
+      // the page's keepalive requests (another script's too) hold their 64 KiB: it is made
+      // again without keepalive, which the page carries while it lives (and which Chromium
+      // still sent when made at pagehide); leaving with that one in flight sends by sendBeacon.
+      var later = function (r) {
+        var s = r && r.headers && parseInt(r.headers.get('Retry-After'), 10);
+        return s >= 0 ? Math.min(s, 60) * 1000 : 500 + Math.random() * 1000;
+      };
+      var send = function (v, alive) {
+        if (v.state == 3 || v.state == 1 && (alive || !v.weak) || v.sends > 1) return;
+        if (rate === undefined && alive) return settings.then(function () { send(v, alive); });
+        // Leaving before the settings answered: an unknown rate counts as 1. The rate drawn at
+        // goes with the page view, so that its row weighs 1 / rate (contract v4).
+        var r = rate === undefined ? 1 : rate;
+        if (!(v.draw < r)) return;
+        if (v.m.sample_rate !== r) { v.m.sample_rate = r; update(v); }
+        v.sends++;
+        var retry = function (r) { if (v.state < 3) { v.state = 2; setTimeout(function () { send(v, true); }, later(r)); } };
+        var post = function (keep) {
+          v.weak = !keep;
+          fetch(endpoint, { method: 'POST', body: v.body, keepalive: keep, headers: { 'Content-Type': 'text/plain' } })
+            .then(function (r) { if (r.status == 429 || r.status >= 500) retry(r); else v.state = 3; },
+              function (e) { if (keep) post(false); else retry(e); })
+            .catch(function () {});
+        };
+        try {
+          if (!alive && navigator.sendBeacon && navigator.sendBeacon(endpoint, v.body)) { v.state = 3; return; }
+          v.state = alive ? 1 : 3;
+          post(true);
+        } catch (e) {
+          // Nothing more to do.
+        }
+      };
+      // Leaving sends at beforeunload, the first event of it in every engine that fires one: a
+      // browser quitting (Firefox: beforeunload, then visibilitychange and pagehide as it shuts
+      // down) can drop a beacon queued at the later events unsent, though sendBeacon accepted
+      // it (issue 38). Engines without beforeunload send at pagehide, or at a visibilitychange
+      // to hidden that comes first.
+      var flush = function () {
+        var n = 0;
+        pending.forEach(function (take) { n += take(); });
+        if (n) update();
+      };
+      var hide = function (alive) {
+        flush();
+        send(view, alive);
+      };
+      on('beforeunload', function () { hide(false); });
+      on('visibilitychange', function () { if (doc.visibilityState === 'hidden') hide(true); });
+      on('pagehide', function () { hide(false); });
+      // A back/forward-cache restore is a new page view: FCP (and LCP where the engine measures
+      // it) from the restore to the next frame, TTFB 0, as the web-vitals library reports it.
+      on('pageshow', function (e) {
+        if (!e.persisted) return;
+        start('back_forward_cache', Date.now());
+        var v = view, t = e.timeStamp;
+        v.m.ttfb_ms = 0;
+        update();
         requestAnimationFrame(function () {
-          v.m.fcp_ms = perf.now() - t;
-          if (lcp) v.m.lcp_ms = v.m.fcp_ms;
-          update(v);
+          requestAnimationFrame(function () {
+            v.m.fcp_ms = perf.now() - t;
+            if (lcp) v.m.lcp_ms = v.m.fcp_ms;
+            update(v);
+          });
         });
       });
-    });
-    // A route change of a single-page app, where the engine reports it ('soft-navigation'
-    // entries: Chromium): the page view so far ends and is sent (the page lives on, so by a
-    // readable fetch); a new one starts with its own id and URL, TTFB 0 and FCP from the
-    // route change to its first paint, as web-vitals reports a soft navigation. CLS and INP
-    // from then on are the new view's; its LCP is not measured (NULL).
-    observe('soft-navigation', function (e) {
-      var prev = view;
-      flush();
-      send(prev, true);
-      start('soft_navigation', (perf.timeOrigin || Date.now() - perf.now()) + e.startTime);
-      view.m.url = e.name;
-      view.m.referrer = prev.m.url;
-      view.m.ttfb_ms = 0;
-      if (e.presentationTime || e.paintTime) view.m.fcp_ms = Math.max(0, (e.presentationTime || e.paintTime) - e.startTime);
-    });
+      // A route change of a single-page app, where the engine reports it ('soft-navigation'
+      // entries: Chromium): the page view so far ends and is sent (the page lives on, so by a
+      // readable fetch); a new one starts with its own id and URL, TTFB 0 and FCP from the
+      // route change to its first paint, as web-vitals reports a soft navigation. CLS and INP
+      // from then on are the new view's; its LCP is not measured (NULL).
+      observe('soft-navigation', function (e) {
+        var prev = view;
+        flush();
+        send(prev, true);
+        start('soft_navigation', (perf.timeOrigin || Date.now() - perf.now()) + e.startTime);
+        view.m.url = e.name;
+        view.m.referrer = prev.m.url;
+        view.m.ttfb_ms = 0;
+        if (e.presentationTime || e.paintTime) view.m.fcp_ms = Math.max(0, (e.presentationTime || e.paintTime) - e.startTime);
+      });
+      // Dimensions: collectorq.push(['dimension', NAME, VALUE]) before this script ran (queued)
+      // or after (push replaced), at most 5 names. The page view's body is made again, so a
+      // value set before its last send goes with it. Last, so that a page's odd collectorq
+      // costs nothing else.
+      var q = window.collectorq = window.collectorq || [];
+      var command = function (c) {
+        if (c && c[0] == 'dimension' && c[2] != null && (dims.hasOwnProperty(c[1]) || Object.keys(dims).length < 5)) {
+          dims[c[1]] = cut(c[2]);
+          view.m.dimensions = Object.assign({}, dims);
+          update();
+        }
+      };
+      q.forEach(safe(command));
+      q.push = function () { [].forEach.call(arguments, safe(command)); return q.length; };
+    };
+    if (doc.prerendering) doc.addEventListener('prerenderingchange', safe(run), true); else run();
   } catch (e) {
     // Never break the page.
   }

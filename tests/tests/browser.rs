@@ -523,3 +523,262 @@ async fn route_changes_of_a_single_page_app_are_page_views() {
     assert!(beacons.iter().all(|b| b.status == 202), "{beacons:?}");
     assert_eq!(c.metric("collector_measurements_accepted_total").await, 3.0);
 }
+
+/// Issue 39, item 4: a page prerendered by speculation rules and activated by a click 4 s
+/// later is one page view, `navigation_type` `prerender`, its times counted from
+/// `activationStart` as web-vitals counts them (TTFB, FCP and LCP less `activationStart`, at
+/// least 0) and its start (`ts`, the id's time) at the activation; a prerendered page never
+/// activated sends nothing. Headless Chromium prerenders under WebDriver without any flag.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prerendered_page_is_one_page_view_from_its_activation() {
+    let env = TestEnv::new(Stack::shared()).await;
+    let c = env.collector(&[]).await;
+    let site = "shop-prerender";
+    let seen_dir = tempfile::tempdir().unwrap();
+    let seen = seen_dir.path().join("seen.log");
+    // The pages that prerender another have no script of ours: only the prerendered ones count.
+    let rules = |target: &str| {
+        format!(
+            "<!doctype html><html><head><meta charset=\"utf-8\"><title>start</title>\
+             <script type=\"speculationrules\">{{\"prerender\":[{{\"source\":\"list\",\"urls\":[\"/shop/{target}\"]}}]}}</script>\
+             </head><body><p><a id=\"go\" href=\"/shop/{target}\">{target}</a></p></body></html>"
+        )
+    };
+    // A prerendered page tells the shop's server so (`/shop/seen`, logged).
+    let prerendered = |name: &str| {
+        shop_html(site).replace(
+            "<meta charset=\"utf-8\">",
+            &format!(
+                "<meta charset=\"utf-8\">\n  <script>window.__prerendered = document.prerendering;\
+                 if (document.prerendering) fetch('/shop/seen?{name}');</script>"
+            ),
+        )
+    };
+    let pages = [
+        ("start.html", rules("next.html")),
+        ("next.html", prerendered("next")),
+        ("start2.html", rules("never.html")),
+        ("never.html", prerendered("never")),
+        (
+            "plain.html",
+            "<!doctype html><html><head><meta charset=\"utf-8\"><title>plain</title></head><body><p>plain</p></body></html>".into(),
+        ),
+    ];
+    let shop = Shop::start_with(
+        &c,
+        &pages,
+        None,
+        &format!(
+            "location = /shop/seen {{ access_log {}; return 204; }}",
+            seen.display()
+        ),
+    )
+    .await;
+    env.cli(&["sites", "add", "--key", site, "--origin", &shop.proxy.url])
+        .success();
+    let was_prerendered = |name: &'static str| {
+        let seen = seen.clone();
+        async move {
+            let log = std::fs::read_to_string(&seen).unwrap_or_default();
+            log.contains(&format!("/shop/seen?{name} "))
+                .then_some(())
+                .ok_or_else(|| format!("not prerendered yet; the log: {log:?}"))
+        }
+    };
+    let browser = Browser::start(Engine::Chromium, &env.diag).await;
+    let base = format!("{}/shop", shop.proxy.url);
+
+    browser
+        .client
+        .goto(&format!("{base}/start.html"))
+        .await
+        .unwrap();
+    let shown = Instant::now();
+    wait_until(
+        &env.diag,
+        "next.html to be prerendered",
+        SETTLE,
+        Duration::from_millis(100),
+        || was_prerendered("next"),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(4).saturating_sub(shown.elapsed())).await;
+    let clicked_ms = now_ms();
+    browser
+        .client
+        .find(Locator::Id("go"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    browser
+        .wait_for("location.pathname.endsWith('/next.html') && performance.getEntriesByType('navigation')[0].activationStart > 0 && document.readyState === 'complete'")
+        .await;
+    // What web-vitals would report, from the page's own entries.
+    let page = browser
+        .client
+        .execute_async(
+            "const done = arguments[arguments.length - 1];
+             const nav = performance.getEntriesByType('navigation')[0], a = nav.activationStart;
+             setTimeout(() => new PerformanceObserver((l) => {
+               const e = l.getEntries();
+               const fcp = performance.getEntriesByName('first-contentful-paint')[0];
+               done({prerendered: window.__prerendered, a, errors: window.__errors,
+                     ts: Math.round(performance.timeOrigin + a), type: nav.type,
+                     ttfb: Math.max(0, nav.responseStart - a),
+                     fcp: fcp ? Math.max(0, fcp.startTime - a) : null,
+                     lcp: Math.max(0, e[e.length - 1].startTime - a)});
+             }).observe({type: 'largest-contentful-paint', buffered: true}), 500);",
+            vec![],
+        )
+        .await
+        .unwrap();
+    println!("the activated page: {page}");
+    assert_eq!(page["prerendered"], true, "{page}");
+    assert_eq!(page["errors"], json!([]), "{page}");
+    let activation = page["a"].as_f64().unwrap();
+    assert!(
+        activation >= 3500.0,
+        "activated 4 s after the prerender: {page}"
+    );
+    browser
+        .client
+        .goto(&format!("{base}/plain.html"))
+        .await
+        .unwrap();
+
+    // Prerendered, never activated: the visitor goes elsewhere.
+    browser
+        .client
+        .goto(&format!("{base}/start2.html"))
+        .await
+        .unwrap();
+    wait_until(
+        &env.diag,
+        "never.html to be prerendered",
+        SETTLE,
+        Duration::from_millis(100),
+        || was_prerendered("never"),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    browser
+        .client
+        .goto(&format!("{base}/plain.html"))
+        .await
+        .unwrap();
+    rows_for_site(&env, site, 1).await;
+    // Time for a beacon of the discarded prerender, had it sent one.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    browser.quit().await;
+    let rows = rows_for_site(&env, site, 1).await;
+    let beacons = shop.beacons();
+    assert_eq!(
+        rows.len(),
+        1,
+        "one page view: {rows:?}; beacons {beacons:?}"
+    );
+    assert_eq!(beacons.len(), 1, "one request: {beacons:?}");
+    let r = &rows[0];
+    assert_eq!(col(r, "url"), format!("{base}/next.html").as_str(), "{r}");
+    assert_eq!(col(r, "navigation_type"), "prerender", "{r}");
+    let near = |column: &str, want: &Value| {
+        let got = col(r, column)
+            .as_f64()
+            .unwrap_or_else(|| panic!("{column}: {r}"));
+        let want = want
+            .as_f64()
+            .unwrap_or_else(|| panic!("{column} in the page: {page}"));
+        assert!(
+            (got - want).abs() < 0.5,
+            "{column}: {got}, web-vitals' {want}: {r}"
+        );
+    };
+    near("ttfb_ms", &page["ttfb"]);
+    near("fcp_ms", &page["fcp"]);
+    near("lcp_ms", &page["lcp"]);
+    // The page view starts at the activation, not at the prerender.
+    assert_eq!(as_i64(col(r, "ts")), page["ts"].as_i64(), "{r}");
+    let ts = as_i64(col(r, "ts")).unwrap();
+    assert!(
+        (ts - clicked_ms).abs() < 2000,
+        "ts {ts}, clicked at {clicked_ms}: {r}"
+    );
+    let id = uuid::Uuid::parse_str(col(r, "id").as_str().unwrap()).unwrap();
+    let id_ms = id.as_bytes()[..6]
+        .iter()
+        .fold(0i64, |ms, b| (ms << 8) | i64::from(*b));
+    assert_eq!(id_ms, ts, "the id's time is the activation: {r}");
+}
+
+/// Issue 40, once the collector stores `server_timing` and `dimensions` (layout 6, branch
+/// i40b): the row of a page served with [`common::browser::SERVER_TIMING`] that sets the
+/// declared dimension `variant` and an undeclared one carries `cdn_cache` `hit`, the page
+/// group of the site's rule, the declared dimension only, and the Server-Timing names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the collector side of issue 40 (branch i40b): enable after merging it"]
+async fn stored_rows_carry_cdn_cache_page_group_dimensions_and_server_timing() {
+    let env = TestEnv::new(Stack::shared()).await;
+    let c = env.collector(&[]).await;
+    let site = "shop-fields";
+    let html = shop_html(site).replace(
+        "collectorq.push(['dimension', 'variant', 'b']);",
+        "collectorq.push(['dimension', 'variant', 'b'], ['dimension', 'undeclared', 'x']);",
+    );
+    assert!(
+        html.contains("'undeclared'"),
+        "the demo page sets `variant`"
+    );
+    let shop = Shop::start(&c, &[("p.html", html)], None).await;
+    env.cli(&[
+        "sites",
+        "add",
+        "--key",
+        site,
+        "--origin",
+        &shop.proxy.url,
+        "--dimension",
+        "variant",
+        "--page-group",
+        "product=/shop/*",
+    ])
+    .success();
+    let browser = Browser::start(Engine::Chromium, &env.diag).await;
+    load(&browser, &format!("{}/shop/p.html", shop.proxy.url)).await;
+    browser.client.goto("about:blank").await.unwrap();
+    rows_for_site(&env, site, 1).await;
+    browser.quit().await;
+    let rows = env
+        .query(
+            0,
+            &format!(
+                "SELECT cdn_cache, page_group, dimension_names, dimension_values, server_timing_name \
+                 FROM {}.measurements FINAL WHERE site = '{site}'",
+                env.db
+            ),
+        )
+        .await;
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    let r = &rows[0];
+    assert_eq!(col(r, "cdn_cache"), "hit", "{r}");
+    assert_eq!(col(r, "page_group"), "product", "{r}");
+    assert_eq!(col(r, "dimension_names"), &json!(["variant"]), "{r}");
+    assert_eq!(col(r, "dimension_values"), &json!(["b"]), "{r}");
+    assert_eq!(
+        col(r, "server_timing_name"),
+        &json!([
+            "cdn-cache",
+            "edge",
+            "origin",
+            "long",
+            "m4",
+            "m5",
+            "m6",
+            "m7",
+            "m8",
+            "m9"
+        ]),
+        "{r}"
+    );
+}

@@ -427,11 +427,20 @@ pub struct Beacon {
     pub status: u16,
     /// The measurement ids in its body (one for a page view's beacon).
     pub ids: Vec<String>,
+    /// Its body as JSON: what the script sent (`Null` when the body was not JSON).
+    pub body: Value,
 }
+
+/// The `Server-Timing` of every page a [`Shop`] serves: a CDN's cache hit, the edge's and the
+/// origin's time (a description with a space, quoted), a description of 70 bytes (the script
+/// cuts it to 64), and entries beyond the 10 the script sends (`m4` to `m12`).
+pub const SERVER_TIMING: &str = "cdn-cache;desc=HIT, edge;dur=12.5, origin;dur=80;desc=\"db and render\", \
+     long;desc=aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa, \
+     m4;dur=4, m5;dur=5, m6;dur=6, m7;dur=7, m8;dur=8, m9;dur=9, m10;dur=10, m11;dur=11, m12;dur=12";
 
 /// A shop behind nginx whose intake location logs every beacon (time, status, body) and can
 /// send the first beacon to a stand-in server that answers with `fail` (nginx directives,
-/// e.g. `return 503;`), round robin with the collector.
+/// e.g. `return 503;`), round robin with the collector. Its pages come with [`SERVER_TIMING`].
 pub struct Shop {
     /// The nginx in front of the pages and the collector.
     pub proxy: Nginx,
@@ -443,6 +452,16 @@ pub struct Shop {
 impl Shop {
     /// Serves `pages` under `/shop/` and the collector `c` under `/perf/`.
     pub async fn start(c: &Collector, pages: &[(&str, String)], fail: Option<&str>) -> Shop {
+        Shop::start_with(c, pages, fail, "").await
+    }
+
+    /// As [`Shop::start`], with `extra` added to nginx's `server` block (more locations).
+    pub async fn start_with(
+        c: &Collector,
+        pages: &[(&str, String)],
+        fail: Option<&str>,
+        extra: &str,
+    ) -> Shop {
         let pages = page_dir(pages);
         let logs = tempfile::tempdir().unwrap();
         let log = logs.path().join("beacons.log");
@@ -452,10 +471,10 @@ impl Shop {
         };
         let fail_port = free_port();
         let server_extra = format!(
-            "location /shop/ {{ alias {}/; }}\n\
+            "location /shop/ {{ alias {}/; add_header Server-Timing '{SERVER_TIMING}'; }}\n\
              location = /perf/api/v1/measurements {{ access_log {} beacons; \
              proxy_ignore_client_abort on; \
-             proxy_pass {upstream}/api/v1/measurements; proxy_next_upstream off; }}",
+             proxy_pass {upstream}/api/v1/measurements; proxy_next_upstream off; }}\n{extra}",
             pages.path().display(),
             log.display()
         );
@@ -494,10 +513,13 @@ impl Shop {
                 let at = parts.next().unwrap().parse().expect("$msec");
                 let status = parts.next().expect("$status").parse().expect("$status");
                 let body = parts.next().unwrap_or("");
+                // nginx wrote the body as the inside of a JSON string (`escape=json`).
+                let text: String = serde_json::from_str(&format!("\"{body}\"")).unwrap_or_default();
                 Beacon {
                     at,
                     status,
                     ids: ids.captures_iter(body).map(|c| c[1].to_owned()).collect(),
+                    body: serde_json::from_str(&text).unwrap_or(Value::Null),
                 }
             })
             .collect()
