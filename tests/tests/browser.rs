@@ -712,12 +712,10 @@ async fn a_prerendered_page_is_one_page_view_from_its_activation() {
     assert_eq!(id_ms, ts, "the id's time is the activation: {r}");
 }
 
-/// Issue 40, once the collector stores `server_timing` and `dimensions` (layout 6, branch
-/// i40b): the row of a page served with [`common::browser::SERVER_TIMING`] that sets the
+/// Issue 40: the row of a page served with [`common::browser::SERVER_TIMING`] that sets the
 /// declared dimension `variant` and an undeclared one carries `cdn_cache` `hit`, the page
 /// group of the site's rule, the declared dimension only, and the Server-Timing names.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs the collector side of issue 40 (branch i40b): enable after merging it"]
 async fn stored_rows_carry_cdn_cache_page_group_dimensions_and_server_timing() {
     let env = TestEnv::new(Stack::shared()).await;
     let c = env.collector(&[]).await;
