@@ -775,7 +775,11 @@ async fn stored_row_in(env: &TestEnv<'_>, c: &Collector, engine: Engine, name: &
     let r = &rows[0];
     assert_eq!(col(r, "cdn_cache"), "hit", "{name}: {r}");
     assert_eq!(col(r, "page_group"), "product", "{name}: {r}");
-    assert_eq!(col(r, "dimension_names"), &json!(["variant"]), "{name}: {r}");
+    assert_eq!(
+        col(r, "dimension_names"),
+        &json!(["variant"]),
+        "{name}: {r}"
+    );
     assert_eq!(col(r, "dimension_values"), &json!(["b"]), "{name}: {r}");
     assert_eq!(
         col(r, "server_timing_name"),

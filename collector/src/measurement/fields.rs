@@ -160,13 +160,13 @@ measurement_table! {
         /// The names of the page's Server-Timing entries, at most 10, each 1 to 64 bytes
         /// (contract v4); rows of earlier layouts: empty.
         #[serde(default)]
-        server_timing_name: Vec<Cow<'a, str>> = derived(timing::column(&server_timing, |t| t.name.clone())),
+        server_timing_name: Vec<Cow<'a, str>> = derived(timing::column(&server_timing, timing::stored_name)),
         /// Their durations, milliseconds, 0 to 3,600,000 (0 when not sent), in the same order.
         #[serde(default)]
         server_timing_dur: Vec<f64> = derived(timing::column(&server_timing, |t| t.dur)),
         /// Their descriptions, at most 64 bytes (empty when not sent), in the same order.
         #[serde(default)]
-        server_timing_desc: Vec<Cow<'a, str>> = derived(timing::column(&server_timing, |t| t.desc.clone())),
+        server_timing_desc: Vec<Cow<'a, str>> = derived(timing::column(&server_timing, timing::stored_desc)),
         /// `hit`, `miss`, `stale`, `pass` or empty: the CDN's cache status from the first
         /// Server-Timing entry `cdn-cache` or `cfCacheStatus` ([`timing::cdn_cache`]).
         #[serde(default)]

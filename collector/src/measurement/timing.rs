@@ -90,6 +90,29 @@ pub fn column<'a, T>(judged: &Field<Vec<Timing<'a>>>, part: impl Fn(&Timing<'a>)
 /// RUM vendors document) and `cfCacheStatus` (Cloudflare).
 pub const CACHE_ENTRIES: [&str; 2] = ["cdn-cache", "cfCacheStatus"];
 
+/// An entry's name as stored: masked as a URL's path ([`super::minimise::mask`]), so that a
+/// name that carries an address, a token or a long number does not reach disk.
+pub fn stored_name<'a>(t: &Timing<'a>) -> Cow<'a, str> {
+    match super::minimise::mask(&t.name) {
+        Cow::Borrowed(_) => t.name.clone(),
+        Cow::Owned(m) => Cow::Owned(m),
+    }
+}
+
+/// An entry's `desc` as stored: kept for the cache entries ([`CACHE_ENTRIES`]) only, masked;
+/// empty for every other entry. Shop platforms put visitor and session ids in `desc` (Shopify's
+/// `_y` and `_s` carry UUIDs that last a year: found by an adversarial review), and no reader
+/// needs another entry's description.
+pub fn stored_desc<'a>(t: &Timing<'a>) -> Cow<'a, str> {
+    if !CACHE_ENTRIES.contains(&t.name.as_ref()) {
+        return Cow::Borrowed("");
+    }
+    match super::minimise::mask(&t.desc) {
+        Cow::Borrowed(_) => t.desc.clone(),
+        Cow::Owned(m) => Cow::Owned(m),
+    }
+}
+
 /// `cdn_cache` (contract v4): from the first entry named as in [`CACHE_ENTRIES`], its `desc`
 /// compared case-insensitively: `HIT` is `hit`; `MISS`, `EXPIRED` are `miss`; `STALE`,
 /// `UPDATING`, `REVALIDATED` are `stale`; `BYPASS`, `PASS`, `DYNAMIC` are `pass`; anything
@@ -150,6 +173,23 @@ mod tests {
             ("db", 12.5, "Postgres")
         );
         assert_eq!((&*t[1].name, t[1].dur, &*t[1].desc), ("app", 0.0, ""));
+    }
+
+    #[test]
+    fn only_a_cache_entrys_desc_is_stored_and_names_are_masked() {
+        let Field::Valid(t) = judge(
+            r#"[{"name":"_y","desc":"6c6e910e-2f0c-4d7a-9a55-0c1f5e2b7d11"},{"name":"cdn-cache","desc":"HIT"},{"name":"bob@example.com"}]"#,
+        ) else {
+            panic!("valid")
+        };
+        assert_eq!(stored_desc(&t[0]), "", "a visitor id");
+        assert_eq!(stored_desc(&t[1]), "HIT");
+        assert!(
+            !stored_name(&t[2]).contains("bob@"),
+            "{}",
+            stored_name(&t[2])
+        );
+        assert_eq!(stored_name(&t[1]), "cdn-cache");
     }
 
     #[test]
