@@ -212,7 +212,25 @@ impl Browser {
     /// engine or its driver is missing), registered with the test's `diag`: a wait that
     /// gives up shows the engine's console (Firefox and Chromium: every page's, from the
     /// driver's log; WebKitGTK: the open page's own record, [`RECORDER`]).
+    ///
+    /// A session the engine could not open (Chromium's "DevToolsActivePort file doesn't
+    /// exist", Firefox's "Failed to read marionette port": seen once each in a fresh-clone CI
+    /// run, the browser dying at its start) is tried once more with a new driver, profile and
+    /// port, as a person would start the browser again; a second failure fails the test with
+    /// both drivers' logs.
     pub async fn start(engine: Engine, diag: &Diag) -> Browser {
+        let first = match Browser::try_start(engine, diag).await {
+            Ok(b) => return b,
+            Err(e) => e,
+        };
+        eprintln!("{engine:?} did not start; starting it once more. The first attempt:\n{first}");
+        Browser::try_start(engine, diag)
+            .await
+            .unwrap_or_else(|e| panic!("{e}\n(first attempt:)\n{first}"))
+    }
+
+    /// One attempt of [`Browser::start`]: the failure to open a session as its message.
+    async fn try_start(engine: Engine, diag: &Diag) -> Result<Browser, String> {
         let port = free_port();
         let profile = tempfile::tempdir().unwrap();
         // Beside the profile, not in it: the engine's console outlives the session.
@@ -300,10 +318,8 @@ impl Browser {
             .capabilities(caps)
             .connect(&format!("http://127.0.0.1:{port}"))
             .await
-            .unwrap_or_else(|e| {
-                // `driver` (and `display`) are dropped while this unwinds: nothing is left.
-                panic!("WebDriver session in {engine:?}: {e}\n{}", driver.logs())
-            });
+            // `driver` (and `display`) are dropped on return: nothing is left.
+            .map_err(|e| format!("WebDriver session in {engine:?}: {e}\n{}", driver.logs()))?;
         if engine != Engine::Chromium {
             client.set_window_size(1280, 900).await.unwrap();
         }
@@ -311,14 +327,14 @@ impl Browser {
         // it); the page's own record is read instead.
         let engine_console = (engine != Engine::WebKit).then_some(console.as_path());
         diag.browser(&format!("{engine:?}"), &client, engine_console);
-        Browser {
+        Ok(Browser {
             client,
             engine,
             driver,
             display,
             diag: diag.clone(),
             _profile: profile,
-        }
+        })
     }
 
     /// Runs `script` (a function body) in the page and returns its value.
