@@ -198,6 +198,8 @@ struct Outcome {
 struct Load {
     stop: Arc<AtomicBool>,
     outcomes: Arc<Mutex<Vec<Outcome>>>,
+    /// The requests still unanswered: sequence number → when sent.
+    pending: Arc<Mutex<HashMap<u64, Duration>>>,
     thread: Option<std::thread::JoinHandle<()>>,
     start: Instant,
 }
@@ -206,6 +208,7 @@ impl Load {
     fn start(netns: &str, url: &str, ca: &Path, site: &str) -> Load {
         let stop = Arc::new(AtomicBool::new(false));
         let outcomes = Arc::new(Mutex::new(Vec::new()));
+        let pending = Arc::new(Mutex::new(HashMap::new()));
         let ns_path = format!("/run/netns/{netns}");
         let ca = std::fs::read(ca).unwrap();
         let url = format!("{url}/api/v1/measurements");
@@ -213,7 +216,7 @@ impl Load {
         let start = Instant::now();
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let thread = {
-            let (stop, outcomes) = (stop.clone(), outcomes.clone());
+            let (stop, outcomes, pending) = (stop.clone(), outcomes.clone(), pending.clone());
             std::thread::spawn(move || {
                 let ns =
                     std::fs::File::open(&ns_path).unwrap_or_else(|e| panic!("open {ns_path}: {e}"));
@@ -229,7 +232,13 @@ impl Load {
                     .enable_all()
                     .build()
                     .unwrap();
-                rt.block_on(run_load(url, ca, site, start, stop, outcomes, ready_tx));
+                let shared = Shared {
+                    start,
+                    stop,
+                    outcomes,
+                    pending,
+                };
+                rt.block_on(run_load(url, ca, site, shared, ready_tx));
             })
         };
         ready_rx
@@ -238,6 +247,7 @@ impl Load {
         Load {
             stop,
             outcomes,
+            pending,
             thread: Some(thread),
             start,
         }
@@ -246,6 +256,24 @@ impl Load {
     /// Time since the load started.
     fn now(&self) -> Duration {
         self.start.elapsed()
+    }
+
+    /// Waits until every request sent before `before` (time since the load started) has its
+    /// answer or error, so that the next fault cannot hit a request of the step before.
+    /// Bounded: a request times out after 30 s, so 40 s without settling is a defect of the load.
+    fn settle(&self, before: Duration) {
+        let deadline = Instant::now() + Duration::from_secs(40);
+        loop {
+            let oldest = self.pending.lock().unwrap().values().min().copied();
+            match oldest {
+                Some(sent) if sent < before => assert!(
+                    Instant::now() < deadline,
+                    "a request sent {sent:?} into the load was still unanswered 40 s later"
+                ),
+                _ => return,
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// Stops sending, waits for every answer and returns all outcomes.
@@ -270,15 +298,27 @@ impl Drop for Load {
     }
 }
 
+/// What the load thread shares with the test.
+struct Shared {
+    start: Instant,
+    stop: Arc<AtomicBool>,
+    outcomes: Arc<Mutex<Vec<Outcome>>>,
+    pending: Arc<Mutex<HashMap<u64, Duration>>>,
+}
+
 async fn run_load(
     url: String,
     ca: Vec<u8>,
     site: String,
-    start: Instant,
-    stop: Arc<AtomicBool>,
-    outcomes: Arc<Mutex<Vec<Outcome>>>,
+    shared: Shared,
     ready: std::sync::mpsc::Sender<()>,
 ) {
+    let Shared {
+        start,
+        stop,
+        outcomes,
+        pending,
+    } = shared;
     let client = reqwest::Client::builder()
         .use_rustls_tls()
         .tls_built_in_root_certs(false)
@@ -294,16 +334,19 @@ async fn run_load(
     let mut tick = tokio::time::interval(Duration::from_micros(1_000_000 / BEACONS_PER_SECOND));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut tasks = tokio::task::JoinSet::new();
+    let mut seq = 0u64;
     while !stop.load(Ordering::SeqCst) {
         tick.tick().await;
+        seq += 1;
+        let sent = start.elapsed();
+        pending.lock().unwrap().insert(seq, sent);
         let (id, body) = measurement(&site);
         let req = client
             .post(&url)
             .header("content-type", "text/plain")
             .body(body.to_string());
-        let outcomes = outcomes.clone();
+        let (outcomes, pending) = (outcomes.clone(), pending.clone());
         tasks.spawn(async move {
-            let sent = start.elapsed();
             let (status, duplicates, error) = match req.send().await {
                 Ok(r) => {
                     let status = r.status().as_u16();
@@ -332,6 +375,7 @@ async fn run_load(
                 duplicates,
                 error,
             });
+            pending.lock().unwrap().remove(&seq);
         });
         // A request task that panicked (a broken answer) fails the load, not silently.
         while let Some(done) = tasks.try_join_next() {
@@ -461,8 +505,13 @@ async fn edge_keeps_acknowledged_beacons_through_crashes_of_its_parts() {
         "demo",
     );
     let mut steps: Vec<Step> = Vec::new();
+    // A step counts the beacons sent from the end of the step before to its own end. Before its
+    // fault, every request of the step before has its answer: a request sent just before the
+    // boundary and cut by the next fault (in two runs, the planned restart's last beacons were
+    // cut by the kill of both paths) counts where it was sent, as a failure it was not.
     let mut step = |name: &'static str, f: &mut dyn FnMut(&mut Vec<String>)| {
-        let start = load.now();
+        let start = steps.last().map_or_else(|| load.now(), |s: &Step| s.end);
+        tokio::task::block_in_place(|| load.settle(start));
         let mut notes = Vec::new();
         tokio::task::block_in_place(|| f(&mut notes));
         steps.push(Step {
@@ -609,7 +658,7 @@ async fn edge_keeps_acknowledged_beacons_through_crashes_of_its_parts() {
         all.push((s, f));
     }
     report.push_str(
-        "\nSteps count the beacons sent during them. Failed: answered other than 202, or not at \
+        "\nSteps count the beacons sent from the end of the step before (whose requests all had their answers before the next fault) to their own end. Failed: answered other than 202, or not at \
          all (a refused or reset connection). Duplicates folded: copies beyond the first that \
          reached ClickHouse (merges are stopped on the test's table; FINAL folds them), plus \
          copies a collector answered as duplicates; a collector killed at the start of a step \
