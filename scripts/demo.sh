@@ -95,15 +95,16 @@ cat <<MSG
     curl -si $collector_url/api/v1/measurements -H 'content-type: application/json' \\
       -H 'origin: http://127.0.0.1:$page_port' \\
       -A 'Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/131.0.0.0 Safari/537.36' \\
-      -d '{"id":"'\$(cat /proc/sys/kernel/random/uuid)'","site":"demo","url":"http://127.0.0.1:$page_port/","lcp_ms":1234}'
+      -d '{"id":"'\$(cat /proc/sys/kernel/random/uuid)'","site":"demo","url":"http://127.0.0.1:$page_port/products/shoe-42","lcp_ms":1234,"ttfb_ms":95,"server_timing":[{"name":"cdn-cache","desc":"MISS"},{"name":"origin","dur":80}],"dimensions":{"variant":"b"}}'
 
   See the rows (within about a second):
-    clickhouse-client --port $CH1_TCP_PORT --query "SELECT id, site, url, lcp_ms, received_at FROM collector.measurements FINAL ORDER BY received_at DESC LIMIT 10"
-    curl -s '$CH1_URL/' --data-binary "SELECT id, site, url, lcp_ms, received_at FROM collector.measurements FINAL ORDER BY received_at DESC LIMIT 10 FORMAT PrettyCompact"
+    clickhouse-client --port $CH1_TCP_PORT --query "SELECT id, site, url, page_group, cdn_cache, dimension_values, lcp_ms, received_at FROM collector.measurements FINAL ORDER BY received_at DESC LIMIT 10"
+    curl -s '$CH1_URL/' --data-binary "SELECT id, site, url, page_group, cdn_cache, dimension_values, lcp_ms, received_at FROM collector.measurements FINAL ORDER BY received_at DESC LIMIT 10 FORMAT PrettyCompact"
 
   A site's numbers at a glance (p75 and good / needs improvement / poor per device type;
-  --by country|browser, --format json, --html FILE for a page with charts):
+  --by page_group|country|browser, --format json, --html FILE for a page with charts):
     COLLECTOR_CLICKHOUSE_URLS=$COLLECTOR_CLICKHOUSE_URLS $bin report --site demo --days 1
+    COLLECTOR_CLICKHOUSE_URLS=$COLLECTOR_CLICKHOUSE_URLS $bin report --site demo --days 1 --by page_group
 
   Ctrl-C stops the collector (it drains) and the stack.
 

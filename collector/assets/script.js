@@ -64,7 +64,7 @@
         return t.join('');
       };
       // The page's dimensions (collectorq, below): every page view starts with those set so far.
-      var dims = {};
+      var dims = Object.create(null);
 
       // The page view being measured. Observers write into the current one; every send, answer
       // and timer holds its own view, so a late answer of one page view never touches another
@@ -229,6 +229,8 @@
       // the page's keepalive requests (another script's too) hold their 64 KiB: it is made
       // again without keepalive, which the page carries while it lives (and which Chromium
       // still sent when made at pagehide); leaving with that one in flight sends by sendBeacon.
+      // Once per view: its later sends go without keepalive, so that an unreachable collector
+      // gets at most 3 requests of a page view (a refused connection rejects as the budget does).
       var later = function (r) {
         var s = r && r.headers && parseInt(r.headers.get('Retry-After'), 10);
         return s >= 0 ? Math.min(s, 60) * 1000 : 500 + Math.random() * 1000;
@@ -247,13 +249,13 @@
           v.weak = !keep;
           fetch(endpoint, { method: 'POST', body: v.body, keepalive: keep, headers: { 'Content-Type': 'text/plain' } })
             .then(function (r) { if (r.status == 429 || r.status >= 500) retry(r); else v.state = 3; },
-              function (e) { if (keep) post(false); else retry(e); })
+              function (e) { if (keep) { v.fell = 1; post(false); } else retry(e); })
             .catch(function () {});
         };
         try {
           if (!alive && navigator.sendBeacon && navigator.sendBeacon(endpoint, v.body)) { v.state = 3; return; }
           v.state = alive ? 1 : 3;
-          post(true);
+          post(!v.fell);
         } catch (e) {
           // Nothing more to do.
         }
@@ -307,12 +309,13 @@
         if (e.presentationTime || e.paintTime) view.m.fcp_ms = Math.max(0, (e.presentationTime || e.paintTime) - e.startTime);
       });
       // Dimensions: collectorq.push(['dimension', NAME, VALUE]) before this script ran (queued)
-      // or after (push replaced), at most 5 names. The page view's body is made again, so a
+      // or after (push replaced), at most 5 names, each as the collector takes one (1 to 32 of
+      // a-z, 0-9, _), so that a name it would drop takes no place. The page view's body is made again, so a
       // value set before its last send goes with it. Last, so that a page's odd collectorq
       // costs nothing else.
       var q = window.collectorq = window.collectorq || [];
       var command = function (c) {
-        if (c && c[0] == 'dimension' && c[2] != null && (dims.hasOwnProperty(c[1]) || Object.keys(dims).length < 5)) {
+        if (c && c[0] == 'dimension' && /^[a-z0-9_]{1,32}$/.test(c[1]) && c[2] != null && (c[1] in dims || Object.keys(dims).length < 5)) {
           dims[c[1]] = cut(c[2]);
           view.m.dimensions = Object.assign({}, dims);
           update();

@@ -551,6 +551,128 @@ async fn webkit_a_failed_send_is_sent_once_more() {
     a_failed_send_is_sent_once_more(Engine::WebKit).await;
 }
 
+/// An unreachable collector gets at most 3 requests of a page view (issue 39's review: the
+/// keepalive fallback made it 4). Its intake is cut off (nginx `return 444`: the connection
+/// closes unanswered, which every engine rejects as a network error, as a keepalive budget
+/// refusal is rejected); the page is hidden by a tab switch: its keepalive fetch fails, the
+/// fetch without keepalive fails, the resend 0.5-1.5 s later goes without keepalive and fails.
+/// Then nothing more, while the page lives or when it is left.
+async fn an_unreachable_collector_gets_at_most_3_requests(engine: Engine) {
+    let env = TestEnv::new(Stack::shared()).await;
+    let c = env.collector(&[]).await;
+    let site = format!("down-{engine:?}").to_lowercase();
+    let logs = tempfile::tempdir().unwrap();
+    let log = logs.path().join("down.log");
+    let mut pages = pages(&site);
+    pages[0].1 = pages[0].1.replace("/perf/", "/down/");
+    let extra = format!(
+        "location /down/ {{ proxy_pass http://collector/; }}\n\
+         location = /down/api/v1/measurements {{ access_log {} beacons; return 444; }}",
+        log.display()
+    );
+    let shop = Shop::start_with(&c, &pages, None, &extra).await;
+    env.cli(&["sites", "add", "--key", &site, "--origin", &shop.proxy.url])
+        .success();
+    let posts = || {
+        std::fs::read_to_string(&log)
+            .unwrap_or_else(|e| panic!("nginx's log {}: {e}", log.display()))
+            .lines()
+            .count()
+    };
+    let b = Browser::start(engine, &env.diag).await;
+    open(&b, &format!("{}/shop/a.html?s=down", shop.proxy.url)).await;
+    let page = b.client.window().await.unwrap();
+    let tab = if engine == Engine::WebKit {
+        b.eval(HIDE).await;
+        None
+    } else {
+        let tab = b.client.new_window(true).await.unwrap();
+        b.client.switch_to_window(tab.handle.clone()).await.unwrap();
+        Some(tab)
+    };
+    // What the script made (the page's record: `fetch POST <id>[ keepalive]`, then its
+    // `failed: ...` line) and what reached nginx (an engine may itself repeat a request whose
+    // reused connection closed unanswered: counted, not the script's).
+    let made = || async {
+        let record = b
+            .eval("return window.__console.filter(function (l) { return / (fetch POST|sendBeacon) /.test(l); });")
+            .await;
+        let lines: Vec<String> = record
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|l| l.as_str())
+            .map(|l| l.split("] ").nth(1).unwrap_or(l).to_owned())
+            .collect();
+        let sent = lines
+            .iter()
+            .filter(|l| !l.contains(" failed: ") && !l.contains(" answered "))
+            .count();
+        let failed = lines.iter().filter(|l| l.contains(" failed: ")).count();
+        (sent, failed, lines)
+    };
+    // The hidden page's record cannot be read from the other tab: nginx's count is waited for.
+    wait_until(
+        &env.diag,
+        &format!("{engine:?}: three requests of the page view at nginx"),
+        SETTLE,
+        Duration::from_millis(100),
+        || async {
+            let n = posts();
+            (n >= 3).then_some(()).ok_or(format!("{n} requests"))
+        },
+    )
+    .await;
+    // The last resend was due 1.5 s after the second failure, plus 1 s of a hidden page's
+    // timer alignment: 4 s more would have shown a fourth.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let alive = posts();
+    if tab.is_some() {
+        b.client.close_window().await.unwrap();
+        b.client.switch_to_window(page).await.unwrap();
+    }
+    let (sent, failed, lines) = made().await;
+    b.client
+        .goto(&format!("{}/shop/plain.html", shop.proxy.url))
+        .await
+        .unwrap();
+    b.wait_for("document.getElementById('plain') !== null")
+        .await;
+    // Leaving sends nothing more: a sendBeacon would reach nginx within this second.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    b.quit().await;
+    println!("{engine:?}: the script made {sent} requests; nginx had {alive}: {lines:?}");
+    assert_eq!(
+        (sent, failed),
+        (3, 3),
+        "{engine:?}: requests the script made while the page lived: {lines:?}"
+    );
+    assert!(
+        lines[0].ends_with(" keepalive") && !lines[1..].iter().any(|l| l.ends_with(" keepalive")),
+        "{engine:?}: one keepalive fetch, then without: {lines:?}"
+    );
+    assert_eq!(
+        posts(),
+        alive,
+        "{engine:?}: leaving after the two sends failed sends nothing more"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chromium_an_unreachable_collector_gets_at_most_3_requests() {
+    an_unreachable_collector_gets_at_most_3_requests(Engine::Chromium).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn firefox_an_unreachable_collector_gets_at_most_3_requests() {
+    an_unreachable_collector_gets_at_most_3_requests(Engine::Firefox).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn webkit_an_unreachable_collector_gets_at_most_3_requests() {
+    an_unreachable_collector_gets_at_most_3_requests(Engine::WebKit).await;
+}
+
 /// Issue 40: what the script sends of its page's response and of the page's own labels. The
 /// shop's pages come with a CDN's `Server-Timing` ([`common::browser::SERVER_TIMING`]: 13 entries, a 70-byte
 /// description); the page sets the dimension `variant` before the script has loaded (the demo

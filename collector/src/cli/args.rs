@@ -126,7 +126,7 @@ pub struct SiteLists {
     #[arg(long = "keep-query")]
     pub keep_query: Option<Vec<String>>,
     /// A page-group rule `NAME=PATTERN` (`*` one path segment, `**` any rest; first match
-    /// wins); repeat for several, in order.
+    /// wins); repeat for several, in order, at most 200. `--page-group ''` clears them.
     #[arg(long = "page-group")]
     pub page_groups: Option<Vec<String>>,
     /// A shop platform's page-group rules (`shopify`, `shopware`, `magento`,
@@ -135,6 +135,7 @@ pub struct SiteLists {
     #[arg(long = "page-groups-preset", value_parser = clap::builder::PossibleValuesParser::new(crate::measurement::page_groups::presets::NAMES))]
     pub page_groups_preset: Option<String>,
     /// A dimension name the page may set (`[a-z0-9_]`, at most 32 bytes); at most 5.
+    /// `--dimension ''` clears them.
     #[arg(long = "dimension")]
     pub dimensions: Option<Vec<String>>,
 }

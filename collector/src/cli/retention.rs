@@ -67,7 +67,7 @@ pub async fn run_once(
         match result {
             Ok(report) => done(format!(
                 "clickhouse {url}: retention {}: {}",
-                humantime::format_duration(retention),
+                in_days(retention),
                 report.join("; ")
             )),
             Err(e) => {
@@ -86,4 +86,27 @@ pub async fn run_once(
         )),
     }
     failed
+}
+
+/// A retention as an operator wrote it: whole days (`395 days`; humantime would say
+/// `1year 29days 18h`, counting a year as 365.25 days), else humantime's form.
+fn in_days(retention: std::time::Duration) -> String {
+    let secs = retention.as_secs();
+    if secs.is_multiple_of(86_400) && retention.subsec_nanos() == 0 {
+        format!("{} days", secs / 86_400)
+    } else {
+        humantime::format_duration(retention).to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::in_days;
+    use std::time::Duration;
+
+    #[test]
+    fn a_retention_reads_in_days() {
+        assert_eq!(in_days(Duration::from_secs(395 * 86_400)), "395 days");
+        assert_eq!(in_days(Duration::from_secs(90_000)), "1day 1h");
+    }
 }

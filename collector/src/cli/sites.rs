@@ -140,12 +140,14 @@ fn apply_lists(site: &mut Site, lists: SiteLists) -> Result<(), RunError> {
         page_groups = Some(groups);
     }
     if let Some(groups) = page_groups {
-        for g in &groups {
-            settings::check_page_group(g).map_err(|e| usage("page-group", g, e))?;
-        }
+        // `--page-group ''` clears the list, as `--keep-query ''` does.
+        let groups: Vec<String> = groups.into_iter().filter(|g| !g.is_empty()).collect();
+        settings::check_page_groups(&groups)
+            .map_err(|e| usage("page-group", &format!("{} rules", groups.len()), e))?;
         site.page_groups = groups;
     }
     if let Some(dimensions) = lists.dimensions {
+        let dimensions: Vec<String> = dimensions.into_iter().filter(|d| !d.is_empty()).collect();
         settings::check_dimensions(&dimensions)
             .map_err(|e| usage("dimension", &dimensions.join(","), e))?;
         site.dimensions = dimensions;
@@ -213,5 +215,21 @@ mod tests {
         assert!(matches!(bad, Err(RunError::Usage(_))));
         let unknown = apply_lists(&mut site, lists(None, Some("prestashop")));
         assert!(matches!(unknown, Err(RunError::Usage(_))));
+
+        apply_lists(&mut site, lists(Some(&[""]), None)).unwrap();
+        assert!(site.page_groups.is_empty(), "--page-group '' clears them");
+    }
+
+    #[test]
+    fn an_empty_dimension_clears_them() {
+        let mut site = Site::new("s");
+        let mut l = lists(None, None);
+        l.dimensions = Some(vec!["variant".into()]);
+        apply_lists(&mut site, l).unwrap();
+        assert_eq!(site.dimensions, ["variant"]);
+        let mut l = lists(None, None);
+        l.dimensions = Some(vec![String::new()]);
+        apply_lists(&mut site, l).unwrap();
+        assert!(site.dimensions.is_empty());
     }
 }

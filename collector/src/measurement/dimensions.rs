@@ -11,7 +11,7 @@
 //!   the site did not declare, or whose value is longer than [`MAX_VALUE_BYTES`], is dropped
 //!   and listed as `dimensions.NAME` (counted in `collector_measurements_field_dropped_total`
 //!   under `field="dimensions"`: a label from the client's names would be an unbounded label
-//!   set); a kept value is masked as a URL's path ([`super::minimise::mask`]) and bounded by
+//!   set); a kept value is masked as a URL's path, on its percent-decoded text too ([`super::minimise::mask_text`]) and bounded by
 //!   [`DistinctValues`].
 
 use std::borrow::Cow;
@@ -39,6 +39,9 @@ pub const MAX_TRACKED_PAIRS: usize = 5_000;
 /// The longest name echoed in `dropped_fields` (`dimensions.NAME`), in bytes: a declared name
 /// is at most 32 bytes, so a longer one is cut rather than echoed whole.
 pub const MAX_LISTED_NAME_BYTES: usize = 64;
+/// The most `dimensions.NAME` entries one beacon lists in `dropped_fields`: a page that sends
+/// a hundred undeclared names gets the first 16 listed (all are dropped).
+pub const MAX_LISTED_DROPPED: usize = 16;
 
 /// Name and value pairs, as sent.
 pub type Pairs<'a> = Vec<(Cow<'a, str>, Cow<'a, str>)>;
@@ -98,8 +101,11 @@ struct Tracked {
 impl DistinctValues {
     /// What is stored for `value` of dimension `name` of `site` on `day` (days since the
     /// Unix epoch, UTC): the value while it is one of the first [`MAX_DISTINCT`] distinct ones
-    /// of the day, else [`OTHER`].
+    /// of the day, else [`OTHER`]. A value sent as [`OTHER`] itself takes no place.
     pub fn admit<'v>(&self, site: &str, name: &str, day: u32, value: Cow<'v, str>) -> Cow<'v, str> {
+        if value == OTHER {
+            return value;
+        }
         let mut guard = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         let t = &mut *guard;
         if day > t.day {
@@ -150,11 +156,13 @@ impl Measurement<'_> {
         let values = std::mem::take(&mut self.dimension_values);
         for (name, value) in names.into_iter().zip(values) {
             if !declared.iter().any(|d| *d == name) || value.len() > MAX_VALUE_BYTES {
-                let listed = rules::truncate(&name, MAX_LISTED_NAME_BYTES);
-                dropped.push(format!("dimensions.{listed}"));
+                if dropped.len() < MAX_LISTED_DROPPED {
+                    let listed = rules::truncate(&name, MAX_LISTED_NAME_BYTES);
+                    dropped.push(format!("dimensions.{listed}"));
+                }
                 continue;
             }
-            let masked = match super::minimise::mask(&value) {
+            let masked = match super::minimise::mask_text(&value) {
                 Cow::Borrowed(_) => value,
                 Cow::Owned(m) => Cow::Owned(m),
             };
@@ -216,6 +224,44 @@ mod tests {
         assert_eq!(dropped, ["dimensions.ab", "dimensions.page_type"]);
         assert_eq!(m.dimension_names, ["variant"]);
         assert_eq!(m.dimension_values, ["*"]);
+    }
+
+    #[test]
+    fn percent_encoded_addresses_and_numbers_are_masked_too() {
+        let declared = vec!["customer".to_owned(), "variant".to_owned()];
+        let mut m = row(&[
+            ("customer", "for%20jane%40example.com"),
+            ("variant", "50%25%20off"),
+        ]);
+        m.settle_dimensions(&declared, &DistinctValues::default());
+        assert_eq!(m.dimension_values, ["for *", "50%25%20off"]);
+        let mut m = row(&[("customer", "%34%31%31%31111111111111")]);
+        m.settle_dimensions(&declared, &DistinctValues::default());
+        assert_eq!(m.dimension_values, ["*"], "4111… a card number, encoded");
+    }
+
+    #[test]
+    fn many_undeclared_names_list_sixteen() {
+        let names: Vec<String> = (0..100).map(|i| format!("n{i:03}")).collect();
+        let pairs: Vec<(&str, &str)> = names.iter().map(|n| (n.as_str(), "v")).collect();
+        let mut m = row(&pairs);
+        let dropped = m.settle_dimensions(&["variant".to_owned()], &DistinctValues::default());
+        assert_eq!(dropped.len(), MAX_LISTED_DROPPED);
+        assert!(m.dimension_names.is_empty());
+    }
+
+    #[test]
+    fn a_value_sent_as_other_takes_no_place() {
+        let d = DistinctValues::default();
+        for _ in 0..3 {
+            assert_eq!(d.admit("s", "v", 1, OTHER.into()), OTHER);
+        }
+        for i in 0..MAX_DISTINCT {
+            assert_eq!(
+                d.admit("s", "v", 1, format!("v{i}").into()),
+                format!("v{i}")
+            );
+        }
     }
 
     #[test]

@@ -67,6 +67,22 @@ pub fn mask(text: &str) -> Cow<'_, str> {
     HIDDEN.replace_all(text, |c: &regex::Captures<'_>| mask_run(&c[0]))
 }
 
+/// Free text as stored (a dimension's value, a `Server-Timing` name or description): as
+/// [`mask`], and matched on its percent-decoded text too, so that `jane%40example.com` is found
+/// as an address is in a URL. Where decoding reveals something to hide, the decoded text masked
+/// is stored; else the text unchanged (borrowed when nothing was found).
+pub fn mask_text(text: &str) -> Cow<'_, str> {
+    if text.contains('%') {
+        let decoded = percent_decode_str(text).decode_utf8_lossy();
+        if decoded != text {
+            if let Cow::Owned(hidden) = mask(&decoded) {
+                return Cow::Owned(hidden);
+            }
+        }
+    }
+    mask(text)
+}
+
 /// Whether `text` may hold something [`mask`] hides: an `@`, a run of 13 letters and digits
 /// (which the digit and token cases need), or a run of 36 hexadecimal digits and dashes (a
 /// UUID's length). A cheap scan that spares most URLs the pattern.

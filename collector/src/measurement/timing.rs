@@ -90,10 +90,10 @@ pub fn column<'a, T>(judged: &Field<Vec<Timing<'a>>>, part: impl Fn(&Timing<'a>)
 /// RUM vendors document) and `cfCacheStatus` (Cloudflare).
 pub const CACHE_ENTRIES: [&str; 2] = ["cdn-cache", "cfCacheStatus"];
 
-/// An entry's name as stored: masked as a URL's path ([`super::minimise::mask`]), so that a
+/// An entry's name as stored: masked as a URL's path, on its percent-decoded text too ([`super::minimise::mask_text`]), so that a
 /// name that carries an address, a token or a long number does not reach disk.
 pub fn stored_name<'a>(t: &Timing<'a>) -> Cow<'a, str> {
-    match super::minimise::mask(&t.name) {
+    match super::minimise::mask_text(&t.name) {
         Cow::Borrowed(_) => t.name.clone(),
         Cow::Owned(m) => Cow::Owned(m),
     }
@@ -107,7 +107,7 @@ pub fn stored_desc<'a>(t: &Timing<'a>) -> Cow<'a, str> {
     if !CACHE_ENTRIES.contains(&t.name.as_ref()) {
         return Cow::Borrowed("");
     }
-    match super::minimise::mask(&t.desc) {
+    match super::minimise::mask_text(&t.desc) {
         Cow::Borrowed(_) => t.desc.clone(),
         Cow::Owned(m) => Cow::Owned(m),
     }

@@ -224,11 +224,11 @@ pub fn check_keep_query(value: &str) -> Result<(), String> {
         .ok_or_else(|| "a parameter name, or a prefix ending in *, of 1 to 64 bytes".into())
 }
 
-/// A `--page-group` value: `NAME=PATTERN`, the name 1 to 64 characters from
-/// `A-Za-z0-9._-`, the pattern a path starting with `/` (see
-/// [`crate::measurement::page_groups`] for what it matches).
-pub fn check_page_group(value: &str) -> Result<(), String> {
-    crate::measurement::page_groups::check(value)
+/// Why a site's `--page-group` rules are not a list of them: more than
+/// [`crate::measurement::page_groups::MAX_RULES`], or a rule that is not `NAME=PATTERN` (see
+/// [`crate::measurement::page_groups`] for what it matches and the bounds of one).
+pub fn check_page_groups(rules: &[String]) -> Result<(), String> {
+    crate::measurement::page_groups::check_all(rules)
 }
 
 /// The `--dimension` names of a site: at most [`MAX_DIMENSIONS`], each 1 to

@@ -21,6 +21,8 @@
 
 pub mod presets;
 
+use percent_encoding::{utf8_percent_encode, AsciiSet, CONTROLS};
+
 /// One segment of a compiled pattern.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Segment {
@@ -48,13 +50,40 @@ pub struct PageGroups {
     rules: Vec<Rule>,
 }
 
-/// Why a `NAME=PATTERN` is not a rule.
+/// The most rules a site has: every beacon of the site is matched against them in order, so
+/// their number bounds the work per beacon (the largest preset has 14; 200 leaves a shop room).
+pub const MAX_RULES: usize = 200;
+/// The longest `NAME=PATTERN`, in bytes.
+pub const MAX_RULE_BYTES: usize = 512;
+/// The most `/`-separated segments of a pattern.
+pub const MAX_SEGMENTS: usize = 64;
+
+/// Why a `NAME=PATTERN` is not a rule: not `NAME=PATTERN`, a name not 1 to 64 characters of
+/// `A-Za-z0-9._-`, a pattern not a path, more than [`MAX_RULE_BYTES`] bytes or
+/// [`MAX_SEGMENTS`] segments, `**` not last, two `*` in one segment.
 pub fn check(value: &str) -> Result<(), String> {
     parse(value).map(|_| ())
 }
 
+/// Why a site's list of rules is not one: more than [`MAX_RULES`], or a rule that [`check`]
+/// refuses (the first one, with its error).
+pub fn check_all(rules: &[String]) -> Result<(), String> {
+    if rules.len() > MAX_RULES {
+        return Err(format!(
+            "{} rules: at most {MAX_RULES} (every beacon is matched against them)",
+            rules.len()
+        ));
+    }
+    rules
+        .iter()
+        .try_for_each(|r| check(r).map_err(|e| format!("{r:?}: {e}")))
+}
+
 /// Parses one `NAME=PATTERN`.
 fn parse(value: &str) -> Result<Rule, String> {
+    if value.len() > MAX_RULE_BYTES {
+        return Err(format!("at most {MAX_RULE_BYTES} bytes"));
+    }
     let (name, pattern) = value
         .split_once('=')
         .ok_or_else(|| "must be NAME=PATTERN".to_owned())?;
@@ -71,6 +100,9 @@ fn parse(value: &str) -> Result<Rule, String> {
         return Err("the pattern must be a path starting with / (no query)".into());
     }
     let parts: Vec<&str> = path.split('/').collect();
+    if parts.len() > MAX_SEGMENTS {
+        return Err(format!("at most {MAX_SEGMENTS} segments"));
+    }
     let mut segments = Vec::with_capacity(parts.len());
     for (i, part) in parts.iter().enumerate() {
         segments.push(match *part {
@@ -79,15 +111,15 @@ fn parse(value: &str) -> Result<Rule, String> {
             "*" => Segment::One,
             text => match text.split_once('*') {
                 None => Segment::Text {
-                    prefix: text.to_owned(),
+                    prefix: stored_form(text),
                     suffix: None,
                 },
                 Some((_, after)) if after.contains('*') => {
                     return Err(format!("at most one * within the segment {text:?}"))
                 }
                 Some((before, after)) => Segment::Text {
-                    prefix: before.to_owned(),
-                    suffix: Some(after.to_owned()),
+                    prefix: stored_form(before),
+                    suffix: Some(stored_form(after)),
                 },
             },
         });
@@ -98,12 +130,36 @@ fn parse(value: &str) -> Result<Rule, String> {
     })
 }
 
+/// The characters a stored path has percent-encoded besides non-ASCII ones: the WHATWG URL
+/// Standard's path percent-encode set, as the `url` crate writes a path.
+const PATH: &AsciiSet = &CONTROLS
+    .add(b' ')
+    .add(b'"')
+    .add(b'#')
+    .add(b'<')
+    .add(b'>')
+    .add(b'?')
+    .add(b'`')
+    .add(b'{')
+    .add(b'}');
+
+/// A rule's segment text as a stored path writes it: `/größe` is matched as `/gr%C3%B6%C3%9Fe`
+/// (text already percent-encoded stays as it is).
+fn stored_form(text: &str) -> String {
+    utf8_percent_encode(text, PATH).to_string()
+}
+
 impl PageGroups {
-    /// Compiles a site's rules, in order; a rule that does not parse (only a row written by
-    /// hand gets here: `collector sites` checks every rule) is left out.
+    /// Compiles a site's rules, in order; a rule that does not parse, and every rule past the
+    /// first [`MAX_RULES`], is left out (only a row written by hand gets here: `collector
+    /// sites` checks the list with [`check_all`]).
     pub fn compile(rules: &[String]) -> PageGroups {
         PageGroups {
-            rules: rules.iter().filter_map(|r| parse(r).ok()).collect(),
+            rules: rules
+                .iter()
+                .take(MAX_RULES)
+                .filter_map(|r| parse(r).ok())
+                .collect(),
         }
     }
 
@@ -172,8 +228,16 @@ pub fn automatic(path: &str) -> String {
             continue;
         }
         let mut in_digits = false;
-        for c in segment.chars() {
-            if c.is_ascii_digit() {
+        let mut chars = segment.chars();
+        while let Some(c) = chars.next() {
+            // A percent-encoded byte (`%C3`: part of a non-ASCII letter) is text, not digits.
+            let rest = chars.as_str().as_bytes();
+            if c == '%' && rest.len() >= 2 && rest[..2].iter().all(u8::is_ascii_hexdigit) {
+                out.push('%');
+                out.push_str(&chars.as_str()[..2]);
+                chars.nth(1);
+                in_digits = false;
+            } else if c.is_ascii_digit() {
                 if !in_digits {
                     out.push('*');
                 }
@@ -246,6 +310,32 @@ mod tests {
                 .len(),
             1
         );
+    }
+
+    #[test]
+    fn non_ascii_rules_match_and_automatic_groups_keep_encoded_letters() {
+        let g = groups(&["groesse=/kategorie/größe-*"]);
+        assert_eq!(
+            g.group_of("https://s.example/kategorie/gr%C3%B6%C3%9Fe-42"),
+            "groesse"
+        );
+        assert_eq!(
+            automatic("/kategorie/gr%C3%B6%C3%9Fe-42/%E2%82%AC9"),
+            "/kategorie/gr%C3%B6%C3%9Fe-*/%E2%82%AC*"
+        );
+    }
+
+    #[test]
+    fn rules_are_bounded_in_number_length_and_segments() {
+        let many: Vec<String> = (0..=MAX_RULES).map(|i| format!("g{i}=/p{i}")).collect();
+        assert!(check_all(&many[..MAX_RULES]).is_ok());
+        assert!(check_all(&many).unwrap_err().contains("at most 200"));
+        assert_eq!(PageGroups::compile(&many).rules.len(), MAX_RULES);
+        let long = format!("g=/{}", "a".repeat(MAX_RULE_BYTES));
+        assert!(check(&long).unwrap_err().contains("512 bytes"));
+        let deep = format!("g={}", "/a".repeat(MAX_SEGMENTS + 1));
+        assert!(check(&deep).unwrap_err().contains("64 segments"));
+        assert!(check(&format!("g={}", "/a".repeat(MAX_SEGMENTS))).is_ok());
     }
 
     #[test]
