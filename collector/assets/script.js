@@ -78,7 +78,7 @@
           // The page view's start, sent unchanged by every send of it: the collector files the
           // row by it, so that every resend folds (docs/storage.md).
           ts: Math.round(ts), cls: can('layout-shift') ? 0 : undefined,
-          dimensions: Object.keys(dims).length ? Object.assign({}, dims) : undefined },
+          dimensions: Object.keys(dims).length ? Object.assign(Object.create(null), dims) : undefined },
           // One sampling decision per page view: it sends when draw < rate.
           draw: Math.random(), state: 0, sends: 0, cls: 0, clsStart: 0, clsLast: 0, inp: {} };
       };
@@ -235,8 +235,11 @@
         var s = r && r.headers && parseInt(r.headers.get('Retry-After'), 10);
         return s >= 0 ? Math.min(s, 60) * 1000 : 500 + Math.random() * 1000;
       };
+      // Leaving while a fetch without keepalive is in flight (the page would cancel it) sends by
+      // sendBeacon, a third send if need be: the one case of a 4th request of a page view.
       var send = function (v, alive) {
-        if (v.state == 3 || v.state == 1 && (alive || !v.weak) || v.sends > 1) return;
+        var rescue = !alive && v.state == 1 && v.weak;
+        if (v.state == 3 || !rescue && (v.state == 1 || v.sends > 1)) return;
         if (rate === undefined && alive) return settings.then(function () { send(v, alive); });
         // Leaving before the settings answered: an unknown rate counts as 1. The rate drawn at
         // goes with the page view, so that its row weighs 1 / rate (contract v4).
@@ -309,15 +312,15 @@
         if (e.presentationTime || e.paintTime) view.m.fcp_ms = Math.max(0, (e.presentationTime || e.paintTime) - e.startTime);
       });
       // Dimensions: collectorq.push(['dimension', NAME, VALUE]) before this script ran (queued)
-      // or after (push replaced), at most 5 names, each as the collector takes one (1 to 32 of
-      // a-z, 0-9, _), so that a name it would drop takes no place. The page view's body is made again, so a
+      // or after (push replaced), at most 5 names, each of the form the collector takes (1 to
+      // 32 of a-z, 0-9, _): a malformed name takes no place (an undeclared one still does). The page view's body is made again, so a
       // value set before its last send goes with it. Last, so that a page's odd collectorq
       // costs nothing else.
       var q = window.collectorq = window.collectorq || [];
       var command = function (c) {
         if (c && c[0] == 'dimension' && /^[a-z0-9_]{1,32}$/.test(c[1]) && c[2] != null && (c[1] in dims || Object.keys(dims).length < 5)) {
           dims[c[1]] = cut(c[2]);
-          view.m.dimensions = Object.assign({}, dims);
+          view.m.dimensions = Object.assign(Object.create(null), dims);
           update();
         }
       };

@@ -1,1 +1,6 @@
-//! Integration tests live in tests/tests/*.rs; helpers in tests/tests/common.
+//! The test bench of the collector, compiled once: helpers that start real servers (the
+//! collector under test, PostgreSQL, ZooKeeper, ClickHouse replicas, nginx, browsers), stand-ins
+//! for what no real server can show, and the diagnostics a failed test prints. The tests
+//! themselves live in `tests/tests/*.rs`, one binary per file, each `use collector_tests::common`.
+
+pub mod common;

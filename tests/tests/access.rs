@@ -4,11 +4,10 @@
 //! endpoints private (the collector's own listeners and the shipped HAProxy edge), beacons that
 //! must come from the shop's pages, and a client address the client cannot choose.
 //!
-//! The servers, certificate authorities and HAProxy are in `common/access_fixtures.rs`.
+//! The servers, certificate authorities and HAProxy are in `tests/src/common/access_fixtures.rs`.
 
-mod common;
-#[path = "common/access_fixtures.rs"]
-mod fixtures;
+use collector_tests::common;
+use common::access_fixtures as fixtures;
 
 use std::time::{Duration, Instant};
 

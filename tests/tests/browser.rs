@@ -1,7 +1,7 @@
 //! The tracking script in a real browser (Debian's headless Chromium through chromedriver),
 //! loaded through a real nginx that mounts the collector under `/perf/` as a shop would.
 
-mod common;
+use collector_tests::common;
 
 use std::time::{Duration, Instant};
 

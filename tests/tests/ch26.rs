@@ -13,7 +13,7 @@
 //! timeout returned in 30 ms, its row there at once). The collector turns them off for its own
 //! inserts on every server that knows tokens (`writer::replicas`).
 
-mod common;
+use collector_tests::common;
 
 use std::time::Duration;
 

@@ -3,7 +3,7 @@
 //! and measurements wait in the spool. Their age, the one number that says "data is late",
 //! and the settings' age are measured on the monotonic clock and move with neither step.
 
-mod common;
+use collector_tests::common;
 
 use std::time::{Duration, Instant};
 

@@ -10,7 +10,7 @@
 //! `/readyz` 503, what the spool held delivered, then ready. Needs root (to mount the tmpfs):
 //! without it the test fails, saying so (a test that cannot run here does not pass).
 
-mod common;
+use collector_tests::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

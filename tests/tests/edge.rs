@@ -1,7 +1,7 @@
 //! At the edge: behind a real nginx under a path prefix, client addresses, slow clients,
 //! idle connections, overload, drain and quiet logs.
 
-mod common;
+use collector_tests::common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

@@ -5,7 +5,7 @@
 //! stored (FINAL), the duplicates folded and the longest time without a 202, and asserts that
 //! every acknowledged id is stored exactly once and that a planned restart fails no request.
 
-mod common;
+use collector_tests::common;
 
 use std::collections::{BTreeMap, HashMap};
 use std::os::fd::AsRawFd;
@@ -266,10 +266,16 @@ impl Load {
         loop {
             let oldest = self.pending.lock().unwrap().values().min().copied();
             match oldest {
-                Some(sent) if sent < before => assert!(
-                    Instant::now() < deadline,
-                    "a request sent {sent:?} into the load was still unanswered 40 s later"
-                ),
+                Some(sent) if sent < before => {
+                    // A request task that panicked (a broken answer) ends the load thread and
+                    // never answers: say so, not "unanswered".
+                    let ended = self.thread.as_ref().is_none_or(|t| t.is_finished());
+                    assert!(!ended, "the load thread ended (a request of it panicked)");
+                    assert!(
+                        Instant::now() < deadline,
+                        "a request sent {sent:?} into the load was still unanswered 40 s later"
+                    );
+                }
                 _ => return,
             }
             std::thread::sleep(Duration::from_millis(20));
@@ -338,8 +344,13 @@ async fn run_load(
     while !stop.load(Ordering::SeqCst) {
         tick.tick().await;
         seq += 1;
-        let sent = start.elapsed();
-        pending.lock().unwrap().insert(seq, sent);
+        // Stamped under the lock, so that a settle never misses a request sent before it looked.
+        let sent = {
+            let mut pending = pending.lock().unwrap();
+            let sent = start.elapsed();
+            pending.insert(seq, sent);
+            sent
+        };
         let (id, body) = measurement(&site);
         let req = client
             .post(&url)
@@ -710,6 +721,16 @@ async fn edge_keeps_acknowledged_beacons_through_crashes_of_its_parts() {
         "{}: failed requests {:?}\n{report}",
         planned.name,
         f.failed
+    );
+    // Nor holds one: the old edge drains its connections before it goes and the address moves
+    // to a serving peer. 1.0-1.1 s was the slowest 202 in runs on a quiet machine; 10 s is the
+    // bound, the rest for a loaded one (the settle before the next step waits up to 30 s, so
+    // a request held that long would otherwise pass as a slow 202).
+    assert!(
+        f.slowest < Duration::from_secs(10),
+        "{}: a 202 took {:?}\n{report}",
+        planned.name,
+        f.slowest
     );
     // While both paths were down the edge held beacons and delivered them once a path was back:
     // some beacons sent in that step took longer than 3 s and were acknowledged.

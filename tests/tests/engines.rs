@@ -9,7 +9,7 @@
 //! nothing failing), and which metrics are filled, against what the engine measures
 //! ([`Engine::measures`]). The table printed (`--nocapture`) is the one in docs/script.md.
 
-mod common;
+use collector_tests::common;
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};

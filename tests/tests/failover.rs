@@ -4,7 +4,7 @@
 //! The tests share one three-replica stack and take turns (`SERIAL`); each starts by repairing
 //! the stack and uses its own databases.
 
-mod common;
+use collector_tests::common;
 
 use std::time::{Duration, Instant};
 

@@ -1,6 +1,6 @@
 //! The whole path, beacon to ClickHouse, against real PostgreSQL and replicated ClickHouse.
 
-mod common;
+use collector_tests::common;
 
 use std::io::Write;
 use std::time::Duration;

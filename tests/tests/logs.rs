@@ -3,7 +3,7 @@
 //! produces one line when it goes down (with the connection's cause), at most one summary a
 //! minute while it stays down, and one line when it is back.
 
-mod common;
+use collector_tests::common;
 
 use std::time::{Duration, Instant};
 

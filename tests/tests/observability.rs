@@ -15,7 +15,7 @@
 //!   (Grafana itself is not packaged for Debian 12, so the dashboard is checked statically;
 //!   the scrape test also runs every dashboard query through the real Prometheus.)
 
-mod common;
+use collector_tests::common;
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;

@@ -9,7 +9,7 @@
 //! LCP part and INP phase within 1 ms or 1 %, each target the same selector. In Chromium for
 //! every metric; in Firefox and WebKitGTK for what each engine measures ([`Engine::measures`]).
 
-mod common;
+use collector_tests::common;
 
 use std::time::{Duration, Instant};
 

@@ -5,7 +5,7 @@
 //! breaks (`prepared statement "s0" already exists` / `... does not exist`). `collector
 //! migrate`, the `sites` commands and `collector serve` must all work through it.
 
-mod common;
+use collector_tests::common;
 
 use std::time::{Duration, Instant};
 

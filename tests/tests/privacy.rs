@@ -4,7 +4,7 @@
 //! replaced while running), rows past the retention gone, and a site erased on every replica,
 //! one of them down for the first run.
 
-mod common;
+use collector_tests::common;
 
 use std::io::Write;
 use std::path::Path;

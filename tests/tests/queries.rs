@@ -3,7 +3,7 @@
 //! resent, and against the same rows on a real ClickHouse 26.x server with the parameters bound
 //! by the server: each answer is checked against values worked out by hand from the beacons.
 
-mod common;
+use collector_tests::common;
 
 use std::time::Duration;
 

@@ -8,7 +8,7 @@
 //! computed here). The HTML page is opened in headless Chromium, which must load nothing, and
 //! its screenshot saved to `target/report-screenshot.png`.
 
-mod common;
+use collector_tests::common;
 
 use std::collections::BTreeMap;
 

@@ -12,10 +12,8 @@
 //! LCP of all of them within 5 % (docs/queries.md's weighting); the rate is back to 1 within 5
 //! minutes of the spike's end; no answer is a 5xx and every 429 carries `Retry-After`.
 
-mod common;
-#[path = "common/access_fixtures.rs"]
-#[allow(dead_code)]
-mod fixtures;
+use collector_tests::common;
+use common::access_fixtures as fixtures;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -1,7 +1,7 @@
 //! Site settings that survive their database: real PostgreSQL stopped, blocked, slowed and
 //! failed over while beacons keep arriving. Each test has its own stack (it breaks PostgreSQL).
 
-mod common;
+use collector_tests::common;
 
 use std::time::{Duration, Instant};
 

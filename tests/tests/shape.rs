@@ -9,7 +9,7 @@
 //! Tests that stop a replica use the failover stack (one at a time, `SERIAL`); the others use
 //! the shared stack and leave its servers alone.
 
-mod common;
+use collector_tests::common;
 
 use std::time::{Duration, Instant};
 

@@ -2,7 +2,7 @@
 //! every resend of an id folds to one row whatever its time of receipt, the derived device
 //! columns, and `collector migrate` moving a v1 table with rows to v2 while a collector writes.
 
-mod common;
+use collector_tests::common;
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};

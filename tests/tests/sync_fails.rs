@@ -9,7 +9,7 @@
 //! syncs work, one line when a real sync succeeds, `/readyz` 200 and 202 again without a restart,
 //! and every acknowledged id (before and after) stored once.
 
-mod common;
+use collector_tests::common;
 
 use std::path::Path;
 use std::process::Command;

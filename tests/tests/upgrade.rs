@@ -6,7 +6,7 @@
 //! made. This release must deliver every one of them, with its values, and go on in its own
 //! format; `collector spool dump` must list them before that.
 
-mod common;
+use collector_tests::common;
 
 use std::path::Path;
 use std::time::Duration;

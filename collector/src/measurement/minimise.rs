@@ -46,13 +46,14 @@ const SEGMENT: &AsciiSet = &CONTROLS
     .add(b'%');
 
 /// E-mail addresses, UUIDs, and runs of 13 or more letters and digits (judged in
-/// [`mask_run`]).
+/// [`mask_run`]). An address's parts are any characters but separators, so that non-ASCII
+/// ones (`andré@müller.de`, RFC 6531) and a decoding's U+FFFD are found as well.
 static HIDDEN: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(
-        r"(?x)
-        [A-Za-z0-9._%+\-]+@[A-Za-z0-9\-]+(?:\.[A-Za-z0-9\-]+)+
+        r#"(?x)
+        [^\s@/\\?\#&=<>"',;:()\[\]]+ @ [^\s@/\\?\#&=<>"',;:()\[\].%]+ (?:\.[^\s@/\\?\#&=<>"',;:()\[\].%]+)+
       | [0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}
-      | [A-Za-z0-9]{13,}",
+      | [A-Za-z0-9]{13,}"#,
     )
     .expect("a valid pattern")
 });
@@ -67,17 +68,38 @@ pub fn mask(text: &str) -> Cow<'_, str> {
     HIDDEN.replace_all(text, |c: &regex::Captures<'_>| mask_run(&c[0]))
 }
 
+/// How many times [`mask_text`] percent-decodes a text (`%2540` is `@` encoded twice).
+pub const DECODINGS: usize = 3;
+
 /// Free text as stored (a dimension's value, a `Server-Timing` name or description): as
-/// [`mask`], and matched on its percent-decoded text too, so that `jane%40example.com` is found
-/// as an address is in a URL. Where decoding reveals something to hide, the decoded text masked
-/// is stored; else the text unchanged (borrowed when nothing was found).
+/// [`mask`], and matched on its percent-decoded text too, decoded up to [`DECODINGS`] times, so
+/// that `jane%40example.com` and `jane%2540example.com` are found as an address is in a URL.
+/// Where the most decoded text reveals something to hide, it is stored masked; where only a
+/// less decoded one does, [`MASK`] is stored whole; else the text as sent, masked as [`mask`]
+/// does (borrowed when nothing was found).
 pub fn mask_text(text: &str) -> Cow<'_, str> {
-    if text.contains('%') {
-        let decoded = percent_decode_str(text).decode_utf8_lossy();
-        if decoded != text {
-            if let Cow::Owned(hidden) = mask(&decoded) {
-                return Cow::Owned(hidden);
-            }
+    let mut levels: Vec<String> = Vec::new();
+    let mut current: Cow<'_, str> = Cow::Borrowed(text);
+    for _ in 0..DECODINGS {
+        if !current.contains('%') {
+            break;
+        }
+        let decoded = percent_decode_str(&current)
+            .decode_utf8_lossy()
+            .into_owned();
+        if decoded == current {
+            break;
+        }
+        levels.push(decoded.clone());
+        current = Cow::Owned(decoded);
+    }
+    if let Some(deepest) = levels.last() {
+        if let Cow::Owned(hidden) = mask(deepest) {
+            return Cow::Owned(hidden);
+        }
+        // Found only half decoded (rare: decoding further broke it up): the whole text goes.
+        if levels.iter().any(|l| matches!(mask(l), Cow::Owned(_))) {
+            return Cow::Borrowed(MASK);
         }
     }
     mask(text)
@@ -364,6 +386,24 @@ mod tests {
             assert_eq!(mask(text), stored, "{text}");
         }
         assert!(matches!(mask("/products/shoes"), Cow::Borrowed(_)));
+    }
+
+    #[test]
+    fn free_text_is_masked_on_every_decoding() {
+        for (text, stored) in [
+            ("jane%40example.com", "*"),
+            ("jane%2540example.com", "*"),
+            ("andr%C3%A9%40example.com", "*"),
+            ("andré@müller.de", "*"),
+            ("jane%C0%40example.com", "*"),
+            ("jan%C3%A9@example.com%204111111111111111", "* *"),
+            ("50%25%20off", "50%25%20off"),
+            ("plain text", "plain text"),
+            ("mailto:jane@example.com", "mailto:*"),
+        ] {
+            assert_eq!(mask_text(text), stored, "{text}");
+        }
+        assert!(matches!(mask_text("50%25%20off"), Cow::Borrowed(_)));
     }
 
     #[test]

@@ -264,10 +264,18 @@ pub struct LoadedSite {
 impl LoadedSite {
     /// Compiles what intake needs of `site`.
     pub fn new(site: Site) -> LoadedSite {
-        LoadedSite {
-            page_groups: PageGroups::compile(&site.page_groups),
-            site,
+        let page_groups = PageGroups::compile(&site.page_groups);
+        if page_groups.len() < site.page_groups.len() {
+            // Only a row written by hand, or by an older release without the bounds, gets here.
+            tracing::warn!(
+                site = %site.key,
+                rules = site.page_groups.len(),
+                used = page_groups.len(),
+                "settings: page-group rules left out (malformed, or past the first 200): \
+                 `collector sites update --page-group ...` rewrites them"
+            );
         }
+        LoadedSite { page_groups, site }
     }
 }
 

@@ -144,9 +144,34 @@ const PATH: &AsciiSet = &CONTROLS
     .add(b'}');
 
 /// A rule's segment text as a stored path writes it: `/größe` is matched as `/gr%C3%B6%C3%9Fe`
-/// (text already percent-encoded stays as it is).
+/// (text already percent-encoded stays as it is, its hexadecimal digits in upper case).
 fn stored_form(text: &str) -> String {
-    utf8_percent_encode(text, PATH).to_string()
+    upper_hex(&utf8_percent_encode(text, PATH).to_string()).into_owned()
+}
+
+/// `text` with the hexadecimal digits of every `%XX` in upper case (RFC 3986 §6.2.2.1: the
+/// same octet either way); borrowed when it has none in lower case.
+fn upper_hex(text: &str) -> std::borrow::Cow<'_, str> {
+    let b = text.as_bytes();
+    let lower = |i: usize| {
+        b[i] == b'%'
+            && i + 2 < b.len()
+            && b[i + 1].is_ascii_hexdigit()
+            && b[i + 2].is_ascii_hexdigit()
+            && (b[i + 1].is_ascii_lowercase() || b[i + 2].is_ascii_lowercase())
+    };
+    if !(0..b.len()).any(lower) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = b.to_vec();
+    for i in 0..b.len() {
+        if lower(i) {
+            out[i + 1].make_ascii_uppercase();
+            out[i + 2].make_ascii_uppercase();
+        }
+    }
+    // Only ASCII hexadecimal digits changed case: still UTF-8.
+    std::borrow::Cow::Owned(String::from_utf8(out).expect("ASCII changes keep UTF-8"))
 }
 
 impl PageGroups {
@@ -163,11 +188,27 @@ impl PageGroups {
         }
     }
 
+    /// How many rules the site has compiled (at most [`MAX_RULES`]).
+    pub fn len(&self) -> usize {
+        self.rules.len()
+    }
+
+    /// Whether the site has no rule (every page gets its automatic group).
+    pub fn is_empty(&self) -> bool {
+        self.rules.is_empty()
+    }
+
     /// The group of a page at `url` (a stored, minimised URL): the first rule's name whose
     /// pattern its path matches, else [`automatic`] of the path.
     pub fn group_of(&self, url: &str) -> String {
         let path = path_of(url);
-        let segments: Vec<&str> = path.strip_prefix('/').unwrap_or(path).split('/').collect();
+        // A page's links may write `%c3` where a rule is compiled to `%C3`: matched alike.
+        let upper = upper_hex(path);
+        let segments: Vec<&str> = upper
+            .strip_prefix('/')
+            .unwrap_or(&upper)
+            .split('/')
+            .collect();
         self.rules
             .iter()
             .find(|r| matches(&r.segments, &segments))
@@ -319,6 +360,12 @@ mod tests {
             g.group_of("https://s.example/kategorie/gr%C3%B6%C3%9Fe-42"),
             "groesse"
         );
+        assert_eq!(
+            g.group_of("https://s.example/kategorie/gr%c3%b6%c3%9fe-42"),
+            "groesse",
+            "lower-case escapes are the same octets"
+        );
+        assert_eq!(upper_hex("/a%2fb%zz%"), "/a%2Fb%zz%");
         assert_eq!(
             automatic("/kategorie/gr%C3%B6%C3%9Fe-42/%E2%82%AC9"),
             "/kategorie/gr%C3%B6%C3%9Fe-*/%E2%82%AC*"

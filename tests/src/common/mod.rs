@@ -7,8 +7,7 @@
 //! - [`TestEnv`]: a fresh PostgreSQL database and ClickHouse database for one test, migrated
 //!   with `collector migrate`, with a site registered.
 //! - [`Collector`]: the real `collector` binary as a child process on a free port.
-#![allow(dead_code)]
-
+pub mod access_fixtures;
 pub mod browser;
 pub mod diag;
 pub mod freeze;

@@ -208,7 +208,7 @@ impl Diag {
         let browser_parts = futures::future::join_all(browsers.iter().map(browser_part));
         let (collectors, replicas, browser_parts) =
             futures::join!(collectors, replicas, browser_parts);
-        let mut out = String::from("==== diagnostics (tests/tests/common/diag.rs) ====\n");
+        let mut out = String::from("==== diagnostics (tests/src/common/diag.rs) ====\n");
         if collectors.is_empty() {
             out.push_str("-- no collector was started by this test\n");
         }

@@ -69,8 +69,8 @@ pub struct Browser {
     /// Which engine.
     pub engine: Engine,
     // Dropped in this order: the driver's group, then the display it may need to exit.
-    driver: Driver,
-    display: Option<Display>,
+    _driver: Driver,
+    _display: Option<Display>,
     diag: Diag,
     _profile: tempfile::TempDir,
 }
@@ -330,8 +330,8 @@ impl Browser {
         Ok(Browser {
             client,
             engine,
-            driver,
-            display,
+            _driver: driver,
+            _display: display,
             diag: diag.clone(),
             _profile: profile,
         })

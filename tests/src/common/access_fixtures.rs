@@ -197,7 +197,7 @@ impl Ch18Tls {
         std::fs::create_dir_all(dir.path().join("log")).unwrap();
         let config = format!(
             r#"<?xml version="1.0"?>
-<!-- written by tests/tests/common/access_fixtures.rs -->
+<!-- written by tests/src/common/access_fixtures.rs -->
 <yandex>
     <logger>
         <level>information</level>
@@ -407,7 +407,7 @@ impl OwnPg {
         std::fs::remove_file(p.join("pwfile")).unwrap();
         let port = free_port();
         let mut conf = format!(
-            "\n# written by tests/tests/common/access_fixtures.rs\nlisten_addresses = '127.0.0.1'\n\
+            "\n# written by tests/src/common/access_fixtures.rs\nlisten_addresses = '127.0.0.1'\n\
              port = {port}\nunix_socket_directories = '{}'\nmax_connections = 50\n\
              shared_buffers = 16MB\nfsync = off\nlog_connections = on\n",
             socket_dir.display()
