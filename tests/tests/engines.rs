@@ -447,20 +447,7 @@ async fn every_page_view_once(engine: Engine) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn chromium_every_page_view_once() {
-    every_page_view_once(Engine::Chromium).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn firefox_every_page_view_once() {
-    every_page_view_once(Engine::Firefox).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn webkit_every_page_view_once() {
-    every_page_view_once(Engine::WebKit).await;
-}
+collector_tests::per_engine!(every_page_view_once);
 
 /// A send that fails is sent once more, from a page that can read the answer: the first
 /// beacon goes to a server answering 503 (nginx round robin), the page is hidden by a tab
@@ -536,20 +523,7 @@ async fn a_failed_send_is_sent_once_more(engine: Engine) {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn chromium_a_failed_send_is_sent_once_more() {
-    a_failed_send_is_sent_once_more(Engine::Chromium).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn firefox_a_failed_send_is_sent_once_more() {
-    a_failed_send_is_sent_once_more(Engine::Firefox).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn webkit_a_failed_send_is_sent_once_more() {
-    a_failed_send_is_sent_once_more(Engine::WebKit).await;
-}
+collector_tests::per_engine!(a_failed_send_is_sent_once_more);
 
 /// An unreachable collector gets at most 3 requests of a page view (issue 39's review: the
 /// keepalive fallback made it 4). Its intake is cut off (nginx `return 444`: the connection
@@ -658,20 +632,7 @@ async fn an_unreachable_collector_gets_at_most_3_requests(engine: Engine) {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn chromium_an_unreachable_collector_gets_at_most_3_requests() {
-    an_unreachable_collector_gets_at_most_3_requests(Engine::Chromium).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn firefox_an_unreachable_collector_gets_at_most_3_requests() {
-    an_unreachable_collector_gets_at_most_3_requests(Engine::Firefox).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn webkit_an_unreachable_collector_gets_at_most_3_requests() {
-    an_unreachable_collector_gets_at_most_3_requests(Engine::WebKit).await;
-}
+collector_tests::per_engine!(an_unreachable_collector_gets_at_most_3_requests);
 
 /// Issue 40: what the script sends of its page's response and of the page's own labels. The
 /// shop's pages come with a CDN's `Server-Timing` ([`common::browser::SERVER_TIMING`]: 13 entries, a 70-byte
@@ -767,20 +728,7 @@ async fn server_timing_and_dimensions_are_sent(engine: Engine) {
     assert_eq!(rows.len(), 1, "{engine:?}: {rows:?}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn chromium_server_timing_and_dimensions_are_sent() {
-    server_timing_and_dimensions_are_sent(Engine::Chromium).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn firefox_server_timing_and_dimensions_are_sent() {
-    server_timing_and_dimensions_are_sent(Engine::Firefox).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn webkit_server_timing_and_dimensions_are_sent() {
-    server_timing_and_dimensions_are_sent(Engine::WebKit).await;
-}
+collector_tests::per_engine!(server_timing_and_dimensions_are_sent);
 
 /// Issue 39, item 3: a page whose keepalive requests are all taken loses no page view. Every
 /// engine gives a page's keepalive requests 64 KiB in flight together; another script of the
@@ -928,12 +876,4 @@ async fn a_full_keepalive_budget_loses_no_page_view(engine: Engine) {
     println!("{engine:?}: the other script's request when the page was left: {hold_state}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn chromium_a_full_keepalive_budget_loses_no_page_view() {
-    a_full_keepalive_budget_loses_no_page_view(Engine::Chromium).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn firefox_a_full_keepalive_budget_loses_no_page_view() {
-    a_full_keepalive_budget_loses_no_page_view(Engine::Firefox).await;
-}
+collector_tests::per_engine!(a_full_keepalive_budget_loses_no_page_view: chromium => Chromium, firefox => Firefox);

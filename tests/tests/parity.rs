@@ -352,17 +352,5 @@ async fn matches_web_vitals(engine: Engine) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn chromium_matches_web_vitals_with_attribution() {
-    matches_web_vitals(Engine::Chromium).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn firefox_matches_web_vitals_in_what_it_measures() {
-    matches_web_vitals(Engine::Firefox).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn webkit_matches_web_vitals_in_what_it_measures() {
-    matches_web_vitals(Engine::WebKit).await;
-}
+// Chromium with its attribution, Firefox and WebKit in what they measure.
+collector_tests::per_engine!(matches_web_vitals);

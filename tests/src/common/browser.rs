@@ -62,6 +62,27 @@ impl Engine {
     }
 }
 
+/// One test per engine of `async fn NAME(engine: Engine)`: a module `NAME` with a
+/// `#[tokio::test]` `chromium`, `firefox` and `webkit` (or the ones listed, `chromium =>
+/// Chromium, ...`), so that `cargo test NAME` runs it in every engine and `NAME::firefox` in
+/// one. Written where `NAME` is, beside it.
+#[macro_export]
+macro_rules! per_engine {
+    ($test:ident) => {
+        $crate::per_engine!($test: chromium => Chromium, firefox => Firefox, webkit => WebKit);
+    };
+    ($test:ident: $($name:ident => $engine:ident),+) => {
+        mod $test {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$test($crate::common::browser::Engine::$engine).await;
+                }
+            )+
+        }
+    };
+}
+
 /// A WebDriver session in a fresh profile, with its driver (and, for WebKit, its display).
 pub struct Browser {
     /// The session.
