@@ -1,0 +1,7 @@
+//! The throw-away server stack of the tests and the demo.
+pub mod ctx;
+pub mod env;
+pub mod error;
+pub mod http;
+pub mod ports;
+pub mod process;

@@ -1,0 +1,229 @@
+//! Processes of the stack's servers: started detached in a session of their own, found again
+//! through `DIR/NAME.pid` (checked against `/proc`, so that a recycled pid or a zombie is not
+//! taken for a server), signalled, and stopped with a bounded grace period.
+
+use std::fs::{File, OpenOptions};
+use std::os::fd::AsRawFd;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::error::{Error, Result};
+
+/// Poll interval of every wait on a process.
+pub const POLL: Duration = Duration::from_millis(100);
+
+/// A `flock(2)` held on a file until dropped; compatible with the shell's `flock`.
+#[derive(Debug)]
+pub struct Flock {
+    _file: File,
+}
+
+impl Flock {
+    /// Takes an exclusive lock on `path` (created if missing), waiting up to `seconds`.
+    pub fn exclusive(path: &Path, seconds: u64) -> Result<Flock> {
+        let file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .map_err(|e| Error::new(format!("{}: {e}", path.display())))?;
+        let deadline = Instant::now() + Duration::from_secs(seconds);
+        loop {
+            // SAFETY: flock on a file descriptor this function owns.
+            let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+            if rc == 0 {
+                return Ok(Flock { _file: file });
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::new(format!(
+                    "timed out after {seconds}s waiting for the lock on {}",
+                    path.display()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// The one-letter state of `pid` in /proc (`R`, `S`, `D`, `T`, `Z`, ...), if it exists.
+pub fn state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(") ")?.1.chars().next()
+}
+
+/// `pid` is alive: it exists and is not a zombie (PID 1 here may never reap one).
+pub fn alive(pid: u32) -> bool {
+    matches!(state(pid), Some(s) if s != 'Z' && s != 'X')
+}
+
+/// `pid` is stopped by SIGSTOP.
+pub fn frozen(pid: u32) -> bool {
+    state(pid) == Some('T')
+}
+
+/// The command line of `pid`, its arguments joined by spaces.
+pub fn cmdline(pid: u32) -> String {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
+        .unwrap_or_default()
+}
+
+/// The pid in `pidfile` (its first line), if that process is alive and its command line
+/// mentions `dir/` (a guard against a recycled pid).
+pub fn pid_in(pidfile: &Path, dir: &Path) -> Option<u32> {
+    let text = std::fs::read_to_string(pidfile).ok()?;
+    let pid: u32 = text.lines().next()?.trim().parse().ok()?;
+    let mark = format!("{}/", dir.display());
+    (alive(pid) && cmdline(pid).contains(&mark)).then_some(pid)
+}
+
+/// Sends `signal` to `pid`; a process already gone is no error.
+pub fn signal(pid: u32, signal: i32) {
+    // SAFETY: kill(2) with a pid read from /proc or a pid file; errors are ignored on purpose.
+    unsafe {
+        libc::kill(pid as i32, signal);
+    }
+}
+
+/// Waits until `pid` is gone (or a zombie); false after `timeout`.
+pub fn wait_exit(pid: u32, timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    while alive(pid) {
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(POLL);
+    }
+    true
+}
+
+/// SIGCONT, SIGTERM, a wait of `grace`, then SIGKILL. Ok(true) when it exited on SIGTERM,
+/// Ok(false) when SIGKILL was needed (a replica's pid file is then kept as the mark of an
+/// unclean exit); an error if it survived SIGKILL for 10 s.
+pub fn stop(name: &str, pid: u32, grace: Duration) -> Result<bool> {
+    signal(pid, libc::SIGCONT);
+    signal(pid, libc::SIGTERM);
+    if wait_exit(pid, grace) {
+        return Ok(true);
+    }
+    eprintln!(
+        "stack: {name} (pid {pid}) ignored SIGTERM for {}s; sending SIGKILL",
+        grace.as_secs()
+    );
+    signal(pid, libc::SIGKILL);
+    if !wait_exit(pid, Duration::from_secs(10)) {
+        return Err(Error::new(format!("{name} (pid {pid}) survived SIGKILL")));
+    }
+    Ok(false)
+}
+
+/// SIGKILL and a wait of up to 10 s.
+pub fn kill(name: &str, pid: u32) -> Result<()> {
+    signal(pid, libc::SIGKILL);
+    if wait_exit(pid, Duration::from_secs(10)) {
+        Ok(())
+    } else {
+        Err(Error::new(format!("{name} (pid {pid}) survived SIGKILL")))
+    }
+}
+
+/// Starts `cmd` detached: in a session of its own (so that a terminal's Ctrl-C or a test
+/// harness killing its process group does not reach it), stdin from /dev/null, stdout and
+/// stderr appended to `log`, and writes its pid to `pidfile`. The child is not waited for:
+/// a thread reaps it when it exits, so that it never stays a zombie of this process.
+pub fn spawn(pidfile: &Path, log: &Path, mut cmd: Command) -> Result<u32> {
+    let _ = std::fs::remove_file(pidfile);
+    let out = OpenOptions::new().create(true).append(true).open(log)?;
+    cmd.stdin(Stdio::null())
+        .stdout(out.try_clone()?)
+        .stderr(out);
+    // SAFETY: setsid() is async-signal-safe; it runs in the child between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| Error::new(format!("could not start {cmd:?}: {e}")))?;
+    let pid = child.id();
+    std::fs::write(pidfile, format!("{pid}\n"))?;
+    std::thread::spawn(move || {
+        let _ = child.wait();
+    });
+    Ok(pid)
+}
+
+/// Runs `cmd` to its end with stdin from /dev/null and its output appended to `log`; an
+/// error naming `what` (and the tails of `log` and `more_logs`) when it fails.
+pub fn run_logged(mut cmd: Command, log: &Path, what: &str, more_logs: &[&Path]) -> Result<()> {
+    let out = OpenOptions::new().create(true).append(true).open(log)?;
+    let status = cmd
+        .stdin(Stdio::null())
+        .stdout(out.try_clone()?)
+        .stderr(out)
+        .status()
+        .map_err(|e| Error::new(format!("{what}: could not run {cmd:?}: {e}")))?;
+    if status.success() {
+        return Ok(());
+    }
+    let mut logs = vec![log];
+    logs.extend_from_slice(more_logs);
+    Err(Error::with_logs(format!("{what} failed ({status})"), &logs))
+}
+
+/// The pids whose parent is `pid`.
+pub fn children(pid: u32) -> Vec<u32> {
+    all_pids()
+        .into_iter()
+        .filter(|p| stat_field(*p, 1) == Some(pid))
+        .collect()
+}
+
+/// A live (non-zombie) process is in process group `pgid`.
+pub fn group_alive(pgid: u32) -> bool {
+    all_pids()
+        .into_iter()
+        .any(|p| stat_field(p, 2) == Some(pgid) && alive(p))
+}
+
+/// Every pid in /proc.
+pub fn all_pids() -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .map(|rd| {
+            rd.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The short command name of `pid` (/proc/PID/comm).
+pub fn comm(pid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_default()
+}
+
+/// Field `n` after the state in /proc/PID/stat: 1 = ppid, 2 = pgrp, 3 = session.
+fn stat_field(pid: u32, n: usize) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(") ")?
+        .1
+        .split_whitespace()
+        .nth(n)?
+        .parse()
+        .ok()
+}
+
+/// `path` made absolute against the current folder.
+pub fn absolute(path: &Path) -> PathBuf {
+    if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        std::env::current_dir()
+            .unwrap_or_else(|_| PathBuf::from("/"))
+            .join(path)
+    }
+}
