@@ -5,3 +5,7 @@ pub mod error;
 pub mod http;
 pub mod ports;
 pub mod process;
+pub mod postgres;
+pub mod clickhouse;
+pub mod zookeeper;
+pub mod ch26;
