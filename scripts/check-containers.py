@@ -19,6 +19,7 @@ import json
 import os
 import re
 import shlex
+import subprocess
 import sys
 import xml.dom.minidom
 import xml.etree.ElementTree as ET
@@ -589,19 +590,14 @@ def check_xml_parses():
 
 
 def stack_sh_config():
-    """The ClickHouse config scripts/stack.sh writes, with its shell variables filled in."""
-    src = open(os.path.join(ROOT, "scripts", "stack.sh")).read()
-    m = re.search(r'cat >"\$d/config\.xml\.tmp" <<EOF\n(.*?)\nEOF\n', src, re.S)
-    if not m:
-        raise ValueError("scripts/stack.sh: the config.xml heredoc of ch_write_conf was not found")
-    body = m.group(1).replace("$remote", "<replica><host>h</host><port>1</port></replica>")
-    body = re.sub(r"\$\{![A-Za-z_]+\}", "1", body)
-    body = re.sub(r"\$\{?[A-Za-z_][A-Za-z0-9_]*\}?", "1", body)
-    return ET.fromstring(body)
+    """A replica config as the stack writes it (stack/src/clickhouse.rs, placeholder ports)."""
+    out = subprocess.run([os.path.join(ROOT, "scripts", "stack.sh"), "sample-replica-config"],
+                         check=True, capture_output=True, text=True).stdout
+    return ET.fromstring(out)
 
 
 def shape(root):
-    """What must match between stack.sh's config and the deploy one."""
+    """What must match between the stack's replica config and the deploy one."""
     clusters = {}
     for cl in root.findall("./remote_servers/*"):
         clusters[cl.tag] = [
@@ -639,7 +635,7 @@ def check_clickhouse_shape(c):
         got = shape(root)
         for key in want:
             if got[key] != want[key]:
-                problems.append(f"{name} ({', '.join(files)}): {key} {got[key]} != stack.sh's {want[key]}")
+                problems.append(f"{name} ({', '.join(files)}): {key} {got[key]} != the stack's {want[key]}")
     return problems
 
 
@@ -1070,7 +1066,7 @@ def main():
            check_caddyfile, c)
     ck.run("demo: deploy/demo is demo/ with the script at /perf/script.js", check_demo)
     ck.run("clickhouse: every XML file under deploy/ parses", check_xml_parses)
-    ck.run("clickhouse: macros/remote_servers/zookeeper have the shape scripts/stack.sh writes",
+    ck.run("clickhouse: macros/remote_servers/zookeeper have the shape the stack (stack/src/clickhouse.rs) writes",
            check_clickhouse_shape, c)
     ck.run("clickhouse: per-replica macros, interserver hosts, cluster and Keeper nodes match compose",
            check_clickhouse_replicas, c)

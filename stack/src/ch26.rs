@@ -1,1 +1,166 @@
-//! TODO
+//! One real ClickHouse 26.x server beside the replicas (`up --ch26`): chdb-core's
+//! clickhouse-local from PyPI, run by `scripts/ch26/server.py` (which writes its
+//! `config.xml`/`users.xml` into `DIR/ch26`) from a Python venv. Not a replica: no ZooKeeper,
+//! no interserver port, not in the cluster.
+//!
+//! Layout of `DIR/ch26`: `data/` (the server's path), `log/server.log` (its output: the
+//! server's own log files stay empty, it says what it has to say on stderr), `stop.fifo` (a
+//! line written to it stops it). `DIR/ch26.pid` holds the launcher's pid.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use crate::ctx::Ctx;
+use crate::env::Env;
+use crate::error::{Error, Result};
+use crate::{http, process};
+
+/// The pip requirement of the 26.x server: ClickHouse 26.9 as clickhouse-local.
+pub const PACKAGE: &str = "chdb-core==26.9.0";
+
+/// Poll interval of [`wait`] (the server is ready about 1 s after its start).
+const POLL: Duration = Duration::from_millis(50);
+
+/// The value of environment variable `name` when set and not empty (the shell's `${NAME:-}`).
+fn var(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
+}
+
+/// The venv holding chdb-core: `STACK_CH26_VENV`, else
+/// `${XDG_CACHE_HOME:-$HOME/.cache}/collector-stack/ch26-venv` (`HOME` defaulting to `/root`);
+/// empty variables count as unset.
+pub fn venv() -> PathBuf {
+    if let Some(v) = var("STACK_CH26_VENV") {
+        return PathBuf::from(v);
+    }
+    let cache = var("XDG_CACHE_HOME").map_or_else(
+        || PathBuf::from(var("HOME").unwrap_or_else(|| "/root".to_owned())).join(".cache"),
+        PathBuf::from,
+    );
+    cache.join("collector-stack/ch26-venv")
+}
+
+/// The launcher script, `scripts/ch26/server.py` of the repository this crate was built from.
+pub fn launcher() -> PathBuf {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    manifest
+        .parent()
+        .unwrap_or(manifest)
+        .join("scripts/ch26/server.py")
+}
+
+/// The venv's `bin/python`.
+fn python() -> PathBuf {
+    venv().join("bin/python")
+}
+
+/// The venv holds chdb-core at [`PACKAGE`]'s version: its `bin/python` is executable and its
+/// marker `.stack-installed` (written last by the install) names [`PACKAGE`].
+pub fn installed() -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let python = python();
+    let Ok(c) = std::ffi::CString::new(python.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: access(2) on a NUL-terminated path this function owns.
+    let executable = unsafe { libc::access(c.as_ptr(), libc::X_OK) } == 0;
+    let marker = std::fs::read_to_string(venv().join(".stack-installed")).unwrap_or_default();
+    executable && marker.trim_end_matches('\n') == PACKAGE
+}
+
+
+/// Starts the 26.x server detached (creating `DIR/ch26/data` and `DIR/ch26/log`): the venv's
+/// python runs [`launcher`] with `--workdir DIR/ch26 --data DIR/ch26/data --host 127.0.0.1`
+/// and the ports `CH26_HTTP_PORT`/`CH26_TCP_PORT`; output appended to `DIR/ch26/log/server.log`,
+/// pid in `DIR/ch26.pid`. Does not wait for it to answer (see [`wait`]).
+///
+/// Errors: a port missing from `env`, a folder that could not be made, or a launcher that
+/// could not be started.
+pub fn launch(ctx: &Ctx, env: &Env) -> Result<()> {
+    let http_port = env.need_port("CH26_HTTP_PORT")?;
+    let tcp_port = env.need_port("CH26_TCP_PORT")?;
+    let d = ctx.path("ch26");
+    std::fs::create_dir_all(d.join("data"))?;
+    std::fs::create_dir_all(d.join("log"))?;
+    let mut cmd = Command::new(python());
+    cmd.arg(launcher());
+    cmd.arg("--workdir").arg(&d);
+    cmd.arg("--data").arg(d.join("data"));
+    cmd.args(["--host", "127.0.0.1"]);
+    cmd.arg("--http-port").arg(http_port.to_string());
+    cmd.arg("--tcp-port").arg(tcp_port.to_string());
+    process::spawn(&ctx.path("ch26.pid"), &d.join("log/server.log"), cmd)?;
+    Ok(())
+}
+
+/// The name this DIR's server answers `SELECT displayName()` with (its launcher sets it).
+fn display_name(ctx: &Ctx) -> String {
+    format!("ch26:{}/ch26", ctx.dir.display())
+}
+
+/// The 26.x server on `CH26_HTTP_PORT` answers `GET /ping` with `Ok.` and is this DIR's (its
+/// `displayName()` is `ch26:DIR/ch26`), not another server on a port taken meanwhile. Each
+/// request is bounded by 2 s; false when the port is missing from `env`.
+pub fn ping(ctx: &Ctx, env: &Env) -> bool {
+    let Some(port) = env.port("CH26_HTTP_PORT") else {
+        return false;
+    };
+    let url = format!("http://127.0.0.1:{port}");
+    http::get(&format!("{url}/ping")).as_deref() == Some("Ok.")
+        && http::get(&format!("{url}/?query=SELECT%20displayName()"))
+            .is_some_and(|name| name == display_name(ctx))
+}
+
+/// Waits, polling every 50 ms for up to `ctx.ready`, until [`ping`] succeeds.
+///
+/// Errors (with the tail of `DIR/ch26/log/server.log`): "the ClickHouse 26.x server exited
+/// during startup" when its process (`DIR/ch26.pid`) is gone, "...did not answer /ping (as
+/// ch26:DIR/ch26) on 127.0.0.1:PORT within Ns" at the timeout; or `CH26_HTTP_PORT` missing.
+pub fn wait(ctx: &Ctx, env: &Env) -> Result<()> {
+    let port = env.need_port("CH26_HTTP_PORT")?;
+    let deadline = ctx.ready_deadline();
+    let log = ctx.path("ch26/log/server.log");
+    while !ping(ctx, env) {
+        if ctx.pid_of("ch26").is_none() {
+            return Err(Error::with_logs(
+                "the ClickHouse 26.x server exited during startup",
+                &[&log],
+            ));
+        }
+        if Instant::now() >= deadline {
+            let msg = format!(
+                "the ClickHouse 26.x server did not answer /ping (as {}) on 127.0.0.1:{port} within {}s",
+                display_name(ctx),
+                ctx.ready.as_secs()
+            );
+            return Err(Error::with_logs(msg, &[&log]));
+        }
+        std::thread::sleep(POLL);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn launcher_is_the_repository_script() {
+        assert!(launcher().ends_with("scripts/ch26/server.py"));
+        assert!(launcher().is_file());
+    }
+
+    #[test]
+    fn display_name_is_ch26_and_workdir() {
+        let ctx = Ctx::new(Path::new("/tmp/st"));
+        assert_eq!(display_name(&ctx), "ch26:/tmp/st/ch26");
+    }
+
+    #[test]
+    fn ping_without_port_is_false() {
+        let ctx = Ctx::new(Path::new("/tmp/st"));
+        assert!(!ping(&ctx, &Env::default()));
+        assert!(wait(&ctx, &Env::default()).is_err());
+    }
+}

@@ -62,6 +62,13 @@ impl Env {
         self.get(key)?.parse().ok().filter(|p| *p > 0)
     }
 
+    /// The value of `key` as a port. Errors: "KEY is not set in stack.env" when missing or
+    /// not a port.
+    pub fn need_port(&self, key: &str) -> Result<u16> {
+        self.port(key)
+            .ok_or_else(|| Error::new(format!("{key} is not set in stack.env")))
+    }
+
     /// Sets `key` (in place when present, else appended).
     pub fn set(&mut self, key: &str, value: impl ToString) {
         let value = value.to_string();
@@ -96,8 +103,11 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("stack-env-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("stack.env");
-        std::fs::write(&path, "PG_PORT=20001\n# comment\nlower=1\nCH1_URL=http://127.0.0.1:2\n")
-            .unwrap();
+        std::fs::write(
+            &path,
+            "PG_PORT=20001\n# comment\nlower=1\nCH1_URL=http://127.0.0.1:2\n",
+        )
+        .unwrap();
         let mut env = Env::read(&path).unwrap();
         assert_eq!(env.port("PG_PORT"), Some(20001));
         assert_eq!(env.get("lower"), None);

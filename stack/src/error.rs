@@ -8,8 +8,8 @@ pub const LOG_TAIL_LINES: usize = 25;
 
 /// A stack operation that failed: a server that did not start, answer or stop in time, a
 /// missing binary, a bad argument. The message is meant for a person and already holds the
-/// tails of the server logs that explain it.
-#[derive(Debug)]
+/// tails of the server logs that explain it. Its `Debug` is its text too, so that a test's
+/// `unwrap()` shows the log tails as lines.
 pub struct Error {
     message: String,
 }
@@ -46,6 +46,12 @@ impl Error {
 }
 
 impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl fmt::Debug for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.message)
     }

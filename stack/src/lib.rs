@@ -1,11 +1,169 @@
-//! The throw-away server stack of the tests and the demo.
+//! The throw-away server stack of the tests and the demo: PostgreSQL 15, a standalone
+//! ZooKeeper, N ClickHouse 18.16 servers that are replicas of one shard (Debian's), and on
+//! request one ClickHouse 26.x server (PyPI's `chdb-core`, run by `scripts/ch26/server.py`),
+//! all on loopback ports under one state folder.
+//!
+//! - [`Stack`]: [`Stack::up`] starts whatever is not running and waits until every server
+//!   answers; [`Stack::open`] finds a running one; [`Stack::down`] stops it.
+//! - [`handles`]: typed handles ([`Postgres`], [`ZooKeeper`], [`Replica`], [`Ch26`]) with
+//!   their ports and `stop`/`kill`/`freeze`/`thaw`/`start`.
+//! - The servers: [`postgres`] (and its hot standby), [`zookeeper`], [`clickhouse`] (the
+//!   replicas' config, written from one template), [`ch26`].
+//! - The plumbing: [`ctx`] (the state folder, timeouts, pid files), [`process`] (detached
+//!   servers, signals, bounded stops), [`ports`] (random loopback ports reserved
+//!   machine-wide, shared with `scripts/lib.sh`), [`env`] (`DIR/stack.env`), [`http`] (the
+//!   probes), [`error`].
+//!
+//! `src/main.rs` is the command line (`scripts/stack.sh` hands every subcommand but
+//! `install` to it); the tests use the library.
+//!
+//! # `DIR/stack.env`
+//!
+//! Written by `up`, `KEY=VALUE` lines: `STACK_DIR`, `PG_PORT`, `PG_DATA`, `PG_SOCKET_DIR`,
+//! `PG_USER` (postgres), `PG_DATABASE` (collector), `DATABASE_URL`, `GEO_DB` (when
+//! `STACK_GEO_DB` names a non-empty file), `ZK_PORT`, `ZK_HOSTS`, `CH_REPLICAS`,
+//! `CH_CLUSTER` (collector), `CH_SHARD` (1), per replica `CHi_HTTP_PORT`, `CHi_TCP_PORT`,
+//! `CHi_INTERSERVER_PORT`, `CHi_REPLICA` (ri), `CHi_URL`; `CLICKHOUSE_URL` (replica 1),
+//! `CLICKHOUSE_URLS` (all, comma-separated); with the 26.x server `CH26_HTTP_PORT`,
+//! `CH26_TCP_PORT`, `CH26_URL`; once the standby exists `PG_STANDBY_PORT`,
+//! `PG_STANDBY_DATA`, `DATABASE_URL_FAILOVER` (a multi-host URL).
+
+pub mod ch26;
+pub mod clickhouse;
 pub mod ctx;
 pub mod env;
 pub mod error;
+pub mod handles;
 pub mod http;
+mod lifecycle;
 pub mod ports;
-pub mod process;
 pub mod postgres;
-pub mod clickhouse;
+pub mod process;
+mod status;
 pub mod zookeeper;
-pub mod ch26;
+
+use std::path::{Path, PathBuf};
+
+pub use error::{Error, Result};
+pub use handles::{Action, Ch26, Postgres, Replica, ZooKeeper};
+pub use status::Health;
+
+use ctx::Ctx;
+use env::Env;
+use postgres::Pg;
+use process::Flock;
+
+/// Most ClickHouse replicas a stack runs (their names are one digit: `ch1`..`ch9`).
+pub const MAX_REPLICAS: usize = 9;
+/// How long an operation waits for another one on the same folder (its lock), in seconds.
+pub const LOCK_WAIT_SECS: u64 = 300;
+
+/// What [`Stack::up`] starts.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct UpOptions {
+    /// ClickHouse replicas, 1..=[`MAX_REPLICAS`]; None: as the folder was last started, or 2.
+    pub replicas: Option<usize>,
+    /// Run the ClickHouse 26.x server (Some(false) stops it); None: as last started.
+    pub ch26: Option<bool>,
+}
+
+/// A stack in a state folder. Operations on one folder are serialised by `flock` on
+/// `DIR/.lock` (shared with any other process working on it); the ports live in
+/// `DIR/stack.env`, read again by every call.
+#[derive(Debug)]
+pub struct Stack {
+    ctx: Ctx,
+}
+
+impl Stack {
+    /// The stack of an existing folder (it need not run). Errors: no such folder, or a path
+    /// [`Stack::up`] would refuse.
+    pub fn open(dir: &Path) -> Result<Stack> {
+        let dir = checked_dir(dir)?;
+        if !dir.is_dir() {
+            return Err(Error::new(format!("no stack in {}", dir.display())));
+        }
+        Ok(Stack {
+            ctx: Ctx::new(&dir),
+        })
+    }
+
+    /// The state folder.
+    pub fn dir(&self) -> &Path {
+        &self.ctx.dir
+    }
+
+    /// `DIR/stack.env` as it is now (empty before the first `up`).
+    pub fn env(&self) -> Result<Env> {
+        Env::read(&self.ctx.path("stack.env"))
+    }
+
+    /// The PostgreSQL primary.
+    pub fn postgres(&self) -> Postgres<'_> {
+        Postgres {
+            stack: self,
+            pg: Pg::Primary,
+        }
+    }
+
+    /// The PostgreSQL hot standby (not started by `up`; [`Postgres::start`] creates it).
+    pub fn pg_standby(&self) -> Postgres<'_> {
+        Postgres {
+            stack: self,
+            pg: Pg::Standby,
+        }
+    }
+
+    /// ZooKeeper.
+    pub fn zookeeper(&self) -> ZooKeeper<'_> {
+        ZooKeeper { stack: self }
+    }
+
+    /// ClickHouse replica `i`, from 1.
+    pub fn replica(&self, i: usize) -> Replica<'_> {
+        Replica { stack: self, i }
+    }
+
+    /// Every replica, in order.
+    pub fn replicas(&self) -> Vec<Replica<'_>> {
+        let n = self
+            .env()
+            .ok()
+            .and_then(|e| e.port("CH_REPLICAS"))
+            .unwrap_or(0);
+        (1..=usize::from(n)).map(|i| self.replica(i)).collect()
+    }
+
+    /// The ClickHouse 26.x server, when the stack runs one.
+    pub fn ch26(&self) -> Option<Ch26<'_>> {
+        let env = self.env().ok()?;
+        env.get("CH26_HTTP_PORT").map(|_| Ch26 { stack: self })
+    }
+
+    fn lock(&self) -> Result<Flock> {
+        Flock::exclusive(&self.ctx.path(".lock"), LOCK_WAIT_SECS)
+    }
+
+    /// Port `key` of `stack.env`; 0 when missing (a request to it fails, saying the port).
+    fn port(&self, key: &str) -> u16 {
+        self.env().ok().and_then(|e| e.port(key)).unwrap_or(0)
+    }
+}
+
+/// `dir` made absolute and checked: only `[A-Za-z0-9._/+-]` (it is embedded in XML and
+/// `stack.env` as is), not `/`, no trailing `/`.
+fn checked_dir(dir: &Path) -> Result<PathBuf> {
+    let dir = process::absolute(dir);
+    let text = dir.to_string_lossy().trim_end_matches('/').to_owned();
+    let ok = text.len() > 1
+        && text
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "._/+-".contains(c));
+    if !ok {
+        return Err(Error::new(format!(
+            "DIR may only contain [A-Za-z0-9._/+-] and must not be /: {}",
+            dir.display()
+        )));
+    }
+    Ok(PathBuf::from(text))
+}

@@ -27,7 +27,11 @@ const TRIES: usize = 10_000;
 /// found in [`TRIES`] picks.
 pub fn alloc(n: usize) -> Result<Vec<u16>> {
     let hi = ephemeral_low().saturating_sub(1);
-    let hi = if hi > PORT_MIN + 1000 { hi } else { PORT_MIN + 10_000 };
+    let hi = if hi > PORT_MIN + 1000 {
+        hi
+    } else {
+        PORT_MIN + 10_000
+    };
     let tmp = std::env::var_os("TMPDIR").map_or_else(|| PathBuf::from("/tmp"), PathBuf::from);
     let reserve = tmp.join("collector-stack-ports.reserved");
     let _lock = Flock::exclusive(&tmp.join("collector-stack-ports.reserved.lock"), 30)?;
@@ -56,7 +60,9 @@ pub fn alloc(n: usize) -> Result<Vec<u16>> {
     while out.len() < n {
         tries += 1;
         if tries > TRIES {
-            return Err(Error::new(format!("no free port found in {PORT_MIN}..{hi}")));
+            return Err(Error::new(format!(
+                "no free port found in {PORT_MIN}..{hi}"
+            )));
         }
         rng ^= rng << 13;
         rng ^= rng >> 7;
@@ -140,7 +146,10 @@ mod tests {
         sorted.sort_unstable();
         sorted.dedup();
         assert_eq!(sorted.len(), 5, "{ports:?}");
-        assert!(ports.iter().all(|p| *p >= PORT_MIN && !listening(*p)), "{ports:?}");
+        assert!(
+            ports.iter().all(|p| *p >= PORT_MIN && !listening(*p)),
+            "{ports:?}"
+        );
     }
 
     #[test]

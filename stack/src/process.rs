@@ -52,9 +52,23 @@ pub fn state(pid: u32) -> Option<char> {
     stat.rsplit_once(") ")?.1.chars().next()
 }
 
-/// `pid` is alive: it exists and is not a zombie (PID 1 here may never reap one).
+/// `pid` is alive: it exists and is not a zombie (PID 1 here may never reap one). A process
+/// whose main thread is a zombie while other threads still exit (and hold its sockets) is
+/// alive.
 pub fn alive(pid: u32) -> bool {
-    matches!(state(pid), Some(s) if s != 'Z' && s != 'X')
+    match state(pid) {
+        None | Some('X') => false,
+        Some('Z') => std::fs::read_dir(format!("/proc/{pid}/task"))
+            .map(|tasks| {
+                tasks.filter_map(|t| t.ok()).any(|t| {
+                    let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+                    let s = stat.rsplit_once(") ").and_then(|(_, r)| r.chars().next());
+                    matches!(s, Some(s) if s != 'Z' && s != 'X')
+                })
+            })
+            .unwrap_or(false),
+        Some(_) => true,
+    }
 }
 
 /// `pid` is stopped by SIGSTOP.

@@ -192,13 +192,13 @@ async fn a_full_disk_turns_not_ready_and_recovers_by_itself_also_across_a_restar
     let tmpfs = Tmpfs::mount(TMPFS_SIZE);
     let stack = Stack::failover();
     for i in 1..=stack.clickhouse_urls().len() {
-        stack.replica(i, "thaw");
+        stack.replica(i).thaw().unwrap();
     }
     stack.repair();
     let env = TestEnv::new(stack).await;
     let url = stack.clickhouse_urls()[0].clone();
     let spool = tmpfs.path().join("spool");
-    stack.replica(1, "stop");
+    stack.replica(1).stop().unwrap();
     let mut c = env
         .collector(&[
             ("COLLECTOR_SPOOL_DIR", spool.to_str().unwrap()),
@@ -229,7 +229,7 @@ async fn a_full_disk_turns_not_ready_and_recovers_by_itself_also_across_a_restar
     assert!(!full_segments.is_empty());
 
     // 2. ClickHouse returns: the spool drains, frees the disk and is ready again by itself.
-    stack.replica(1, "start");
+    stack.replica(1).start().unwrap();
     let back = Instant::now();
     wait_readyz(&c, 200, "ready").await;
     let recovered = back.elapsed();
@@ -242,7 +242,7 @@ async fn a_full_disk_turns_not_ready_and_recovers_by_itself_also_across_a_restar
     c.wait_metric("collector_spool_records 0", WAIT).await;
 
     // 3. Full again, killed, restarted on the full disk: alive, not ready, delivers, ready.
-    stack.replica(1, "stop");
+    stack.replica(1).stop().unwrap();
     let second = fill(&c, &env.site).await;
     assert!(
         !second.is_empty(),
@@ -262,7 +262,7 @@ async fn a_full_disk_turns_not_ready_and_recovers_by_itself_also_across_a_restar
         c.logs().contains("spool: cannot start a segment at open"),
         "the start on a full disk is logged"
     );
-    stack.replica(1, "start");
+    stack.replica(1).start().unwrap();
     let back = Instant::now();
     wait_readyz(&c, 200, "ready").await;
     let recovered_after_restart = back.elapsed();

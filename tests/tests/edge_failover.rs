@@ -76,7 +76,7 @@ impl Edge {
             &[
                 "up",
                 edge.dir.to_str().unwrap(),
-                stack.dir.to_str().unwrap(),
+                stack.dir().to_str().unwrap(),
             ],
             &[
                 ("COLLECTOR_BIN", collector_bin().display().to_string()),

@@ -86,7 +86,7 @@ async fn wait_sessions_live(stack: &Stack) {
 
 async fn setup<'a>(stack: &'a Stack) -> TestEnv<'a> {
     for i in 1..=3 {
-        stack.replica(i, "thaw");
+        stack.replica(i).thaw().unwrap();
     }
     stack.repair();
     wait_sessions_live(stack).await;
@@ -103,12 +103,12 @@ async fn killing_and_restarting_the_preferred_replica_loses_nothing() {
     let traffic = Traffic::start(&c, &env.site, EVERY);
     traffic.wait_acked(50, SWITCH).await;
 
-    stack.replica(1, "kill");
+    stack.replica(1).kill().unwrap();
     wait_replica(&c, "active_replica", &urls[1], 1).await;
     wait_replica(&c, "replica_state", &urls[0], 0).await;
     traffic.wait_acked(100, SWITCH).await;
 
-    stack.replica(1, "start");
+    stack.replica(1).start().unwrap();
     wait_replica(&c, "active_replica", &urls[0], 1).await;
     traffic.wait_acked(50, SWITCH).await;
     let report = traffic.stop().await;
@@ -128,10 +128,10 @@ async fn freezing_and_thawing_the_preferred_replica_loses_nothing() {
     let traffic = Traffic::start(&c, &env.site, EVERY);
     traffic.wait_acked(50, SWITCH).await;
 
-    stack.replica(1, "freeze");
+    stack.replica(1).freeze().unwrap();
     wait_replica(&c, "active_replica", &urls[1], 1).await;
     traffic.wait_acked(100, SWITCH).await;
-    stack.replica(1, "thaw");
+    stack.replica(1).thaw().unwrap();
     wait_replica(&c, "active_replica", &urls[0], 1).await;
     traffic.wait_acked(50, SWITCH).await;
     let report = traffic.stop().await;
@@ -150,10 +150,10 @@ async fn killing_each_replica_in_turn_loses_nothing() {
     let traffic = Traffic::start(&c, &env.site, EVERY);
     for i in 1..=3 {
         traffic.wait_acked(30, SWITCH).await;
-        stack.replica(i, "kill");
+        stack.replica(i).kill().unwrap();
         wait_replica(&c, "replica_state", &urls[i - 1], 0).await;
         traffic.wait_acked(50, SWITCH).await;
-        stack.replica(i, "start");
+        stack.replica(i).start().unwrap();
         wait_replica(&c, "replica_state", &urls[i - 1], 2).await;
     }
     wait_replica(&c, "active_replica", &urls[0], 1).await;
@@ -174,7 +174,7 @@ async fn all_replicas_down_for_thirty_seconds_loses_nothing() {
     traffic.wait_acked(50, SWITCH).await;
 
     for i in 1..=3 {
-        stack.replica(i, "kill");
+        stack.replica(i).kill().unwrap();
     }
     for url in &urls {
         wait_replica(&c, "replica_state", url, 0).await;
@@ -301,7 +301,7 @@ async fn a_full_spool_answers_503_and_keeps_what_it_acknowledged() {
         .await;
     let urls = stack.clickhouse_urls();
     for i in 1..=3 {
-        stack.replica(i, "kill");
+        stack.replica(i).kill().unwrap();
     }
     for url in &urls {
         wait_replica(&c, "replica_state", url, 0).await;
@@ -360,10 +360,10 @@ async fn a_lagging_replica_is_not_written_to_until_it_catches_up() {
 
     // Freeze the preferred replica so the writer fails over, then let it answer again but keep
     // it from fetching what it missed: it must stay "catching up" and unused.
-    stack.replica(1, "freeze");
+    stack.replica(1).freeze().unwrap();
     wait_replica(&c, "active_replica", &urls[1], 1).await;
     traffic.wait_acked(100, SWITCH).await;
-    stack.replica(1, "thaw");
+    stack.replica(1).thaw().unwrap();
     clickhouse_exec(
         &urls[0],
         &format!("SYSTEM STOP FETCHES {}.measurements", env.db),
@@ -603,7 +603,7 @@ async fn a_replica_that_refuses_inserts(settings: &[&str], cause: &str) {
     traffic.wait_acked(50, SWITCH).await;
     let before = c.logs().len();
 
-    stack.replica_profile(1, settings);
+    stack.replica(1).profile(settings).unwrap();
     let mut states = vec![c.metric(&state).await];
     let refusing = Instant::now();
     wait_replica(&c, "active_replica", &urls[1], 1).await;
@@ -620,7 +620,7 @@ async fn a_replica_that_refuses_inserts(settings: &[&str], cause: &str) {
     assert_eq!(answer.len(), 1, "{answer:?}");
     let trials_failed = c.metric(&errors).await - errors_at_down;
 
-    stack.replica_profile(1, &[]);
+    stack.replica(1).profile(&[]).unwrap();
     let restored = Instant::now();
     while c.metric(&state).await != 2.0 {
         if restored.elapsed() >= SETTLE {

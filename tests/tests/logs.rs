@@ -103,7 +103,7 @@ async fn a_replica_down_for_a_minute_logs_a_bounded_number_of_lines() {
     traffic.wait_acked(20, Duration::from_secs(30)).await;
     let before = c.logs().len();
 
-    stack.replica(1, "kill");
+    stack.replica(1).kill().unwrap();
     let killed = Instant::now();
     c.wait_metric(
         &format!("collector_clickhouse_replica_state{{replica=\"{r1}\"}} 0"),
@@ -121,7 +121,7 @@ async fn a_replica_down_for_a_minute_logs_a_bounded_number_of_lines() {
         traffic.wait_acked(10, Duration::from_secs(30)).await;
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    stack.replica(1, "start");
+    stack.replica(1).start().unwrap();
     let started = Instant::now();
     c.wait_metric(
         &format!("collector_clickhouse_replica_state{{replica=\"{r1}\"}} 2"),

@@ -802,7 +802,7 @@ async fn prometheus_scrapes_the_collector_and_alerts_on_no_healthy_replica() {
     assert_eq!(collector.post_json(&m0).await.0, 202);
     let stopped = Instant::now();
     for i in 1..=2 {
-        stack.replica(i, "stop");
+        stack.replica(i).stop().unwrap();
     }
     let (id1, m1) = measurement(&env.site);
     assert_eq!(collector.post_json(&m1).await.0, 202, "intake goes on");
@@ -847,7 +847,7 @@ async fn prometheus_scrapes_the_collector_and_alerts_on_no_healthy_replica() {
     // The replicas return: the alert resolves, the spool empties.
     let returned = Instant::now();
     for i in 1..=2 {
-        stack.replica(i, "start");
+        stack.replica(i).start().unwrap();
     }
     prom.wait_resolved("CollectorNoHealthyReplica", long).await;
     eprintln!(

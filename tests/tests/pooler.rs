@@ -39,7 +39,7 @@ async fn migrate_sites_and_serve_work_through_pgbouncer_in_transaction_mode() {
     let stack = Stack::shared();
     let env = TestEnv::empty(stack).await;
     let db = env.db.clone();
-    let pg_port: u16 = stack.env["PG_PORT"].parse().unwrap();
+    let pg_port: u16 = stack.postgres().port().unwrap();
     let bouncer = PgBouncer::start(pg_port, &db).await;
     let mode = admin(&bouncer, "SHOW CONFIG").await;
     assert!(

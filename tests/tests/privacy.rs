@@ -453,7 +453,7 @@ async fn purge_erases(env: TestEnv<'_>, unreachable: Option<usize>) {
     ];
 
     if let Some(i) = unreachable {
-        env.stack.replica(i, "stop");
+        env.stack.replica(i).stop().unwrap();
         let out = env.cli_with(&with_spool, &["sites", "purge", "erased"]);
         assert_eq!(out.code, 1, "{}\n{}", out.stdout, out.stderr);
         assert!(

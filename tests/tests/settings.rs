@@ -12,7 +12,7 @@ const SETTLE: Duration = Duration::from_secs(30);
 /// Lines of the stack's PostgreSQL log that contain `needle`; panics naming the log when it
 /// cannot be read (no log is not "no such line").
 fn pg_log_count(stack: &Stack, needle: &str) -> usize {
-    let path = stack.dir.join("pg/postgres.log");
+    let path = stack.dir().join("pg/postgres.log");
     let log = std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("the PostgreSQL log {}: {e}", path.display()));
     log.lines().filter(|l| l.contains(needle)).count()
@@ -47,7 +47,7 @@ async fn a_stopped_store_costs_known_sites_nothing_and_a_change_arrives_after() 
     let (status, up_latency) = beacon(&c, &env.site).await;
     assert_eq!(status, 202);
 
-    stack.pg("stop");
+    stack.postgres().stop().unwrap();
     let mut slowest = Duration::ZERO;
     let start = Instant::now();
     let mut n = 0;
@@ -77,7 +77,7 @@ async fn a_stopped_store_costs_known_sites_nothing_and_a_change_arrives_after() 
     assert_eq!(status, 503);
     assert!(headers.contains_key("retry-after"));
 
-    stack.pg("start");
+    stack.postgres().start().unwrap();
     env.cli(&["sites", "disable", &env.site]).success();
     let changed = Instant::now();
     loop {
@@ -159,7 +159,7 @@ async fn a_restart_while_the_store_is_down_serves_the_snapshot() {
     let mut c = env.collector(&[("COLLECTOR_SETTINGS_TTL", "2s")]).await;
     assert_eq!(c.metric("collector_settings_from_snapshot").await, 0.0);
     c.kill().await;
-    stack.pg("stop");
+    stack.postgres().stop().unwrap();
     c.restart().await;
 
     assert!(
@@ -190,7 +190,7 @@ async fn a_restart_while_the_store_is_down_serves_the_snapshot() {
     assert_eq!(c.post(unknown.to_string(), &[]).await.0, 503);
     env.assert_stored_once(&[id], SETTLE).await;
 
-    stack.pg("start");
+    stack.postgres().start().unwrap();
     c.wait_metric("collector_settings_from_snapshot 0", SETTLE)
         .await;
 }
@@ -272,17 +272,12 @@ async fn a_thousand_requests_for_a_new_site_make_one_query() {
 async fn intake_goes_on_through_a_failover_to_the_standby() {
     let stack = Stack::own(1);
     let env = TestEnv::new(&stack).await;
-    stack_sh(&["pg-standby", stack.dir.to_str().unwrap(), "start"]);
-    let env_file = std::fs::read_to_string(stack.dir.join("stack.env")).unwrap();
-    let standby_port = env_file
-        .lines()
-        .find_map(|l| l.strip_prefix("PG_STANDBY_PORT="))
-        .unwrap()
-        .trim()
-        .to_owned();
+    stack.pg_standby().start().unwrap();
+    let standby_port = stack.pg_standby().port().expect("the standby's port");
     let both = format!(
         "postgres://postgres@127.0.0.1:{},127.0.0.1:{standby_port}/{}",
-        stack.env["PG_PORT"], env.db
+        stack.postgres().port().unwrap(),
+        env.db
     );
     let c = env
         .collector(&[
@@ -294,8 +289,8 @@ async fn intake_goes_on_through_a_failover_to_the_standby() {
 
     let traffic = Traffic::start(&c, &env.site, Duration::from_millis(20));
     traffic.wait_acked(50, SETTLE).await;
-    stack.pg("stop");
-    stack_sh(&["pg-standby", stack.dir.to_str().unwrap(), "promote"]);
+    stack.postgres().stop().unwrap();
+    stack.pg_standby().promote().unwrap();
     traffic.wait_acked(100, SETTLE).await;
     let report = traffic.stop().await;
     assert_eq!(
@@ -340,10 +335,10 @@ async fn intake_goes_on_through_a_failover_to_the_standby() {
 async fn a_collector_started_without_the_store_is_ready_soon_after_it_returns() {
     let stack = Stack::own(1);
     let env = TestEnv::new(&stack).await;
-    stack.pg("stop");
+    stack.postgres().stop().unwrap();
     let c = env.collector(&[]).await;
     assert_eq!(c.status_of("/readyz").await, 503);
-    stack.pg("start");
+    stack.postgres().start().unwrap();
     let back = Instant::now();
     while c.status_of("/readyz").await != 200 {
         if back.elapsed() >= Duration::from_secs(40) {
@@ -381,7 +376,7 @@ async fn a_frozen_store_hangs_its_open_connections_and_costs_known_sites_nothing
     tokio::spawn(conn);
     client.simple_query("SELECT 1").await.expect("SELECT 1");
 
-    stack.pg("freeze");
+    stack.postgres().freeze().unwrap();
     let hung = tokio::time::timeout(Duration::from_secs(2), client.simple_query("SELECT 1")).await;
     assert!(
         hung.is_err(),
@@ -399,7 +394,7 @@ async fn a_frozen_store_hangs_its_open_connections_and_costs_known_sites_nothing
     // Refreshes time out (3 s per call) and open the breaker.
     c.wait_metric("collector_settings_store_up 0", SETTLE).await;
 
-    stack.pg("thaw");
+    stack.postgres().thaw().unwrap();
     let back = tokio::time::timeout(Duration::from_secs(10), client.simple_query("SELECT 1")).await;
     assert!(matches!(back, Ok(Ok(_))), "after the thaw: {back:?}");
     c.wait_metric("collector_settings_store_up 1", SETTLE).await;

@@ -286,7 +286,9 @@ async fn a_hung_settings_host_listed_first_costs_only_its_timeout() {
     let hang = Hang::start().await;
     let url = format!(
         "postgres://postgres@127.0.0.1:{},127.0.0.1:{}/{}",
-        hang.port, stack.env["PG_PORT"], env.db
+        hang.port,
+        stack.postgres().port().unwrap(),
+        env.db
     );
     let c = env
         .collector(&[("COLLECTOR_DATABASE_URL", url.as_str())])
@@ -338,11 +340,11 @@ async fn migrate_with_a_replica_down_and_the_replica_gets_the_table_when_it_retu
     let _turn = SERIAL.lock().await;
     let stack = Stack::failover();
     for i in 1..=3 {
-        stack.replica(i, "thaw");
+        stack.replica(i).thaw().unwrap();
     }
     stack.repair();
     let urls = stack.clickhouse_urls();
-    stack.replica(3, "kill");
+    stack.replica(3).kill().unwrap();
     // The down replica first: the collector's preferred one.
     let order = format!("{},{},{}", urls[2], urls[0], urls[1]);
 
@@ -375,7 +377,7 @@ async fn migrate_with_a_replica_down_and_the_replica_gets_the_table_when_it_retu
         0.0
     );
 
-    stack.replica(3, "start");
+    stack.replica(3).start().unwrap();
     let returned = Instant::now();
     let sql = format!("SELECT count() AS n FROM {}.measurements FINAL", env.db);
     let start = Instant::now();

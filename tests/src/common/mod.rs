@@ -1,7 +1,7 @@
 //! Helpers shared by the integration tests: real servers, one database pair per test.
 //!
-//! - [`Stack`]: PostgreSQL, ZooKeeper and ClickHouse replicas started by `scripts/stack.sh`
-//!   (the same code the main-job script uses). [`Stack::shared`] is one stack reused by
+//! - [`Stack`]: PostgreSQL, ZooKeeper and ClickHouse replicas started by the `stack` crate
+//!   (the same code the main-job script runs through `scripts/stack.sh`). [`Stack::shared`] is one stack reused by
 //!   every test that does not break servers (found through `STACK_ENV`, or started under
 //!   `target/test-stack`); [`Stack::own`] starts a private stack a test may kill parts of.
 //! - [`TestEnv`]: a fresh PostgreSQL database and ClickHouse database for one test, migrated
@@ -33,45 +33,30 @@ pub fn root() -> PathBuf {
         .to_owned()
 }
 
-fn stack_script() -> PathBuf {
-    root().join("scripts/stack.sh")
-}
-
-/// Runs `scripts/stack.sh` with `args`, panicking with its output on failure.
-pub fn stack_sh(args: &[&str]) -> String {
-    let out = Command::new("bash")
-        .arg(stack_script())
-        .args(args)
-        .output()
-        .expect("run stack.sh");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "stack.sh {args:?} failed:\n{text}");
-    text
-}
-
-/// A running stack of real servers.
+/// A running stack of real servers: [`stack::Stack`] (typed handles to PostgreSQL, ZooKeeper,
+/// each ClickHouse replica and the 26.x server: `stack.replica(1).kill()`), and what the tests
+/// ask of it often.
 pub struct Stack {
-    /// State folder.
-    pub dir: PathBuf,
-    /// `stack.env` keys.
-    pub env: HashMap<String, String>,
+    inner: stack::Stack,
     owned: bool,
+}
+
+impl std::ops::Deref for Stack {
+    type Target = stack::Stack;
+    fn deref(&self) -> &stack::Stack {
+        &self.inner
+    }
 }
 
 impl Stack {
     /// A running stack named by the `stack.env` file that environment variable `var` points
     /// to (set by `scripts/test.sh`), if it is set.
     fn from_env_file(var: &str) -> Option<Stack> {
-        let path = std::env::var(var).ok()?;
-        let env = read_env(Path::new(&path));
-        let dir = PathBuf::from(&env["STACK_DIR"]);
+        let path = PathBuf::from(std::env::var_os(var)?);
+        let dir = path.parent().expect("a stack.env path has a folder");
+        let inner = stack::Stack::open(dir).unwrap_or_else(|e| panic!("{var}: {e}"));
         Some(Stack {
-            dir,
-            env,
+            inner,
             owned: false,
         })
     }
@@ -97,88 +82,45 @@ impl Stack {
     }
 
     fn up(dir: PathBuf, replicas: usize, owned: bool) -> Stack {
-        std::fs::create_dir_all(&dir).unwrap();
-        let mut args = vec!["up", dir.to_str().unwrap(), "--replicas"];
-        let n = replicas.to_string();
-        args.push(&n);
-        // The shared stack also runs the ClickHouse 26.x server, as scripts/test.sh's does.
-        if !owned {
-            args.push("--ch26");
-        }
-        stack_sh(&args);
-        let env = read_env(&dir.join("stack.env"));
-        Stack { dir, env, owned }
+        let options = stack::UpOptions {
+            replicas: Some(replicas),
+            // The shared stack also runs the ClickHouse 26.x server, as scripts/test.sh's does.
+            ch26: Some(!owned),
+        };
+        let inner = stack::Stack::up(&dir, options).unwrap_or_else(|e| panic!("{e}"));
+        Stack { inner, owned }
     }
 
-    /// `postgres://...` URL of database `db`.
+    /// `postgres://...` URL of database `db` on the primary.
     pub fn database_url(&self, db: &str) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/{db}", self.env["PG_PORT"])
+        self.postgres().url(db)
     }
 
-    /// HTTP URL of the stack's ClickHouse 26.x server (`stack.sh up --ch26`); panics when the
-    /// stack has none.
+    /// HTTP URL of the stack's ClickHouse 26.x server; panics when the stack has none.
     pub fn ch26_url(&self) -> String {
-        self.env
-            .get("CH26_URL")
-            .unwrap_or_else(|| {
-                panic!(
-                    "the stack in {} has no ClickHouse 26.x server: start it with scripts/stack.sh up DIR --ch26",
-                    self.dir.display()
-                )
-            })
-            .clone()
+        match self.ch26() {
+            Some(c) => c.url(),
+            None => panic!(
+                "the stack in {} has no ClickHouse 26.x server: start it with scripts/stack.sh up DIR --ch26",
+                self.dir().display()
+            ),
+        }
     }
 
     /// HTTP URLs of the ClickHouse replicas, in order.
     pub fn clickhouse_urls(&self) -> Vec<String> {
-        let n: usize = self.env["CH_REPLICAS"].parse().unwrap();
-        (1..=n)
-            .map(|i| self.env[&format!("CH{i}_URL")].clone())
-            .collect()
-    }
-
-    /// `stack.sh replica DIR i action` (i from 1).
-    pub fn replica(&self, i: usize, action: &str) {
-        stack_sh(&[
-            "replica",
-            self.dir.to_str().unwrap(),
-            &i.to_string(),
-            action,
-        ]);
-    }
-
-    /// `stack.sh replica DIR i profile SETTING=VALUE...`: replica `i`'s default profile with
-    /// these settings added (none: the stack's own profile), once the server reads them.
-    pub fn replica_profile(&self, i: usize, settings: &[&str]) {
-        let (dir, i) = (self.dir.to_str().unwrap(), i.to_string());
-        let mut args = vec!["replica", dir, &i, "profile"];
-        args.extend_from_slice(settings);
-        stack_sh(&args);
-    }
-
-    /// `stack.sh pg DIR action`.
-    pub fn pg(&self, action: &str) {
-        stack_sh(&["pg", self.dir.to_str().unwrap(), action]);
+        self.replicas().iter().map(|r| r.url()).collect()
     }
 }
 
 impl Drop for Stack {
     fn drop(&mut self) {
         if self.owned {
-            let _ = Command::new("bash")
-                .arg(stack_script())
-                .args(["down", self.dir.to_str().unwrap(), "--purge"])
-                .output();
+            if let Err(e) = stack::Stack::down(self.dir(), true) {
+                eprintln!("stopping the test's own stack: {e}");
+            }
         }
     }
-}
-
-fn read_env(path: &Path) -> HashMap<String, String> {
-    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    text.lines()
-        .filter_map(|l| l.split_once('='))
-        .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
-        .collect()
 }
 
 /// A free TCP port on 127.0.0.1.
@@ -863,10 +805,14 @@ impl Stack {
         })
     }
 
-    /// Starts whatever part of the stack is not running (thaws nothing: call `replica i thaw`).
+    /// Starts whatever part of the stack is not running (thaws nothing: call
+    /// `replica(i).thaw()`).
     pub fn repair(&self) {
-        let n = self.env["CH_REPLICAS"].clone();
-        stack_sh(&["up", self.dir.to_str().unwrap(), "--replicas", &n]);
+        let options = stack::UpOptions {
+            replicas: Some(self.replicas().len()),
+            ch26: None,
+        };
+        stack::Stack::up(self.dir(), options).unwrap_or_else(|e| panic!("{e}"));
     }
 }
 
@@ -1485,15 +1431,7 @@ impl Ch26Server {
     /// As [`Ch26Server::start`], with more arguments for `server.py` (e.g. `--user
     /// NAME:SHA256_HEX`, a user with a password).
     pub async fn start_with(settings: &[&str], args: &[&str]) -> Ch26Server {
-        let venv = match std::env::var_os("STACK_CH26_VENV") {
-            Some(v) => PathBuf::from(v),
-            None => std::env::var_os("XDG_CACHE_HOME")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| {
-                    PathBuf::from(std::env::var_os("HOME").unwrap_or("/root".into())).join(".cache")
-                })
-                .join("collector-stack/ch26-venv"),
-        };
+        let venv = stack::ch26::venv();
         let python = venv.join("bin/python");
         assert!(
             python.exists(),

@@ -1,0 +1,321 @@
+//! Typed handles to the servers of a running [`Stack`]: their ports and URLs, and
+//! `stop`/`kill`/`freeze`/`thaw`/`start` on each. Every action takes the stack's lock.
+
+use crate::ctx::log;
+use crate::error::{Error, Result};
+use crate::postgres::{self, Pg};
+use crate::{ch26, clickhouse, ports, process, zookeeper, Stack};
+
+/// What a signal action does to a server process (see [`signal_named`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// SIGTERM and a wait of the stop timeout, then SIGKILL.
+    Stop,
+    /// SIGKILL, like a crash.
+    Kill,
+    /// SIGSTOP: the server hangs with its sockets open.
+    Freeze,
+    /// SIGCONT.
+    Thaw,
+}
+
+/// `action` on server `name` of the stack (a replica, ZooKeeper or the 26.x server). Errors:
+/// `Freeze` of a server that does not run, a server that survives SIGKILL.
+pub(crate) fn signal_named(stack: &Stack, name: &str, action: Action) -> Result<()> {
+    let ctx = &stack.ctx;
+    let Some(pid) = ctx.pid_of(name) else {
+        return match action {
+            Action::Thaw => Ok(()),
+            Action::Freeze => Err(Error::new(format!("{name} is not running"))),
+            _ => {
+                log(&format!("{name} is not running"));
+                Ok(())
+            }
+        };
+    };
+    match action {
+        Action::Stop => {
+            if process::stop(name, pid, ctx.stop)? {
+                let _ = std::fs::remove_file(ctx.path(&format!("{name}.pid")));
+            }
+            Ok(())
+        }
+        Action::Kill => process::kill(name, pid),
+        Action::Freeze => {
+            process::signal(pid, libc::SIGSTOP);
+            Ok(())
+        }
+        Action::Thaw => {
+            process::signal(pid, libc::SIGCONT);
+            Ok(())
+        }
+    }
+}
+
+/// Fails when one of `ports` is taken by a process that is not `name`.
+fn ensure_free(name: &str, ports: &[u16]) -> Result<()> {
+    match ports.iter().find(|p| ports::listening(**p)) {
+        Some(p) => Err(Error::new(format!(
+            "port {p} of {name} is taken by another process"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// Fails when server `name` is frozen: starting it would only wait for it in vain.
+fn refuse_frozen(stack: &Stack, name: &str) -> Result<()> {
+    match stack.ctx.pid_of(name) {
+        Some(pid) if process::frozen(pid) => Err(Error::new(format!(
+            "{name} (pid {pid}) is frozen; thaw it first"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// One of the stack's PostgreSQL servers: the primary, or its hot standby.
+#[derive(Debug, Clone, Copy)]
+pub struct Postgres<'a> {
+    pub(crate) stack: &'a Stack,
+    pub(crate) pg: Pg,
+}
+
+impl Postgres<'_> {
+    /// Its TCP port on 127.0.0.1; None for a standby never started.
+    pub fn port(&self) -> Option<u16> {
+        self.pg.port(&self.stack.env().ok()?)
+    }
+
+    /// `postgres://postgres@127.0.0.1:PORT/DB` (superuser, trust authentication).
+    pub fn url(&self, db: &str) -> String {
+        format!(
+            "postgres://postgres@127.0.0.1:{}/{db}",
+            self.port().unwrap_or_default()
+        )
+    }
+
+    /// `pg_ctl stop -m fast` (SIGKILL after the stop timeout).
+    pub fn stop(&self) -> Result<()> {
+        let _lock = self.stack.lock()?;
+        postgres::stop(&self.stack.ctx, self.pg)
+    }
+
+    /// SIGKILL to the postmaster only, like a crash; its backends exit by themselves.
+    pub fn kill(&self) -> Result<()> {
+        let _lock = self.stack.lock()?;
+        postgres::kill(&self.stack.ctx, self.pg)
+    }
+
+    /// SIGSTOP to the postmaster and every backend: a pooled connection hangs too.
+    pub fn freeze(&self) -> Result<()> {
+        let _lock = self.stack.lock()?;
+        postgres::freeze(&self.stack.ctx, self.pg)
+    }
+
+    /// SIGCONT to the postmaster and every backend.
+    pub fn thaw(&self) -> Result<()> {
+        let _lock = self.stack.lock()?;
+        postgres::thaw(&self.stack.ctx, self.pg)
+    }
+
+    /// Starts it when it does not run and waits until it accepts connections. The standby is
+    /// cloned from the running primary the first time (`pg_basebackup -R -X stream`) and
+    /// added to `stack.env` (`PG_STANDBY_*`, `DATABASE_URL_FAILOVER`).
+    pub fn start(&self) -> Result<()> {
+        let _lock = self.stack.lock()?;
+        let ctx = &self.stack.ctx;
+        refuse_frozen(self.stack, self.pg.name())?;
+        match self.pg {
+            Pg::Primary => {
+                let env = self.stack.env()?;
+                if ctx.pid_of("pg").is_none() {
+                    ensure_free("PostgreSQL", &[env.port("PG_PORT").unwrap_or_default()])?;
+                    postgres::launch(ctx, Pg::Primary, &env)?;
+                }
+                postgres::wait_primary(ctx, &env)
+            }
+            Pg::Standby => self.stack.standby_start(),
+        }
+    }
+
+    /// Promotes the standby to a primary and waits until it is out of recovery. It does not
+    /// fence the old primary: do not start that one again while the promoted one runs.
+    pub fn promote(&self) -> Result<()> {
+        let _lock = self.stack.lock()?;
+        postgres::standby_promote(&self.stack.ctx, &self.stack.env()?)
+    }
+}
+
+/// The stack's standalone ZooKeeper.
+#[derive(Debug, Clone, Copy)]
+pub struct ZooKeeper<'a> {
+    pub(crate) stack: &'a Stack,
+}
+
+impl ZooKeeper<'_> {
+    /// Its client port on 127.0.0.1.
+    pub fn port(&self) -> u16 {
+        self.stack.port("ZK_PORT")
+    }
+    /// SIGTERM, SIGKILL after the stop timeout.
+    pub fn stop(&self) -> Result<()> {
+        let _lock = self.stack.lock()?;
+        signal_named(self.stack, "zk", Action::Stop)
+    }
+    /// SIGKILL.
+    pub fn kill(&self) -> Result<()> {
+        let _lock = self.stack.lock()?;
+        signal_named(self.stack, "zk", Action::Kill)
+    }
+    /// SIGSTOP.
+    pub fn freeze(&self) -> Result<()> {
+        let _lock = self.stack.lock()?;
+        signal_named(self.stack, "zk", Action::Freeze)
+    }
+    /// SIGCONT.
+    pub fn thaw(&self) -> Result<()> {
+        let _lock = self.stack.lock()?;
+        signal_named(self.stack, "zk", Action::Thaw)
+    }
+    /// Starts it when it does not run; waits until it serves (`srvr` says standalone).
+    pub fn start(&self) -> Result<()> {
+        let _lock = self.stack.lock()?;
+        refuse_frozen(self.stack, "zk")?;
+        let env = self.stack.env()?;
+        if self.stack.ctx.pid_of("zk").is_none() {
+            ensure_free("ZooKeeper", &[self.port()])?;
+            zookeeper::launch(&self.stack.ctx, &env)?;
+        }
+        zookeeper::wait(&self.stack.ctx, &env)
+    }
+}
+
+/// ClickHouse 18.16 replica `i` (from 1) of the stack's one shard.
+#[derive(Debug, Clone, Copy)]
+pub struct Replica<'a> {
+    pub(crate) stack: &'a Stack,
+    pub(crate) i: usize,
+}
+
+impl Replica<'_> {
+    fn name(&self) -> String {
+        format!("ch{}", self.i)
+    }
+    /// Its HTTP port on 127.0.0.1.
+    pub fn http_port(&self) -> u16 {
+        self.stack.port(&format!("CH{}_HTTP_PORT", self.i))
+    }
+    /// Its native protocol port.
+    pub fn tcp_port(&self) -> u16 {
+        self.stack.port(&format!("CH{}_TCP_PORT", self.i))
+    }
+    /// Its interserver (replication fetch) port.
+    pub fn interserver_port(&self) -> u16 {
+        self.stack.port(&format!("CH{}_INTERSERVER_PORT", self.i))
+    }
+    /// `http://127.0.0.1:HTTP_PORT` (user `default`, no password).
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.http_port())
+    }
+    /// SIGTERM, SIGKILL after the stop timeout.
+    pub fn stop(&self) -> Result<()> {
+        let _lock = self.stack.lock()?;
+        signal_named(self.stack, &self.name(), Action::Stop)
+    }
+    /// SIGKILL, like a crash (its ZooKeeper session lingers until it times out).
+    pub fn kill(&self) -> Result<()> {
+        let _lock = self.stack.lock()?;
+        signal_named(self.stack, &self.name(), Action::Kill)
+    }
+    /// SIGSTOP: it hangs with its sockets open.
+    pub fn freeze(&self) -> Result<()> {
+        let _lock = self.stack.lock()?;
+        signal_named(self.stack, &self.name(), Action::Freeze)
+    }
+    /// SIGCONT.
+    pub fn thaw(&self) -> Result<()> {
+        let _lock = self.stack.lock()?;
+        signal_named(self.stack, &self.name(), Action::Thaw)
+    }
+    /// Starts it again from its config, ports and data when it does not run (clearing the
+    /// stale ZooKeeper `is_active` nodes a kill left), then waits until `SELECT 1` answers
+    /// and its replicated tables are writable.
+    pub fn start(&self) -> Result<()> {
+        let _lock = self.stack.lock()?;
+        let (ctx, i) = (&self.stack.ctx, self.i);
+        refuse_frozen(self.stack, &self.name())?;
+        let env = self.stack.env()?;
+        if ctx.pid_of(&self.name()).is_none() {
+            let ports = [self.http_port(), self.tcp_port(), self.interserver_port()];
+            ensure_free(&format!("replica {i}"), &ports)?;
+            clickhouse::clear_stale_active(ctx, &[i], &env);
+            clickhouse::start_existing(ctx, i)?;
+        }
+        clickhouse::wait(ctx, i, &env)
+    }
+    /// Its users.xml's default profile with `settings` (`NAME=VALUE`) added (none: the
+    /// stack's own profile again), once the running server reads them (within 30 s).
+    /// `readonly=1` makes it refuse inserts while it still answers SELECTs.
+    pub fn profile(&self, settings: &[&str]) -> Result<()> {
+        let _lock = self.stack.lock()?;
+        let env = self.stack.env()?;
+        clickhouse::set_profile(&self.stack.ctx, self.i, &env, settings)
+    }
+}
+
+/// The stack's ClickHouse 26.x server (`up` with `ch26`): a single server, not a replica.
+#[derive(Debug, Clone, Copy)]
+pub struct Ch26<'a> {
+    pub(crate) stack: &'a Stack,
+}
+
+impl Ch26<'_> {
+    /// Its HTTP port on 127.0.0.1.
+    pub fn http_port(&self) -> u16 {
+        self.stack.port("CH26_HTTP_PORT")
+    }
+    /// `http://127.0.0.1:HTTP_PORT` (user `default`, no password, time zone UTC).
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.http_port())
+    }
+    /// SIGTERM (its launcher shuts the server down), SIGKILL after the stop timeout.
+    pub fn stop(&self) -> Result<()> {
+        let _lock = self.stack.lock()?;
+        signal_named(self.stack, "ch26", Action::Stop)
+    }
+    /// SIGKILL.
+    pub fn kill(&self) -> Result<()> {
+        let _lock = self.stack.lock()?;
+        signal_named(self.stack, "ch26", Action::Kill)
+    }
+    /// SIGSTOP.
+    pub fn freeze(&self) -> Result<()> {
+        let _lock = self.stack.lock()?;
+        signal_named(self.stack, "ch26", Action::Freeze)
+    }
+    /// SIGCONT.
+    pub fn thaw(&self) -> Result<()> {
+        let _lock = self.stack.lock()?;
+        signal_named(self.stack, "ch26", Action::Thaw)
+    }
+    /// Starts it when it does not run; waits until `/ping` answers as this stack's server.
+    pub fn start(&self) -> Result<()> {
+        let _lock = self.stack.lock()?;
+        refuse_frozen(self.stack, "ch26")?;
+        let env = self.stack.env()?;
+        if self.stack.ctx.pid_of("ch26").is_none() {
+            if !ch26::installed() {
+                return Err(Error::new(format!(
+                    "{} is not installed in {}; run: scripts/stack.sh install",
+                    ch26::PACKAGE,
+                    ch26::venv().display()
+                )));
+            }
+            ensure_free(
+                "the ClickHouse 26.x server",
+                &[self.http_port(), self.stack.port("CH26_TCP_PORT")],
+            )?;
+            ch26::launch(&self.stack.ctx, &env)?;
+        }
+        ch26::wait(&self.stack.ctx, &env)
+    }
+}
