@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use crate::ctx::Ctx;
 use crate::env::Env;
 use crate::error::{Error, Result};
+use crate::users::{users_xml, Root, User};
 use crate::{http, process};
 
 /// The pip requirement of the 26.x server: ClickHouse 26.9 as clickhouse-local.
@@ -69,10 +70,10 @@ pub fn installed() -> bool {
     executable && marker.trim_end_matches('\n') == PACKAGE
 }
 
-
 /// Starts the 26.x server detached (creating `DIR/ch26/data` and `DIR/ch26/log`): the venv's
 /// python runs [`launcher`] with `--workdir DIR/ch26 --data DIR/ch26/data --host 127.0.0.1`
-/// and the ports `CH26_HTTP_PORT`/`CH26_TCP_PORT`; output appended to `DIR/ch26/log/server.log`,
+/// and the ports `CH26_HTTP_PORT`/`CH26_TCP_PORT`, with `DIR/ch26/users.xml` written from the
+/// stack's template ([`crate::users`]: `default` without a password, from loopback); output appended to `DIR/ch26/log/server.log`,
 /// pid in `DIR/ch26.pid`. Does not wait for it to answer (see [`wait`]).
 ///
 /// Errors: a port missing from `env`, a folder that could not be made, or a launcher that
@@ -83,6 +84,8 @@ pub fn launch(ctx: &Ctx, env: &Env) -> Result<()> {
     let d = ctx.path("ch26");
     std::fs::create_dir_all(d.join("data"))?;
     std::fs::create_dir_all(d.join("log"))?;
+    let users = d.join("users.xml");
+    std::fs::write(&users, users_xml(Root::ClickHouse, &[], &[User::DEFAULT]))?;
     let mut cmd = Command::new(python());
     cmd.arg(launcher());
     cmd.arg("--workdir").arg(&d);
@@ -90,6 +93,7 @@ pub fn launch(ctx: &Ctx, env: &Env) -> Result<()> {
     cmd.args(["--host", "127.0.0.1"]);
     cmd.arg("--http-port").arg(http_port.to_string());
     cmd.arg("--tcp-port").arg(tcp_port.to_string());
+    cmd.arg("--users-file").arg(&users);
     process::spawn(&ctx.path("ch26.pid"), &d.join("log/server.log"), cmd)?;
     Ok(())
 }

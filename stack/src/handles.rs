@@ -72,6 +72,41 @@ fn refuse_frozen(stack: &Stack, name: &str) -> Result<()> {
     }
 }
 
+/// The four signal actions of a handle (its server named by its `name()`): `stop`, `kill`, `freeze`, `thaw`, each under the stack's lock.
+macro_rules! signal_actions {
+    ($handle:ident, $what:literal) => {
+        impl $handle<'_> {
+            #[doc = concat!("SIGTERM to ", $what, ", SIGKILL after the stop timeout.")]
+            pub fn stop(&self) -> Result<()> {
+                self.act(Action::Stop)
+            }
+            #[doc = concat!("SIGKILL to ", $what, ", like a crash.")]
+            pub fn kill(&self) -> Result<()> {
+                self.act(Action::Kill)
+            }
+            #[doc = concat!("SIGSTOP to ", $what, ": it hangs with its sockets open. Errors: it does not run.")]
+            pub fn freeze(&self) -> Result<()> {
+                self.act(Action::Freeze)
+            }
+            #[doc = concat!("SIGCONT to ", $what, ".")]
+            pub fn thaw(&self) -> Result<()> {
+                self.act(Action::Thaw)
+            }
+            fn act(&self, action: Action) -> Result<()> {
+                let _lock = self.stack.lock()?;
+                signal_named(self.stack, &self.name(), action)
+            }
+        }
+    };
+}
+
+signal_actions!(ZooKeeper, "ZooKeeper");
+signal_actions!(Replica, "the replica");
+signal_actions!(
+    Ch26,
+    "the 26.x server (its launcher shuts it down on SIGTERM)"
+);
+
 /// One of the stack's PostgreSQL servers: the primary, or its hot standby.
 #[derive(Debug, Clone, Copy)]
 pub struct Postgres<'a> {
@@ -152,29 +187,12 @@ pub struct ZooKeeper<'a> {
 }
 
 impl ZooKeeper<'_> {
+    fn name(&self) -> String {
+        "zk".into()
+    }
     /// Its client port on 127.0.0.1.
     pub fn port(&self) -> u16 {
         self.stack.port("ZK_PORT")
-    }
-    /// SIGTERM, SIGKILL after the stop timeout.
-    pub fn stop(&self) -> Result<()> {
-        let _lock = self.stack.lock()?;
-        signal_named(self.stack, "zk", Action::Stop)
-    }
-    /// SIGKILL.
-    pub fn kill(&self) -> Result<()> {
-        let _lock = self.stack.lock()?;
-        signal_named(self.stack, "zk", Action::Kill)
-    }
-    /// SIGSTOP.
-    pub fn freeze(&self) -> Result<()> {
-        let _lock = self.stack.lock()?;
-        signal_named(self.stack, "zk", Action::Freeze)
-    }
-    /// SIGCONT.
-    pub fn thaw(&self) -> Result<()> {
-        let _lock = self.stack.lock()?;
-        signal_named(self.stack, "zk", Action::Thaw)
     }
     /// Starts it when it does not run; waits until it serves (`srvr` says standalone).
     pub fn start(&self) -> Result<()> {
@@ -216,26 +234,6 @@ impl Replica<'_> {
     pub fn url(&self) -> String {
         format!("http://127.0.0.1:{}", self.http_port())
     }
-    /// SIGTERM, SIGKILL after the stop timeout.
-    pub fn stop(&self) -> Result<()> {
-        let _lock = self.stack.lock()?;
-        signal_named(self.stack, &self.name(), Action::Stop)
-    }
-    /// SIGKILL, like a crash (its ZooKeeper session lingers until it times out).
-    pub fn kill(&self) -> Result<()> {
-        let _lock = self.stack.lock()?;
-        signal_named(self.stack, &self.name(), Action::Kill)
-    }
-    /// SIGSTOP: it hangs with its sockets open.
-    pub fn freeze(&self) -> Result<()> {
-        let _lock = self.stack.lock()?;
-        signal_named(self.stack, &self.name(), Action::Freeze)
-    }
-    /// SIGCONT.
-    pub fn thaw(&self) -> Result<()> {
-        let _lock = self.stack.lock()?;
-        signal_named(self.stack, &self.name(), Action::Thaw)
-    }
     /// Starts it again from its config, ports and data when it does not run (clearing the
     /// stale ZooKeeper `is_active` nodes a kill left), then waits until `SELECT 1` answers
     /// and its replicated tables are writable.
@@ -269,6 +267,9 @@ pub struct Ch26<'a> {
 }
 
 impl Ch26<'_> {
+    fn name(&self) -> String {
+        "ch26".into()
+    }
     /// Its HTTP port on 127.0.0.1.
     pub fn http_port(&self) -> u16 {
         self.stack.port("CH26_HTTP_PORT")
@@ -276,26 +277,6 @@ impl Ch26<'_> {
     /// `http://127.0.0.1:HTTP_PORT` (user `default`, no password, time zone UTC).
     pub fn url(&self) -> String {
         format!("http://127.0.0.1:{}", self.http_port())
-    }
-    /// SIGTERM (its launcher shuts the server down), SIGKILL after the stop timeout.
-    pub fn stop(&self) -> Result<()> {
-        let _lock = self.stack.lock()?;
-        signal_named(self.stack, "ch26", Action::Stop)
-    }
-    /// SIGKILL.
-    pub fn kill(&self) -> Result<()> {
-        let _lock = self.stack.lock()?;
-        signal_named(self.stack, "ch26", Action::Kill)
-    }
-    /// SIGSTOP.
-    pub fn freeze(&self) -> Result<()> {
-        let _lock = self.stack.lock()?;
-        signal_named(self.stack, "ch26", Action::Freeze)
-    }
-    /// SIGCONT.
-    pub fn thaw(&self) -> Result<()> {
-        let _lock = self.stack.lock()?;
-        signal_named(self.stack, "ch26", Action::Thaw)
     }
     /// Starts it when it does not run; waits until `/ping` answers as this stack's server.
     pub fn start(&self) -> Result<()> {

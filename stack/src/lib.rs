@@ -40,6 +40,7 @@ pub mod ports;
 pub mod postgres;
 pub mod process;
 mod status;
+pub mod users;
 pub mod zookeeper;
 
 use std::path::{Path, PathBuf};

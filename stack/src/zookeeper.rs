@@ -43,7 +43,6 @@ autopurge.purgeInterval=1
     )
 }
 
-
 /// Writes `DIR/zk/zoo.cfg` (creating `DIR/zk/data`) and starts ZooKeeper on 127.0.0.1:`ZK_PORT`
 /// detached, its output appended to `DIR/zk/zookeeper.log`, its pid in `DIR/zk.pid`. The
 /// same main class and jars as Debian's `zkServer.sh`, at most 256 MB of heap. Does not wait

@@ -360,7 +360,7 @@ async fn clickhouse_18_16_password_only_over_verified_https() {
         .await;
 }
 
-/// Issue 37, 2: a ClickHouse 26.x server (`scripts/ch26/server.py --user collector:SHA256`)
+/// Issue 37, 2: a ClickHouse 26.x server (users.xml from the stack's template, `collector` by SHA-256)
 /// with a password-only `collector` user: `migrate` and the collector store as that user with
 /// the right password file; with a wrong one the server refuses (516, authentication failed),
 /// the beacons stay spooled and the replica is down.
@@ -370,7 +370,11 @@ async fn clickhouse_26_with_a_password() {
     let (pw, hex) = password_file(tmp.path(), "ch26.pw", CH26_PASSWORD);
     let (wrong, _) = password_file(tmp.path(), "wrong.pw", WRONG_PASSWORD);
     let (pw, wrong) = (pw.to_str().unwrap(), wrong.to_str().unwrap());
-    let server = Ch26Server::start_with(&[], &["--user", &format!("collector:{hex}")]).await;
+    let collector = stack::users::User {
+        name: "collector",
+        password_sha256_hex: Some(&hex),
+    };
+    let server = Ch26Server::start_with(&[], &[collector]).await;
     let plain = reqwest::Client::new();
     let guessed = ch_query(&plain, &server.url, "collector", WRONG_PASSWORD, "SELECT 1").await;
     assert!(

@@ -241,41 +241,12 @@ impl Ch18Tls {
             cert = pki.cert.display(),
             key = pki.key.display(),
         );
-        let users = format!(
-            r#"<?xml version="1.0"?>
-<yandex>
-    <profiles>
-        <default>
-            <max_memory_usage>1073741824</max_memory_usage>
-            <use_uncompressed_cache>0</use_uncompressed_cache>
-        </default>
-    </profiles>
-    <users>
-        <collector>
-            <password_sha256_hex>{password_sha256}</password_sha256_hex>
-            <networks>
-                <ip>::1</ip>
-                <ip>127.0.0.1</ip>
-            </networks>
-            <profile>default</profile>
-            <quota>default</quota>
-        </collector>
-    </users>
-    <quotas>
-        <default>
-            <interval>
-                <duration>3600</duration>
-                <queries>0</queries>
-                <errors>0</errors>
-                <result_rows>0</result_rows>
-                <read_rows>0</read_rows>
-                <execution_time>0</execution_time>
-            </interval>
-        </default>
-    </quotas>
-</yandex>
-"#
-        );
+        // The stack's users template: `collector` alone, by the SHA-256 of its password.
+        let collector = stack::users::User {
+            name: "collector",
+            password_sha256_hex: Some(password_sha256),
+        };
+        let users = stack::users::users_xml(stack::users::Root::Yandex, &[], &[collector]);
         std::fs::write(dir.path().join("config.xml"), config).unwrap();
         std::fs::write(dir.path().join("users.xml"), users).unwrap();
         let child = Command::new("clickhouse-server")

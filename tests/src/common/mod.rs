@@ -1423,14 +1423,15 @@ pub struct Ch26Server {
 }
 
 impl Ch26Server {
-    /// Starts it and waits until `/ping` answers (panics with its log after 30 s).
+    /// Starts it with `settings` (`NAME=VALUE`) in its default profile and waits until `/ping`
+    /// answers (panics with its log after 30 s).
     pub async fn start(settings: &[&str]) -> Ch26Server {
         Ch26Server::start_with(settings, &[]).await
     }
 
-    /// As [`Ch26Server::start`], with more arguments for `server.py` (e.g. `--user
-    /// NAME:SHA256_HEX`, a user with a password).
-    pub async fn start_with(settings: &[&str], args: &[&str]) -> Ch26Server {
+    /// As [`Ch26Server::start`], with `users` beside the password-less `default` (which
+    /// clickhouse-local needs for its own query), in users.xml from the stack's template.
+    pub async fn start_with(settings: &[&str], users: &[stack::users::User<'_>]) -> Ch26Server {
         let venv = stack::ch26::venv();
         let python = venv.join("bin/python");
         assert!(
@@ -1446,6 +1447,17 @@ impl Ch26Server {
                 break p;
             }
         };
+        let profile: Vec<(String, String)> = settings
+            .iter()
+            .map(|s| s.split_once('=').expect("a setting is NAME=VALUE"))
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect();
+        let mut all_users = vec![stack::users::User::DEFAULT];
+        all_users.extend_from_slice(users);
+        let users_file = dir.path().join("users.xml");
+        let users_xml =
+            stack::users::users_xml(stack::users::Root::ClickHouse, &profile, &all_users);
+        std::fs::write(&users_file, users_xml).unwrap();
         let log = std::fs::File::create(dir.path().join("server.log")).unwrap();
         let mut cmd = Command::new(&python);
         cmd.arg(root().join("scripts/ch26/server.py"))
@@ -1457,13 +1469,11 @@ impl Ch26Server {
                 "--tcp-port",
                 &tcp.to_string(),
             ])
+            .arg("--users-file")
+            .arg(&users_file)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log);
-        for s in settings {
-            cmd.args(["--setting", s]);
-        }
-        cmd.args(args);
         let child = cmd.spawn().expect("start scripts/ch26/server.py");
         let mut server = Ch26Server {
             url: format!("http://127.0.0.1:{http}"),
