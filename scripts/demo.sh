@@ -29,10 +29,11 @@ for addr in "127.0.0.1:$page_port" "$listen" "$admin_listen"; do
 done
 
 scripts/stack.sh install --demo
-echo "building the collector (release; about 5 minutes the first time on two idle cores, up to 20 on a busy machine)..."
-cargo build --release -p collector --bin collector
-# Where cargo puts it: CARGO_TARGET_DIR when set.
+echo "building the collector and the stack (release; about 5 minutes the first time on two idle cores, up to 20 on a busy machine)..."
+# One build for both: they share their dependencies. Where cargo puts them: CARGO_TARGET_DIR when set.
+cargo build --release -p collector --bin collector -p collector-stack --bin stack
 bin="${CARGO_TARGET_DIR:-$root/target}/release/collector"
+export STACK_BIN="${CARGO_TARGET_DIR:-$root/target}/release/stack"   # what scripts/stack.sh runs
 
 mkdir -p "$stack_dir"
 echo $$ >"$stack_dir/demo.pid"

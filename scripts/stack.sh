@@ -216,8 +216,13 @@ ch26_install() {
     ) 8>>"$CH26_VENV.lock"
 }
 
-# run_stack ARGS...: the collector-stack binary, built when missing or older than its sources.
+# run_stack ARGS...: the collector-stack binary: STACK_BIN when set (scripts/demo.sh builds it in
+# release with the collector), else the debug build, built when missing or older than its sources.
 run_stack() {
+    if [[ -n ${STACK_BIN:-} ]]; then
+        [[ -x $STACK_BIN ]] || die "STACK_BIN=$STACK_BIN is not an executable"
+        STACK_GEO_DB=$GEO_DB exec "$STACK_BIN" "$@"
+    fi
     local bin=${CARGO_TARGET_DIR:-$ROOT/target}/debug/stack
     if [[ ! -x $bin ]] || [[ -n $(find "$ROOT/stack" "$ROOT/scripts/ch26" -newer "$bin" -type f -print -quit) ]]; then
         (cd "$ROOT" && cargo build -q -p collector-stack --bin stack) || die "cargo build -p collector-stack failed"

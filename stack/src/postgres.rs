@@ -23,7 +23,7 @@ use crate::process::{self, POLL};
 /// Folder of PostgreSQL 15's programs (Debian's `postgresql-15`).
 pub const PG_BIN: &str = "/usr/lib/postgresql/15/bin";
 
-/// How long an orphaned backend may take to notice its postmaster died ([`reap_group`]).
+/// How long an orphaned backend may take to notice its postmaster died ([`reap_backends`]).
 const REAP_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a postmaster may take to exit after SIGKILL or a failed `pg_ctl stop`.
 const EXIT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -121,7 +121,7 @@ pub fn init(ctx: &Ctx) -> Result<()> {
 /// Starts server `pg` with `pg_ctl start -w` (bounded by `ctx.ready`), after rewriting its
 /// `stack.conf` with the ports from `env` and, when no postmaster of it is alive, clearing
 /// the stale lock files a killed one left (its data folder's `postmaster.pid` and its unix
-/// socket's locks) once that postmaster's orphaned backends are gone ([`reap_group`]).
+/// socket's locks) once that postmaster's orphaned backends are gone ([`reap_backends`]).
 /// Removes `DIR/NAME.pid` ([`wait_primary`] / [`standby_wait`] write it).
 ///
 /// Errors: the port(s) missing from `env` (`PG_PORT`, and `PG_STANDBY_PORT` for the
@@ -136,8 +136,8 @@ pub fn launch(ctx: &Ctx, pg: Pg, env: &Env) -> Result<()> {
     if ctx.pid_of(name).is_none() {
         let postmaster_pid = dir.join("data/postmaster.pid");
         let old = std::fs::read_to_string(&postmaster_pid).unwrap_or_default();
-        if let Some(Ok(old)) = old.lines().next().map(|l| l.trim().parse::<u32>()) {
-            reap_group(old);
+        if old.lines().next().is_some() {
+            reap_backends(ctx, pg);
         }
         remove_file_if_present(&postmaster_pid)?;
         remove_socket_locks(&socket_dir(ctx, pg));
@@ -191,7 +191,7 @@ pub fn wait_primary(ctx: &Ctx, env: &Env) -> Result<()> {
 
 /// Stops server `pg` with `pg_ctl stop -m fast` (after SIGCONT to all its processes, so that
 /// a frozen one can exit), bounded by `ctx.stop`; SIGKILL to the postmaster when that fails.
-/// Then waits for its orphaned backends ([`reap_group`]) and removes `DIR/NAME.pid`. Nothing
+/// Then waits for its orphaned backends ([`reap_backends`]) and removes `DIR/NAME.pid`. Nothing
 /// to do (but the pid file's removal) when it is not running.
 ///
 /// Errors: the postmaster still alive 10 s after that.
@@ -221,12 +221,12 @@ pub fn stop(ctx: &Ctx, pg: Pg) -> Result<()> {
     if !process::wait_exit(pid, EXIT_TIMEOUT) {
         return Err(Error::new(format!("postmaster {pid} did not exit")));
     }
-    reap_group(pid);
+    reap_backends(ctx, pg);
     remove_file_if_present(&pidfile)
 }
 
 /// SIGKILL to server `pg`'s postmaster only, like a crash (after SIGCONT to all its
-/// processes); waits up to 10 s for it to die, then for its backends ([`reap_group`]).
+/// processes); waits up to 10 s for it to die, then for its backends ([`reap_backends`]).
 /// Nothing to do when it is not running. Its pid files stay (a later [`launch`] clears them).
 ///
 /// Errors: the postmaster survived SIGKILL for 10 s.
@@ -239,7 +239,7 @@ pub fn kill(ctx: &Ctx, pg: Pg) -> Result<()> {
     if !process::wait_exit(pid, EXIT_TIMEOUT) {
         return Err(Error::new("postmaster survived SIGKILL"));
     }
-    reap_group(pid);
+    reap_backends(ctx, pg);
     Ok(())
 }
 
@@ -488,18 +488,29 @@ pub fn standby_role(ctx: &Ctx, env: &Env) -> String {
     }
 }
 
-/// After a postmaster died: waits up to 10 s for the processes of its process group `pgid`
-/// (its backends notice and exit by themselves), then SIGKILLs what is left of the group.
-pub fn reap_group(pgid: u32) {
+/// After server `pg`'s postmaster died: waits up to 10 s for its orphaned backends to notice
+/// and exit, then SIGKILLs those left. A backend is found by its working folder, which
+/// PostgreSQL sets to the data folder (`DIR/NAME/data`): not by the dead postmaster's pid or
+/// process group, which the kernel may have handed to another process meanwhile (pid_max is
+/// 32768 here; each backend is a process group of its own anyway).
+pub fn reap_backends(ctx: &Ctx, pg: Pg) {
+    let data = ctx.path(pg.name()).join("data");
+    let Ok(data) = data.canonicalize() else {
+        return;
+    };
     let deadline = Instant::now() + REAP_TIMEOUT;
-    while process::group_alive(pgid) {
+    loop {
+        let left = process::with_cwd(&data);
+        if left.is_empty() {
+            return;
+        }
         if Instant::now() >= deadline {
             log(&format!(
-                "killing leftover PostgreSQL processes of group {pgid}"
+                "killing leftover PostgreSQL processes of {}: {left:?}",
+                data.display()
             ));
-            // SAFETY: kill(2) of a process group; errors are ignored on purpose.
-            unsafe {
-                libc::kill(-(pgid as i32), libc::SIGKILL);
+            for pid in left {
+                process::signal(pid, libc::SIGKILL);
             }
             std::thread::sleep(POLL);
             return;

@@ -196,11 +196,14 @@ pub fn children(pid: u32) -> Vec<u32> {
         .collect()
 }
 
-/// A live (non-zombie) process is in process group `pgid`.
-pub fn group_alive(pgid: u32) -> bool {
+/// The live processes whose working folder is `dir` (canonical).
+pub fn with_cwd(dir: &Path) -> Vec<u32> {
     all_pids()
         .into_iter()
-        .any(|p| stat_field(p, 2) == Some(pgid) && alive(p))
+        .filter(|p| {
+            std::fs::read_link(format!("/proc/{p}/cwd")).is_ok_and(|cwd| cwd == dir) && alive(*p)
+        })
+        .collect()
 }
 
 /// Every pid in /proc.

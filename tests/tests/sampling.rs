@@ -10,7 +10,9 @@
 //! 1 and at least 99.9 % of its page views are stored; over the spike, the loud site's rows
 //! weighted by `1 / sample_rate` count the page views simulated within ±10 % and give the p75
 //! LCP of all of them within 5 % (docs/queries.md's weighting); the rate is back to 1 within 5
-//! minutes of the spike's end; no answer is a 5xx and every 429 carries `Retry-After`.
+//! minutes of the spike's end; every 429 and 503 carries `Retry-After`, and no answer is a 5xx
+//! but the overload 503 of a collector starved of CPU (issue 38: a debug build beside the rest
+//! of the suite on two cores), at most [`MAX_SHED_SHARE`] of the answers.
 
 use collector_tests::common;
 use common::access_fixtures as fixtures;
@@ -71,6 +73,12 @@ impl Rng {
 }
 
 /// What the browsers were answered.
+/// The share of answers that may be the collector's overload 503 (with `Retry-After`): its
+/// admission limits shed when the machine starves it of CPU, as designed ("overload gets a fast
+/// 503"); on a quiet machine there were none. Sampling, not shedding, must carry the spike:
+/// 2 % leaves the weighted count's ±10 % to sampling.
+const MAX_SHED_SHARE: f64 = 0.02;
+
 #[derive(Default, Debug)]
 struct Tally {
     statuses: BTreeMap<u16, u64>,
@@ -216,7 +224,7 @@ impl Browsers {
             {
                 let mut t = self.tally.lock().unwrap();
                 *t.statuses.entry(status).or_default() += 1;
-                if status == 429 && retry_after.is_none() {
+                if (status == 429 || status == 503) && retry_after.is_none() {
                     t.retry_after_missing += 1;
                 }
                 if status != 429 && status != 503 {
@@ -562,12 +570,24 @@ fn check(f: &Figures) {
         f.true_p75
     );
     let t = &f.tally;
+    let answers: u64 = t.statuses.values().sum();
+    let shed = t.statuses.get(&503).copied().unwrap_or(0);
     assert!(
-        t.statuses.keys().all(|s| *s < 500),
-        "no 5xx: {:?}",
+        t.statuses.keys().all(|s| *s < 500 || *s == 503),
+        "no 5xx but the overload 503: {:?}",
         t.statuses
     );
-    assert_eq!(t.retry_after_missing, 0, "every 429 has Retry-After");
+    assert!(
+        shed as f64 <= MAX_SHED_SHARE * answers as f64,
+        "overload 503s {shed} of {answers} answers: over {} % (a machine this starved cannot \
+         show sampling; statuses {:?})",
+        MAX_SHED_SHARE * 100.0,
+        t.statuses
+    );
+    assert_eq!(
+        t.retry_after_missing, 0,
+        "every 429 and 503 has Retry-After"
+    );
     assert!(
         t.errors.is_empty(),
         "sends without an answer: {:?}",

@@ -30,9 +30,10 @@ pub const DIGIT_RUN: usize = 13;
 /// A run of letters and digits mixing both this long or longer is masked (tokens).
 pub const TOKEN_RUN: usize = 20;
 
-/// The characters a path segment's text is percent-encoded with when a masked segment is
-/// written back: the WHATWG URL Standard's path percent-encode set, and `/`, `%`.
-const SEGMENT: &AsciiSet = &CONTROLS
+/// The characters a URL path has percent-encoded besides non-ASCII ones: the WHATWG URL
+/// Standard's path percent-encode set (<https://url.spec.whatwg.org/#path-percent-encode-set>),
+/// as the `url` crate writes a path. Page-group rules are matched against paths in this form.
+pub(crate) const PATH: &AsciiSet = &CONTROLS
     .add(b' ')
     .add(b'"')
     .add(b'#')
@@ -41,9 +42,11 @@ const SEGMENT: &AsciiSet = &CONTROLS
     .add(b'?')
     .add(b'`')
     .add(b'{')
-    .add(b'}')
-    .add(b'/')
-    .add(b'%');
+    .add(b'}');
+
+/// The characters a path segment's text is percent-encoded with when a masked segment is
+/// written back: [`PATH`], and `/`, `%`.
+const SEGMENT: &AsciiSet = &PATH.add(b'/').add(b'%');
 
 /// E-mail addresses, UUIDs, and runs of 13 or more letters and digits (judged in
 /// [`mask_run`]). An address's parts are any characters but separators, so that non-ASCII

@@ -21,7 +21,9 @@
 
 pub mod presets;
 
-use percent_encoding::{utf8_percent_encode, AsciiSet, CONTROLS};
+use percent_encoding::utf8_percent_encode;
+
+use super::minimise::PATH;
 
 /// One segment of a compiled pattern.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -129,19 +131,6 @@ fn parse(value: &str) -> Result<Rule, String> {
         segments,
     })
 }
-
-/// The characters a stored path has percent-encoded besides non-ASCII ones: the WHATWG URL
-/// Standard's path percent-encode set, as the `url` crate writes a path.
-const PATH: &AsciiSet = &CONTROLS
-    .add(b' ')
-    .add(b'"')
-    .add(b'#')
-    .add(b'<')
-    .add(b'>')
-    .add(b'?')
-    .add(b'`')
-    .add(b'{')
-    .add(b'}');
 
 /// A rule's segment text as a stored path writes it: `/größe` is matched as `/gr%C3%B6%C3%9Fe`
 /// (text already percent-encoded stays as it is, its hexadecimal digits in upper case).
