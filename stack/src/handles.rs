@@ -218,6 +218,10 @@ impl Replica<'_> {
     fn name(&self) -> String {
         format!("ch{}", self.i)
     }
+    /// Its number, from 1.
+    pub fn i(&self) -> usize {
+        self.i
+    }
     /// Its HTTP port on 127.0.0.1.
     pub fn http_port(&self) -> u16 {
         self.stack.port(&format!("CH{}_HTTP_PORT", self.i))
@@ -250,6 +254,18 @@ impl Replica<'_> {
         }
         clickhouse::wait(ctx, i, &env)
     }
+    /// Its process now: running (and answering `SELECT 1`), unhealthy, frozen or stopped, with
+    /// its pid.
+    pub fn health(&self) -> (crate::Health, Option<u32>) {
+        let port = self.http_port();
+        self.stack
+            .health(&self.name(), || clickhouse::select1(port))
+    }
+    /// Its log files: the error log and what it wrote to stdout/stderr.
+    pub fn log_files(&self) -> Vec<std::path::PathBuf> {
+        let d = self.stack.ctx.path(&self.name()).join("log");
+        vec![d.join("clickhouse-server.err.log"), d.join("stdout.log")]
+    }
     /// Its users.xml's default profile with `settings` (`NAME=VALUE`) added (none: the
     /// stack's own profile again), once the running server reads them (within 30 s).
     /// `readonly=1` makes it refuse inserts while it still answers SELECTs.
@@ -273,6 +289,16 @@ impl Ch26<'_> {
     /// Its HTTP port on 127.0.0.1.
     pub fn http_port(&self) -> u16 {
         self.stack.port("CH26_HTTP_PORT")
+    }
+    /// Its process now (running when `/ping` answers as this stack's server), with its pid.
+    pub fn health(&self) -> (crate::Health, Option<u32>) {
+        let ctx = &self.stack.ctx;
+        let env = self.stack.env().unwrap_or_default();
+        self.stack.health("ch26", || ch26::ping(ctx, &env))
+    }
+    /// Its log file (the server's output; its own log files stay empty).
+    pub fn log_files(&self) -> Vec<std::path::PathBuf> {
+        vec![self.stack.ctx.path("ch26/log/server.log")]
     }
     /// `http://127.0.0.1:HTTP_PORT` (user `default`, no password, time zone UTC).
     pub fn url(&self) -> String {

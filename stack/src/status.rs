@@ -21,7 +21,7 @@ pub enum Health {
 
 impl Stack {
     /// The health of server `name`, probed by `probe` when it runs and is not frozen.
-    fn health(&self, name: &str, probe: impl FnOnce() -> bool) -> (Health, Option<u32>) {
+    pub(crate) fn health(&self, name: &str, probe: impl FnOnce() -> bool) -> (Health, Option<u32>) {
         let pid = self.ctx.pid_of(name);
         let health = match pid {
             None => Health::Stopped,

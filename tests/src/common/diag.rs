@@ -47,6 +47,9 @@ struct Watched {
     /// The ClickHouse servers of the test, and the database whose `measurements` is shown.
     clickhouse: Vec<String>,
     database: Option<String>,
+    /// The stack servers behind some of those URLs: (URL, the stack's folder, replica `i`
+    /// from 1, or 0 for the 26.x server).
+    servers: Vec<(String, PathBuf, usize)>,
     collectors: Vec<WatchedCollector>,
     beacon_logs: Vec<PathBuf>,
     browsers: Vec<WatchedBrowser>,
@@ -87,6 +90,13 @@ impl Diag {
             w.clickhouse = urls.to_vec();
             w.database = Some(database.to_owned());
         });
+    }
+
+    /// The stack server behind ClickHouse `url`: replica `i` (from 1) of the stack in `dir`, or
+    /// its 26.x server (`i` = 0). The report adds its process state, and when it does not
+    /// answer, the tails of its logs.
+    pub fn stack_server(&self, url: &str, dir: &Path, i: usize) {
+        self.with(|w| w.servers.push((url.to_owned(), dir.to_owned(), i)));
     }
 
     /// A collector: its URL, log, spool folder and the environment it runs with (for
@@ -187,13 +197,14 @@ impl Diag {
             (
                 w.clickhouse.clone(),
                 w.database.clone(),
+                w.servers.clone(),
                 w.collectors.clone(),
                 w.beacon_logs.clone(),
                 w.browsers.clone(),
                 w.files.clone(),
             )
         });
-        let (clickhouse, database, collectors, beacon_logs, browsers, files) = w;
+        let (clickhouse, database, servers, collectors, beacon_logs, browsers, files) = w;
         let collectors = futures::future::join_all(
             collectors
                 .iter()
@@ -218,8 +229,15 @@ impl Diag {
         if replicas.is_empty() {
             out.push_str("-- no ClickHouse server registered by this test\n");
         }
-        for part in replicas {
+        for (url, part) in clickhouse.iter().zip(replicas) {
             out.push_str(&part);
+            if let Some((_, dir, i)) = servers.iter().find(|(u, _, _)| u == url) {
+                out.push_str(&server_part(
+                    dir,
+                    *i,
+                    part.contains("error sending request"),
+                ));
+            }
         }
         for log in &beacon_logs {
             out.push_str(&format!(
@@ -241,6 +259,36 @@ impl Diag {
         out.push_str("==== end of diagnostics ====");
         out
     }
+}
+
+/// A stack server's process state and, when it did not answer (`failed`) or does not run,
+/// the tails of its logs.
+fn server_part(dir: &Path, i: usize, failed: bool) -> String {
+    let stack = match stack::Stack::open(dir) {
+        Ok(s) => s,
+        Err(e) => return format!("   process: {e}\n"),
+    };
+    let (health, files) = if i == 0 {
+        match stack.ch26() {
+            Some(c) => (c.health(), c.log_files()),
+            None => return "   process: the stack has no 26.x server\n".into(),
+        }
+    } else {
+        let r = stack.replica(i);
+        (r.health(), r.log_files())
+    };
+    let pid = health.1.map_or("-".to_owned(), |p| p.to_string());
+    let mut out = format!("   process: {:?}, pid {pid}\n", health.0);
+    if failed || health.0 != stack::Health::Running {
+        for f in files {
+            out.push_str(&format!(
+                "   {}, last {TAIL} lines:\n{}\n",
+                f.display(),
+                tail(&f, TAIL)
+            ));
+        }
+    }
+    out
 }
 
 /// The last `n` lines of a file, or why it cannot be read.

@@ -208,6 +208,12 @@ impl<'a> TestEnv<'a> {
         let clickhouse = stack.clickhouse_urls();
         let diag = Diag::new();
         diag.clickhouse(&clickhouse, &db);
+        for r in stack.replicas() {
+            diag.stack_server(&r.url(), stack.dir(), r.i());
+        }
+        if let Some(c) = stack.ch26() {
+            diag.stack_server(&c.url(), stack.dir(), 0);
+        }
         // A failed assertion of this test gets the report a wait that gave up gets.
         diag.make_current();
         TestEnv {
