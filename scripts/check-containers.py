@@ -390,8 +390,8 @@ def check_clickhouse_users(c):
         nets = default.find("networks")
         ips = {e.text.strip() for e in nets.findall("ip")} if nets is not None else set()
         others = [e.tag for e in nets if e.tag != "ip"] if nets is not None else []
-        if nets is None or nets.get("replace") != "replace" or not ips or not ips <= LOOPBACK_IPS or others:
-            problems.append(f"`default` must come from loopback only (<networks replace=\"replace\"> "
+        if nets is None or not ips or not ips <= LOOPBACK_IPS or others:
+            problems.append(f"`default` must come from loopback only (<networks> "
                             f"with ::1/127.0.0.1): found {sorted(ips)} {others}")
     profiles = root.find("profiles")
     env_names = {}
@@ -661,8 +661,8 @@ def check_clickhouse_replicas(c):
             problems.append(f"{name}: zookeeper nodes {zk}, want the keepers {c.keepers} on {keeper_port}")
         users = [tgt for kind, src, tgt in mounts_of(c.services[name])
                  if kind == "bind" and src.endswith("deploy/clickhouse/users.xml")]
-        if not any(t.startswith("/etc/clickhouse-server/users.d/") for t in users):
-            problems.append(f"{name}: deploy/clickhouse/users.xml is not mounted in users.d/")
+        if "/etc/clickhouse-server/users.xml" not in users:
+            problems.append(f"{name}: deploy/clickhouse/users.xml is not mounted as the server's users.xml")
     return problems
 
 

@@ -85,7 +85,10 @@ pub fn launch(ctx: &Ctx, env: &Env) -> Result<()> {
     std::fs::create_dir_all(d.join("data"))?;
     std::fs::create_dir_all(d.join("log"))?;
     let users = d.join("users.xml");
-    std::fs::write(&users, users_xml(Root::ClickHouse, &[], &[User::DEFAULT]))?;
+    std::fs::write(
+        &users,
+        users_xml(Root::ClickHouse, &[], &[], &[User::DEFAULT]),
+    )?;
     let mut cmd = Command::new(python());
     cmd.arg(launcher());
     cmd.arg("--workdir").arg(&d);

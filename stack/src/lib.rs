@@ -8,7 +8,9 @@
 //! - [`handles`]: typed handles ([`Postgres`], [`ZooKeeper`], [`Replica`], [`Ch26`]) with
 //!   their ports and `stop`/`kill`/`freeze`/`thaw`/`start`.
 //! - The servers: [`postgres`] (and its hot standby), [`zookeeper`], [`clickhouse`] (the
-//!   replicas' config, written from one template), [`ch26`].
+//!   replicas), [`ch26`]; [`server_config`], the one `config.xml` template, [`users`], the one `users.xml`
+//!   template of every ClickHouse server, and [`deploy`], the files of `deploy/` rendered from
+//!   it.
 //! - The plumbing: [`ctx`] (the state folder, timeouts, pid files), [`process`] (detached
 //!   servers, signals, bounded stops), [`ports`] (random loopback ports reserved
 //!   machine-wide, shared with `scripts/lib.sh`), [`env`] (`DIR/stack.env`), [`http`] (the
@@ -31,6 +33,7 @@
 pub mod ch26;
 pub mod clickhouse;
 pub mod ctx;
+pub mod deploy;
 pub mod env;
 pub mod error;
 pub mod handles;
@@ -39,6 +42,7 @@ mod lifecycle;
 pub mod ports;
 pub mod postgres;
 pub mod process;
+pub mod server_config;
 mod status;
 pub mod users;
 pub mod zookeeper;

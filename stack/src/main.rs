@@ -55,6 +55,8 @@ enum Command {
     Ports { n: usize },
     /// One line per server; exit status 0 only if every server runs and answers.
     Status { dir: PathBuf },
+    /// Writes the files of deploy/ rendered from the templates (deploy/clickhouse/users.xml).
+    RenderDeploy,
     /// A replica's config.xml with placeholder ports (for scripts/check-containers.py).
     #[command(hide = true)]
     SampleReplicaConfig,
@@ -155,6 +157,12 @@ fn run(command: Command) -> Result<bool> {
         Command::Ports { n } => {
             let ports: Vec<String> = stack::ports::alloc(n)?.iter().map(u16::to_string).collect();
             println!("{}", ports.join(" "));
+        }
+        Command::RenderDeploy => {
+            let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+            for path in stack::deploy::render(&repo)? {
+                println!("wrote {path}");
+            }
         }
         Command::SampleReplicaConfig => print!("{}", stack::clickhouse::sample_config()),
         Command::Status { dir } => {

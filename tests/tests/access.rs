@@ -27,6 +27,7 @@ const CH18_PASSWORD: &str = "ch18-canary-Q7v2Lw9x";
 const CH26_PASSWORD: &str = "ch26-canary-Hk3Rt8zP";
 const PG_PASSWORD: &str = "pg15-canary-Zm4Nc6yB";
 const WRONG_PASSWORD: &str = "wrong-canary-Yp5Ds1qT";
+const DASHBOARD_PASSWORD: &str = "dash-canary-Vb8Jw2nE";
 
 /// A beacon of `site` on page `url` with a fresh id, and its id.
 fn beacon_on(site: &str, url: &str) -> (String, Value) {
@@ -360,21 +361,21 @@ async fn clickhouse_18_16_password_only_over_verified_https() {
         .await;
 }
 
-/// Issue 37, 2: a ClickHouse 26.x server (users.xml from the stack's template, `collector` by SHA-256)
-/// with a password-only `collector` user: `migrate` and the collector store as that user with
-/// the right password file; with a wrong one the server refuses (516, authentication failed),
-/// the beacons stay spooled and the replica is down.
+/// Issue 37, 2 and issue 42, 2: a ClickHouse 26.x server with the users that ship
+/// (`deploy/clickhouse/users.xml`, from the one template: `collector` with the shipped grants,
+/// the read-only `dashboard`), here from loopback, by SHA-256 and with the grants on the test's
+/// database. `migrate` and the collector store as `collector` with the right password file;
+/// with a wrong one the server refuses (516, authentication failed), the beacons stay spooled
+/// and the replica is down. Then the shipped rights: [`assert_shipped_rights`].
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn clickhouse_26_with_a_password() {
+async fn clickhouse_26_with_the_shipped_users() {
     let tmp = tempfile::tempdir().unwrap();
     let (pw, hex) = password_file(tmp.path(), "ch26.pw", CH26_PASSWORD);
     let (wrong, _) = password_file(tmp.path(), "wrong.pw", WRONG_PASSWORD);
+    let (_, dashboard_hex) = password_file(tmp.path(), "dashboard.pw", DASHBOARD_PASSWORD);
     let (pw, wrong) = (pw.to_str().unwrap(), wrong.to_str().unwrap());
-    let collector = stack::users::User {
-        name: "collector",
-        password_sha256_hex: Some(&hex),
-    };
-    let server = Ch26Server::start_with(&[], &[collector]).await;
+    let mut env = TestEnv::empty(Stack::shared()).await;
+    let server = shipped_users_server(&env.db, &hex, &dashboard_hex).await;
     let plain = reqwest::Client::new();
     let guessed = ch_query(&plain, &server.url, "collector", WRONG_PASSWORD, "SELECT 1").await;
     assert!(
@@ -382,7 +383,6 @@ async fn clickhouse_26_with_a_password() {
         "a wrong password is refused (516): {guessed:?}"
     );
 
-    let mut env = TestEnv::empty(Stack::shared()).await;
     env.clickhouse = vec![server.url.clone()];
     env.table_form = "single";
     env.diag.clickhouse(&env.clickhouse, &env.db);
@@ -426,6 +426,99 @@ async fn clickhouse_26_with_a_password() {
     .await;
     println!("26.x, wrong password: {line}");
     assert_secrets_hidden(&bad, &[CH26_PASSWORD, WRONG_PASSWORD]).await;
+    assert_shipped_rights(&env, &server.url, &auth, &ids).await;
+}
+
+/// A ClickHouse 26.x server of the test's own with the users of `deploy/` ([`stack::deploy::users`]),
+/// from loopback, by the SHA-256 of their passwords, with their grants on `db` in place of
+/// `collector`, and the dashboards' profile.
+async fn shipped_users_server(db: &str, collector_hex: &str, dashboard_hex: &str) -> Ch26Server {
+    use stack::users::{grants_on, Password, User, COLLECTOR_GRANTS, DASHBOARD_GRANTS, LOOPBACK};
+    let [default, collector, dashboard] = stack::deploy::users(
+        Password::Sha256Hex(collector_hex),
+        Password::Sha256Hex(dashboard_hex),
+        &LOOPBACK,
+    );
+    let collector_grants = grants_on(&COLLECTOR_GRANTS, db);
+    let dashboard_grants = grants_on(&DASHBOARD_GRANTS, db);
+    let collector_grants: Vec<&str> = collector_grants.iter().map(String::as_str).collect();
+    let dashboard_grants: Vec<&str> = dashboard_grants.iter().map(String::as_str).collect();
+    let users = [
+        default,
+        User {
+            grants: &collector_grants,
+            ..collector
+        },
+        User {
+            grants: &dashboard_grants,
+            ..dashboard
+        },
+    ];
+    Ch26Server::start_with(&[], &[stack::users::DASHBOARD_PROFILE], &users).await
+}
+
+/// Asserts that `sql` as `user` is refused with one of `codes` (ClickHouse's error names).
+async fn assert_refused(url: &str, user: &str, password: &str, sql: &str, codes: &[&str]) {
+    let answer = ch_exec(&reqwest::Client::new(), url, user, password, sql).await;
+    assert!(
+        answer
+            .as_ref()
+            .is_err_and(|e| codes.iter().any(|c| e.contains(c))),
+        "`{user}` must be refused {sql:?} with one of {codes:?}: {answer:?}"
+    );
+}
+
+/// The shipped rights on the 26.x server at `url` (database `env.db`, `ids` of site-1 stored):
+/// as `collector` (`auth`), `retention` and `sites purge site-1` succeed and the purge leaves
+/// none of `ids`; a database of its own, user management and `system.processes` are refused.
+/// As `dashboard`: reading `env.db` and setting `max_execution_time` answer; any other setting,
+/// writing and DDL are refused. What docs/deployment.md ("ClickHouse users") promises.
+async fn assert_shipped_rights(
+    env: &TestEnv<'_>,
+    url: &str,
+    auth: &[(&str, &str); 2],
+    ids: &[String],
+) {
+    let spool = tempfile::tempdir().unwrap();
+    let spool = spool.path().to_str().unwrap();
+    let with = |extra: (&'static str, &'static str)| {
+        vec![auth[0], auth[1], ("COLLECTOR_SPOOL_DIR", spool), extra]
+    };
+    env.cli_with(&with(("COLLECTOR_RETENTION", "30d")), &["retention"])
+        .success();
+    env.cli_with(
+        &with(("COLLECTOR_SETTINGS_TTL", "1s")),
+        &["sites", "purge", "site-1"],
+    )
+    .success();
+    let plain = reqwest::Client::new();
+    let left = count_ids(&plain, url, CH26_PASSWORD, &env.db, ids).await;
+    assert_eq!(
+        left,
+        Ok(0),
+        "`sites purge` as `collector` deleted the site's rows"
+    );
+    let db = &env.db;
+    let denied = ["ACCESS_DENIED"];
+    for sql in [
+        format!("CREATE DATABASE other_{db}"),
+        format!("CREATE USER u_{db}"),
+        "SELECT count() FROM system.processes".to_owned(),
+    ] {
+        assert_refused(url, "collector", CH26_PASSWORD, &sql, &denied).await;
+    }
+    let read = format!("SELECT count() FROM {db}.measurements SETTINGS max_execution_time = 30");
+    let answer = ch_exec(&plain, url, "dashboard", DASHBOARD_PASSWORD, &read).await;
+    assert_eq!(answer.as_deref(), Ok("0\n"), "`dashboard` reads: {read}");
+    let readonly = ["READONLY", "ACCESS_DENIED", "SETTING_CONSTRAINT_VIOLATION"];
+    for sql in [
+        format!("SELECT count() FROM {db}.measurements SETTINGS max_threads = 1"),
+        format!("SELECT count() FROM {db}.measurements SETTINGS max_execution_time = 601"),
+        format!("ALTER TABLE {db}.measurements DELETE WHERE 1"),
+        format!("CREATE DATABASE other_{db}"),
+    ] {
+        assert_refused(url, "dashboard", DASHBOARD_PASSWORD, &sql, &readonly).await;
+    }
 }
 
 /// `postgres://postgres@127.0.0.1:PORT/DB` with `query` (e.g. `sslmode=...`).

@@ -138,6 +138,32 @@ pub fn password_file(dir: &Path, name: &str, password: &str) -> (PathBuf, String
     (path, hex)
 }
 
+/// Runs `sql` as it is as `user` with `password` on the ClickHouse HTTP(S) endpoint `url`
+/// through `client`: the answer's body, or the status and body of a refusal.
+pub async fn ch_exec(
+    client: &reqwest::Client,
+    url: &str,
+    user: &str,
+    password: &str,
+    sql: &str,
+) -> Result<String, String> {
+    let resp = client
+        .post(url)
+        .header("X-ClickHouse-User", user)
+        .header("X-ClickHouse-Key", password)
+        .body(sql.to_owned())
+        .send()
+        .await
+        .map_err(|e| format!("{e:?}"))?;
+    let status = resp.status();
+    let text = resp.text().await.map_err(|e| e.to_string())?;
+    if status.is_success() {
+        Ok(text)
+    } else {
+        Err(format!("{status}: {}", text.trim()))
+    }
+}
+
 /// Runs `sql` as `user` with `password` on the ClickHouse HTTP(S) endpoint `url` through
 /// `client`, `FORMAT JSON`: its `data` rows, or ClickHouse's answer.
 pub async fn ch_query(
@@ -147,19 +173,7 @@ pub async fn ch_query(
     password: &str,
     sql: &str,
 ) -> Result<Vec<Value>, String> {
-    let resp = client
-        .post(url)
-        .header("X-ClickHouse-User", user)
-        .header("X-ClickHouse-Key", password)
-        .body(format!("{sql} FORMAT JSON"))
-        .send()
-        .await
-        .map_err(|e| format!("{e:?}"))?;
-    let status = resp.status();
-    let text = resp.text().await.map_err(|e| e.to_string())?;
-    if !status.is_success() {
-        return Err(format!("{status}: {}", text.trim()));
-    }
+    let text = ch_exec(client, url, user, password, &format!("{sql} FORMAT JSON")).await?;
     let v: Value = serde_json::from_str(&text).map_err(|e| format!("{e}: {text}"))?;
     v["data"]
         .as_array()
@@ -170,8 +184,8 @@ pub async fn ch_query(
 /// A standalone ClickHouse 18.16 (Debian's `clickhouse-server`, no ZooKeeper) of one test's
 /// own: an `http_port` and an `https_port` (the `<openSSL><server>` section with the test's
 /// certificate), and one user, `collector`, with a password and nothing else: no password-less
-/// `default` (a request without credentials is refused). Config written as `scripts/stack.sh`
-/// writes a replica's (the old `<yandex>` root 18.16 reads). Stopped on drop.
+/// `default` (a request without credentials is refused). Its config.xml and users.xml are the
+/// stack's templates ([`stack::server_config`], [`stack::users`]). Stopped on drop.
 pub struct Ch18Tls {
     /// `https://127.0.0.1:PORT`.
     pub https_url: String,
@@ -195,58 +209,25 @@ impl Ch18Tls {
         };
         std::fs::create_dir_all(dir.path().join("data")).unwrap();
         std::fs::create_dir_all(dir.path().join("log")).unwrap();
-        let config = format!(
-            r#"<?xml version="1.0"?>
-<!-- written by tests/src/common/access_fixtures.rs -->
-<yandex>
-    <logger>
-        <level>information</level>
-        <log>{d}/log/clickhouse-server.log</log>
-        <errorlog>{d}/log/clickhouse-server.err.log</errorlog>
-    </logger>
-    <listen_host>127.0.0.1</listen_host>
-    <http_port>{http}</http_port>
-    <https_port>{https}</https_port>
-    <tcp_port>{tcp}</tcp_port>
-    <openSSL>
-        <server>
-            <certificateFile>{cert}</certificateFile>
-            <privateKeyFile>{key}</privateKeyFile>
-            <verificationMode>none</verificationMode>
-            <loadDefaultCAFile>false</loadDefaultCAFile>
-            <cacheSessions>true</cacheSessions>
-            <disableProtocols>sslv2,sslv3,tlsv1,tlsv1_1</disableProtocols>
-            <preferServerCiphers>true</preferServerCiphers>
-        </server>
-    </openSSL>
-    <max_connections>256</max_connections>
-    <keep_alive_timeout>3</keep_alive_timeout>
-    <max_concurrent_queries>100</max_concurrent_queries>
-    <timezone>UTC</timezone>
-    <umask>022</umask>
-    <mlock_executable>false</mlock_executable>
-    <mark_cache_size>67108864</mark_cache_size>
-    <uncompressed_cache_size>0</uncompressed_cache_size>
-    <path>{d}/data/</path>
-    <tmp_path>{d}/data/tmp/</tmp_path>
-    <user_files_path>{d}/data/user_files/</user_files_path>
-    <format_schema_path>{d}/data/format_schemas/</format_schema_path>
-    <users_config>{d}/users.xml</users_config>
-    <default_profile>default</default_profile>
-    <default_database>default</default_database>
-    <max_table_size_to_drop>0</max_table_size_to_drop>
-    <max_partition_size_to_drop>0</max_partition_size_to_drop>
-</yandex>
-"#,
-            cert = pki.cert.display(),
-            key = pki.key.display(),
-        );
+        let config = stack::server_config::ServerConfig {
+            dir: dir.path(),
+            http_port: http,
+            tcp_port: tcp,
+            tls: Some(stack::server_config::Tls {
+                https_port: https,
+                cert: &pki.cert,
+                key: &pki.key,
+            }),
+            replication: None,
+        }
+        .render();
         // The stack's users template: `collector` alone, by the SHA-256 of its password.
         let collector = stack::users::User {
             name: "collector",
-            password_sha256_hex: Some(password_sha256),
+            password: stack::users::Password::Sha256Hex(password_sha256),
+            ..stack::users::User::DEFAULT
         };
-        let users = stack::users::users_xml(stack::users::Root::Yandex, &[], &[collector]);
+        let users = stack::users::users_xml(stack::users::Root::Yandex, &[], &[], &[collector]);
         std::fs::write(dir.path().join("config.xml"), config).unwrap();
         std::fs::write(dir.path().join("users.xml"), users).unwrap();
         let child = Command::new("clickhouse-server")

@@ -1432,12 +1432,17 @@ impl Ch26Server {
     /// Starts it with `settings` (`NAME=VALUE`) in its default profile and waits until `/ping`
     /// answers (panics with its log after 30 s).
     pub async fn start(settings: &[&str]) -> Ch26Server {
-        Ch26Server::start_with(settings, &[]).await
+        Ch26Server::start_with(settings, &[], &[stack::users::User::DEFAULT]).await
     }
 
-    /// As [`Ch26Server::start`], with `users` beside the password-less `default` (which
-    /// clickhouse-local needs for its own query), in users.xml from the stack's template.
-    pub async fn start_with(settings: &[&str], users: &[stack::users::User<'_>]) -> Ch26Server {
+    /// As [`Ch26Server::start`], with the profiles `extra` after the default one and `users`
+    /// (among them a password-less `default`, which clickhouse-local needs for its own query),
+    /// in users.xml from the stack's template.
+    pub async fn start_with(
+        settings: &[&str],
+        extra: &[stack::users::Profile<'_>],
+        users: &[stack::users::User<'_>],
+    ) -> Ch26Server {
         let venv = stack::ch26::venv();
         let python = venv.join("bin/python");
         assert!(
@@ -1458,11 +1463,9 @@ impl Ch26Server {
             .map(|s| s.split_once('=').expect("a setting is NAME=VALUE"))
             .map(|(k, v)| (k.to_owned(), v.to_owned()))
             .collect();
-        let mut all_users = vec![stack::users::User::DEFAULT];
-        all_users.extend_from_slice(users);
         let users_file = dir.path().join("users.xml");
         let users_xml =
-            stack::users::users_xml(stack::users::Root::ClickHouse, &profile, &all_users);
+            stack::users::users_xml(stack::users::Root::ClickHouse, &profile, extra, users);
         std::fs::write(&users_file, users_xml).unwrap();
         let log = std::fs::File::create(dir.path().join("server.log")).unwrap();
         let mut cmd = Command::new(&python);

@@ -4,8 +4,6 @@
 //! folder, and helpers that fail loudly: a missing metric, a condition never met or an
 //! answer that is not HTTP panics with what was looked for.
 
-#![allow(dead_code)]
-
 pub mod clickhouse;
 
 use std::collections::HashMap;
