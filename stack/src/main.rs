@@ -160,7 +160,11 @@ fn run(command: Command) -> Result<bool> {
         }
         Command::RenderDeploy => {
             let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-            for path in stack::deploy::render(&repo)? {
+            let written = stack::deploy::render(&repo)?;
+            if written.is_empty() {
+                println!("deploy/: every rendered file is up to date");
+            }
+            for path in written {
                 println!("wrote {path}");
             }
         }
