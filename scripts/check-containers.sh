@@ -695,36 +695,17 @@ spool_survives() {
 # compose.yaml's collectors log in to ClickHouse as `collector` with the password from .env
 # (here the placeholder of $TMP/env), which `credentials` writes into their password file. The
 # loopback replicas are ClickHouse 18.16, whose users.xml has no grants: each gets that user
-# (same password, loopback) in users.d/, where the server finds it by itself; `default` stays
+# (the same password, by its SHA-256; from loopback) in users.d/, written from the stack's
+# users template (`stack.sh replica DIR I user`), where the server finds it by itself; `default` stays
 # for the checks' own queries. Waits until every replica lets it in, and refuses a wrong password.
 # Its queries alone go to system.query_log (log_queries in its profile): compose_collectors
 # reads there that the collectors' inserts came as `collector`.
 ch_collector_user() {
-    local i url pw
+    local i url pw hex
     pw=$(sed -n 's/^CLICKHOUSE_COLLECTOR_PASSWORD=//p' "$TMP/env")
+    hex=$(printf '%s' "$pw" | sha256sum | cut -d' ' -f1)
     for ((i = 1; i <= CH_REPLICAS; i++)); do
-        mkdir -p "$STACK/ch$i/users.d"
-        cat >"$STACK/ch$i/users.d/collector.xml" <<XML
-<?xml version="1.0"?>
-<!-- written by the engine run of scripts/check-containers.sh: compose.yaml's ClickHouse user
-     (no double hyphen in an XML comment) -->
-<yandex>
-    <profiles>
-        <collector>
-            <profile>default</profile>
-            <log_queries>1</log_queries>
-        </collector>
-    </profiles>
-    <users>
-        <collector>
-            <password>$pw</password>
-            <networks><ip>::1</ip><ip>127.0.0.1</ip></networks>
-            <profile>collector</profile>
-            <quota>default</quota>
-        </collector>
-    </users>
-</yandex>
-XML
+        "$ROOT/scripts/stack.sh" replica "$STACK" "$i" user collector "$hex" log_queries=1
     done
     for ((i = 1; i <= CH_REPLICAS; i++)); do
         url=CH${i}_URL

@@ -381,6 +381,57 @@ fn parse_settings(settings: &[&str]) -> Result<Vec<(String, String)>> {
         .collect()
 }
 
+/// Adds user `name` to replica `i`: `DIR/chI/users.d/NAME.xml` (which the server reads beside
+/// its `users.xml` by itself, within seconds) from the stack's template: the user from
+/// loopback with the password whose SHA-256 is `password_sha256_hex`, and a profile `name`
+/// that is the default profile with `settings` (`SETTING=VALUE` words) over it. Does not wait
+/// for the server to read it.
+///
+/// Errors: a name that is not `[a-z_]+`, a hash that is not 64 hex digits, a bad setting,
+/// or a file that could not be written.
+pub fn add_user(
+    ctx: &Ctx,
+    i: usize,
+    name: &str,
+    password_sha256_hex: &str,
+    settings: &[&str],
+) -> Result<()> {
+    if name.is_empty() || !name.chars().all(|c| c.is_ascii_lowercase() || c == '_') {
+        return Err(Error::new(format!(
+            "user: not a user name ([a-z_]+): {name:?}"
+        )));
+    }
+    if password_sha256_hex.len() != 64
+        || !password_sha256_hex.chars().all(|c| c.is_ascii_hexdigit())
+    {
+        return Err(Error::new(
+            "user: the password's SHA-256 must be 64 hex digits",
+        ));
+    }
+    let given = parse_settings(settings)?;
+    let mut profile = vec![("profile", "default")];
+    profile.extend(given.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+    let text = users::UsersXml {
+        root: Root::Yandex,
+        comment: "",
+        profiles: &[users::Profile {
+            name,
+            settings: &profile,
+            changeable_in_readonly: &[],
+        }],
+        users: &[User {
+            name,
+            password: users::Password::Sha256Hex(password_sha256_hex),
+            profile: name,
+            ..User::DEFAULT
+        }],
+    }
+    .render();
+    let dir = ctx.path(&format!("ch{i}/users.d"));
+    std::fs::create_dir_all(&dir)?;
+    replace_on_change(&dir.join(format!("{name}.xml")), &text)
+}
+
 /// The modification time of `path`, in whole seconds since the epoch.
 fn mtime_secs(path: &Path) -> Result<u64> {
     let modified = std::fs::metadata(path)

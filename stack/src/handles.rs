@@ -274,6 +274,12 @@ impl Replica<'_> {
         let env = self.stack.env()?;
         clickhouse::set_profile(&self.stack.ctx, self.i, &env, settings)
     }
+
+    /// Adds a user with a password and a profile of its own ([`clickhouse::add_user`]).
+    pub fn add_user(&self, name: &str, password_sha256_hex: &str, settings: &[&str]) -> Result<()> {
+        let _lock = self.stack.lock()?;
+        clickhouse::add_user(&self.stack.ctx, self.i, name, password_sha256_hex, settings)
+    }
 }
 
 /// The stack's ClickHouse 26.x server (`up` with `ch26`): a single server, not a replica.

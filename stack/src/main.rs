@@ -36,7 +36,8 @@ enum Command {
         #[arg(long)]
         purge: bool,
     },
-    /// stop|kill|freeze|thaw|start ClickHouse replica I, or `profile [SETTING=VALUE...]`.
+    /// stop|kill|freeze|thaw|start ClickHouse replica I, `profile [SETTING=VALUE...]`, or
+    /// `user NAME PASSWORD_SHA256_HEX [SETTING=VALUE...]` (a user of its own profile).
     Replica {
         dir: PathBuf,
         i: usize,
@@ -213,8 +214,18 @@ fn replica(stack: &Stack, i: usize, action: &str, settings: &[String]) -> Result
         "thaw" => r.thaw(),
         "start" => r.start(),
         "profile" => r.profile(&settings.iter().map(String::as_str).collect::<Vec<_>>()),
+        "user" => match settings {
+            [name, hex, rest @ ..] => r.add_user(
+                name,
+                hex,
+                &rest.iter().map(String::as_str).collect::<Vec<_>>(),
+            ),
+            _ => Err(stack::Error::new(
+                "replica: user NAME PASSWORD_SHA256_HEX [SETTING=VALUE...]",
+            )),
+        },
         other => Err(stack::Error::new(format!(
-            "replica: unknown action {other} (stop|kill|freeze|thaw|start|profile)"
+            "replica: unknown action {other} (stop|kill|freeze|thaw|start|profile|user)"
         ))),
     }
 }
