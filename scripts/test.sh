@@ -36,11 +36,22 @@ cargo test -q --workspace --no-run
 # the failure tests kill, freeze and restart (one test at a time).
 stack_dir=$(mktemp -d /tmp/collector-test-stack.XXXXXX)
 failover_dir=$(mktemp -d /tmp/collector-failover-stack.XXXXXX)
+# A test's own stacks (target/test-stack/own-*) are stopped when the test ends; those of a run
+# that was interrupted are stopped here, at the start and at the end of this one.
+sweep_own_stacks() {
+  local d
+  for d in target/test-stack/own-*; do
+    if [[ -d $d ]]; then scripts/stack.sh down "$d" --purge >/dev/null 2>&1 || true; fi
+  done
+  return 0
+}
 cleanup() {
   scripts/stack.sh down "$stack_dir" --purge >/dev/null 2>&1 || true
   scripts/stack.sh down "$failover_dir" --purge >/dev/null 2>&1 || true
+  sweep_own_stacks
 }
 trap cleanup EXIT
+sweep_own_stacks
 
 step "starting the test stacks in $stack_dir and $failover_dir"
 scripts/stack.sh up "$stack_dir" --replicas 2 --ch26

@@ -359,13 +359,54 @@ pub fn wait(ctx: &Ctx, i: usize, env: &Env) -> Result<()> {
 }
 
 /// The server at `url` shows `setting` = `value` in its session's `system.settings`.
+/// Fails when replica `i` (at `url`) does not know one of the settings of `profile`: a
+/// profile with an unknown setting would make every query of the server fail.
+fn refuse_unknown(url: &str, i: usize, profile: &[(String, String)]) -> Result<()> {
+    if profile.is_empty() {
+        return Ok(());
+    }
+    let names: Vec<String> = profile.iter().map(|(k, _)| format!("'{k}'")).collect();
+    let query = format!(
+        "SELECT name FROM system.settings WHERE name IN ({})",
+        names.join(",")
+    );
+    let known = http::post(url, &query)
+        .ok_or_else(|| Error::new(format!("replica {i} does not answer at {url}")))?;
+    let known: Vec<&str> = known.lines().collect();
+    let unknown: Vec<&str> = profile
+        .iter()
+        .map(|(k, _)| k.as_str())
+        .filter(|k| !known.contains(k))
+        .collect();
+    if unknown.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::new(format!(
+            "profile: replica {i} knows no setting {}",
+            unknown.join(", ")
+        )))
+    }
+}
+
 fn setting_is(url: &str, setting: &str, value: &str) -> bool {
     let query = format!("SELECT value FROM system.settings WHERE name = '{setting}'");
     http::post(url, &query).as_deref() == Some(value)
 }
 
-/// Splits and checks `SETTING=VALUE` words: SETTING of `[a-z_]+`, VALUE of `[A-Za-z0-9_.]+`.
+/// Splits and checks `SETTING=VALUE` words: SETTING of `[a-z_]+`, VALUE of `[A-Za-z0-9_.]+`;
+/// a setting given twice keeps its last value, in the place of its first.
 fn parse_settings(settings: &[&str]) -> Result<Vec<(String, String)>> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    for (k, v) in split_settings(settings)? {
+        match out.iter_mut().find(|(name, _)| *name == k) {
+            Some(kept) => kept.1 = v,
+            None => out.push((k, v)),
+        }
+    }
+    Ok(out)
+}
+
+fn split_settings(settings: &[&str]) -> Result<Vec<(String, String)>> {
     let name_ok = |k: &str| !k.is_empty() && k.chars().all(|c| c.is_ascii_lowercase() || c == '_');
     let value_ok = |v: &str| {
         !v.is_empty()
@@ -453,6 +494,11 @@ fn mtime_secs(path: &Path) -> Result<u64> {
 /// I reading SETTING=VALUE from users.xml".
 pub fn set_profile(ctx: &Ctx, i: usize, env: &Env, settings: &[&str]) -> Result<()> {
     let profile = parse_settings(settings)?;
+    let url = format!(
+        "http://127.0.0.1:{}/",
+        env.need_port(&format!("CH{i}_HTTP_PORT"))?
+    );
+    refuse_unknown(&url, i, &profile)?;
     let file = ctx.path(&format!("ch{i}/users.xml"));
     let before = mtime_secs(&file)?;
     write_conf(ctx, i, env, &profile)?;
@@ -464,10 +510,6 @@ pub fn set_profile(ctx: &Ctx, i: usize, env: &Env, settings: &[&str]) -> Result<
             .open(&file)?
             .set_modified(SystemTime::now())?;
     }
-    let url = format!(
-        "http://127.0.0.1:{}/",
-        env.need_port(&format!("CH{i}_HTTP_PORT"))?
-    );
     let told = if settings.is_empty() {
         "the stack default".to_owned()
     } else {
@@ -485,8 +527,11 @@ pub fn set_profile(ctx: &Ctx, i: usize, env: &Env, settings: &[&str]) -> Result<
         let deadline = Instant::now() + PROFILE_TIMEOUT;
         while !setting_is(&url, k, v) {
             if Instant::now() >= deadline {
+                // A profile the server cannot take breaks every query: back to the default.
+                write_conf(ctx, i, env, &[])?;
                 return Err(Error::new(format!(
-                    "timed out after {}s waiting for: replica {i} reading {k}={v} from users.xml",
+                    "timed out after {}s waiting for: replica {i} reading {k}={v} from \
+                     users.xml (the stack's default profile is written back)",
                     PROFILE_TIMEOUT.as_secs()
                 )));
             }
@@ -565,6 +610,12 @@ mod tests {
                 format!("profile: not SETTING=VALUE: {bad}")
             );
         }
+    }
+
+    #[test]
+    fn a_setting_given_twice_keeps_its_last_value() {
+        let got = parse_settings(&["readonly=1", "max_threads=2", "readonly=0"]).unwrap();
+        assert_eq!(got, [kv("readonly", "0"), kv("max_threads", "2")]);
     }
 
     #[test]

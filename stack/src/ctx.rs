@@ -9,6 +9,8 @@ use crate::process;
 pub const READY_TIMEOUT: Duration = Duration::from_secs(60);
 /// Default grace between SIGTERM and SIGKILL (`STACK_STOP_TIMEOUT`, seconds).
 pub const STOP_TIMEOUT: Duration = Duration::from_secs(30);
+/// Longest `STACK_READY_TIMEOUT` or `STACK_STOP_TIMEOUT` taken, in seconds (an hour).
+pub const MAX_TIMEOUT_SECS: u64 = 3600;
 
 /// The state folder of one stack and its timeouts.
 #[derive(Debug, Clone)]
@@ -22,15 +24,34 @@ pub struct Ctx {
     pub stop: Duration,
 }
 
+/// The command name (/proc/PID/comm, at most 15 bytes) of server `name`'s process:
+/// `postgres` for `pg` and `pg-standby`, `java` for `zk`, `python*` for `ch26` (its
+/// launcher), `clickhouse-serv` for a replica `chI`.
+pub fn is_server(name: &str, comm: &str) -> bool {
+    match name {
+        "pg" | "pg-standby" => comm == "postgres",
+        "zk" => comm == "java",
+        "ch26" => comm.starts_with("python"),
+        _ => comm == "clickhouse-serv",
+    }
+}
+
 impl Ctx {
     /// The context of `dir`, with the timeouts from `STACK_READY_TIMEOUT` and
     /// `STACK_STOP_TIMEOUT` (whole seconds) or their defaults.
     pub fn new(dir: &Path) -> Ctx {
-        let secs = |var: &str, default: Duration| {
-            std::env::var(var)
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .map_or(default, Duration::from_secs)
+        let secs = |var: &str, default: Duration| match std::env::var(var) {
+            Err(_) => default,
+            Ok(v) => match v.parse::<u64>() {
+                Ok(s) if (1..=MAX_TIMEOUT_SECS).contains(&s) => Duration::from_secs(s),
+                _ => {
+                    log(&format!(
+                        "note: {var}={v} is not 1..={MAX_TIMEOUT_SECS} seconds; using {}s",
+                        default.as_secs()
+                    ));
+                    default
+                }
+            },
         };
         Ctx {
             dir: dir.to_path_buf(),
@@ -58,7 +79,7 @@ impl Ctx {
         } else {
             self.dir.join(format!("{name}.pid"))
         };
-        process::pid_in(&file, &self.dir)
+        process::pid_in(&file, &self.dir.join(name), |comm| is_server(name, comm))
     }
 
     /// True (and says so) when server `name` is stopped by SIGSTOP: waiting for it to answer

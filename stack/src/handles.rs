@@ -52,6 +52,28 @@ pub(crate) fn signal_named(stack: &Stack, name: &str, action: Action) -> Result<
     }
 }
 
+/// Reserves server `name`'s ports again while it is down ([`ports::reserve`]), so that no
+/// other stack or script is handed them before it starts again (a reservation made at `up`
+/// lapses after [`ports::RESERVATION`]). A failure is only logged: the server is down anyway.
+fn keep_ports(stack: &Stack, name: &str) {
+    let keys: Vec<String> = match name {
+        "pg" => vec!["PG_PORT".into()],
+        "pg-standby" => vec!["PG_STANDBY_PORT".into()],
+        "zk" => vec!["ZK_PORT".into()],
+        "ch26" => vec!["CH26_HTTP_PORT".into(), "CH26_TCP_PORT".into()],
+        replica => ["HTTP", "TCP", "INTERSERVER"]
+            .map(|k| format!("CH{}_{k}_PORT", replica.trim_start_matches("ch")))
+            .to_vec(),
+    };
+    let Ok(env) = stack.env() else { return };
+    let kept: Vec<u16> = keys.iter().filter_map(|k| env.port(k)).collect();
+    if let Err(e) = ports::reserve(&kept) {
+        log(&format!(
+            "note: {name}'s ports {kept:?} not reserved again: {e}"
+        ));
+    }
+}
+
 /// Fails when one of `ports` is taken by a process that is not `name`.
 fn ensure_free(name: &str, ports: &[u16]) -> Result<()> {
     match ports.iter().find(|p| ports::listening(**p)) {
@@ -94,7 +116,11 @@ macro_rules! signal_actions {
             }
             fn act(&self, action: Action) -> Result<()> {
                 let _lock = self.stack.lock()?;
-                signal_named(self.stack, &self.name(), action)
+                signal_named(self.stack, &self.name(), action)?;
+                if matches!(action, Action::Stop | Action::Kill) {
+                    keep_ports(self.stack, &self.name());
+                }
+                Ok(())
             }
         }
     };
@@ -131,13 +157,17 @@ impl Postgres<'_> {
     /// `pg_ctl stop -m fast` (SIGKILL after the stop timeout).
     pub fn stop(&self) -> Result<()> {
         let _lock = self.stack.lock()?;
-        postgres::stop(&self.stack.ctx, self.pg)
+        postgres::stop(&self.stack.ctx, self.pg)?;
+        keep_ports(self.stack, self.pg.name());
+        Ok(())
     }
 
     /// SIGKILL to the postmaster only, like a crash; its backends exit by themselves.
     pub fn kill(&self) -> Result<()> {
         let _lock = self.stack.lock()?;
-        postgres::kill(&self.stack.ctx, self.pg)
+        postgres::kill(&self.stack.ctx, self.pg)?;
+        keep_ports(self.stack, self.pg.name());
+        Ok(())
     }
 
     /// SIGSTOP to the postmaster and every backend: a pooled connection hangs too.

@@ -85,8 +85,11 @@ impl Stack {
     /// [`Stack::up`] would refuse.
     pub fn open(dir: &Path) -> Result<Stack> {
         let dir = checked_dir(dir)?;
-        if !dir.is_dir() {
-            return Err(Error::new(format!("no stack in {}", dir.display())));
+        if !dir.join("stack.env").is_file() {
+            return Err(Error::new(format!(
+                "no stack in {} (no stack.env)",
+                dir.display()
+            )));
         }
         Ok(Stack {
             ctx: Ctx::new(&dir),
@@ -155,10 +158,43 @@ impl Stack {
     }
 }
 
-/// `dir` made absolute and checked: only `[A-Za-z0-9._/+-]` (it is embedded in XML and
-/// `stack.env` as is), not `/`, no trailing `/`.
+/// `dir` holds a stack: its `stack.env`, or nothing but what `up` makes before it writes
+/// that file (`.lock`, pid files, `pg`, `pg-standby`, `zk`, `ch1`..`ch9`, `ch26`). An empty
+/// folder counts.
+fn holds_stack(dir: &Path) -> bool {
+    if dir.join("stack.env").is_file() {
+        return true;
+    }
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return false;
+    };
+    entries.filter_map(|e| e.ok()).all(|e| {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let replica =
+            name.len() == 3 && name.starts_with("ch") && name.as_bytes()[2].is_ascii_digit();
+        name == ".lock"
+            || name.ends_with(".pid")
+            || replica
+            || matches!(name.as_str(), "pg" | "pg-standby" | "zk" | "ch26")
+    })
+}
+
+/// `dir` made absolute and checked: no `.` or `..` component, resolved through symbolic
+/// links when it exists (one stack, one path: the pid checks compare paths), only
+/// `[A-Za-z0-9._/+-]` (it is embedded in XML and `stack.env` as is), not `/`, no trailing `/`.
 fn checked_dir(dir: &Path) -> Result<PathBuf> {
+    use std::path::Component;
+    if dir
+        .components()
+        .any(|c| matches!(c, Component::CurDir | Component::ParentDir))
+    {
+        return Err(Error::new(format!(
+            "DIR must not contain . or .. components: {}",
+            dir.display()
+        )));
+    }
     let dir = process::absolute(dir);
+    let dir = dir.canonicalize().unwrap_or(dir);
     let text = dir.to_string_lossy().trim_end_matches('/').to_owned();
     let ok = text.len() > 1
         && text

@@ -9,7 +9,9 @@ use crate::error::{Error, Result};
 use crate::handles::{signal_named, Action};
 use crate::postgres::{self, Pg};
 use crate::MAX_REPLICAS;
-use crate::{ch26, checked_dir, clickhouse, ports, process, zookeeper, Stack, UpOptions};
+use crate::{
+    ch26, checked_dir, clickhouse, holds_stack, ports, process, zookeeper, Stack, UpOptions,
+};
 
 impl Stack {
     /// Starts whatever part of the stack in `dir` is not running (creating `dir`), waits
@@ -23,6 +25,8 @@ impl Stack {
         let dir = checked_dir(dir)?;
         std::fs::create_dir_all(&dir)
             .map_err(|e| Error::new(format!("cannot create {}: {e}", dir.display())))?;
+        // Now that it exists: the canonical path, as every later call sees it.
+        let dir = checked_dir(&dir)?;
         let stack = Stack {
             ctx: Ctx::new(&dir),
         };
@@ -33,7 +37,9 @@ impl Stack {
             .or_else(|| env.port("CH_REPLICAS").map(usize::from))
             .unwrap_or(2);
         if !(1..=MAX_REPLICAS).contains(&replicas) {
-            return Err(Error::new(format!("replicas must be 1..={MAX_REPLICAS}")));
+            return Err(Error::new(format!(
+                "replicas must be 1..={MAX_REPLICAS} (asked for, or CH_REPLICAS of stack.env): {replicas}"
+            )));
         }
         let with_ch26 = options
             .ch26
@@ -303,6 +309,15 @@ impl Stack {
             log(&format!("no stack in {}", dir.display()));
             return Ok(());
         }
+        if !holds_stack(&dir) {
+            // Not a stack's folder (a parent of stacks, a mistyped path): stopping the
+            // processes that name paths under it, or deleting it, could hit anything.
+            return Err(Error::new(format!(
+                "{} holds no stack (no stack.env, and files a stack does not make): \
+                 not stopped, not purged",
+                dir.display()
+            )));
+        }
         let stack = Stack {
             ctx: Ctx::new(&dir),
         };
@@ -364,16 +379,14 @@ impl Stack {
 /// The safety net of `down`: stops any ClickHouse, ZooKeeper, PostgreSQL or 26.x launcher
 /// process of this folder that lost its pid file (a start that failed half-way).
 fn sweep_strays(ctx: &Ctx) -> Result<()> {
-    let mark = format!("{}/", ctx.dir.display());
     for pid in process::all_pids() {
         let comm = process::comm(pid);
-        let args = process::cmdline(pid);
         let ours = if comm.starts_with("python") {
-            args.contains("ch26/server.py")
+            process::cmdline(pid).contains("ch26/server.py")
         } else {
             matches!(comm.as_str(), "clickhouse-serv" | "java" | "postgres")
         };
-        if ours && args.contains(&mark) && process::alive(pid) {
+        if ours && process::mentions(pid, &ctx.dir) && process::alive(pid) {
             log(&format!("stopping stray {comm} (pid {pid})"));
             process::stop(&comm, pid, ctx.stop)?;
         }

@@ -21,17 +21,67 @@ pub const RESERVATION: Duration = Duration::from_secs(600);
 /// Random picks tried before giving up.
 const TRIES: usize = 10_000;
 
-/// `N` distinct free loopback ports, reserved for [`RESERVATION`].
+/// Most ports [`alloc`] hands out at once.
+pub const MAX_AT_ONCE: usize = 64;
+
+/// `N` (1..=[`MAX_AT_ONCE`]) distinct free loopback ports, reserved for [`RESERVATION`].
 ///
-/// Errors: the reservation file cannot be locked within 30 s or written, or no free port was
-/// found in [`TRIES`] picks.
+/// Errors: N out of range, the reservation file cannot be locked within 30 s or written, or
+/// no free port was found in [`TRIES`] picks.
 pub fn alloc(n: usize) -> Result<Vec<u16>> {
+    if !(1..=MAX_AT_ONCE).contains(&n) {
+        return Err(Error::new(format!(
+            "ports: {n} asked for, 1..={MAX_AT_ONCE} at once"
+        )));
+    }
     let hi = ephemeral_low().saturating_sub(1);
     let hi = if hi > PORT_MIN + 1000 {
         hi
     } else {
         PORT_MIN + 10_000
     };
+    with_reservations(|taken, now| {
+        let busy: Vec<u16> = sockets().map(|(local, _)| local).collect();
+        let mut rng = seed();
+        let mut out = Vec::with_capacity(n);
+        let mut tries = 0;
+        while out.len() < n {
+            tries += 1;
+            if tries > TRIES {
+                return Err(Error::new(format!(
+                    "no free port found in {PORT_MIN}..{hi}"
+                )));
+            }
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            let p = PORT_MIN + (rng % u64::from(hi - PORT_MIN + 1)) as u16;
+            if taken.contains_key(&p) || busy.contains(&p) {
+                continue;
+            }
+            taken.insert(p, now);
+            out.push(p);
+        }
+        Ok(out)
+    })
+}
+
+/// Reserves `ports` again for [`RESERVATION`] from now: a server's ports while it is
+/// stopped, so that no other stack or script is handed them before it starts again.
+///
+/// Errors: those of the reservation file.
+pub fn reserve(ports: &[u16]) -> Result<()> {
+    with_reservations(|taken, now| {
+        for p in ports {
+            taken.insert(*p, now);
+        }
+        Ok(())
+    })
+}
+
+/// Runs `f` on the live reservations (port → when reserved, seconds since the epoch) and
+/// the time now, under the machine-wide lock, and writes them back when it succeeds.
+fn with_reservations<T>(f: impl FnOnce(&mut BTreeMap<u16, u64>, u64) -> Result<T>) -> Result<T> {
     let tmp = std::env::var_os("TMPDIR").map_or_else(|| PathBuf::from("/tmp"), PathBuf::from);
     let reserve = tmp.join("collector-stack-ports.reserved");
     let _lock = Flock::exclusive(&tmp.join("collector-stack-ports.reserved.lock"), 30)?;
@@ -54,34 +104,15 @@ pub fn alloc(n: usize) -> Result<Vec<u16>> {
             }
         }
     }
-    let mut rng = seed();
-    let mut out = Vec::with_capacity(n);
-    let mut tries = 0;
-    while out.len() < n {
-        tries += 1;
-        if tries > TRIES {
-            return Err(Error::new(format!(
-                "no free port found in {PORT_MIN}..{hi}"
-            )));
-        }
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        let p = PORT_MIN + (rng % u64::from(hi - PORT_MIN + 1)) as u16;
-        if taken.contains_key(&p) || in_use(p) {
-            continue;
-        }
-        taken.insert(p, now);
-        out.push(p);
-    }
+    let out = f(&mut taken, now)?;
     let tmp_file = reserve.with_extension("reserved.tmp");
-    let mut f = OpenOptions::new()
+    let mut file = OpenOptions::new()
         .create(true)
         .write(true)
         .truncate(true)
         .open(&tmp_file)?;
     for (p, ts) in &taken {
-        writeln!(f, "{p} {ts}")?;
+        writeln!(file, "{p} {ts}")?;
     }
     std::fs::rename(&tmp_file, &reserve)?;
     Ok(out)

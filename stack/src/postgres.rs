@@ -489,8 +489,8 @@ pub fn standby_role(ctx: &Ctx, env: &Env) -> String {
 }
 
 /// After server `pg`'s postmaster died: waits up to 10 s for its orphaned backends to notice
-/// and exit, then SIGKILLs those left. A backend is found by its working folder, which
-/// PostgreSQL sets to the data folder (`DIR/NAME/data`): not by the dead postmaster's pid or
+/// and exit, then SIGKILLs those left. A backend is a process named `postgres` whose working
+/// folder is the data folder (`DIR/NAME/data`, where PostgreSQL puts it): not one found by the dead postmaster's pid or
 /// process group, which the kernel may have handed to another process meanwhile (pid_max is
 /// 32768 here; each backend is a process group of its own anyway).
 pub fn reap_backends(ctx: &Ctx, pg: Pg) {
@@ -500,7 +500,10 @@ pub fn reap_backends(ctx: &Ctx, pg: Pg) {
     };
     let deadline = Instant::now() + REAP_TIMEOUT;
     loop {
-        let left = process::with_cwd(&data);
+        let left: Vec<u32> = process::with_cwd(&data)
+            .into_iter()
+            .filter(|p| process::comm(*p) == "postgres")
+            .collect();
         if left.is_empty() {
             return;
         }

@@ -83,13 +83,29 @@ pub fn cmdline(pid: u32) -> String {
         .unwrap_or_default()
 }
 
-/// The pid in `pidfile` (its first line), if that process is alive and its command line
-/// mentions `dir/` (a guard against a recycled pid).
-pub fn pid_in(pidfile: &Path, dir: &Path) -> Option<u32> {
+/// One of the arguments of `pid` names a path under `dir`: it starts with `dir/`, or its
+/// value after a `=` does (`--config-file=DIR/...`). Not a mere substring: `/var/tmp/s1/...`
+/// is not under `/tmp/s1`.
+pub fn mentions(pid: u32, dir: &Path) -> bool {
+    let mark = format!("{}/", dir.display());
+    let Ok(raw) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+        return false;
+    };
+    String::from_utf8_lossy(&raw).split('\0').any(|arg| {
+        arg.starts_with(&mark)
+            || arg
+                .split_once('=')
+                .is_some_and(|(_, v)| v.starts_with(&mark))
+    })
+}
+
+/// The pid in `pidfile` (its first line), if that process is alive, its command name
+/// (/proc/PID/comm) passes `comm_ok` and one of its arguments names a path under `dir`
+/// ([`mentions`]): guards against a recycled pid.
+pub fn pid_in(pidfile: &Path, dir: &Path, comm_ok: impl Fn(&str) -> bool) -> Option<u32> {
     let text = std::fs::read_to_string(pidfile).ok()?;
     let pid: u32 = text.lines().next()?.trim().parse().ok()?;
-    let mark = format!("{}/", dir.display());
-    (alive(pid) && cmdline(pid).contains(&mark)).then_some(pid)
+    (alive(pid) && comm_ok(&comm(pid)) && mentions(pid, dir)).then_some(pid)
 }
 
 /// Sends `signal` to `pid`; a process already gone is no error.

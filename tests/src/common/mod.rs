@@ -87,7 +87,16 @@ impl Stack {
             // The shared stack also runs the ClickHouse 26.x server, as scripts/test.sh's does.
             ch26: Some(!owned),
         };
-        let inner = stack::Stack::up(&dir, options).unwrap_or_else(|e| panic!("{e}"));
+        let inner = match stack::Stack::up(&dir, options) {
+            Ok(inner) => inner,
+            Err(e) => {
+                // What started before the failure must not outlive the test.
+                if owned {
+                    let _ = stack::Stack::down(&dir, true);
+                }
+                panic!("{e}");
+            }
+        };
         Stack { inner, owned }
     }
 
