@@ -359,7 +359,6 @@ impl Stack {
         postgres::stop(ctx, Pg::Standby)?;
         postgres::stop(ctx, Pg::Primary)?;
         sweep_strays(ctx)?;
-        drop(lock);
         if purge {
             for pg in [Pg::Primary, Pg::Standby] {
                 let sock = postgres::socket_dir(ctx, pg);
@@ -367,9 +366,14 @@ impl Stack {
                     let _ = std::fs::remove_dir_all(sock);
                 }
             }
-            std::fs::remove_dir_all(&dir)?;
+            // Under the lock (held on the lock file, which goes with the folder): an action
+            // waiting for it then finds no stack instead of one half deleted.
+            std::fs::remove_dir_all(&dir)
+                .map_err(|e| Error::new(format!("purge {}: {e}", dir.display())))?;
+            drop(lock);
             log(&format!("stopped and purged {}", dir.display()));
         } else {
+            drop(lock);
             log("stopped");
         }
         Ok(())
