@@ -93,6 +93,19 @@ async fn setup<'a>(stack: &'a Stack) -> TestEnv<'a> {
     TestEnv::new(stack).await
 }
 
+/// Waits for this test's turn on the failover stack ([`SERIAL`]), then repairs the stack
+/// ([`setup`]) and gives the turn (hold it to the end), the stack and the test's databases.
+async fn take_turn() -> (
+    tokio::sync::MutexGuard<'static, ()>,
+    &'static Stack,
+    TestEnv<'static>,
+) {
+    let turn = SERIAL.lock().await;
+    let stack = Stack::failover();
+    let env = setup(stack).await;
+    (turn, stack, env)
+}
+
 /// Kills the three replicas and waits (at most [`SWITCH`] each) until collector `c` shows
 /// each down.
 async fn kill_every_replica(stack: &Stack, c: &Collector) {
@@ -162,9 +175,7 @@ impl Streaming {
     /// Takes the turn, repairs the stack ([`setup`]), starts a collector and the stream, and
     /// waits (at most [`SWITCH`]) for `acked` acknowledged beacons.
     async fn start(acked: usize) -> Streaming {
-        let _turn = SERIAL.lock().await;
-        let stack = Stack::failover();
-        let env = setup(stack).await;
+        let (_turn, stack, env) = take_turn().await;
         let c = env.collector(&[]).await;
         let urls = stack.clickhouse_urls();
         let traffic = Traffic::start(&c, &env.site, EVERY);
@@ -266,9 +277,7 @@ async fn all_replicas_down_for_thirty_seconds_loses_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_collector_killed_mid_stream_replays_its_spool() {
-    let _turn = SERIAL.lock().await;
-    let stack = Stack::failover();
-    let env = setup(stack).await;
+    let (_turn, _, env) = take_turn().await;
     // A slow flush keeps acknowledged but unwritten measurements in the spool when it dies.
     let mut c = env.collector(&[("COLLECTOR_BATCH_MAX_AGE", "3s")]).await;
     let traffic = Traffic::start(&c, &env.site, EVERY);
@@ -298,9 +307,7 @@ async fn a_collector_killed_mid_stream_replays_its_spool() {
 /// exactly once after the restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_collector_killed_with_groups_in_flight_at_its_maximum_rate_loses_nothing() {
-    let _turn = SERIAL.lock().await;
-    let stack = Stack::failover();
-    let env = setup(stack).await;
+    let (_turn, _, env) = take_turn().await;
     let mut c = env.collector(&[("COLLECTOR_BATCH_MAX_AGE", "3s")]).await;
     let flood = Traffic::flood(&c, &env.site, 64);
     flood.wait_acked(2000, SWITCH).await;
@@ -346,9 +353,7 @@ async fn a_collector_killed_with_groups_in_flight_at_its_maximum_rate_loses_noth
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_spool_answers_503_and_keeps_what_it_acknowledged() {
-    let _turn = SERIAL.lock().await;
-    let stack = Stack::failover();
-    let env = setup(stack).await;
+    let (_turn, stack, env) = take_turn().await;
     let c = env
         .collector(&[("COLLECTOR_SPOOL_MAX_BYTES", "1048576")])
         .await;
@@ -446,9 +451,7 @@ async fn a_lagging_replica_is_not_written_to_until_it_catches_up() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_torn_spool_tail_is_replayed_up_to_the_last_whole_record() {
-    let _turn = SERIAL.lock().await;
-    let stack = Stack::failover();
-    let env = setup(stack).await;
+    let (_turn, stack, env) = take_turn().await;
     // Nowhere to write: everything stays in the spool.
     let mut c = env
         .collector(&[("COLLECTOR_CLICKHOUSE_URLS", "http://127.0.0.1:1")])
@@ -492,9 +495,7 @@ async fn a_torn_spool_tail_is_replayed_up_to_the_last_whole_record() {
 /// never has to SIGKILL it; the next start delivers everything.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_with_every_replica_down_drains_and_exits_0() {
-    let _turn = SERIAL.lock().await;
-    let stack = Stack::failover();
-    let env = setup(stack).await;
+    let (_turn, stack, env) = take_turn().await;
     let mut c = env
         .collector(&[
             ("COLLECTOR_CLICKHOUSE_URLS", "http://127.0.0.1:1"),
@@ -535,9 +536,7 @@ async fn sigterm_with_every_replica_down_drains_and_exits_0() {
 /// took them), and replica 1, where the rows are read, shows each once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_with_every_replica_frozen_drains_and_exits_0() {
-    let _turn = SERIAL.lock().await;
-    let stack = Stack::failover();
-    let env = setup(stack).await;
+    let (_turn, stack, env) = take_turn().await;
     let mut proxies = Vec::new();
     for url in stack.clickhouse_urls() {
         proxies.push(common::freeze::Freezable::start(&url).await);
@@ -588,9 +587,7 @@ const REFUSING: Duration = Duration::from_secs(20);
 /// healthy once, never cycling through catching up while it refuses; one "down" line naming
 /// `cause` and one "back" line; nothing acknowledged lost.
 async fn a_replica_that_refuses_inserts(settings: &[&str], cause: &str) {
-    let _turn = SERIAL.lock().await;
-    let stack = Stack::failover();
-    let env = setup(stack).await;
+    let (_turn, stack, env) = take_turn().await;
     let c = env.collector(&[]).await;
     let urls = stack.clickhouse_urls();
     let r1 = urls[0].clone();
