@@ -939,15 +939,7 @@ async fn post_status(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn beacons_must_come_from_the_shops_pages() {
     let env = TestEnv::new(Stack::shared()).await;
-    env.cli(&[
-        "sites",
-        "add",
-        "--key",
-        "shop",
-        "--origin",
-        "https://shop.example",
-    ])
-    .success();
+    env.add_site("shop", &["--origin", "https://shop.example"]);
     let c = env.collector(&[("COLLECTOR_SITE_RATE", "20")]).await;
     let origin = [("origin", "https://shop.example".to_owned())];
     let url = format!("{}/api/v1/measurements", c.url);

@@ -110,8 +110,7 @@ async fn page_view_lands_once(flaky: bool) {
         page.path().display()
     );
     let proxy = Nginx::start_with(c.port, &shop, &http_extra).await;
-    env.cli(&["sites", "add", "--key", "shop-demo", "--origin", &proxy.url])
-        .success();
+    env.add_site("shop-demo", &["--origin", &proxy.url]);
 
     let browser = Browser::start(Engine::Chromium, &env.diag).await;
     let page_url = format!("{}/shop/", proxy.url);
@@ -259,15 +258,7 @@ async fn the_script_finds_its_tag_without_current_script() {
         "the demo page's tag was replaced"
     );
     let shop = Shop::start(&c, &[("index.html", html)], None).await;
-    env.cli(&[
-        "sites",
-        "add",
-        "--key",
-        "shop-loaded",
-        "--origin",
-        &shop.proxy.url,
-    ])
-    .success();
+    env.add_site("shop-loaded", &["--origin", &shop.proxy.url]);
     let browser = Browser::start(Engine::Chromium, &env.diag).await;
     let page_url = format!("{}/shop/", shop.proxy.url);
     visit(&browser, &page_url).await;
@@ -319,17 +310,7 @@ async fn sample_rate_is_decided_once_per_page_view_and_stored() {
         ),
     ];
     let shop = Shop::start(&c, &pages, Some("return 503;")).await;
-    env.cli(&[
-        "sites",
-        "add",
-        "--key",
-        site,
-        "--origin",
-        &shop.proxy.url,
-        "--sample-rate",
-        "0.5",
-    ])
-    .success();
+    env.add_site(site, &["--origin", &shop.proxy.url, "--sample-rate", "0.5"]);
     let browser = Browser::start(Engine::Chromium, &env.diag).await;
 
     // Not drawn: hidden, then left; nothing is sent.
@@ -367,8 +348,7 @@ async fn a_429_is_retried_once_after_retry_after() {
         Some("add_header Retry-After 2 always; return 429;"),
     )
     .await;
-    env.cli(&["sites", "add", "--key", site, "--origin", &shop.proxy.url])
-        .success();
+    env.add_site(site, &["--origin", &shop.proxy.url]);
     let browser = Browser::start(Engine::Chromium, &env.diag).await;
     load(&browser, &format!("{}/shop/", shop.proxy.url)).await;
     browser.eval(HIDE).await;
@@ -415,8 +395,7 @@ async fn synthetic_input_and_a_null_settings_answer_change_nothing() {
         pages.path().display()
     );
     let proxy = Nginx::start_with(c.port, &extra, "").await;
-    env.cli(&["sites", "add", "--key", site, "--origin", &proxy.url])
-        .success();
+    env.add_site(site, &["--origin", &proxy.url]);
     let browser = Browser::start(Engine::Chromium, &env.diag).await;
     let page_url = format!("{}/shop/", proxy.url);
     load(&browser, &page_url).await;
@@ -461,8 +440,7 @@ async fn route_changes_of_a_single_page_app_are_page_views() {
          document.getElementById('p3').addEventListener('click', go);</script></body></html>"
     );
     let shop = Shop::start(&c, &[("spa.html", html)], None).await;
-    env.cli(&["sites", "add", "--key", site, "--origin", &shop.proxy.url])
-        .success();
+    env.add_site(site, &["--origin", &shop.proxy.url]);
     let browser = Browser::start(Engine::Chromium, &env.diag).await;
     let start_url = format!("{}/shop/spa.html", shop.proxy.url);
     browser.client.goto(&start_url).await.unwrap();
@@ -574,8 +552,7 @@ async fn a_prerendered_page_is_one_page_view_from_its_activation() {
         ),
     )
     .await;
-    env.cli(&["sites", "add", "--key", site, "--origin", &shop.proxy.url])
-        .success();
+    env.add_site(site, &["--origin", &shop.proxy.url]);
     let was_prerendered = |name: &'static str| {
         let seen = seen.clone();
         async move {
@@ -743,19 +720,17 @@ async fn stored_row_in(env: &TestEnv<'_>, c: &Collector, engine: Engine, name: &
         "the demo page sets `variant`"
     );
     let shop = Shop::start(c, &[("p.html", html)], None).await;
-    env.cli(&[
-        "sites",
-        "add",
-        "--key",
+    env.add_site(
         site,
-        "--origin",
-        &shop.proxy.url,
-        "--dimension",
-        "variant",
-        "--page-group",
-        "product=/shop/*",
-    ])
-    .success();
+        &[
+            "--origin",
+            &shop.proxy.url,
+            "--dimension",
+            "variant",
+            "--page-group",
+            "product=/shop/*",
+        ],
+    );
     let browser = Browser::start(engine, &env.diag).await;
     load(&browser, &format!("{}/shop/p.html", shop.proxy.url)).await;
     browser.client.goto("about:blank").await.unwrap();

@@ -32,15 +32,7 @@ async fn post_via(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn script_and_intake_work_through_nginx_under_a_prefix() {
     let env = TestEnv::new(Stack::shared()).await;
-    env.cli(&[
-        "sites",
-        "add",
-        "--key",
-        "shop",
-        "--origin",
-        "https://shop.example",
-    ])
-    .success();
+    env.add_site("shop", &["--origin", "https://shop.example"]);
     let c = env
         .collector(&[("COLLECTOR_TRUSTED_PROXIES", "127.0.0.1/32")])
         .await;

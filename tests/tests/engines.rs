@@ -104,17 +104,7 @@ async fn every_page_view_once(engine: Engine) {
     let shop = Shop::start(&c, &pages(&site), None).await;
     // The scenario is in the query (`?s=`), which the site keeps (contract v4: only the
     // parameters a site keeps are stored).
-    env.cli(&[
-        "sites",
-        "add",
-        "--key",
-        &site,
-        "--origin",
-        &shop.proxy.url,
-        "--keep-query",
-        "s",
-    ])
-    .success();
+    env.add_site(&site, &["--origin", &shop.proxy.url, "--keep-query", "s"]);
     let base = format!("{}/shop", shop.proxy.url);
     let plain = |s: &str| format!("{base}/plain.html?s={s}");
     let a = |s: &str| format!("{base}/a.html?s={s}");
@@ -458,8 +448,7 @@ async fn a_failed_send_is_sent_once_more(engine: Engine) {
     let c = env.collector(&[]).await;
     let site = format!("retry-{engine:?}").to_lowercase();
     let shop = Shop::start(&c, &pages(&site), Some("return 503;")).await;
-    env.cli(&["sites", "add", "--key", &site, "--origin", &shop.proxy.url])
-        .success();
+    env.add_site(&site, &["--origin", &shop.proxy.url]);
     let b = Browser::start(engine, &env.diag).await;
     let url = format!("{}/shop/a.html?s=retry", shop.proxy.url);
     open(&b, &url).await;
@@ -545,8 +534,7 @@ async fn an_unreachable_collector_gets_at_most_3_requests(engine: Engine) {
         log.display()
     );
     let shop = Shop::start_with(&c, &pages, None, &extra).await;
-    env.cli(&["sites", "add", "--key", &site, "--origin", &shop.proxy.url])
-        .success();
+    env.add_site(&site, &["--origin", &shop.proxy.url]);
     let posts = || {
         std::fs::read_to_string(&log)
             .unwrap_or_else(|e| panic!("nginx's log {}: {e}", log.display()))
@@ -647,19 +635,17 @@ async fn server_timing_and_dimensions_are_sent(engine: Engine) {
     let c = env.collector(&[]).await;
     let site = format!("fields-{engine:?}").to_lowercase();
     let shop = Shop::start(&c, &pages(&site), Some("return 503;")).await;
-    env.cli(&[
-        "sites",
-        "add",
-        "--key",
+    env.add_site(
         &site,
-        "--origin",
-        &shop.proxy.url,
-        "--dimension",
-        "variant",
-        "--dimension",
-        "page_type",
-    ])
-    .success();
+        &[
+            "--origin",
+            &shop.proxy.url,
+            "--dimension",
+            "variant",
+            "--dimension",
+            "page_type",
+        ],
+    );
     let b = Browser::start(engine, &env.diag).await;
     open(&b, &format!("{}/shop/a.html?s=fields", shop.proxy.url)).await;
     b.eval(
@@ -762,17 +748,7 @@ async fn a_full_keepalive_budget_loses_no_page_view(engine: Engine) {
         ),
     )
     .await;
-    env.cli(&[
-        "sites",
-        "add",
-        "--key",
-        &site,
-        "--origin",
-        &shop.proxy.url,
-        "--keep-query",
-        "s",
-    ])
-    .success();
+    env.add_site(&site, &["--origin", &shop.proxy.url, "--keep-query", "s"]);
     let b = Browser::start(engine, &env.diag).await;
     let a = |s: &str| format!("{}/shop/a.html?s={s}", shop.proxy.url);
 

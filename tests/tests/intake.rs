@@ -228,17 +228,8 @@ async fn a_retried_id_is_stored_once_and_answered_as_duplicate() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_requests_get_their_status_and_store_nothing() {
     let env = TestEnv::new(Stack::shared()).await;
-    env.cli(&[
-        "sites",
-        "add",
-        "--key",
-        "strict",
-        "--origin",
-        "https://shop.example",
-    ])
-    .success();
-    env.cli(&["sites", "add", "--key", "off", "--disabled"])
-        .success();
+    env.add_site("strict", &["--origin", "https://shop.example"]);
+    env.add_site("off", &["--disabled"]);
     let c = env.collector(&[]).await;
     let mut bad_ids = Vec::new();
     let mut fresh = |site: &str| {
@@ -564,17 +555,15 @@ async fn script_and_operations_endpoints() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cli_manages_sites_and_rejects_bad_settings() {
     let env = TestEnv::new(Stack::shared()).await;
-    env.cli(&[
-        "sites",
-        "add",
-        "--key",
+    env.add_site(
         "shop.b",
-        "--origin",
-        "HTTPS://Shop.B.Example/",
-        "--sample-rate",
-        "0.5",
-    ])
-    .success();
+        &[
+            "--origin",
+            "HTTPS://Shop.B.Example/",
+            "--sample-rate",
+            "0.5",
+        ],
+    );
     let list = env.cli(&["sites", "list"]);
     assert!(
         list.stdout
@@ -1011,10 +1000,8 @@ async fn script_etags_and_codings_are_per_variant() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sample_rate_is_served_and_stored() {
     let env = TestEnv::new(Stack::shared()).await;
-    env.cli(&["sites", "add", "--key", "sampled", "--sample-rate", "0.25"])
-        .success();
-    env.cli(&["sites", "add", "--key", "off", "--disabled"])
-        .success();
+    env.add_site("sampled", &["--sample-rate", "0.25"]);
+    env.add_site("off", &["--disabled"]);
     let c = env.collector(&[]).await;
     let r = http()
         .get(format!("{}/api/v1/sites/sampled", c.url))

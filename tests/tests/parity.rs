@@ -157,17 +157,7 @@ async fn matches_web_vitals(engine: Engine) {
     std::fs::write(shop.pages().join("hero.bmp"), noisy_bmp()).unwrap();
     // Each page view is told apart by `?view=N`, a parameter the site keeps (contract v4: only
     // those are stored).
-    env.cli(&[
-        "sites",
-        "add",
-        "--key",
-        site,
-        "--origin",
-        &shop.proxy.url,
-        "--keep-query",
-        "view",
-    ])
-    .success();
+    env.add_site(site, &["--origin", &shop.proxy.url, "--keep-query", "view"]);
     let b = Browser::start(engine, &env.diag).await;
     let mut settled = "document.readyState === 'complete' && document.body.firstChild.textContent === 'Free shipping this week!' && window.__wv.FCP".to_owned();
     if cls {

@@ -43,15 +43,7 @@ fn reset_password(site: &str, id: &str) -> Value {
 }
 
 async fn reset_password_stored_minimised(env: TestEnv<'_>) {
-    env.cli(&[
-        "sites",
-        "add",
-        "--key",
-        "shop",
-        "--origin",
-        "https://shop.example",
-    ])
-    .success();
+    env.add_site("shop", &["--origin", "https://shop.example"]);
     let c = env.collector(&[]).await;
     let id = uuid::Uuid::new_v4().to_string();
     let (status, body) = c.post_json(&reset_password("shop", &id)).await;
@@ -139,8 +131,7 @@ fn files_under(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_canary_of_personal_data_is_in_no_file_row_log_or_metric() {
     let env = TestEnv::on_ch26(Stack::shared()).await;
-    env.cli(&["sites", "add", "--key", "refused", "--keep-query", "utm_*"])
-        .success();
+    env.add_site("refused", &["--keep-query", "utm_*"]);
     env.exec(
         0,
         &format!(

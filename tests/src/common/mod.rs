@@ -269,6 +269,15 @@ impl<'a> TestEnv<'a> {
         self.cli_with(&[], args)
     }
 
+    /// Registers the site `key` (`collector sites add --key KEY OPTIONS`, e.g. `options`
+    /// `["--origin", "https://shop.example"]`); panics with the command's output unless it
+    /// exits 0.
+    pub fn add_site(&self, key: &str, options: &[&str]) {
+        let mut args = vec!["sites", "add", "--key", key];
+        args.extend_from_slice(options);
+        self.cli(&args).success();
+    }
+
     /// Runs `collector ARGS` against this test's databases with some settings replaced.
     pub fn cli_with(&self, settings: &[(&str, &str)], args: &[&str]) -> CliOutput {
         let out = Command::new(collector_bin())
