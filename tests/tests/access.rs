@@ -637,11 +637,7 @@ async fn postgres_with_tls_under_each_sslmode() {
         status, 503,
         "a never-seen site while the store cannot be read: {body}"
     );
-    let ready = http()
-        .get(format!("{}/readyz", refused.admin_url))
-        .send()
-        .await
-        .unwrap();
+    let ready = http_get(format!("{}/readyz", refused.admin_url)).await;
     assert_eq!(ready.status(), 503);
     let reason = ready.text().await.unwrap();
     assert!(reason.contains("site settings not loaded"), "{reason}");

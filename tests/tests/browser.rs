@@ -208,11 +208,8 @@ async fn an_unknown_site_stores_nothing_and_breaks_nothing() {
     assert_eq!(c.post_json(&m).await.0, 202);
     env.wait_rows(&[marker], SETTLE).await;
     assert!(rows_for_site(&env, "no-such-site", 0).await.is_empty());
-    let text = http()
-        .get(format!("{}/metrics", c.admin_url))
-        .send()
+    let text = http_get(format!("{}/metrics", c.admin_url))
         .await
-        .unwrap()
         .text()
         .await
         .unwrap();

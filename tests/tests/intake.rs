@@ -416,11 +416,7 @@ async fn invalid_optional_fields_are_dropped_and_listed() {
 async fn script_and_operations_endpoints() {
     let env = TestEnv::new(Stack::shared()).await;
     let c = env.collector(&[]).await;
-    let r = http()
-        .get(format!("{}/script.js", c.url))
-        .send()
-        .await
-        .unwrap();
+    let r = http_get(format!("{}/script.js", c.url)).await;
     assert_eq!(r.status(), 200);
     assert_eq!(
         r.headers()["content-type"],
@@ -489,39 +485,15 @@ async fn script_and_operations_endpoints() {
         1
     );
 
+    assert_eq!(http_get(format!("{}/healthz", c.url)).await.status(), 200);
+    assert_eq!(http_get(format!("{}/readyz", c.url)).await.status(), 200);
     assert_eq!(
-        http()
-            .get(format!("{}/healthz", c.url))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        200
-    );
-    assert_eq!(
-        http()
-            .get(format!("{}/readyz", c.url))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        200
-    );
-    assert_eq!(
-        http()
-            .get(format!("{}/metrics", c.url))
-            .send()
-            .await
-            .unwrap()
-            .status(),
+        http_get(format!("{}/metrics", c.url)).await.status(),
         404,
         "the public listener keeps /metrics to the operations listener"
     );
-    let metrics = http()
-        .get(format!("{}/metrics", c.admin_url))
-        .send()
+    let metrics = http_get(format!("{}/metrics", c.admin_url))
         .await
-        .unwrap()
         .text()
         .await
         .unwrap();
@@ -1003,11 +975,7 @@ async fn the_sample_rate_is_served_and_stored() {
     env.add_site("sampled", &["--sample-rate", "0.25"]);
     env.add_site("off", &["--disabled"]);
     let c = env.collector(&[]).await;
-    let r = http()
-        .get(format!("{}/api/v1/sites/sampled", c.url))
-        .send()
-        .await
-        .unwrap();
+    let r = http_get(format!("{}/api/v1/sites/sampled", c.url)).await;
     assert_eq!(r.status(), 200);
     assert_eq!(r.headers()["access-control-allow-origin"], "*");
     // 5 s, not 60, while this collector has not measured the site yet (its first 10 s,
@@ -1017,11 +985,7 @@ async fn the_sample_rate_is_served_and_stored() {
         r.json::<Value>().await.unwrap(),
         json!({"site": "sampled", "sample_rate": 0.25})
     );
-    let r = http()
-        .get(format!("{}/api/v1/sites/off", c.url))
-        .send()
-        .await
-        .unwrap();
+    let r = http_get(format!("{}/api/v1/sites/off", c.url)).await;
     assert_eq!(r.status(), 404, "a disabled site");
 
     let (sampled, m) = measurement("sampled");

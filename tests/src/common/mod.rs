@@ -502,6 +502,12 @@ pub async fn clickhouse_exec(url: &str, sql: &str) -> Result<(), String> {
     }
 }
 
+/// GETs `url` with [`http`]; the response, whatever its status. Panics when there is no
+/// answer (within [`http`]'s 30 s timeout).
+pub async fn http_get(url: impl reqwest::IntoUrl) -> reqwest::Response {
+    http().get(url).send().await.unwrap()
+}
+
 /// A shared HTTP client for tests, without a connection pool: each test has its own tokio
 /// runtime, and a pooled connection's task dies with the runtime that opened it, so reusing
 /// it from another test fails ("runtime dropped the dispatch task").
