@@ -5,9 +5,8 @@ use collector_tests::common;
 
 use std::time::{Duration, Instant};
 
-use common::browser::{page_dir, shop_html, Browser, Engine, Shop, HIDE, SETTLE};
+use common::browser::{page_dir, shop_html, Browser, Engine, Shop, HIDE, SETTLE, SETTLED};
 use common::*;
-use fantoccini::Locator;
 use serde_json::{json, Value};
 
 fn shop_page(site: &str) -> tempfile::TempDir {
@@ -18,14 +17,14 @@ fn shop_page(site: &str) -> tempfile::TempDir {
 /// Returns the layout shift the page made, as the browser itself measured it.
 async fn visit(browser: &Browser, page_url: &str) -> f64 {
     let shift = view(browser, page_url).await;
-    browser.client.goto("about:blank").await.unwrap();
+    browser.goto("about:blank").await;
     shift
 }
 
 /// [`visit`] without leaving.
 async fn view(browser: &Browser, page_url: &str) -> f64 {
-    browser.client.goto(page_url).await.unwrap();
-    browser.wait_for("document.readyState === 'complete' && document.body.firstChild.textContent === 'Free shipping this week!'").await;
+    browser.goto(page_url).await;
+    browser.wait_for(SETTLED).await;
     // Let the layout shift be reported, then read it back from the browser.
     let shift = browser
         .client
@@ -40,14 +39,7 @@ async fn view(browser: &Browser, page_url: &str) -> f64 {
         .unwrap()
         .as_f64()
         .unwrap();
-    browser
-        .client
-        .find(Locator::Id("add"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    browser.click("add").await;
     browser
         .wait_for("document.getElementById('cart').textContent === 'Cart: 1 item'")
         .await;
@@ -120,7 +112,7 @@ async fn page_view_lands_once(flaky: bool) {
         let shift = view(&browser, &page_url).await;
         browser.eval(HIDE).await;
         rows_for_site(&env, "shop-demo", 1).await;
-        browser.client.goto("about:blank").await.unwrap();
+        browser.goto("about:blank").await;
         shift
     } else {
         visit(&browser, &page_url).await
@@ -229,10 +221,8 @@ async fn an_unknown_site_stores_nothing_and_breaks_nothing() {
 
 /// Loads `url`, waits for the page to settle, and checks that it has no errors.
 async fn load(browser: &Browser, url: &str) {
-    browser.client.goto(url).await.unwrap();
-    browser
-        .wait_for("document.readyState === 'complete' && document.body.firstChild.textContent === 'Free shipping this week!'")
-        .await;
+    browser.goto(url).await;
+    browser.wait_for(SETTLED).await;
     assert_eq!(browser.eval("return window.__errors;").await, json!([]));
 }
 
@@ -273,7 +263,7 @@ async fn the_script_finds_its_tag_without_current_script() {
         rows[0]
     );
     // The condition under test held: the code ran without a current script.
-    browser.client.goto(&page_url).await.unwrap();
+    browser.goto(&page_url).await;
     browser.wait_for("'__currentScript' in window").await;
     assert_eq!(
         browser.eval("return window.__currentScript;").await,
@@ -313,14 +303,14 @@ async fn sample_rate_is_decided_once_per_page_view_and_stored() {
     // Not drawn: hidden, then left; nothing is sent.
     load(&browser, &format!("{}/shop/out.html", shop.proxy.url)).await;
     browser.eval(HIDE).await;
-    browser.client.goto("about:blank").await.unwrap();
+    browser.goto("about:blank").await;
 
     // Drawn: hidden while alive, so that the first send's 503 is read and retried by timer.
     let page_url = format!("{}/shop/in.html", shop.proxy.url);
     load(&browser, &page_url).await;
     browser.eval(HIDE).await;
     let rows = rows_for_site(&env, site, 1).await;
-    browser.client.goto("about:blank").await.unwrap();
+    browser.goto("about:blank").await;
     assert_eq!(rows.len(), 1, "{rows:?}");
     assert_eq!(col(&rows[0], "url"), page_url.as_str());
     assert_eq!(col(&rows[0], "sample_rate"), 0.5);
@@ -350,7 +340,7 @@ async fn a_429_is_retried_once_after_retry_after() {
     load(&browser, &format!("{}/shop/", shop.proxy.url)).await;
     browser.eval(HIDE).await;
     let rows = rows_for_site(&env, site, 1).await;
-    browser.client.goto("about:blank").await.unwrap();
+    browser.goto("about:blank").await;
     assert_eq!(rows.len(), 1, "{rows:?}");
     let beacons = shop.beacons();
     let statuses: Vec<u16> = beacons.iter().map(|b| b.status).collect();
@@ -404,7 +394,7 @@ async fn synthetic_input_and_a_null_settings_answer_change_nothing() {
         json!([]),
         "the page has no errors"
     );
-    browser.client.goto("about:blank").await.unwrap();
+    browser.goto("about:blank").await;
     assert_eq!(rows.len(), 1, "{rows:?}");
     assert!(
         col(&rows[0], "lcp_ms").as_f64().is_some_and(|v| v > 0.0),
@@ -440,19 +430,12 @@ async fn route_changes_of_a_single_page_app_are_page_views() {
     env.add_site(site, &["--origin", &shop.proxy.url]);
     let browser = Browser::start(Engine::Chromium, &env.diag).await;
     let start_url = format!("{}/shop/spa.html", shop.proxy.url);
-    browser.client.goto(&start_url).await.unwrap();
+    browser.goto(&start_url).await;
     browser
         .wait_for("document.readyState === 'complete' && performance.getEntriesByType('paint').length > 0")
         .await;
     for (n, link) in [(1, "p2"), (2, "p3")] {
-        browser
-            .client
-            .find(Locator::Id(link))
-            .await
-            .unwrap()
-            .click()
-            .await
-            .unwrap();
+        browser.click(link).await;
         browser
             .wait_for(&format!(
                 "performance.getEntriesByType('soft-navigation').length === {n}"
@@ -460,7 +443,7 @@ async fn route_changes_of_a_single_page_app_are_page_views() {
             .await;
     }
     assert_eq!(browser.eval("return window.__errors;").await, json!([]));
-    browser.client.goto("about:blank").await.unwrap();
+    browser.goto("about:blank").await;
     let rows = rows_for_site(&env, site, 3).await;
     browser.quit().await;
     assert_eq!(rows.len(), 3, "{rows:?}");
@@ -562,11 +545,7 @@ async fn a_prerendered_page_is_one_page_view_from_its_activation() {
     let browser = Browser::start(Engine::Chromium, &env.diag).await;
     let base = format!("{}/shop", shop.proxy.url);
 
-    browser
-        .client
-        .goto(&format!("{base}/start.html"))
-        .await
-        .unwrap();
+    browser.goto(&format!("{base}/start.html")).await;
     let shown = Instant::now();
     wait_until(
         &env.diag,
@@ -578,14 +557,7 @@ async fn a_prerendered_page_is_one_page_view_from_its_activation() {
     .await;
     tokio::time::sleep(Duration::from_secs(4).saturating_sub(shown.elapsed())).await;
     let clicked_ms = now_ms();
-    browser
-        .client
-        .find(Locator::Id("go"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    browser.click("go").await;
     browser
         .wait_for("location.pathname.endsWith('/next.html') && performance.getEntriesByType('navigation')[0].activationStart > 0 && document.readyState === 'complete'")
         .await;
@@ -616,18 +588,10 @@ async fn a_prerendered_page_is_one_page_view_from_its_activation() {
         activation >= 3500.0,
         "activated 4 s after the prerender: {page}"
     );
-    browser
-        .client
-        .goto(&format!("{base}/plain.html"))
-        .await
-        .unwrap();
+    browser.goto(&format!("{base}/plain.html")).await;
 
     // Prerendered, never activated: the visitor goes elsewhere.
-    browser
-        .client
-        .goto(&format!("{base}/start2.html"))
-        .await
-        .unwrap();
+    browser.goto(&format!("{base}/start2.html")).await;
     wait_until(
         &env.diag,
         "never.html to be prerendered",
@@ -637,11 +601,7 @@ async fn a_prerendered_page_is_one_page_view_from_its_activation() {
     )
     .await;
     tokio::time::sleep(Duration::from_secs(1)).await;
-    browser
-        .client
-        .goto(&format!("{base}/plain.html"))
-        .await
-        .unwrap();
+    browser.goto(&format!("{base}/plain.html")).await;
     rows_for_site(&env, site, 1).await;
     // Time for a beacon of the discarded prerender, had it sent one.
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -730,7 +690,7 @@ async fn stored_row_in(env: &TestEnv<'_>, c: &Collector, engine: Engine, name: &
     );
     let browser = Browser::start(engine, &env.diag).await;
     load(&browser, &format!("{}/shop/p.html", shop.proxy.url)).await;
-    browser.client.goto("about:blank").await.unwrap();
+    browser.goto("about:blank").await;
     rows_for_site(env, site, 1).await;
     browser.quit().await;
     let rows = env

@@ -13,9 +13,8 @@ use collector_tests::common;
 
 use std::time::{Duration, Instant};
 
-use common::browser::{shop_html, Browser, Engine, Shop, HIDE, SETTLE};
+use common::browser::{shop_html, Browser, Engine, Shop, HIDE, SETTLE, SETTLED};
 use common::*;
-use fantoccini::Locator;
 use serde_json::Value;
 
 /// Page views compared per engine.
@@ -159,7 +158,7 @@ async fn matches_web_vitals(engine: Engine) {
     // those are stored).
     env.add_site(site, &["--origin", &shop.proxy.url, "--keep-query", "view"]);
     let b = Browser::start(engine, &env.diag).await;
-    let mut settled = "document.readyState === 'complete' && document.body.firstChild.textContent === 'Free shipping this week!' && window.__wv.FCP".to_owned();
+    let mut settled = format!("{SETTLED} && window.__wv.FCP");
     if cls {
         settled.push_str(" && window.__wv.CLS && window.__wv.CLS.value > 0");
     }
@@ -169,15 +168,9 @@ async fn matches_web_vitals(engine: Engine) {
     let mut table: Vec<Line> = Vec::new();
     for n in 1..=PAGE_VIEWS {
         let url = format!("{}/shop/?view={n}", shop.proxy.url);
-        b.client.goto(&url).await.unwrap();
+        b.goto(&url).await;
         b.wait_for(&settled).await;
-        b.client
-            .find(Locator::Id("add"))
-            .await
-            .unwrap()
-            .click()
-            .await
-            .unwrap();
+        b.click("add").await;
         if inp {
             b.wait_for("window.__events > 0 && window.__wv.INP").await;
         }
