@@ -69,15 +69,7 @@ async fn reset_password_stored_minimised(env: TestEnv<'_>) {
     assert_eq!(col(&rows[0], "referrer"), "https://search.example");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_reset_password_beacon_is_stored_minimised_on_18_16() {
-    reset_password_stored_minimised(TestEnv::new(Stack::shared()).await).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_reset_password_beacon_is_stored_minimised_on_26() {
-    reset_password_stored_minimised(TestEnv::on_ch26(Stack::shared()).await).await;
-}
+collector_tests::on_both_servers!(reset_password_stored_minimised: a_reset_password_beacon_is_stored_minimised_on_18_16, a_reset_password_beacon_is_stored_minimised_on_26);
 
 /// The canary's strings: an e-mail address, a token, and a client address.
 const EMAIL_LOCAL: &str = "canary7f3a9qx";
@@ -378,15 +370,7 @@ async fn retention_applies(env: TestEnv<'_>) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn retention_drops_what_is_older_on_18_16() {
-    retention_applies(TestEnv::new(Stack::shared()).await).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn retention_drops_what_is_older_on_26() {
-    retention_applies(TestEnv::on_ch26(Stack::shared()).await).await;
-}
+collector_tests::on_both_servers!(retention_applies: retention_drops_what_is_older_on_18_16, retention_drops_what_is_older_on_26);
 
 /// Posts `n` beacons of `site` and returns their ids.
 async fn send(c: &Collector, site: &str, n: usize) -> Vec<String> {

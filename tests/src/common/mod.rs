@@ -25,6 +25,30 @@ use serde_json::Value;
 
 pub use diag::{wait_until, Diag};
 
+/// Two tests of `async fn BODY(env: TestEnv)` on the shared stack: `ON_18` with a
+/// [`TestEnv::new`] (the 18.16 replicas) and `ON_26` with a [`TestEnv::on_ch26`] (the 26.x
+/// server); or, written `BODY: ON_18 => empty, ON_26 => empty_on_ch26`, with the `TestEnv`
+/// constructors named. Written where `BODY` is, beside it; the tests keep the names given.
+#[macro_export]
+macro_rules! on_both_servers {
+    ($body:ident: $on_18:ident, $on_26:ident) => {
+        $crate::on_both_servers!($body: $on_18 => new, $on_26 => on_ch26);
+    };
+    ($body:ident: $on_18:ident => $new_18:ident, $on_26:ident => $new_26:ident) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $on_18() {
+            let stack = $crate::common::Stack::shared();
+            $body($crate::common::TestEnv::$new_18(stack).await).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $on_26() {
+            let stack = $crate::common::Stack::shared();
+            $body($crate::common::TestEnv::$new_26(stack).await).await;
+        }
+    };
+}
+
 /// The workspace root.
 pub fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
