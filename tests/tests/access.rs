@@ -159,6 +159,39 @@ fn ch_auth<'a>(password_file: &'a str, ca: &'a str) -> Vec<(&'a str, &'a str)> {
     ]
 }
 
+/// `settings` and `RUST_LOG` `debug`.
+fn with_debug_logs<'a>(mut settings: Vec<(&'a str, &'a str)>) -> Vec<(&'a str, &'a str)> {
+    settings.push(("RUST_LOG", "debug"));
+    settings
+}
+
+/// Waits (at most [`VISIBLE`], polling every 200 ms) until the 18.16 TLS server `ch` holds `n`
+/// of `ids` in `db` ([`count_ids`] through `reader`); gives up through the test's report
+/// naming `what` and the last count.
+async fn wait_counted(
+    env: &TestEnv<'_>,
+    what: &str,
+    reader: &reqwest::Client,
+    ch: &Ch18Tls,
+    db: &str,
+    ids: &[String],
+    n: i64,
+) {
+    wait_until(
+        &env.diag,
+        what,
+        VISIBLE,
+        Duration::from_millis(200),
+        || async {
+            match count_ids(reader, &ch.https_url, CH18_PASSWORD, db, ids).await {
+                Ok(got) if got == n => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
+}
+
 /// A collector refused by its only ClickHouse server (`url`) keeps what it acknowledged in its
 /// spool: `ids` answered 202, the replica shown down (0), a warning with `words`, the spool
 /// holding them and `stored` (the test's own count on the server) finding none of them.
@@ -275,14 +308,7 @@ async fn clickhouse_18_16_password_only_over_verified_https() {
     assert_secrets_hidden(&c, &[CH18_PASSWORD]).await;
 
     // Another CA: the server's certificate is not trusted.
-    let mut bad_ca = env
-        .collector(&[
-            ("COLLECTOR_CLICKHOUSE_USER", "collector"),
-            ("COLLECTOR_CLICKHOUSE_PASSWORD_FILE", pw),
-            ("COLLECTOR_CLICKHOUSE_CA_FILE", other_ca),
-            ("RUST_LOG", "debug"),
-        ])
-        .await;
+    let mut bad_ca = env.collector(&with_debug_logs(ch_auth(pw, other_ca))).await;
     let held = send(&bad_ca, "site-1", 3).await;
     let line = assert_refused_and_spooled(
         &bad_ca,
@@ -296,14 +322,7 @@ async fn clickhouse_18_16_password_only_over_verified_https() {
     assert_secrets_hidden(&bad_ca, &[CH18_PASSWORD]).await;
 
     // A wrong password.
-    let bad_pw = env
-        .collector(&[
-            ("COLLECTOR_CLICKHOUSE_USER", "collector"),
-            ("COLLECTOR_CLICKHOUSE_PASSWORD_FILE", wrong),
-            ("COLLECTOR_CLICKHOUSE_CA_FILE", ca),
-            ("RUST_LOG", "debug"),
-        ])
-        .await;
+    let bad_pw = env.collector(&with_debug_logs(ch_auth(wrong, ca))).await;
     let refused = send(&bad_pw, "site-1", 3).await;
     let line = assert_refused_and_spooled(
         &bad_pw,
@@ -343,17 +362,14 @@ async fn clickhouse_18_16_password_only_over_verified_https() {
     // The right CA: what the first refused collector held is stored.
     bad_ca.set_env("COLLECTOR_CLICKHOUSE_CA_FILE", ca);
     bad_ca.restart().await;
-    wait_until(
-        &env.diag,
+    wait_counted(
+        &env,
         "the 3 held beacons stored once the CA is right",
-        VISIBLE,
-        Duration::from_millis(200),
-        || async {
-            match count_ids(&reader, &ch.https_url, CH18_PASSWORD, &db, &held).await {
-                Ok(3) => Ok(()),
-                other => Err(format!("{other:?}")),
-            }
-        },
+        &reader,
+        &ch,
+        &db,
+        &held,
+        3,
     )
     .await;
     bad_ca
@@ -763,19 +779,7 @@ async fn secrets_never_show() {
     let ids = send(&c, "site-1", 3).await;
     let reader = pki.client();
     let db = env.db.clone();
-    wait_until(
-        &env.diag,
-        "3 rows over https",
-        VISIBLE,
-        Duration::from_millis(200),
-        || async {
-            match count_ids(&reader, &ch.https_url, CH18_PASSWORD, &db, &ids).await {
-                Ok(3) => Ok(()),
-                other => Err(format!("{other:?}")),
-            }
-        },
-    )
-    .await;
+    wait_counted(&env, "3 rows over https", &reader, &ch, &db, &ids, 3).await;
     assert_secrets_hidden(&c, &secrets).await;
 
     // Refused for a wrong ClickHouse password: the error is logged, the password is not.

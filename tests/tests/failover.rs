@@ -21,11 +21,7 @@ const SWITCH: Duration = Duration::from_secs(30);
 
 /// Waits until `collector_clickhouse_{metric}{replica=url}` shows `value`.
 async fn wait_replica(c: &Collector, metric: &str, url: &str, value: u8) {
-    c.wait_metric(
-        &format!("collector_clickhouse_{metric}{{replica=\"{url}\"}} {value}"),
-        SWITCH,
-    )
-    .await;
+    c.wait_replica(metric, url, value, SWITCH).await;
 }
 
 fn assert_only_202(report: &TrafficReport) {

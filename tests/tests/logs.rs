@@ -93,11 +93,8 @@ async fn a_replica_down_for_a_minute_logs_a_bounded_number_of_lines() {
     let urls = stack.clickhouse_urls();
     let (r1, r2) = (urls[0].clone(), urls[1].clone());
     for r in [&r1, &r2] {
-        c.wait_metric(
-            &format!("collector_clickhouse_replica_state{{replica=\"{r}\"}} 2"),
-            Duration::from_secs(30),
-        )
-        .await;
+        c.wait_replica("replica_state", r, 2, Duration::from_secs(30))
+            .await;
     }
     let traffic = Traffic::start(&c, &env.site, Duration::from_millis(50));
     traffic.wait_acked(20, Duration::from_secs(30)).await;
@@ -105,16 +102,10 @@ async fn a_replica_down_for_a_minute_logs_a_bounded_number_of_lines() {
 
     stack.replica(1).kill().unwrap();
     let killed = Instant::now();
-    c.wait_metric(
-        &format!("collector_clickhouse_replica_state{{replica=\"{r1}\"}} 0"),
-        Duration::from_secs(30),
-    )
-    .await;
-    c.wait_metric(
-        &format!("collector_clickhouse_active_replica{{replica=\"{r2}\"}} 1"),
-        Duration::from_secs(30),
-    )
-    .await;
+    c.wait_replica("replica_state", &r1, 0, Duration::from_secs(30))
+        .await;
+    c.wait_replica("active_replica", &r2, 1, Duration::from_secs(30))
+        .await;
     let marked_down = killed.elapsed();
     // Beacons keep flowing to the other replica during the whole outage.
     while killed.elapsed() < OUTAGE {
@@ -123,16 +114,10 @@ async fn a_replica_down_for_a_minute_logs_a_bounded_number_of_lines() {
     }
     stack.replica(1).start().unwrap();
     let started = Instant::now();
-    c.wait_metric(
-        &format!("collector_clickhouse_replica_state{{replica=\"{r1}\"}} 2"),
-        Duration::from_secs(90),
-    )
-    .await;
-    c.wait_metric(
-        &format!("collector_clickhouse_active_replica{{replica=\"{r1}\"}} 1"),
-        Duration::from_secs(30),
-    )
-    .await;
+    c.wait_replica("replica_state", &r1, 2, Duration::from_secs(90))
+        .await;
+    c.wait_replica("active_replica", &r1, 1, Duration::from_secs(30))
+        .await;
     let back = started.elapsed();
     traffic.wait_acked(20, Duration::from_secs(30)).await;
     let report = traffic.stop().await;

@@ -1117,6 +1117,17 @@ impl TestEnv<'_> {
 }
 
 impl Collector {
+    /// Waits until `/metrics` shows the gauge `collector_clickhouse_{metric}` of the replica
+    /// `url` at `value` (`replica_state`: 0 down, 1 catching up, 2 healthy; `active_replica`:
+    /// 1 written to), or panics after `limit` ([`Collector::wait_metric`]).
+    pub async fn wait_replica(&self, metric: &str, url: &str, value: u8, limit: Duration) {
+        self.wait_metric(
+            &format!("collector_clickhouse_{metric}{{replica=\"{url}\"}} {value}"),
+            limit,
+        )
+        .await;
+    }
+
     /// Waits until `/metrics` shows `line` (exact name with labels and value) or panics after
     /// `limit`.
     pub async fn wait_metric(&self, line: &str, limit: Duration) {
