@@ -408,9 +408,7 @@ async fn clickhouse_26_with_the_shipped_users() {
     ];
     env.cli_with(&auth, &["migrate"]).success();
     env.cli(&["sites", "add", "--key", "site-1"]).success();
-    let c = env
-        .collector(&[auth[0], auth[1], ("RUST_LOG", "debug")])
-        .await;
+    let c = env.collector(&with_debug_logs(auth.to_vec())).await;
     let ids = send(&c, "site-1", 5).await;
     let started = Instant::now();
     let rows = env.wait_rows(&ids, VISIBLE).await;
@@ -542,6 +540,15 @@ fn pg_url(pg: &OwnPg, db: &str, query: &str) -> String {
     format!("postgres://postgres@127.0.0.1:{}/{db}?{query}", pg.port)
 }
 
+/// The settings store's settings: `COLLECTOR_DATABASE_URL` `url`, the password from the file
+/// `password_file`.
+fn store_settings<'a>(url: &'a str, password_file: &'a str) -> [(&'a str, &'a str); 2] {
+    [
+        ("COLLECTOR_DATABASE_URL", url),
+        ("COLLECTOR_DATABASE_PASSWORD_FILE", password_file),
+    ]
+}
+
 /// The lines of a PostgreSQL log that say a connection to `db` was let in.
 fn authorized(log: &str, db: &str) -> usize {
     log.lines()
@@ -581,10 +588,7 @@ async fn postgres_with_tls_under_each_sslmode() {
         "access",
         &format!("sslmode=verify-full&sslrootcert={ca}"),
     );
-    let store = [
-        ("COLLECTOR_DATABASE_URL", verify_full.as_str()),
-        ("COLLECTOR_DATABASE_PASSWORD_FILE", pw),
-    ];
+    let store = store_settings(&verify_full, pw);
     env.cli_with(&store, &["migrate"]).success();
     env.cli_with(&store, &["sites", "add", "--key", "tls-site"])
         .success();
@@ -603,9 +607,7 @@ async fn postgres_with_tls_under_each_sslmode() {
         listed.stdout
     );
 
-    let c = env
-        .collector(&[store[0], store[1], ("RUST_LOG", "debug")])
-        .await;
+    let c = env.collector(&with_debug_logs(store.to_vec())).await;
     let ids = send(&c, "tls-site", 3).await;
     env.wait_rows(&ids, VISIBLE).await;
     assert_eq!(c.metric("collector_settings_store_up").await, 1.0);
@@ -631,10 +633,7 @@ async fn postgres_with_tls_under_each_sslmode() {
         "access",
         &format!("sslmode=verify-full&sslrootcert={other_ca}"),
     );
-    let untrusted = [
-        ("COLLECTOR_DATABASE_URL", wrong_ca.as_str()),
-        ("COLLECTOR_DATABASE_PASSWORD_FILE", pw),
-    ];
+    let untrusted = store_settings(&wrong_ca, pw);
     let out = env.cli_with(&untrusted, &["sites", "list"]);
     assert_ne!(out.code, 0, "another CA: {}{}", out.stdout, out.stderr);
     assert!(
@@ -644,9 +643,7 @@ async fn postgres_with_tls_under_each_sslmode() {
     );
     assert!(!out.stderr.contains(PG_PASSWORD), "{}", out.stderr);
     println!("PostgreSQL, another CA: {}", out.stderr.trim());
-    let refused = env
-        .collector(&[untrusted[0], untrusted[1], ("RUST_LOG", "debug")])
-        .await;
+    let refused = env.collector(&with_debug_logs(untrusted.to_vec())).await;
     let (id, m) = beacon_on("tls-site", "https://shop.example/");
     let (status, body) = refused.post_json(&m).await;
     assert_eq!(
@@ -665,10 +662,7 @@ async fn postgres_with_tls_under_each_sslmode() {
 
     // sslmode=require against a server without TLS: fails, never goes on in plain.
     let disable = pg_url(&plain_pg, "access", "sslmode=disable");
-    let plain_store = [
-        ("COLLECTOR_DATABASE_URL", disable.as_str()),
-        ("COLLECTOR_DATABASE_PASSWORD_FILE", pw),
-    ];
+    let plain_store = store_settings(&disable, pw);
     env.cli_with(&plain_store, &["migrate"]).success();
     env.cli_with(&plain_store, &["sites", "add", "--key", "plain-site"])
         .success();
@@ -679,13 +673,7 @@ async fn postgres_with_tls_under_each_sslmode() {
         plain_pg.log()
     );
     let require = pg_url(&plain_pg, "access", "sslmode=require");
-    let out = env.cli_with(
-        &[
-            ("COLLECTOR_DATABASE_URL", require.as_str()),
-            ("COLLECTOR_DATABASE_PASSWORD_FILE", pw),
-        ],
-        &["sites", "list"],
-    );
+    let out = env.cli_with(&store_settings(&require, pw), &["sites", "list"]);
     assert_ne!(
         out.code, 0,
         "sslmode=require to a server without TLS must fail: {}{}",
@@ -702,12 +690,7 @@ async fn postgres_with_tls_under_each_sslmode() {
         "PostgreSQL, require to a plain server: {}",
         out.stderr.trim()
     );
-    let required = env
-        .collector(&[
-            ("COLLECTOR_DATABASE_URL", require.as_str()),
-            ("COLLECTOR_DATABASE_PASSWORD_FILE", pw),
-        ])
-        .await;
+    let required = env.collector(&store_settings(&require, pw)).await;
     let (_, m) = beacon_on("plain-site", "https://shop.example/");
     let (status, body) = required.post_json(&m).await;
     assert_eq!(status, 503, "{body}");
