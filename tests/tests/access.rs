@@ -1166,6 +1166,16 @@ async fn one_clients_budget(
     refused
 }
 
+/// The settings of a collector behind a proxy on 127.0.0.1 that it trusts, reading the client
+/// address from `header`, [`CLIENT_RATE`] beacons a second per client.
+fn behind_a_trusted_proxy(header: &str) -> [(&str, &str); 3] {
+    [
+        ("COLLECTOR_TRUSTED_PROXIES", "127.0.0.1/32"),
+        ("COLLECTOR_CLIENT_IP_HEADER", header),
+        ("COLLECTOR_CLIENT_RATE", CLIENT_RATE),
+    ]
+}
+
 /// Issue 37, 7: the client address cannot be chosen by the client. A collector behind a trusted
 /// proxy (`COLLECTOR_TRUSTED_PROXIES` 127.0.0.1, `COLLECTOR_CLIENT_IP_HEADER` X-Forwarded-For,
 /// `COLLECTOR_CLIENT_RATE` 2/s, bursts of 4): a client that sends 60 beacons, each claiming
@@ -1177,22 +1187,12 @@ async fn one_clients_budget(
 async fn a_client_cannot_choose_its_address_behind_a_trusted_proxy() {
     let env = TestEnv::new(Stack::shared()).await;
     let c = env
-        .collector(&[
-            ("COLLECTOR_TRUSTED_PROXIES", "127.0.0.1/32"),
-            ("COLLECTOR_CLIENT_IP_HEADER", "X-Forwarded-For"),
-            ("COLLECTOR_CLIENT_RATE", CLIENT_RATE),
-        ])
+        .collector(&behind_a_trusted_proxy("X-Forwarded-For"))
         .await;
     // A second collector that reads `Forwarded`, behind an nginx location that appends the
     // peer to the `Forwarded` the client sent (RFC 7239's way) and passes its
     // `X-Forwarded-For` through untouched.
-    let by_forwarded = env
-        .collector(&[
-            ("COLLECTOR_TRUSTED_PROXIES", "127.0.0.1/32"),
-            ("COLLECTOR_CLIENT_IP_HEADER", "Forwarded"),
-            ("COLLECTOR_CLIENT_RATE", CLIENT_RATE),
-        ])
-        .await;
+    let by_forwarded = env.collector(&behind_a_trusted_proxy("Forwarded")).await;
     let fwd = format!(
         "location /fwd/ {{\n  proxy_pass http://127.0.0.1:{}/;\n  \
          proxy_set_header Forwarded \"$http_forwarded, for=$remote_addr\";\n}}",
