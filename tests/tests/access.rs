@@ -119,14 +119,7 @@ async fn assert_secrets_hidden(c: &Collector, secrets: &[&str]) {
         log.contains(" DEBUG "),
         "the collector runs at debug level (RUST_LOG=debug), so its most talkative log is searched"
     );
-    let metrics = http()
-        .get(format!("{}/metrics", c.admin_url))
-        .send()
-        .await
-        .expect("GET /metrics")
-        .text()
-        .await
-        .unwrap();
+    let metrics = c.metrics_text().await;
     let pid = c.pid();
     let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
     let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
@@ -157,6 +150,12 @@ fn ch_auth<'a>(password_file: &'a str, ca: &'a str) -> Vec<(&'a str, &'a str)> {
         ("COLLECTOR_CLICKHOUSE_PASSWORD_FILE", password_file),
         ("COLLECTOR_CLICKHOUSE_CA_FILE", ca),
     ]
+}
+
+/// Two certificate authorities in `dir`: the servers' (`ca`) and another (`other`), whose
+/// certificates the collector must refuse.
+fn two_cas(dir: &std::path::Path) -> (Pki, Pki) {
+    (Pki::new(dir, "ca"), Pki::new(dir, "other"))
 }
 
 /// `settings` and `RUST_LOG` `debug`.
@@ -227,8 +226,7 @@ async fn assert_refused_and_spooled(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clickhouse_18_16_password_only_over_verified_https() {
     let tmp = tempfile::tempdir().unwrap();
-    let pki = Pki::new(tmp.path(), "ca");
-    let other = Pki::new(tmp.path(), "other");
+    let (pki, other) = two_cas(tmp.path());
     let (pw, hex) = password_file(tmp.path(), "ch.pw", CH18_PASSWORD);
     let (wrong, _) = password_file(tmp.path(), "wrong.pw", WRONG_PASSWORD);
     let (pw, wrong) = (pw.to_str().unwrap(), wrong.to_str().unwrap());
@@ -567,8 +565,7 @@ fn authorized(log: &str, db: &str) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_with_tls_under_each_sslmode() {
     let tmp = tempfile::tempdir().unwrap();
-    let pki = Pki::new(tmp.path(), "ca");
-    let other = Pki::new(tmp.path(), "other");
+    let (pki, other) = two_cas(tmp.path());
     let (pw, _) = password_file(tmp.path(), "pg.pw", PG_PASSWORD);
     let pw = pw.to_str().unwrap();
     let (ca, other_ca) = (pki.ca.display(), other.ca.display());

@@ -767,7 +767,8 @@ impl Collector {
         metric_value(&self.metrics_text().await, name)
     }
 
-    async fn metrics_text(&self) -> String {
+    /// The text of `/metrics` on the admin listener; panics when it does not answer.
+    pub async fn metrics_text(&self) -> String {
         http()
             .get(format!("{}/metrics", self.admin_url))
             .send()
