@@ -57,22 +57,17 @@ async fn rows_for_site(env: &TestEnv<'_>, site: &str, want: usize) -> Vec<Value>
         "SELECT {ROW_COLUMNS} FROM {}.measurements FINAL WHERE site = '{site}'",
         env.db
     );
-    let start = Instant::now();
-    loop {
+    poll_until(&env.diag, SETTLE, Duration::from_millis(200), || async {
         let rows = env.query(0, &sql).await;
         if rows.len() >= want {
-            return rows;
+            return Ok(rows);
         }
-        if start.elapsed() >= SETTLE {
-            env.diag
-                .give_up(format!(
-                    "{} of {want} rows of {site} after {SETTLE:?}",
-                    rows.len()
-                ))
-                .await;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+        Err(format!(
+            "{} of {want} rows of {site} after {SETTLE:?}",
+            rows.len()
+        ))
+    })
+    .await
 }
 
 async fn page_view_lands_once(flaky: bool) {

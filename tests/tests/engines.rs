@@ -12,7 +12,7 @@
 use collector_tests::common;
 
 use std::collections::{BTreeMap, HashMap};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::browser::{shop_html, Browser, Engine, Shop, HIDE, SETTLE, SETTLED};
 use common::*;
@@ -461,22 +461,17 @@ async fn a_failed_send_is_sent_once_more(engine: Engine) {
         "SELECT toString(id) AS id FROM {}.measurements FINAL WHERE site = '{site}'",
         env.db
     );
-    let start = Instant::now();
-    let rows = loop {
+    let rows = poll_until(&env.diag, SETTLE, Duration::from_millis(100), || async {
         let rows = env.query(0, &sql).await;
         if !rows.is_empty() {
-            break rows;
+            return Ok(rows);
         }
-        if start.elapsed() >= SETTLE {
-            env.diag
-                .give_up(format!(
-                    "{engine:?}: no row after {SETTLE:?}; beacons: {:?}",
-                    shop.beacons()
-                ))
-                .await;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+        Err(format!(
+            "{engine:?}: no row after {SETTLE:?}; beacons: {:?}",
+            shop.beacons()
+        ))
+    })
+    .await;
     if let Some(page) = page {
         close_tab(&b, page).await;
     }

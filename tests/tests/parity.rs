@@ -11,7 +11,7 @@
 
 use collector_tests::common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::browser::{shop_html, Browser, Engine, Shop, HIDE, SETTLE, SETTLED};
 use common::*;
@@ -179,17 +179,13 @@ async fn matches_web_vitals(engine: Engine) {
             "SELECT * FROM {}.measurements FINAL WHERE site = '{site}' AND url = '{url}'",
             env.db
         );
-        let start = Instant::now();
-        let row = loop {
+        let row = poll_until(&env.diag, SETTLE, Duration::from_millis(100), || async {
             let rows = env.query(0, &sql).await;
-            if let Some(r) = rows.into_iter().next() {
-                break r;
-            }
-            if start.elapsed() >= SETTLE {
-                env.diag.give_up(format!("page view {n}: no row")).await;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        };
+            rows.into_iter()
+                .next()
+                .ok_or_else(|| format!("page view {n}: no row"))
+        })
+        .await;
         let wv = b.eval("return window.__wv;").await;
         assert_eq!(
             b.eval("return window.__errors;").await,

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-pub use diag::{wait_until, Diag};
+pub use diag::{poll_until, wait_until, Diag};
 
 /// Two tests of `async fn BODY(env: TestEnv)` on the shared stack: `ON_18` with a
 /// [`TestEnv::new`] (the 18.16 replicas) and `ON_26` with a [`TestEnv::on_ch26`] (the 26.x
