@@ -155,11 +155,10 @@ async fn restart_on_the_replicas(c: &mut Collector, stack: &Stack) {
     c.restart().await;
 }
 
-/// A failover test under way: its turn on the stack, the repaired stack, a collector with
-/// default settings and the steady stream ([`EVERY`]) to it. Fields drop in the order a
-/// test's locals did: the stream, the collector, the databases, then the turn.
+/// A failover test under way: its turn on the stack, the repaired stack and a collector with
+/// default settings (the steady stream to it apart, see [`Streaming::start`]). Fields drop
+/// in the order a test's locals did: the collector, the databases, then the turn.
 struct Streaming {
-    traffic: Traffic,
     urls: Vec<String>,
     c: Collector,
     env: TestEnv<'static>,
@@ -168,22 +167,23 @@ struct Streaming {
 }
 
 impl Streaming {
-    /// Takes the turn, repairs the stack ([`setup`]), starts a collector and the stream, and
-    /// waits (at most [`SWITCH`]) for `acked` acknowledged beacons.
-    async fn start(acked: usize) -> Streaming {
+    /// Takes the turn, repairs the stack ([`setup`]), starts a collector and the steady stream
+    /// ([`EVERY`]) to it, and waits (at most [`SWITCH`]) for `acked` acknowledged beacons; the
+    /// test and its stream.
+    async fn start(acked: usize) -> (Streaming, Traffic) {
         let (_turn, stack, env) = take_turn().await;
         let c = env.collector(&[]).await;
         let urls = stack.clickhouse_urls();
         let traffic = Traffic::start(&c, &env.site, EVERY);
         traffic.wait_acked(acked, SWITCH).await;
-        Streaming {
-            traffic,
+        let test = Streaming {
             urls,
             c,
             env,
             stack,
             _turn,
-        }
+        };
+        (test, traffic)
     }
 
     /// Waits (at most [`SWITCH`]) until the collector writes to replica `i` (1-based) again.
@@ -191,68 +191,67 @@ impl Streaming {
         wait_replica(&self.c, "active_replica", &self.urls[i - 1], 1).await;
     }
 
-    /// Stops the stream, asserts every answer was 202, and waits (at most [`SETTLE`]) until
-    /// every acknowledged beacon is stored exactly once; returns the collector.
-    async fn stop_and_assert_stored(self) -> Collector {
-        let report = self.traffic.stop().await;
+    /// Stops the stream `traffic`, asserts every answer was 202, and waits (at most
+    /// [`SETTLE`]) until every acknowledged beacon is stored exactly once.
+    async fn stop_and_assert_stored(&self, traffic: Traffic) {
+        let report = traffic.stop().await;
         assert_only_202(&report);
         self.env.assert_stored_once(&report.acked, SETTLE).await;
-        self.c
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_and_restarting_the_preferred_replica_loses_nothing() {
-    let s = Streaming::start(50).await;
+    let (s, traffic) = Streaming::start(50).await;
     s.stack.replica(1).kill().unwrap();
     s.wait_active(2).await;
     wait_replica(&s.c, "replica_state", &s.urls[0], 0).await;
-    s.traffic.wait_acked(100, SWITCH).await;
+    traffic.wait_acked(100, SWITCH).await;
 
     s.stack.replica(1).start().unwrap();
     s.wait_active(1).await;
-    s.traffic.wait_acked(50, SWITCH).await;
-    let c = s.stop_and_assert_stored().await;
-    assert!(c.metric("collector_clickhouse_failovers_total").await >= 2.0);
+    traffic.wait_acked(50, SWITCH).await;
+    s.stop_and_assert_stored(traffic).await;
+    assert!(s.c.metric("collector_clickhouse_failovers_total").await >= 2.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn freezing_and_thawing_the_preferred_replica_loses_nothing() {
-    let s = Streaming::start(50).await;
+    let (s, traffic) = Streaming::start(50).await;
     s.stack.replica(1).freeze().unwrap();
     s.wait_active(2).await;
-    s.traffic.wait_acked(100, SWITCH).await;
+    traffic.wait_acked(100, SWITCH).await;
     s.stack.replica(1).thaw().unwrap();
     s.wait_active(1).await;
-    s.traffic.wait_acked(50, SWITCH).await;
-    s.stop_and_assert_stored().await;
+    traffic.wait_acked(50, SWITCH).await;
+    s.stop_and_assert_stored(traffic).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_each_replica_in_turn_loses_nothing() {
     // The first 30 acknowledged beacons are waited for by `start`, the others in the loop.
-    let s = Streaming::start(30).await;
+    let (s, traffic) = Streaming::start(30).await;
     for i in 1..=3 {
         if i > 1 {
-            s.traffic.wait_acked(30, SWITCH).await;
+            traffic.wait_acked(30, SWITCH).await;
         }
         s.stack.replica(i).kill().unwrap();
         wait_replica(&s.c, "replica_state", &s.urls[i - 1], 0).await;
-        s.traffic.wait_acked(50, SWITCH).await;
+        traffic.wait_acked(50, SWITCH).await;
         s.stack.replica(i).start().unwrap();
         wait_replica(&s.c, "replica_state", &s.urls[i - 1], 2).await;
     }
     s.wait_active(1).await;
-    s.stop_and_assert_stored().await;
+    s.stop_and_assert_stored(traffic).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn all_replicas_down_for_thirty_seconds_loses_nothing() {
-    let s = Streaming::start(50).await;
+    let (s, traffic) = Streaming::start(50).await;
     kill_every_replica(s.stack, &s.c).await;
-    let before = s.traffic.snapshot().acked.len();
+    let before = traffic.snapshot().acked.len();
     tokio::time::sleep(Duration::from_secs(30)).await;
-    let during = s.traffic.snapshot().acked.len() - before;
+    let during = traffic.snapshot().acked.len() - before;
     assert!(
         during > 500,
         "intake kept answering 202 from the spool: {during}"
@@ -266,9 +265,9 @@ async fn all_replicas_down_for_thirty_seconds_loses_nothing() {
 
     s.stack.repair();
     s.wait_active(1).await;
-    s.traffic.wait_acked(50, SWITCH).await;
-    let c = s.stop_and_assert_stored().await;
-    c.wait_metric("collector_spool_records 0", SETTLE).await;
+    traffic.wait_acked(50, SWITCH).await;
+    s.stop_and_assert_stored(traffic).await;
+    s.c.wait_metric("collector_spool_records 0", SETTLE).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -398,13 +397,13 @@ async fn a_full_spool_answers_503_and_keeps_what_it_acknowledged() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lagging_replica_is_not_written_to_until_it_catches_up() {
-    let s = Streaming::start(50).await;
+    let (s, traffic) = Streaming::start(50).await;
     let (c, urls) = (&s.c, &s.urls);
     // Freeze the preferred replica so the writer fails over, then let it answer again but keep
     // it from fetching what it missed: it must stay "catching up" and unused.
     s.stack.replica(1).freeze().unwrap();
     s.wait_active(2).await;
-    s.traffic.wait_acked(100, SWITCH).await;
+    traffic.wait_acked(100, SWITCH).await;
     s.stack.replica(1).thaw().unwrap();
     clickhouse_exec(
         &urls[0],
@@ -412,7 +411,7 @@ async fn a_lagging_replica_is_not_written_to_until_it_catches_up() {
     )
     .await
     .unwrap();
-    s.traffic.wait_acked(100, SWITCH).await;
+    traffic.wait_acked(100, SWITCH).await;
     wait_replica(c, "replica_state", &urls[0], 1).await;
     for _ in 0..20 {
         // Over several probe rounds, the lagging replica stays unused.
@@ -442,7 +441,7 @@ async fn a_lagging_replica_is_not_written_to_until_it_catches_up() {
     .await
     .unwrap();
     s.wait_active(1).await;
-    s.stop_and_assert_stored().await;
+    s.stop_and_assert_stored(traffic).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
