@@ -688,16 +688,8 @@ async fn stored_row_in(env: &TestEnv<'_>, c: &Collector, engine: Engine, name: &
     browser.goto("about:blank").await;
     rows_for_site(env, site, 1).await;
     browser.quit().await;
-    let rows = env
-        .query(
-            0,
-            &format!(
-                "SELECT cdn_cache, page_group, dimension_names, dimension_values, server_timing_name \
-                 FROM {}.measurements FINAL WHERE site = '{site}'",
-                env.db
-            ),
-        )
-        .await;
+    let columns = "cdn_cache, page_group, dimension_names, dimension_values, server_timing_name";
+    let rows = env.final_rows(columns, &format!("site = '{site}'")).await;
     assert_eq!(rows.len(), 1, "{name}: {rows:?}");
     let r = &rows[0];
     assert_eq!(col(r, "cdn_cache"), "hit", "{name}: {r}");

@@ -286,16 +286,8 @@ async fn previous_release_upgraded(env: TestEnv<'_>) {
         .unwrap();
         assert_eq!(as_i64(col(&columns[0], "n")), Some(14), "server {i}: {ch}");
     }
-    let row = env
-        .query(
-            0,
-            &format!(
-                "SELECT lcp_target, lcp_element_render_delay_ms, inp_type, cls_value, inp_target \
-                 FROM {}.measurements FINAL WHERE id = '{id}'",
-                env.db
-            ),
-        )
-        .await;
+    let columns = "lcp_target, lcp_element_render_delay_ms, inp_type, cls_value, inp_target";
+    let row = env.final_rows(columns, &format!("id = '{id}'")).await;
     assert_eq!(row.len(), 1);
     assert_eq!(col(&row[0], "lcp_target"), "main>img.hero");
     assert_eq!(col(&row[0], "lcp_element_render_delay_ms"), 12.5);

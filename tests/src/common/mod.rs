@@ -344,6 +344,16 @@ impl<'a> TestEnv<'a> {
             })
     }
 
+    /// The `columns` of the rows of this test's table that match `filter` (an SQL condition),
+    /// under `FINAL`, read from its first ClickHouse server ([`TestEnv::query`]).
+    pub async fn final_rows(&self, columns: &str, filter: &str) -> Vec<Value> {
+        let sql = format!(
+            "SELECT {columns} FROM {}.measurements FINAL WHERE {filter}",
+            self.db
+        );
+        self.query(0, &sql).await
+    }
+
     /// Runs a statement (no answer rows) on ClickHouse server `i` (from 0) of this test;
     /// panics with ClickHouse's answer when it fails.
     pub async fn exec(&self, replica: usize, sql: &str) {
