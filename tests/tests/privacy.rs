@@ -69,7 +69,11 @@ async fn reset_password_stored_minimised(env: TestEnv<'_>) {
     assert_eq!(col(&rows[0], "referrer"), "https://search.example");
 }
 
-collector_tests::on_both_servers!(reset_password_stored_minimised: a_reset_password_beacon_is_stored_minimised_on_18_16, a_reset_password_beacon_is_stored_minimised_on_26);
+collector_tests::on_both_servers!(
+    reset_password_stored_minimised:
+        a_reset_password_beacon_is_stored_minimised_on_18_16,
+        a_reset_password_beacon_is_stored_minimised_on_26
+);
 
 /// The canary's strings: an e-mail address, a token, and a client address.
 const EMAIL_LOCAL: &str = "canary7f3a9qx";
@@ -370,7 +374,11 @@ async fn retention_applies(env: TestEnv<'_>) {
     }
 }
 
-collector_tests::on_both_servers!(retention_applies: retention_drops_what_is_older_on_18_16, retention_drops_what_is_older_on_26);
+collector_tests::on_both_servers!(
+    retention_applies:
+        retention_drops_what_is_older_on_18_16,
+        retention_drops_what_is_older_on_26
+);
 
 /// Posts `n` beacons of `site` and returns their ids.
 async fn send(c: &Collector, site: &str, n: usize) -> Vec<String> {

@@ -297,7 +297,11 @@ async fn previous_release_upgraded(env: TestEnv<'_>) {
     env.cli(&["migrate"]).success();
 }
 
-collector_tests::on_both_servers!(previous_release_upgraded: a_table_and_spool_of_the_previous_release_are_upgraded_on_18_16 => empty, a_table_and_spool_of_the_previous_release_are_upgraded_on_26 => empty_on_ch26);
+collector_tests::on_both_servers!(
+    previous_release_upgraded:
+        a_table_and_spool_of_the_previous_release_are_upgraded_on_18_16 => empty,
+        a_table_and_spool_of_the_previous_release_are_upgraded_on_26 => empty_on_ch26
+);
 
 /// The spool of the release before opaque frames (git e9fea1f; `tests/fixtures/spool-v4/`, 40
 /// measurements in `CSPOOL04`, made by `tests/fixtures/make-spool.sh`) is delivered exactly once
@@ -326,4 +330,8 @@ async fn spool_of_the_release_before_opaque_frames_replayed(env: TestEnv<'_>) {
     );
 }
 
-collector_tests::on_both_servers!(spool_of_the_release_before_opaque_frames_replayed: a_spool_of_the_release_before_opaque_frames_is_delivered_on_18_16, a_spool_of_the_release_before_opaque_frames_is_delivered_on_26);
+collector_tests::on_both_servers!(
+    spool_of_the_release_before_opaque_frames_replayed:
+        a_spool_of_the_release_before_opaque_frames_is_delivered_on_18_16,
+        a_spool_of_the_release_before_opaque_frames_is_delivered_on_26
+);
