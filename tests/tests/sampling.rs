@@ -361,7 +361,8 @@ fn p75(values: &mut [f64]) -> f64 {
 fn add_sites(env: &TestEnv<'_>) {
     for site in ["loud", "quiet"] {
         let origin = format!("https://{site}.example");
-        env.add_site(site, &["--origin", &origin]);
+        env.cli(&["sites", "add", "--key", site, "--origin", &origin])
+            .success();
     }
 }
 

@@ -152,7 +152,15 @@ async fn a_failing_store_gets_at_most_one_connection_attempt_per_backoff() {
 async fn a_restart_while_the_store_is_down_serves_the_snapshot() {
     let stack = Stack::own(1);
     let env = TestEnv::new(&stack).await;
-    env.add_site("strict", &["--origin", "https://shop.example"]);
+    env.cli(&[
+        "sites",
+        "add",
+        "--key",
+        "strict",
+        "--origin",
+        "https://shop.example",
+    ])
+    .success();
     let mut c = env.collector(&[("COLLECTOR_SETTINGS_TTL", "2s")]).await;
     assert_eq!(c.metric("collector_settings_from_snapshot").await, 0.0);
     c.kill().await;
