@@ -412,6 +412,16 @@ async fn invalid_optional_fields_are_dropped_and_listed() {
     assert_eq!(c.metric("collector_measurements_accepted_total").await, 5.0);
 }
 
+/// GETs `/script.js` from collector `c` with the request header `name: value`; the response.
+async fn script_with(c: &Collector, name: &str, value: &str) -> reqwest::Response {
+    http()
+        .get(format!("{}/script.js", c.url))
+        .header(name, value)
+        .send()
+        .await
+        .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn script_and_operations_endpoints() {
     let env = TestEnv::new(Stack::shared()).await;
@@ -431,30 +441,15 @@ async fn script_and_operations_endpoints() {
     let plain = r.bytes().await.unwrap();
     assert!(std::str::from_utf8(&plain).unwrap().contains("sendBeacon"));
 
-    let r = http()
-        .get(format!("{}/script.js", c.url))
-        .header("if-none-match", &etag)
-        .send()
-        .await
-        .unwrap();
+    let r = script_with(&c, "if-none-match", &etag).await;
     assert_eq!(r.status(), 304);
-    let r = http()
-        .get(format!("{}/script.js", c.url))
-        .header("accept-encoding", "gzip")
-        .send()
-        .await
-        .unwrap();
+    let r = script_with(&c, "accept-encoding", "gzip").await;
     assert_eq!(r.headers()["content-encoding"], "gzip");
     let gz = r.bytes().await.unwrap();
     let mut out = Vec::new();
     std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&gz[..]), &mut out).unwrap();
     assert_eq!(out, plain);
-    let r = http()
-        .get(format!("{}/script.js", c.url))
-        .header("accept-encoding", "gzip, br")
-        .send()
-        .await
-        .unwrap();
+    let r = script_with(&c, "accept-encoding", "gzip, br").await;
     assert_eq!(r.headers()["content-encoding"], "br");
 
     // The container health check needs no shell tools: `collector probe` asks /readyz on the
