@@ -119,14 +119,7 @@ async fn assert_secrets_hidden(c: &Collector, secrets: &[&str]) {
         log.contains(" DEBUG "),
         "the collector runs at debug level (RUST_LOG=debug), so its most talkative log is searched"
     );
-    let metrics = http()
-        .get(format!("{}/metrics", c.admin_url))
-        .send()
-        .await
-        .expect("GET /metrics")
-        .text()
-        .await
-        .unwrap();
+    let metrics = c.metrics_text().await;
     let pid = c.pid();
     let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
     let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
@@ -157,6 +150,45 @@ fn ch_auth<'a>(password_file: &'a str, ca: &'a str) -> Vec<(&'a str, &'a str)> {
         ("COLLECTOR_CLICKHOUSE_PASSWORD_FILE", password_file),
         ("COLLECTOR_CLICKHOUSE_CA_FILE", ca),
     ]
+}
+
+/// Two certificate authorities in `dir`: the servers' (`ca`) and another (`other`), whose
+/// certificates the collector must refuse.
+fn two_cas(dir: &std::path::Path) -> (Pki, Pki) {
+    (Pki::new(dir, "ca"), Pki::new(dir, "other"))
+}
+
+/// `settings` and `RUST_LOG` `debug`.
+fn with_debug_logs<'a>(mut settings: Vec<(&'a str, &'a str)>) -> Vec<(&'a str, &'a str)> {
+    settings.push(("RUST_LOG", "debug"));
+    settings
+}
+
+/// Waits (at most [`VISIBLE`], polling every 200 ms) until the 18.16 TLS server `ch` holds `n`
+/// of `ids` in `db` ([`count_ids`] through `reader`); gives up through the test's report
+/// naming `what` and the last count.
+async fn wait_counted(
+    env: &TestEnv<'_>,
+    what: &str,
+    reader: &reqwest::Client,
+    ch: &Ch18Tls,
+    db: &str,
+    ids: &[String],
+    n: i64,
+) {
+    wait_until(
+        &env.diag,
+        what,
+        VISIBLE,
+        Duration::from_millis(200),
+        || async {
+            match count_ids(reader, &ch.https_url, CH18_PASSWORD, db, ids).await {
+                Ok(got) if got == n => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
 }
 
 /// A collector refused by its only ClickHouse server (`url`) keeps what it acknowledged in its
@@ -194,8 +226,7 @@ async fn assert_refused_and_spooled(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clickhouse_18_16_password_only_over_verified_https() {
     let tmp = tempfile::tempdir().unwrap();
-    let pki = Pki::new(tmp.path(), "ca");
-    let other = Pki::new(tmp.path(), "other");
+    let (pki, other) = two_cas(tmp.path());
     let (pw, hex) = password_file(tmp.path(), "ch.pw", CH18_PASSWORD);
     let (wrong, _) = password_file(tmp.path(), "wrong.pw", WRONG_PASSWORD);
     let (pw, wrong) = (pw.to_str().unwrap(), wrong.to_str().unwrap());
@@ -275,14 +306,7 @@ async fn clickhouse_18_16_password_only_over_verified_https() {
     assert_secrets_hidden(&c, &[CH18_PASSWORD]).await;
 
     // Another CA: the server's certificate is not trusted.
-    let mut bad_ca = env
-        .collector(&[
-            ("COLLECTOR_CLICKHOUSE_USER", "collector"),
-            ("COLLECTOR_CLICKHOUSE_PASSWORD_FILE", pw),
-            ("COLLECTOR_CLICKHOUSE_CA_FILE", other_ca),
-            ("RUST_LOG", "debug"),
-        ])
-        .await;
+    let mut bad_ca = env.collector(&with_debug_logs(ch_auth(pw, other_ca))).await;
     let held = send(&bad_ca, "site-1", 3).await;
     let line = assert_refused_and_spooled(
         &bad_ca,
@@ -296,14 +320,7 @@ async fn clickhouse_18_16_password_only_over_verified_https() {
     assert_secrets_hidden(&bad_ca, &[CH18_PASSWORD]).await;
 
     // A wrong password.
-    let bad_pw = env
-        .collector(&[
-            ("COLLECTOR_CLICKHOUSE_USER", "collector"),
-            ("COLLECTOR_CLICKHOUSE_PASSWORD_FILE", wrong),
-            ("COLLECTOR_CLICKHOUSE_CA_FILE", ca),
-            ("RUST_LOG", "debug"),
-        ])
-        .await;
+    let bad_pw = env.collector(&with_debug_logs(ch_auth(wrong, ca))).await;
     let refused = send(&bad_pw, "site-1", 3).await;
     let line = assert_refused_and_spooled(
         &bad_pw,
@@ -343,17 +360,14 @@ async fn clickhouse_18_16_password_only_over_verified_https() {
     // The right CA: what the first refused collector held is stored.
     bad_ca.set_env("COLLECTOR_CLICKHOUSE_CA_FILE", ca);
     bad_ca.restart().await;
-    wait_until(
-        &env.diag,
+    wait_counted(
+        &env,
         "the 3 held beacons stored once the CA is right",
-        VISIBLE,
-        Duration::from_millis(200),
-        || async {
-            match count_ids(&reader, &ch.https_url, CH18_PASSWORD, &db, &held).await {
-                Ok(3) => Ok(()),
-                other => Err(format!("{other:?}")),
-            }
-        },
+        &reader,
+        &ch,
+        &db,
+        &held,
+        3,
     )
     .await;
     bad_ca
@@ -392,9 +406,7 @@ async fn clickhouse_26_with_the_shipped_users() {
     ];
     env.cli_with(&auth, &["migrate"]).success();
     env.cli(&["sites", "add", "--key", "site-1"]).success();
-    let c = env
-        .collector(&[auth[0], auth[1], ("RUST_LOG", "debug")])
-        .await;
+    let c = env.collector(&with_debug_logs(auth.to_vec())).await;
     let ids = send(&c, "site-1", 5).await;
     let started = Instant::now();
     let rows = env.wait_rows(&ids, VISIBLE).await;
@@ -526,6 +538,15 @@ fn pg_url(pg: &OwnPg, db: &str, query: &str) -> String {
     format!("postgres://postgres@127.0.0.1:{}/{db}?{query}", pg.port)
 }
 
+/// The settings store's settings: `COLLECTOR_DATABASE_URL` `url`, the password from the file
+/// `password_file`.
+fn store_settings<'a>(url: &'a str, password_file: &'a str) -> [(&'a str, &'a str); 2] {
+    [
+        ("COLLECTOR_DATABASE_URL", url),
+        ("COLLECTOR_DATABASE_PASSWORD_FILE", password_file),
+    ]
+}
+
 /// The lines of a PostgreSQL log that say a connection to `db` was let in.
 fn authorized(log: &str, db: &str) -> usize {
     log.lines()
@@ -544,8 +565,7 @@ fn authorized(log: &str, db: &str) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_with_tls_under_each_sslmode() {
     let tmp = tempfile::tempdir().unwrap();
-    let pki = Pki::new(tmp.path(), "ca");
-    let other = Pki::new(tmp.path(), "other");
+    let (pki, other) = two_cas(tmp.path());
     let (pw, _) = password_file(tmp.path(), "pg.pw", PG_PASSWORD);
     let pw = pw.to_str().unwrap();
     let (ca, other_ca) = (pki.ca.display(), other.ca.display());
@@ -565,10 +585,7 @@ async fn postgres_with_tls_under_each_sslmode() {
         "access",
         &format!("sslmode=verify-full&sslrootcert={ca}"),
     );
-    let store = [
-        ("COLLECTOR_DATABASE_URL", verify_full.as_str()),
-        ("COLLECTOR_DATABASE_PASSWORD_FILE", pw),
-    ];
+    let store = store_settings(&verify_full, pw);
     env.cli_with(&store, &["migrate"]).success();
     env.cli_with(&store, &["sites", "add", "--key", "tls-site"])
         .success();
@@ -587,9 +604,7 @@ async fn postgres_with_tls_under_each_sslmode() {
         listed.stdout
     );
 
-    let c = env
-        .collector(&[store[0], store[1], ("RUST_LOG", "debug")])
-        .await;
+    let c = env.collector(&with_debug_logs(store.to_vec())).await;
     let ids = send(&c, "tls-site", 3).await;
     env.wait_rows(&ids, VISIBLE).await;
     assert_eq!(c.metric("collector_settings_store_up").await, 1.0);
@@ -615,10 +630,7 @@ async fn postgres_with_tls_under_each_sslmode() {
         "access",
         &format!("sslmode=verify-full&sslrootcert={other_ca}"),
     );
-    let untrusted = [
-        ("COLLECTOR_DATABASE_URL", wrong_ca.as_str()),
-        ("COLLECTOR_DATABASE_PASSWORD_FILE", pw),
-    ];
+    let untrusted = store_settings(&wrong_ca, pw);
     let out = env.cli_with(&untrusted, &["sites", "list"]);
     assert_ne!(out.code, 0, "another CA: {}{}", out.stdout, out.stderr);
     assert!(
@@ -628,20 +640,14 @@ async fn postgres_with_tls_under_each_sslmode() {
     );
     assert!(!out.stderr.contains(PG_PASSWORD), "{}", out.stderr);
     println!("PostgreSQL, another CA: {}", out.stderr.trim());
-    let refused = env
-        .collector(&[untrusted[0], untrusted[1], ("RUST_LOG", "debug")])
-        .await;
+    let refused = env.collector(&with_debug_logs(untrusted.to_vec())).await;
     let (id, m) = beacon_on("tls-site", "https://shop.example/");
     let (status, body) = refused.post_json(&m).await;
     assert_eq!(
         status, 503,
         "a never-seen site while the store cannot be read: {body}"
     );
-    let ready = http()
-        .get(format!("{}/readyz", refused.admin_url))
-        .send()
-        .await
-        .unwrap();
+    let ready = http_get(format!("{}/readyz", refused.admin_url)).await;
     assert_eq!(ready.status(), 503);
     let reason = ready.text().await.unwrap();
     assert!(reason.contains("site settings not loaded"), "{reason}");
@@ -653,10 +659,7 @@ async fn postgres_with_tls_under_each_sslmode() {
 
     // sslmode=require against a server without TLS: fails, never goes on in plain.
     let disable = pg_url(&plain_pg, "access", "sslmode=disable");
-    let plain_store = [
-        ("COLLECTOR_DATABASE_URL", disable.as_str()),
-        ("COLLECTOR_DATABASE_PASSWORD_FILE", pw),
-    ];
+    let plain_store = store_settings(&disable, pw);
     env.cli_with(&plain_store, &["migrate"]).success();
     env.cli_with(&plain_store, &["sites", "add", "--key", "plain-site"])
         .success();
@@ -667,13 +670,7 @@ async fn postgres_with_tls_under_each_sslmode() {
         plain_pg.log()
     );
     let require = pg_url(&plain_pg, "access", "sslmode=require");
-    let out = env.cli_with(
-        &[
-            ("COLLECTOR_DATABASE_URL", require.as_str()),
-            ("COLLECTOR_DATABASE_PASSWORD_FILE", pw),
-        ],
-        &["sites", "list"],
-    );
+    let out = env.cli_with(&store_settings(&require, pw), &["sites", "list"]);
     assert_ne!(
         out.code, 0,
         "sslmode=require to a server without TLS must fail: {}{}",
@@ -690,12 +687,7 @@ async fn postgres_with_tls_under_each_sslmode() {
         "PostgreSQL, require to a plain server: {}",
         out.stderr.trim()
     );
-    let required = env
-        .collector(&[
-            ("COLLECTOR_DATABASE_URL", require.as_str()),
-            ("COLLECTOR_DATABASE_PASSWORD_FILE", pw),
-        ])
-        .await;
+    let required = env.collector(&store_settings(&require, pw)).await;
     let (_, m) = beacon_on("plain-site", "https://shop.example/");
     let (status, body) = required.post_json(&m).await;
     assert_eq!(status, 503, "{body}");
@@ -767,19 +759,7 @@ async fn secrets_never_show() {
     let ids = send(&c, "site-1", 3).await;
     let reader = pki.client();
     let db = env.db.clone();
-    wait_until(
-        &env.diag,
-        "3 rows over https",
-        VISIBLE,
-        Duration::from_millis(200),
-        || async {
-            match count_ids(&reader, &ch.https_url, CH18_PASSWORD, &db, &ids).await {
-                Ok(3) => Ok(()),
-                other => Err(format!("{other:?}")),
-            }
-        },
-    )
-    .await;
+    wait_counted(&env, "3 rows over https", &reader, &ch, &db, &ids, 3).await;
     assert_secrets_hidden(&c, &secrets).await;
 
     // Refused for a wrong ClickHouse password: the error is logged, the password is not.
@@ -939,15 +919,7 @@ async fn post_status(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn beacons_must_come_from_the_shops_pages() {
     let env = TestEnv::new(Stack::shared()).await;
-    env.cli(&[
-        "sites",
-        "add",
-        "--key",
-        "shop",
-        "--origin",
-        "https://shop.example",
-    ])
-    .success();
+    env.add_site("shop", &["--origin", "https://shop.example"]);
     let c = env.collector(&[("COLLECTOR_SITE_RATE", "20")]).await;
     let origin = [("origin", "https://shop.example".to_owned())];
     let url = format!("{}/api/v1/measurements", c.url);
@@ -1191,6 +1163,16 @@ async fn one_clients_budget(
     refused
 }
 
+/// The settings of a collector behind a proxy on 127.0.0.1 that it trusts, reading the client
+/// address from `header`, [`CLIENT_RATE`] beacons a second per client.
+fn behind_a_trusted_proxy(header: &str) -> [(&str, &str); 3] {
+    [
+        ("COLLECTOR_TRUSTED_PROXIES", "127.0.0.1/32"),
+        ("COLLECTOR_CLIENT_IP_HEADER", header),
+        ("COLLECTOR_CLIENT_RATE", CLIENT_RATE),
+    ]
+}
+
 /// Issue 37, 7: the client address cannot be chosen by the client. A collector behind a trusted
 /// proxy (`COLLECTOR_TRUSTED_PROXIES` 127.0.0.1, `COLLECTOR_CLIENT_IP_HEADER` X-Forwarded-For,
 /// `COLLECTOR_CLIENT_RATE` 2/s, bursts of 4): a client that sends 60 beacons, each claiming
@@ -1202,22 +1184,12 @@ async fn one_clients_budget(
 async fn a_client_cannot_choose_its_address_behind_a_trusted_proxy() {
     let env = TestEnv::new(Stack::shared()).await;
     let c = env
-        .collector(&[
-            ("COLLECTOR_TRUSTED_PROXIES", "127.0.0.1/32"),
-            ("COLLECTOR_CLIENT_IP_HEADER", "X-Forwarded-For"),
-            ("COLLECTOR_CLIENT_RATE", CLIENT_RATE),
-        ])
+        .collector(&behind_a_trusted_proxy("X-Forwarded-For"))
         .await;
     // A second collector that reads `Forwarded`, behind an nginx location that appends the
     // peer to the `Forwarded` the client sent (RFC 7239's way) and passes its
     // `X-Forwarded-For` through untouched.
-    let by_forwarded = env
-        .collector(&[
-            ("COLLECTOR_TRUSTED_PROXIES", "127.0.0.1/32"),
-            ("COLLECTOR_CLIENT_IP_HEADER", "Forwarded"),
-            ("COLLECTOR_CLIENT_RATE", CLIENT_RATE),
-        ])
-        .await;
+    let by_forwarded = env.collector(&behind_a_trusted_proxy("Forwarded")).await;
     let fwd = format!(
         "location /fwd/ {{\n  proxy_pass http://127.0.0.1:{}/;\n  \
          proxy_set_header Forwarded \"$http_forwarded, for=$remote_addr\";\n}}",

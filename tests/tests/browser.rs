@@ -5,9 +5,8 @@ use collector_tests::common;
 
 use std::time::{Duration, Instant};
 
-use common::browser::{page_dir, shop_html, Browser, Engine, Shop, HIDE, SETTLE};
+use common::browser::{page_dir, shop_html, Browser, Engine, Shop, HIDE, SETTLE, SETTLED};
 use common::*;
-use fantoccini::Locator;
 use serde_json::{json, Value};
 
 fn shop_page(site: &str) -> tempfile::TempDir {
@@ -18,14 +17,14 @@ fn shop_page(site: &str) -> tempfile::TempDir {
 /// Returns the layout shift the page made, as the browser itself measured it.
 async fn visit(browser: &Browser, page_url: &str) -> f64 {
     let shift = view(browser, page_url).await;
-    browser.client.goto("about:blank").await.unwrap();
+    browser.goto("about:blank").await;
     shift
 }
 
 /// [`visit`] without leaving.
 async fn view(browser: &Browser, page_url: &str) -> f64 {
-    browser.client.goto(page_url).await.unwrap();
-    browser.wait_for("document.readyState === 'complete' && document.body.firstChild.textContent === 'Free shipping this week!'").await;
+    browser.goto(page_url).await;
+    browser.wait_for(SETTLED).await;
     // Let the layout shift be reported, then read it back from the browser.
     let shift = browser
         .client
@@ -40,14 +39,7 @@ async fn view(browser: &Browser, page_url: &str) -> f64 {
         .unwrap()
         .as_f64()
         .unwrap();
-    browser
-        .client
-        .find(Locator::Id("add"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    browser.click("add").await;
     browser
         .wait_for("document.getElementById('cart').textContent === 'Cart: 1 item'")
         .await;
@@ -65,22 +57,17 @@ async fn rows_for_site(env: &TestEnv<'_>, site: &str, want: usize) -> Vec<Value>
         "SELECT {ROW_COLUMNS} FROM {}.measurements FINAL WHERE site = '{site}'",
         env.db
     );
-    let start = Instant::now();
-    loop {
+    poll_until(&env.diag, SETTLE, Duration::from_millis(200), || async {
         let rows = env.query(0, &sql).await;
         if rows.len() >= want {
-            return rows;
+            return Ok(rows);
         }
-        if start.elapsed() >= SETTLE {
-            env.diag
-                .give_up(format!(
-                    "{} of {want} rows of {site} after {SETTLE:?}",
-                    rows.len()
-                ))
-                .await;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+        Err(format!(
+            "{} of {want} rows of {site} after {SETTLE:?}",
+            rows.len()
+        ))
+    })
+    .await
 }
 
 async fn page_view_lands_once(flaky: bool) {
@@ -110,8 +97,7 @@ async fn page_view_lands_once(flaky: bool) {
         page.path().display()
     );
     let proxy = Nginx::start_with(c.port, &shop, &http_extra).await;
-    env.cli(&["sites", "add", "--key", "shop-demo", "--origin", &proxy.url])
-        .success();
+    env.add_site("shop-demo", &["--origin", &proxy.url]);
 
     let browser = Browser::start(Engine::Chromium, &env.diag).await;
     let page_url = format!("{}/shop/", proxy.url);
@@ -121,7 +107,7 @@ async fn page_view_lands_once(flaky: bool) {
         let shift = view(&browser, &page_url).await;
         browser.eval(HIDE).await;
         rows_for_site(&env, "shop-demo", 1).await;
-        browser.client.goto("about:blank").await.unwrap();
+        browser.goto("about:blank").await;
         shift
     } else {
         visit(&browser, &page_url).await
@@ -209,11 +195,8 @@ async fn an_unknown_site_stores_nothing_and_breaks_nothing() {
     assert_eq!(c.post_json(&m).await.0, 202);
     env.wait_rows(&[marker], SETTLE).await;
     assert!(rows_for_site(&env, "no-such-site", 0).await.is_empty());
-    let text = http()
-        .get(format!("{}/metrics", c.admin_url))
-        .send()
+    let text = http_get(format!("{}/metrics", c.admin_url))
         .await
-        .unwrap()
         .text()
         .await
         .unwrap();
@@ -233,10 +216,8 @@ async fn an_unknown_site_stores_nothing_and_breaks_nothing() {
 
 /// Loads `url`, waits for the page to settle, and checks that it has no errors.
 async fn load(browser: &Browser, url: &str) {
-    browser.client.goto(url).await.unwrap();
-    browser
-        .wait_for("document.readyState === 'complete' && document.body.firstChild.textContent === 'Free shipping this week!'")
-        .await;
+    browser.goto(url).await;
+    browser.wait_for(SETTLED).await;
     assert_eq!(browser.eval("return window.__errors;").await, json!([]));
 }
 
@@ -259,15 +240,7 @@ async fn the_script_finds_its_tag_without_current_script() {
         "the demo page's tag was replaced"
     );
     let shop = Shop::start(&c, &[("index.html", html)], None).await;
-    env.cli(&[
-        "sites",
-        "add",
-        "--key",
-        "shop-loaded",
-        "--origin",
-        &shop.proxy.url,
-    ])
-    .success();
+    env.add_site("shop-loaded", &["--origin", &shop.proxy.url]);
     let browser = Browser::start(Engine::Chromium, &env.diag).await;
     let page_url = format!("{}/shop/", shop.proxy.url);
     visit(&browser, &page_url).await;
@@ -285,7 +258,7 @@ async fn the_script_finds_its_tag_without_current_script() {
         rows[0]
     );
     // The condition under test held: the code ran without a current script.
-    browser.client.goto(&page_url).await.unwrap();
+    browser.goto(&page_url).await;
     browser.wait_for("'__currentScript' in window").await;
     assert_eq!(
         browser.eval("return window.__currentScript;").await,
@@ -319,30 +292,20 @@ async fn sample_rate_is_decided_once_per_page_view_and_stored() {
         ),
     ];
     let shop = Shop::start(&c, &pages, Some("return 503;")).await;
-    env.cli(&[
-        "sites",
-        "add",
-        "--key",
-        site,
-        "--origin",
-        &shop.proxy.url,
-        "--sample-rate",
-        "0.5",
-    ])
-    .success();
+    env.add_site(site, &["--origin", &shop.proxy.url, "--sample-rate", "0.5"]);
     let browser = Browser::start(Engine::Chromium, &env.diag).await;
 
     // Not drawn: hidden, then left; nothing is sent.
     load(&browser, &format!("{}/shop/out.html", shop.proxy.url)).await;
     browser.eval(HIDE).await;
-    browser.client.goto("about:blank").await.unwrap();
+    browser.goto("about:blank").await;
 
     // Drawn: hidden while alive, so that the first send's 503 is read and retried by timer.
     let page_url = format!("{}/shop/in.html", shop.proxy.url);
     load(&browser, &page_url).await;
     browser.eval(HIDE).await;
     let rows = rows_for_site(&env, site, 1).await;
-    browser.client.goto("about:blank").await.unwrap();
+    browser.goto("about:blank").await;
     assert_eq!(rows.len(), 1, "{rows:?}");
     assert_eq!(col(&rows[0], "url"), page_url.as_str());
     assert_eq!(col(&rows[0], "sample_rate"), 0.5);
@@ -367,13 +330,12 @@ async fn a_429_is_retried_once_after_retry_after() {
         Some("add_header Retry-After 2 always; return 429;"),
     )
     .await;
-    env.cli(&["sites", "add", "--key", site, "--origin", &shop.proxy.url])
-        .success();
+    env.add_site(site, &["--origin", &shop.proxy.url]);
     let browser = Browser::start(Engine::Chromium, &env.diag).await;
     load(&browser, &format!("{}/shop/", shop.proxy.url)).await;
     browser.eval(HIDE).await;
     let rows = rows_for_site(&env, site, 1).await;
-    browser.client.goto("about:blank").await.unwrap();
+    browser.goto("about:blank").await;
     assert_eq!(rows.len(), 1, "{rows:?}");
     let beacons = shop.beacons();
     let statuses: Vec<u16> = beacons.iter().map(|b| b.status).collect();
@@ -415,8 +377,7 @@ async fn synthetic_input_and_a_null_settings_answer_change_nothing() {
         pages.path().display()
     );
     let proxy = Nginx::start_with(c.port, &extra, "").await;
-    env.cli(&["sites", "add", "--key", site, "--origin", &proxy.url])
-        .success();
+    env.add_site(site, &["--origin", &proxy.url]);
     let browser = Browser::start(Engine::Chromium, &env.diag).await;
     let page_url = format!("{}/shop/", proxy.url);
     load(&browser, &page_url).await;
@@ -428,7 +389,7 @@ async fn synthetic_input_and_a_null_settings_answer_change_nothing() {
         json!([]),
         "the page has no errors"
     );
-    browser.client.goto("about:blank").await.unwrap();
+    browser.goto("about:blank").await;
     assert_eq!(rows.len(), 1, "{rows:?}");
     assert!(
         col(&rows[0], "lcp_ms").as_f64().is_some_and(|v| v > 0.0),
@@ -461,23 +422,15 @@ async fn route_changes_of_a_single_page_app_are_page_views() {
          document.getElementById('p3').addEventListener('click', go);</script></body></html>"
     );
     let shop = Shop::start(&c, &[("spa.html", html)], None).await;
-    env.cli(&["sites", "add", "--key", site, "--origin", &shop.proxy.url])
-        .success();
+    env.add_site(site, &["--origin", &shop.proxy.url]);
     let browser = Browser::start(Engine::Chromium, &env.diag).await;
     let start_url = format!("{}/shop/spa.html", shop.proxy.url);
-    browser.client.goto(&start_url).await.unwrap();
+    browser.goto(&start_url).await;
     browser
         .wait_for("document.readyState === 'complete' && performance.getEntriesByType('paint').length > 0")
         .await;
     for (n, link) in [(1, "p2"), (2, "p3")] {
-        browser
-            .client
-            .find(Locator::Id(link))
-            .await
-            .unwrap()
-            .click()
-            .await
-            .unwrap();
+        browser.click(link).await;
         browser
             .wait_for(&format!(
                 "performance.getEntriesByType('soft-navigation').length === {n}"
@@ -485,7 +438,7 @@ async fn route_changes_of_a_single_page_app_are_page_views() {
             .await;
     }
     assert_eq!(browser.eval("return window.__errors;").await, json!([]));
-    browser.client.goto("about:blank").await.unwrap();
+    browser.goto("about:blank").await;
     let rows = rows_for_site(&env, site, 3).await;
     browser.quit().await;
     assert_eq!(rows.len(), 3, "{rows:?}");
@@ -574,8 +527,7 @@ async fn a_prerendered_page_is_one_page_view_from_its_activation() {
         ),
     )
     .await;
-    env.cli(&["sites", "add", "--key", site, "--origin", &shop.proxy.url])
-        .success();
+    env.add_site(site, &["--origin", &shop.proxy.url]);
     let was_prerendered = |name: &'static str| {
         let seen = seen.clone();
         async move {
@@ -588,11 +540,7 @@ async fn a_prerendered_page_is_one_page_view_from_its_activation() {
     let browser = Browser::start(Engine::Chromium, &env.diag).await;
     let base = format!("{}/shop", shop.proxy.url);
 
-    browser
-        .client
-        .goto(&format!("{base}/start.html"))
-        .await
-        .unwrap();
+    browser.goto(&format!("{base}/start.html")).await;
     let shown = Instant::now();
     wait_until(
         &env.diag,
@@ -604,14 +552,7 @@ async fn a_prerendered_page_is_one_page_view_from_its_activation() {
     .await;
     tokio::time::sleep(Duration::from_secs(4).saturating_sub(shown.elapsed())).await;
     let clicked_ms = now_ms();
-    browser
-        .client
-        .find(Locator::Id("go"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    browser.click("go").await;
     browser
         .wait_for("location.pathname.endsWith('/next.html') && performance.getEntriesByType('navigation')[0].activationStart > 0 && document.readyState === 'complete'")
         .await;
@@ -642,18 +583,10 @@ async fn a_prerendered_page_is_one_page_view_from_its_activation() {
         activation >= 3500.0,
         "activated 4 s after the prerender: {page}"
     );
-    browser
-        .client
-        .goto(&format!("{base}/plain.html"))
-        .await
-        .unwrap();
+    browser.goto(&format!("{base}/plain.html")).await;
 
     // Prerendered, never activated: the visitor goes elsewhere.
-    browser
-        .client
-        .goto(&format!("{base}/start2.html"))
-        .await
-        .unwrap();
+    browser.goto(&format!("{base}/start2.html")).await;
     wait_until(
         &env.diag,
         "never.html to be prerendered",
@@ -663,11 +596,7 @@ async fn a_prerendered_page_is_one_page_view_from_its_activation() {
     )
     .await;
     tokio::time::sleep(Duration::from_secs(1)).await;
-    browser
-        .client
-        .goto(&format!("{base}/plain.html"))
-        .await
-        .unwrap();
+    browser.goto(&format!("{base}/plain.html")).await;
     rows_for_site(&env, site, 1).await;
     // Time for a beacon of the discarded prerender, had it sent one.
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -743,34 +672,24 @@ async fn stored_row_in(env: &TestEnv<'_>, c: &Collector, engine: Engine, name: &
         "the demo page sets `variant`"
     );
     let shop = Shop::start(c, &[("p.html", html)], None).await;
-    env.cli(&[
-        "sites",
-        "add",
-        "--key",
+    env.add_site(
         site,
-        "--origin",
-        &shop.proxy.url,
-        "--dimension",
-        "variant",
-        "--page-group",
-        "product=/shop/*",
-    ])
-    .success();
+        &[
+            "--origin",
+            &shop.proxy.url,
+            "--dimension",
+            "variant",
+            "--page-group",
+            "product=/shop/*",
+        ],
+    );
     let browser = Browser::start(engine, &env.diag).await;
     load(&browser, &format!("{}/shop/p.html", shop.proxy.url)).await;
-    browser.client.goto("about:blank").await.unwrap();
+    browser.goto("about:blank").await;
     rows_for_site(env, site, 1).await;
     browser.quit().await;
-    let rows = env
-        .query(
-            0,
-            &format!(
-                "SELECT cdn_cache, page_group, dimension_names, dimension_values, server_timing_name \
-                 FROM {}.measurements FINAL WHERE site = '{site}'",
-                env.db
-            ),
-        )
-        .await;
+    let columns = "cdn_cache, page_group, dimension_names, dimension_values, server_timing_name";
+    let rows = env.final_rows(columns, &format!("site = '{site}'")).await;
     assert_eq!(rows.len(), 1, "{name}: {rows:?}");
     let r = &rows[0];
     assert_eq!(col(r, "cdn_cache"), "hit", "{name}: {r}");

@@ -36,6 +36,29 @@ async fn collector(env: &TestEnv<'_>, extra: &[(&str, &str)]) -> Collector {
     c
 }
 
+/// How many rows the test's table holds before `FINAL` folds them.
+async fn rows_before_final(env: &TestEnv<'_>) -> Option<i64> {
+    count_of(
+        env,
+        &format!("SELECT count() AS n FROM {}.measurements", env.db),
+    )
+    .await
+}
+
+/// How many rows the test's table holds for the test's site before `FINAL` folds them.
+async fn site_rows_before_final(env: &TestEnv<'_>) -> Option<i64> {
+    let sql = format!(
+        "SELECT count() AS n FROM {}.measurements WHERE site = '{}'",
+        env.db, env.site
+    );
+    count_of(env, &sql).await
+}
+
+/// The count `n` that `sql` (one row) answers.
+async fn count_of(env: &TestEnv<'_>, sql: &str) -> Option<i64> {
+    as_i64(col(&one_row(env, sql).await, "n"))
+}
+
 /// The row of `sql` (one row expected), failing loudly when there is none.
 async fn one_row(env: &TestEnv<'_>, sql: &str) -> Value {
     let rows = env.query(0, sql).await;
@@ -142,13 +165,8 @@ async fn beacons_become_one_row_each_on_clickhouse_26() {
             assert_eq!(stored, field(m, name).as_f64().unwrap(), "{name} of {row}");
         }
     }
-    let all = one_row(
-        &env,
-        &format!("SELECT count() AS n FROM {}.measurements", env.db),
-    )
-    .await;
     assert_eq!(
-        as_i64(col(&all, "n")),
+        rows_before_final(&env).await,
         Some(20),
         "one row per id, before FINAL"
     );
@@ -220,16 +238,8 @@ async fn two_collectors_with_fresh_spools_never_share_a_token_on_clickhouse_26()
         acked.extend(pair);
     }
     env.assert_stored_once(&acked, STORED).await;
-    let rows = one_row(
-        &env,
-        &format!(
-            "SELECT count() AS n FROM {}.measurements WHERE site = '{}'",
-            env.db, env.site
-        ),
-    )
-    .await;
     assert_eq!(
-        as_i64(col(&rows, "n")),
+        site_rows_before_final(&env).await,
         Some(30),
         "30 one-row batches, none folded"
     );
@@ -306,15 +316,8 @@ async fn refused_by(server: Option<&str>, check: &str, code: &str) -> (usize, us
     bad.sort();
     assert_eq!(kept, bad, "exactly the refused rows are kept aside");
     assert_eq!(c.metric("collector_spool_kept_aside_rows_total").await, 3.0);
-    let copies = one_row(
-        &env,
-        &format!(
-            "SELECT count() AS n FROM {}.measurements WHERE site = '{}'",
-            env.db, env.site
-        ),
-    )
-    .await;
-    (good.len(), as_i64(col(&copies, "n")).unwrap() as usize)
+    let copies = site_rows_before_final(&env).await;
+    (good.len(), copies.unwrap() as usize)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -373,13 +376,8 @@ async fn a_retried_batch_is_folded_by_the_server_on_clickhouse_26() {
     assert_eq!(lost, 5, "one answer lost per batch ({inserts} inserts)");
     assert!(inserts >= 10, "each batch sent again: {inserts} inserts");
     env.assert_stored_once(&acked, STORED).await;
-    let copies = one_row(
-        &env,
-        &format!("SELECT count() AS n FROM {}.measurements", env.db),
-    )
-    .await;
     assert_eq!(
-        as_i64(col(&copies, "n")),
+        rows_before_final(&env).await,
         Some(5),
         "the server folded each resent batch by its token (merges stopped)"
     );

@@ -29,36 +29,54 @@ async fn post_via(
     (resp.status().as_u16(), resp.headers().clone())
 }
 
+/// POSTs a new measurement for `site` to `url` through `client` with `headers`; the status.
+async fn status_via(
+    client: &reqwest::Client,
+    url: &str,
+    site: &str,
+    headers: &[(&str, &str)],
+) -> u16 {
+    post_via(client, url, &measurement(site).1, headers).await.0
+}
+
+/// A collector for `env` that cannot reach ClickHouse (`http://127.0.0.1:1`: everything stays
+/// in its spool of at most `spool_max_bytes`), with the setting `extra`; and its intake URL.
+async fn spooling_only(
+    env: &TestEnv<'_>,
+    spool_max_bytes: &str,
+    extra: (&str, &str),
+) -> (Collector, String) {
+    let c = env
+        .collector(&[
+            ("COLLECTOR_CLICKHOUSE_URLS", "http://127.0.0.1:1"),
+            ("COLLECTOR_SPOOL_MAX_BYTES", spool_max_bytes),
+            extra,
+        ])
+        .await;
+    let url = format!("{}/api/v1/measurements", c.url);
+    (c, url)
+}
+
+/// A client builder that keeps up to `max_idle` idle connections per host.
+fn pooled(max_idle: usize) -> reqwest::ClientBuilder {
+    reqwest::Client::builder().pool_max_idle_per_host(max_idle)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn script_and_intake_work_through_nginx_under_a_prefix() {
     let env = TestEnv::new(Stack::shared()).await;
-    env.cli(&[
-        "sites",
-        "add",
-        "--key",
-        "shop",
-        "--origin",
-        "https://shop.example",
-    ])
-    .success();
+    env.add_site("shop", &["--origin", "https://shop.example"]);
     let c = env
         .collector(&[("COLLECTOR_TRUSTED_PROXIES", "127.0.0.1/32")])
         .await;
     let proxy = Nginx::start(c.port, "").await;
 
-    let direct = http()
-        .get(format!("{}/script.js", c.url))
-        .send()
+    let direct = http_get(format!("{}/script.js", c.url))
         .await
-        .unwrap()
         .bytes()
         .await
         .unwrap();
-    let r = http()
-        .get(format!("{}/perf/script.js", proxy.url))
-        .send()
-        .await
-        .unwrap();
+    let r = http_get(format!("{}/perf/script.js", proxy.url)).await;
     assert_eq!(r.status(), 200);
     assert_eq!(
         r.headers()["content-type"],
@@ -141,9 +159,7 @@ async fn the_client_address_depends_on_the_trusted_proxies() {
         }
     }
     assert_eq!(
-        post_via(&b, &intake, &measurement(&env.site).1, &[])
-            .await
-            .0,
+        status_via(&b, &intake, &env.site, &[]).await,
         202,
         "client b has its own bucket"
     );
@@ -153,22 +169,10 @@ async fn the_client_address_depends_on_the_trusted_proxies() {
     let c = env.collector(&limited).await;
     let proxy = Nginx::start(c.port, "").await;
     let intake = format!("{}/perf/api/v1/measurements", proxy.url);
+    assert_eq!(status_via(&a, &intake, &env.site, &[]).await, 202);
+    assert_eq!(status_via(&a, &intake, &env.site, &[]).await, 202);
     assert_eq!(
-        post_via(&a, &intake, &measurement(&env.site).1, &[])
-            .await
-            .0,
-        202
-    );
-    assert_eq!(
-        post_via(&a, &intake, &measurement(&env.site).1, &[])
-            .await
-            .0,
-        202
-    );
-    assert_eq!(
-        post_via(&b, &intake, &measurement(&env.site).1, &[])
-            .await
-            .0,
+        status_via(&b, &intake, &env.site, &[]).await,
         429,
         "b shares the proxy's bucket"
     );
@@ -178,13 +182,7 @@ async fn the_client_address_depends_on_the_trusted_proxies() {
     let c_client = client_from("127.0.0.7");
     for n in 0..3 {
         let xff = format!("203.0.113.{n}");
-        let (status, _) = post_via(
-            &c_client,
-            &direct,
-            &measurement(&env.site).1,
-            &[("x-forwarded-for", &xff)],
-        )
-        .await;
+        let status = status_via(&c_client, &direct, &env.site, &[("x-forwarded-for", &xff)]).await;
         assert_eq!(status, if n < 2 { 202 } else { 429 });
     }
     assert!(c.metric("collector_http_rate_limited_total").await >= 2.0);
@@ -200,11 +198,7 @@ async fn script_intake_and_client_address_work_through_caddy_under_a_prefix() {
         ])
         .await;
     let proxy = Caddy::start(c.port).await;
-    let r = http()
-        .get(format!("{}/perf/script.js", proxy.url))
-        .send()
-        .await
-        .unwrap();
+    let r = http_get(format!("{}/perf/script.js", proxy.url)).await;
     assert_eq!(r.status(), 200);
     assert!(String::from_utf8_lossy(&r.bytes().await.unwrap()).contains("sendBeacon"));
 
@@ -218,27 +212,22 @@ async fn script_intake_and_client_address_work_through_caddy_under_a_prefix() {
         202
     );
     assert_eq!(
-        post_via(
+        status_via(
             &a,
             &intake,
-            &measurement(&env.site).1,
+            &env.site,
             &[("x-forwarded-for", "198.51.100.2")]
         )
-        .await
-        .0,
+        .await,
         202
     );
     assert_eq!(
-        post_via(&a, &intake, &measurement(&env.site).1, &[])
-            .await
-            .0,
+        status_via(&a, &intake, &env.site, &[]).await,
         429,
         "client a is 127.0.0.5 whatever it claims"
     );
     assert_eq!(
-        post_via(&b, &intake, &measurement(&env.site).1, &[])
-            .await
-            .0,
+        status_via(&b, &intake, &env.site, &[]).await,
         202,
         "client b is told apart"
     );
@@ -428,17 +417,9 @@ async fn ten_thousand_idle_connections_cost_bounded_memory() {
 async fn overload_gets_only_202_429_or_503_with_retry_after_and_bounded_memory() {
     let env = TestEnv::new(Stack::shared()).await;
     // ClickHouse unreachable, a small spool and few requests in flight.
-    let c = env
-        .collector(&[
-            ("COLLECTOR_CLICKHOUSE_URLS", "http://127.0.0.1:1"),
-            ("COLLECTOR_SPOOL_MAX_BYTES", "2000000"),
-            ("COLLECTOR_MAX_IN_FLIGHT", "4"),
-        ])
-        .await;
-    let url = format!("{}/api/v1/measurements", c.url);
-    let client = reqwest::Client::builder()
+    let (c, url) = spooling_only(&env, "2000000", ("COLLECTOR_MAX_IN_FLIGHT", "4")).await;
+    let client = pooled(256)
         .timeout(Duration::from_secs(10))
-        .pool_max_idle_per_host(256)
         .build()
         .unwrap();
     let mut statuses = std::collections::BTreeMap::<u16, usize>::new();
@@ -550,18 +531,8 @@ async fn a_warning_repeated_ten_thousand_times_is_logged_about_once_a_second() {
     let env = TestEnv::new(Stack::shared()).await;
     // Every intake request is refused by a full spool: each would log a warning. The spool
     // (its smallest bound, 1 MiB) is filled first while ClickHouse is unreachable.
-    let c = env
-        .collector(&[
-            ("COLLECTOR_CLICKHOUSE_URLS", "http://127.0.0.1:1"),
-            ("COLLECTOR_SPOOL_MAX_BYTES", "1048576"),
-            ("COLLECTOR_SITE_RATE", "0"),
-        ])
-        .await;
-    let url = format!("{}/api/v1/measurements", c.url);
-    let client = reqwest::Client::builder()
-        .pool_max_idle_per_host(64)
-        .build()
-        .unwrap();
+    let (c, url) = spooling_only(&env, "1048576", ("COLLECTOR_SITE_RATE", "0")).await;
+    let client = pooled(64).build().unwrap();
     let filling = Instant::now();
     'fill: loop {
         let batch = (0..100).map(|_| {

@@ -148,6 +148,16 @@ impl Edge {
         }
     }
 
+    /// Injects the fault `fault`, holds it for `held_s` seconds, injects `undo`, and waits until
+    /// the edge holding the address sees both paths open; notes what `edge.sh fault` said of
+    /// each.
+    fn fault_then_reopen(&self, notes: &mut Vec<String>, fault: &str, held_s: u64, undo: &str) {
+        notes.push(self.fault(fault));
+        sleep(Duration::from_secs(held_s));
+        notes.push(self.fault(undo));
+        self.wait_paths_open();
+    }
+
     /// Waits until the edge holding the address sees both paths open.
     fn wait_paths_open(&self) {
         self.wait_status("both paths open on the active edge", WAIT, |s| {
@@ -536,18 +546,12 @@ async fn edge_keeps_acknowledged_beacons_through_crashes_of_its_parts() {
     step("steady load", &mut |_| sleep(Duration::from_secs(5)));
 
     step("preferred ingress SIGKILLed, restarted", &mut |notes| {
-        notes.push(edge.fault("kill-preferred"));
-        sleep(Duration::from_secs(5));
-        notes.push(edge.fault("restart-preferred"));
-        edge.wait_paths_open();
+        edge.fault_then_reopen(notes, "kill-preferred", 5, "restart-preferred");
         sleep(Duration::from_secs(3));
     });
 
     step("preferred ingress frozen (SIGSTOP), thawed", &mut |notes| {
-        notes.push(edge.fault("freeze-preferred"));
-        sleep(Duration::from_secs(6));
-        notes.push(edge.fault("thaw-preferred"));
-        edge.wait_paths_open();
+        edge.fault_then_reopen(notes, "freeze-preferred", 6, "thaw-preferred");
         sleep(Duration::from_secs(3));
     });
 
@@ -609,10 +613,7 @@ async fn edge_keeps_acknowledged_beacons_through_crashes_of_its_parts() {
     );
 
     step("both ingress paths down for 10 s", &mut |notes| {
-        notes.push(edge.fault("paths-down"));
-        sleep(Duration::from_secs(10));
-        notes.push(edge.fault("paths-up"));
-        edge.wait_paths_open();
+        edge.fault_then_reopen(notes, "paths-down", 10, "paths-up");
         // Requests held by the edge while no path was open are answered now.
         sleep(Duration::from_secs(4));
     });

@@ -12,11 +12,10 @@
 use collector_tests::common;
 
 use std::collections::{BTreeMap, HashMap};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::browser::{shop_html, Browser, Engine, Shop, HIDE, SETTLE};
+use common::browser::{shop_html, Browser, Engine, Shop, HIDE, SETTLE, SETTLED};
 use common::*;
-use fantoccini::Locator;
 use serde_json::json;
 
 /// Back-button returns per engine.
@@ -49,12 +48,9 @@ fn pages(site: &str) -> Vec<(&'static str, String)> {
     ]
 }
 
-/// What page `a.html` or `b.html` shows once loaded and shifted (the demo's late banner).
-const SETTLED: &str = "document.readyState === 'complete' && document.body.firstChild.textContent === 'Free shipping this week!'";
-
 /// Loads `url` (a page with the script) and waits until it settled, without errors.
 async fn open(b: &Browser, url: &str) {
-    b.client.goto(url).await.unwrap();
+    b.goto(url).await;
     b.wait_for(SETTLED).await;
     no_errors(b).await;
 }
@@ -70,13 +66,7 @@ async fn no_errors(b: &Browser) {
 
 /// Clicks "Add to cart" (a 60 ms handler: an interaction for INP) and waits for its effect.
 async fn interact(b: &Browser) {
-    b.client
-        .find(Locator::Id("add"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    b.click("add").await;
     b.wait_for("document.getElementById('cart').textContent === 'Cart: 1 item'")
         .await;
     // The engine reports an interaction after the frame that presents it: wait for that, so
@@ -86,14 +76,31 @@ async fn interact(b: &Browser) {
     }
 }
 
-async fn click(b: &Browser, id: &str) {
-    b.client
-        .find(Locator::Id(id))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+/// Opens a new tab and switches to it, as a visitor switches tabs: the page's tab is hidden
+/// and stays alive. The page's window, for [`close_tab`]. Panics when the driver refuses.
+async fn switch_tab(b: &Browser) -> fantoccini::wd::WindowHandle {
+    let page = b.client.window().await.unwrap();
+    let tab = b.client.new_window(true).await.unwrap();
+    b.client.switch_to_window(tab.handle).await.unwrap();
+    page
+}
+
+/// Closes the current tab and switches back to `page`; panics when the driver refuses.
+async fn close_tab(b: &Browser, page: fantoccini::wd::WindowHandle) {
+    b.client.close_window().await.unwrap();
+    b.client.switch_to_window(page).await.unwrap();
+}
+
+/// Hides the page as a tab switch does: by [`switch_tab`], or in WebKitGTK (whose MiniBrowser
+/// fires no `visibilitychange` when WebDriver opens a tab) by [`HIDE`]. The page's window
+/// when a tab was opened, for [`close_tab`].
+async fn hide(b: &Browser) -> Option<fantoccini::wd::WindowHandle> {
+    if b.engine == Engine::WebKit {
+        b.eval(HIDE).await;
+        None
+    } else {
+        Some(switch_tab(b).await)
+    }
 }
 
 /// Runs every scenario in `engine` and checks rows, requests and metrics per page view.
@@ -104,17 +111,7 @@ async fn every_page_view_once(engine: Engine) {
     let shop = Shop::start(&c, &pages(&site), None).await;
     // The scenario is in the query (`?s=`), which the site keeps (contract v4: only the
     // parameters a site keeps are stored).
-    env.cli(&[
-        "sites",
-        "add",
-        "--key",
-        &site,
-        "--origin",
-        &shop.proxy.url,
-        "--keep-query",
-        "s",
-    ])
-    .success();
+    env.add_site(&site, &["--origin", &shop.proxy.url, "--keep-query", "s"]);
     let base = format!("{}/shop", shop.proxy.url);
     let plain = |s: &str| format!("{base}/plain.html?s={s}");
     let a = |s: &str| format!("{base}/a.html?s={s}");
@@ -129,25 +126,22 @@ async fn every_page_view_once(engine: Engine) {
     // Navigate away, as from the URL bar.
     open(&b, &a("navigate")).await;
     interact(&b).await;
-    b.client.goto(&plain("navigate")).await.unwrap();
+    b.goto(&plain("navigate")).await;
     expect("navigate", "a.html", 1);
 
     // Follow a link.
     open(&b, &a("link")).await;
-    click(&b, "plain").await;
+    b.click("plain").await;
     b.wait_for("document.getElementById('plain') && document.title === 'plain'")
         .await;
     expect("link", "a.html", 1);
 
     // Switch to another tab and back, then leave: still one request.
     open(&b, &a("tab")).await;
-    let first = b.client.window().await.unwrap();
-    let tab = b.client.new_window(true).await.unwrap();
-    b.client.switch_to_window(tab.handle.clone()).await.unwrap();
-    b.client.goto(&plain("tab-other")).await.unwrap();
-    b.client.close_window().await.unwrap();
-    b.client.switch_to_window(first.clone()).await.unwrap();
-    b.client.goto(&plain("tab")).await.unwrap();
+    let first = switch_tab(&b).await;
+    b.goto(&plain("tab-other")).await;
+    close_tab(&b, first).await;
+    b.goto(&plain("tab")).await;
     expect("tab", "a.html", 1);
 
     // Back, RETURNS times: each return is a page view of its own, restored from the
@@ -205,7 +199,7 @@ async fn every_page_view_once(engine: Engine) {
             .unwrap();
         expect("back", "a.html", 1);
     }
-    b.client.goto(&plain("back")).await.unwrap();
+    b.goto(&plain("back")).await;
 
     // Close the window (another stays open, so the session goes on).
     open(&b, &a("close")).await;
@@ -458,48 +452,30 @@ async fn a_failed_send_is_sent_once_more(engine: Engine) {
     let c = env.collector(&[]).await;
     let site = format!("retry-{engine:?}").to_lowercase();
     let shop = Shop::start(&c, &pages(&site), Some("return 503;")).await;
-    env.cli(&["sites", "add", "--key", &site, "--origin", &shop.proxy.url])
-        .success();
+    env.add_site(&site, &["--origin", &shop.proxy.url]);
     let b = Browser::start(engine, &env.diag).await;
     let url = format!("{}/shop/a.html?s=retry", shop.proxy.url);
     open(&b, &url).await;
-    let page = b.client.window().await.unwrap();
-    let tab = if engine == Engine::WebKit {
-        b.eval(HIDE).await;
-        None
-    } else {
-        let tab = b.client.new_window(true).await.unwrap();
-        b.client.switch_to_window(tab.handle.clone()).await.unwrap();
-        Some(tab)
-    };
+    let page = hide(&b).await;
     let sql = format!(
         "SELECT toString(id) AS id FROM {}.measurements FINAL WHERE site = '{site}'",
         env.db
     );
-    let start = Instant::now();
-    let rows = loop {
+    let rows = poll_until(&env.diag, SETTLE, Duration::from_millis(100), || async {
         let rows = env.query(0, &sql).await;
         if !rows.is_empty() {
-            break rows;
+            return Ok(rows);
         }
-        if start.elapsed() >= SETTLE {
-            env.diag
-                .give_up(format!(
-                    "{engine:?}: no row after {SETTLE:?}; beacons: {:?}",
-                    shop.beacons()
-                ))
-                .await;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
-    if tab.is_some() {
-        b.client.close_window().await.unwrap();
-        b.client.switch_to_window(page).await.unwrap();
+        Err(format!(
+            "{engine:?}: no row after {SETTLE:?}; beacons: {:?}",
+            shop.beacons()
+        ))
+    })
+    .await;
+    if let Some(page) = page {
+        close_tab(&b, page).await;
     }
-    b.client
-        .goto(&format!("{}/shop/plain.html", shop.proxy.url))
-        .await
-        .unwrap();
+    b.goto(&format!("{}/shop/plain.html", shop.proxy.url)).await;
     b.quit().await;
     let beacons = shop.beacons();
     let statuses: Vec<u16> = beacons.iter().map(|b| b.status).collect();
@@ -545,8 +521,7 @@ async fn an_unreachable_collector_gets_at_most_3_requests(engine: Engine) {
         log.display()
     );
     let shop = Shop::start_with(&c, &pages, None, &extra).await;
-    env.cli(&["sites", "add", "--key", &site, "--origin", &shop.proxy.url])
-        .success();
+    env.add_site(&site, &["--origin", &shop.proxy.url]);
     let posts = || {
         std::fs::read_to_string(&log)
             .unwrap_or_else(|e| panic!("nginx's log {}: {e}", log.display()))
@@ -555,15 +530,7 @@ async fn an_unreachable_collector_gets_at_most_3_requests(engine: Engine) {
     };
     let b = Browser::start(engine, &env.diag).await;
     open(&b, &format!("{}/shop/a.html?s=down", shop.proxy.url)).await;
-    let page = b.client.window().await.unwrap();
-    let tab = if engine == Engine::WebKit {
-        b.eval(HIDE).await;
-        None
-    } else {
-        let tab = b.client.new_window(true).await.unwrap();
-        b.client.switch_to_window(tab.handle.clone()).await.unwrap();
-        Some(tab)
-    };
+    let page = hide(&b).await;
     // What the script made (the page's record: `fetch POST <id>[ keepalive]`, then its
     // `failed: ...` line) and what reached nginx (an engine may itself repeat a request whose
     // reused connection closed unanswered: counted, not the script's).
@@ -601,15 +568,11 @@ async fn an_unreachable_collector_gets_at_most_3_requests(engine: Engine) {
     // timer alignment: 4 s more would have shown a fourth.
     tokio::time::sleep(Duration::from_secs(4)).await;
     let alive = posts();
-    if tab.is_some() {
-        b.client.close_window().await.unwrap();
-        b.client.switch_to_window(page).await.unwrap();
+    if let Some(page) = page {
+        close_tab(&b, page).await;
     }
     let (sent, failed, lines) = made().await;
-    b.client
-        .goto(&format!("{}/shop/plain.html", shop.proxy.url))
-        .await
-        .unwrap();
+    b.goto(&format!("{}/shop/plain.html", shop.proxy.url)).await;
     b.wait_for("document.getElementById('plain') !== null")
         .await;
     // Leaving sends nothing more: a sendBeacon would reach nginx within this second.
@@ -647,19 +610,17 @@ async fn server_timing_and_dimensions_are_sent(engine: Engine) {
     let c = env.collector(&[]).await;
     let site = format!("fields-{engine:?}").to_lowercase();
     let shop = Shop::start(&c, &pages(&site), Some("return 503;")).await;
-    env.cli(&[
-        "sites",
-        "add",
-        "--key",
+    env.add_site(
         &site,
-        "--origin",
-        &shop.proxy.url,
-        "--dimension",
-        "variant",
-        "--dimension",
-        "page_type",
-    ])
-    .success();
+        &[
+            "--origin",
+            &shop.proxy.url,
+            "--dimension",
+            "variant",
+            "--dimension",
+            "page_type",
+        ],
+    );
     let b = Browser::start(engine, &env.diag).await;
     open(&b, &format!("{}/shop/a.html?s=fields", shop.proxy.url)).await;
     b.eval(
@@ -689,10 +650,7 @@ async fn server_timing_and_dimensions_are_sent(engine: Engine) {
     )
     .await;
     no_errors(&b).await;
-    b.client
-        .goto(&format!("{}/shop/plain.html", shop.proxy.url))
-        .await
-        .unwrap();
+    b.goto(&format!("{}/shop/plain.html", shop.proxy.url)).await;
     b.quit().await;
 
     let statuses: Vec<u16> = beacons.iter().map(|b| b.status).collect();
@@ -762,17 +720,7 @@ async fn a_full_keepalive_budget_loses_no_page_view(engine: Engine) {
         ),
     )
     .await;
-    env.cli(&[
-        "sites",
-        "add",
-        "--key",
-        &site,
-        "--origin",
-        &shop.proxy.url,
-        "--keep-query",
-        "s",
-    ])
-    .success();
+    env.add_site(&site, &["--origin", &shop.proxy.url, "--keep-query", "s"]);
     let b = Browser::start(engine, &env.diag).await;
     let a = |s: &str| format!("{}/shop/a.html?s={s}", shop.proxy.url);
 
@@ -791,9 +739,7 @@ async fn a_full_keepalive_budget_loses_no_page_view(engine: Engine) {
     )
     .await;
     assert_eq!(b.eval("return window.__hold;").await, "in flight");
-    let page = b.client.window().await.unwrap();
-    let tab = b.client.new_window(true).await.unwrap();
-    b.client.switch_to_window(tab.handle.clone()).await.unwrap();
+    let page = switch_tab(&b).await;
     let sent = wait_until(
         &env.diag,
         &format!("{engine:?}: the hidden page's beacon"),
@@ -807,8 +753,7 @@ async fn a_full_keepalive_budget_loses_no_page_view(engine: Engine) {
         },
     )
     .await;
-    b.client.close_window().await.unwrap();
-    b.client.switch_to_window(page).await.unwrap();
+    close_tab(&b, page).await;
     // The condition under test held: the script's keepalive fetch was refused, and the same
     // page view went by a fetch without keepalive.
     let record = b
@@ -830,13 +775,13 @@ async fn a_full_keepalive_budget_loses_no_page_view(engine: Engine) {
     );
     no_errors(&b).await;
     let plain = format!("{}/shop/plain.html", shop.proxy.url);
-    b.client.goto(&plain).await.unwrap();
+    b.goto(&plain).await;
 
     // Left directly while the other request holds the budget.
     open(&b, &a("leave")).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let hold_state = b.eval("return window.__hold;").await;
-    b.client.goto(&plain).await.unwrap();
+    b.goto(&plain).await;
 
     let sql = format!(
         "SELECT url FROM {}.measurements FINAL WHERE site = '{site}' ORDER BY url",

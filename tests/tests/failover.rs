@@ -21,11 +21,7 @@ const SWITCH: Duration = Duration::from_secs(30);
 
 /// Waits until `collector_clickhouse_{metric}{replica=url}` shows `value`.
 async fn wait_replica(c: &Collector, metric: &str, url: &str, value: u8) {
-    c.wait_metric(
-        &format!("collector_clickhouse_{metric}{{replica=\"{url}\"}} {value}"),
-        SWITCH,
-    )
-    .await;
+    c.wait_replica(metric, url, value, SWITCH).await;
 }
 
 fn assert_only_202(report: &TrafficReport) {
@@ -93,92 +89,166 @@ async fn setup<'a>(stack: &'a Stack) -> TestEnv<'a> {
     TestEnv::new(stack).await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn killing_and_restarting_the_preferred_replica_loses_nothing() {
-    let _turn = SERIAL.lock().await;
+/// Waits for this test's turn on the failover stack ([`SERIAL`]), then repairs the stack
+/// ([`setup`]) and gives the turn (hold it to the end), the stack and the test's databases.
+async fn take_turn() -> (
+    tokio::sync::MutexGuard<'static, ()>,
+    &'static Stack,
+    TestEnv<'static>,
+) {
+    let turn = SERIAL.lock().await;
     let stack = Stack::failover();
     let env = setup(stack).await;
-    let c = env.collector(&[]).await;
-    let urls = stack.clickhouse_urls();
-    let traffic = Traffic::start(&c, &env.site, EVERY);
-    traffic.wait_acked(50, SWITCH).await;
+    (turn, stack, env)
+}
 
-    stack.replica(1).kill().unwrap();
-    wait_replica(&c, "active_replica", &urls[1], 1).await;
-    wait_replica(&c, "replica_state", &urls[0], 0).await;
+/// Kills the three replicas and waits (at most [`SWITCH`] each) until collector `c` shows
+/// each down.
+async fn kill_every_replica(stack: &Stack, c: &Collector) {
+    for i in 1..=3 {
+        stack.replica(i).kill().unwrap();
+    }
+    for url in &stack.clickhouse_urls() {
+        wait_replica(c, "replica_state", url, 0).await;
+    }
+}
+
+/// Posts 20 measurements for `site` to `c`, asserting each is answered 202; their ids.
+async fn post_twenty(c: &Collector, site: &str) -> Vec<String> {
+    let mut ids = Vec::new();
+    for _ in 0..20 {
+        let (id, m) = measurement(site);
+        assert_eq!(c.post_json(&m).await.0, 202);
+        ids.push(id);
+    }
+    ids
+}
+
+/// Sends SIGKILL to `c` and asserts it has exited within 10 s.
+async fn sigkill(c: &mut Collector) {
+    c.signal("KILL");
+    assert!(
+        c.wait_exit(Duration::from_secs(10)).await.is_some(),
+        "still running 10 s after SIGKILL (immediate; 10 s allows reaping on a loaded machine)"
+    );
+}
+
+/// Asserts that `status`, what waiting 40 s for `c` after its SIGTERM gave, is an exit and
+/// exit 0; panics with `c`'s logs otherwise.
+fn assert_drained(status: Option<std::process::ExitStatus>, c: &Collector) {
+    let status = status.unwrap_or_else(|| {
+        panic!(
+            "still running 40 s after SIGTERM (compose.yaml's stop_grace_period: the drain \
+                 takes the 1 s grace, then at most the writer's 10 s deadline):\n{}",
+            c.logs()
+        )
+    });
+    assert!(status.success(), "exit {status:?}:\n{}", c.logs());
+}
+
+/// Restarts `c` on its spool, writing to the stack's replicas.
+async fn restart_on_the_replicas(c: &mut Collector, stack: &Stack) {
+    c.set_env(
+        "COLLECTOR_CLICKHOUSE_URLS",
+        &stack.clickhouse_urls().join(","),
+    );
+    c.restart().await;
+}
+
+/// A failover test under way: its turn on the stack, the repaired stack and a collector with
+/// default settings (the steady stream to it apart, see [`Streaming::start`]). Fields drop
+/// in the order a test's locals did: the collector, the databases, then the turn.
+struct Streaming {
+    urls: Vec<String>,
+    c: Collector,
+    env: TestEnv<'static>,
+    stack: &'static Stack,
+    _turn: tokio::sync::MutexGuard<'static, ()>,
+}
+
+impl Streaming {
+    /// Takes the turn, repairs the stack ([`setup`]), starts a collector and the steady stream
+    /// ([`EVERY`]) to it, and waits (at most [`SWITCH`]) for `acked` acknowledged beacons; the
+    /// test and its stream.
+    async fn start(acked: usize) -> (Streaming, Traffic) {
+        let (_turn, stack, env) = take_turn().await;
+        let c = env.collector(&[]).await;
+        let urls = stack.clickhouse_urls();
+        let traffic = Traffic::start(&c, &env.site, EVERY);
+        traffic.wait_acked(acked, SWITCH).await;
+        let test = Streaming {
+            urls,
+            c,
+            env,
+            stack,
+            _turn,
+        };
+        (test, traffic)
+    }
+
+    /// Waits (at most [`SWITCH`]) until the collector writes to replica `i` (1-based) again.
+    async fn wait_active(&self, i: usize) {
+        wait_replica(&self.c, "active_replica", &self.urls[i - 1], 1).await;
+    }
+
+    /// Stops the stream `traffic`, asserts every answer was 202, and waits (at most
+    /// [`SETTLE`]) until every acknowledged beacon is stored exactly once.
+    async fn stop_and_assert_stored(&self, traffic: Traffic) {
+        let report = traffic.stop().await;
+        assert_only_202(&report);
+        self.env.assert_stored_once(&report.acked, SETTLE).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_and_restarting_the_preferred_replica_loses_nothing() {
+    let (s, traffic) = Streaming::start(50).await;
+    s.stack.replica(1).kill().unwrap();
+    s.wait_active(2).await;
+    wait_replica(&s.c, "replica_state", &s.urls[0], 0).await;
     traffic.wait_acked(100, SWITCH).await;
 
-    stack.replica(1).start().unwrap();
-    wait_replica(&c, "active_replica", &urls[0], 1).await;
+    s.stack.replica(1).start().unwrap();
+    s.wait_active(1).await;
     traffic.wait_acked(50, SWITCH).await;
-    let report = traffic.stop().await;
-
-    assert_only_202(&report);
-    env.assert_stored_once(&report.acked, SETTLE).await;
-    assert!(c.metric("collector_clickhouse_failovers_total").await >= 2.0);
+    s.stop_and_assert_stored(traffic).await;
+    assert!(s.c.metric("collector_clickhouse_failovers_total").await >= 2.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn freezing_and_thawing_the_preferred_replica_loses_nothing() {
-    let _turn = SERIAL.lock().await;
-    let stack = Stack::failover();
-    let env = setup(stack).await;
-    let c = env.collector(&[]).await;
-    let urls = stack.clickhouse_urls();
-    let traffic = Traffic::start(&c, &env.site, EVERY);
-    traffic.wait_acked(50, SWITCH).await;
-
-    stack.replica(1).freeze().unwrap();
-    wait_replica(&c, "active_replica", &urls[1], 1).await;
+    let (s, traffic) = Streaming::start(50).await;
+    s.stack.replica(1).freeze().unwrap();
+    s.wait_active(2).await;
     traffic.wait_acked(100, SWITCH).await;
-    stack.replica(1).thaw().unwrap();
-    wait_replica(&c, "active_replica", &urls[0], 1).await;
+    s.stack.replica(1).thaw().unwrap();
+    s.wait_active(1).await;
     traffic.wait_acked(50, SWITCH).await;
-    let report = traffic.stop().await;
-
-    assert_only_202(&report);
-    env.assert_stored_once(&report.acked, SETTLE).await;
+    s.stop_and_assert_stored(traffic).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_each_replica_in_turn_loses_nothing() {
-    let _turn = SERIAL.lock().await;
-    let stack = Stack::failover();
-    let env = setup(stack).await;
-    let c = env.collector(&[]).await;
-    let urls = stack.clickhouse_urls();
-    let traffic = Traffic::start(&c, &env.site, EVERY);
+    // The first 30 acknowledged beacons are waited for by `start`, the others in the loop.
+    let (s, traffic) = Streaming::start(30).await;
     for i in 1..=3 {
-        traffic.wait_acked(30, SWITCH).await;
-        stack.replica(i).kill().unwrap();
-        wait_replica(&c, "replica_state", &urls[i - 1], 0).await;
+        if i > 1 {
+            traffic.wait_acked(30, SWITCH).await;
+        }
+        s.stack.replica(i).kill().unwrap();
+        wait_replica(&s.c, "replica_state", &s.urls[i - 1], 0).await;
         traffic.wait_acked(50, SWITCH).await;
-        stack.replica(i).start().unwrap();
-        wait_replica(&c, "replica_state", &urls[i - 1], 2).await;
+        s.stack.replica(i).start().unwrap();
+        wait_replica(&s.c, "replica_state", &s.urls[i - 1], 2).await;
     }
-    wait_replica(&c, "active_replica", &urls[0], 1).await;
-    let report = traffic.stop().await;
-
-    assert_only_202(&report);
-    env.assert_stored_once(&report.acked, SETTLE).await;
+    s.wait_active(1).await;
+    s.stop_and_assert_stored(traffic).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn all_replicas_down_for_thirty_seconds_loses_nothing() {
-    let _turn = SERIAL.lock().await;
-    let stack = Stack::failover();
-    let env = setup(stack).await;
-    let c = env.collector(&[]).await;
-    let urls = stack.clickhouse_urls();
-    let traffic = Traffic::start(&c, &env.site, EVERY);
-    traffic.wait_acked(50, SWITCH).await;
-
-    for i in 1..=3 {
-        stack.replica(i).kill().unwrap();
-    }
-    for url in &urls {
-        wait_replica(&c, "replica_state", url, 0).await;
-    }
+    let (s, traffic) = Streaming::start(50).await;
+    kill_every_replica(s.stack, &s.c).await;
     let before = traffic.snapshot().acked.len();
     tokio::time::sleep(Duration::from_secs(30)).await;
     let during = traffic.snapshot().acked.len() - before;
@@ -186,37 +256,28 @@ async fn all_replicas_down_for_thirty_seconds_loses_nothing() {
         during > 500,
         "intake kept answering 202 from the spool: {during}"
     );
-    assert!(c.metric("collector_spool_records").await > 0.0);
+    assert!(s.c.metric("collector_spool_records").await > 0.0);
     assert_eq!(
-        c.status_of("/readyz").await,
+        s.c.status_of("/readyz").await,
         200,
         "the spool has room: still ready"
     );
 
-    stack.repair();
-    wait_replica(&c, "active_replica", &urls[0], 1).await;
+    s.stack.repair();
+    s.wait_active(1).await;
     traffic.wait_acked(50, SWITCH).await;
-    let report = traffic.stop().await;
-
-    assert_only_202(&report);
-    env.assert_stored_once(&report.acked, SETTLE).await;
-    c.wait_metric("collector_spool_records 0", SETTLE).await;
+    s.stop_and_assert_stored(traffic).await;
+    s.c.wait_metric("collector_spool_records 0", SETTLE).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_collector_killed_mid_stream_replays_its_spool() {
-    let _turn = SERIAL.lock().await;
-    let stack = Stack::failover();
-    let env = setup(stack).await;
+    let (_turn, _, env) = take_turn().await;
     // A slow flush keeps acknowledged but unwritten measurements in the spool when it dies.
     let mut c = env.collector(&[("COLLECTOR_BATCH_MAX_AGE", "3s")]).await;
     let traffic = Traffic::start(&c, &env.site, EVERY);
     traffic.wait_acked(100, SWITCH).await;
-    c.signal("KILL");
-    assert!(
-        c.wait_exit(Duration::from_secs(10)).await.is_some(),
-        "still running 10 s after SIGKILL (immediate; 10 s allows reaping on a loaded machine)"
-    );
+    sigkill(&mut c).await;
     c.restart().await;
     traffic.wait_acked(100, SWITCH).await;
     let report = traffic.stop().await;
@@ -241,9 +302,7 @@ async fn a_collector_killed_mid_stream_replays_its_spool() {
 /// exactly once after the restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_collector_killed_with_groups_in_flight_at_its_maximum_rate_loses_nothing() {
-    let _turn = SERIAL.lock().await;
-    let stack = Stack::failover();
-    let env = setup(stack).await;
+    let (_turn, _, env) = take_turn().await;
     let mut c = env.collector(&[("COLLECTOR_BATCH_MAX_AGE", "3s")]).await;
     let flood = Traffic::flood(&c, &env.site, 64);
     flood.wait_acked(2000, SWITCH).await;
@@ -263,11 +322,7 @@ async fn a_collector_killed_with_groups_in_flight_at_its_maximum_rate_loses_noth
         per_sync > 2.0,
         "{per_sync:.1} requests per sync: groups were not shared, nothing was in flight together"
     );
-    c.signal("KILL");
-    assert!(
-        c.wait_exit(Duration::from_secs(10)).await.is_some(),
-        "still running 10 s after SIGKILL (immediate; 10 s allows reaping on a loaded machine)"
-    );
+    sigkill(&mut c).await;
     let cut = flood.snapshot().statuses.get(&0).copied().unwrap_or(0);
     assert!(
         cut > 0,
@@ -293,19 +348,11 @@ async fn a_collector_killed_with_groups_in_flight_at_its_maximum_rate_loses_noth
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_spool_answers_503_and_keeps_what_it_acknowledged() {
-    let _turn = SERIAL.lock().await;
-    let stack = Stack::failover();
-    let env = setup(stack).await;
+    let (_turn, stack, env) = take_turn().await;
     let c = env
         .collector(&[("COLLECTOR_SPOOL_MAX_BYTES", "1048576")])
         .await;
-    let urls = stack.clickhouse_urls();
-    for i in 1..=3 {
-        stack.replica(i).kill().unwrap();
-    }
-    for url in &urls {
-        wait_replica(&c, "replica_state", url, 0).await;
-    }
+    kill_every_replica(stack, &c).await;
     let traffic = Traffic::start(&c, &env.site, Duration::from_millis(5));
     let start = std::time::Instant::now();
     while !traffic.snapshot().statuses.contains_key(&503) {
@@ -350,28 +397,22 @@ async fn a_full_spool_answers_503_and_keeps_what_it_acknowledged() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lagging_replica_is_not_written_to_until_it_catches_up() {
-    let _turn = SERIAL.lock().await;
-    let stack = Stack::failover();
-    let env = setup(stack).await;
-    let c = env.collector(&[]).await;
-    let urls = stack.clickhouse_urls();
-    let traffic = Traffic::start(&c, &env.site, EVERY);
-    traffic.wait_acked(50, SWITCH).await;
-
+    let (s, traffic) = Streaming::start(50).await;
+    let (c, urls) = (&s.c, &s.urls);
     // Freeze the preferred replica so the writer fails over, then let it answer again but keep
     // it from fetching what it missed: it must stay "catching up" and unused.
-    stack.replica(1).freeze().unwrap();
-    wait_replica(&c, "active_replica", &urls[1], 1).await;
+    s.stack.replica(1).freeze().unwrap();
+    s.wait_active(2).await;
     traffic.wait_acked(100, SWITCH).await;
-    stack.replica(1).thaw().unwrap();
+    s.stack.replica(1).thaw().unwrap();
     clickhouse_exec(
         &urls[0],
-        &format!("SYSTEM STOP FETCHES {}.measurements", env.db),
+        &format!("SYSTEM STOP FETCHES {}.measurements", s.env.db),
     )
     .await
     .unwrap();
     traffic.wait_acked(100, SWITCH).await;
-    wait_replica(&c, "replica_state", &urls[0], 1).await;
+    wait_replica(c, "replica_state", &urls[0], 1).await;
     for _ in 0..20 {
         // Over several probe rounds, the lagging replica stays unused.
         assert_eq!(
@@ -395,31 +436,22 @@ async fn a_lagging_replica_is_not_written_to_until_it_catches_up() {
 
     clickhouse_exec(
         &urls[0],
-        &format!("SYSTEM START FETCHES {}.measurements", env.db),
+        &format!("SYSTEM START FETCHES {}.measurements", s.env.db),
     )
     .await
     .unwrap();
-    wait_replica(&c, "active_replica", &urls[0], 1).await;
-    let report = traffic.stop().await;
-    assert_only_202(&report);
-    env.assert_stored_once(&report.acked, SETTLE).await;
+    s.wait_active(1).await;
+    s.stop_and_assert_stored(traffic).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_torn_spool_tail_is_replayed_up_to_the_last_whole_record() {
-    let _turn = SERIAL.lock().await;
-    let stack = Stack::failover();
-    let env = setup(stack).await;
+    let (_turn, stack, env) = take_turn().await;
     // Nowhere to write: everything stays in the spool.
     let mut c = env
         .collector(&[("COLLECTOR_CLICKHOUSE_URLS", "http://127.0.0.1:1")])
         .await;
-    let mut ids = Vec::new();
-    for _ in 0..20 {
-        let (id, m) = measurement(&env.site);
-        assert_eq!(c.post_json(&m).await.0, 202);
-        ids.push(id);
-    }
+    let ids = post_twenty(&c, &env.site).await;
     c.kill().await;
     // A crash mid-write: the last record is cut in half.
     let segments = c.spool.path().join("segments");
@@ -443,11 +475,7 @@ async fn a_torn_spool_tail_is_replayed_up_to_the_last_whole_record() {
         .unwrap();
 
     // Restart with the real replicas on the same spool.
-    c.set_env(
-        "COLLECTOR_CLICKHOUSE_URLS",
-        &stack.clickhouse_urls().join(","),
-    );
-    c.restart().await;
+    restart_on_the_replicas(&mut c, stack).await;
     env.assert_stored_once(&ids[..19], SETTLE).await;
     assert!(
         env.rows(&ids[19..]).await.is_empty(),
@@ -462,21 +490,14 @@ async fn a_torn_spool_tail_is_replayed_up_to_the_last_whole_record() {
 /// never has to SIGKILL it; the next start delivers everything.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_with_every_replica_down_drains_and_exits_0() {
-    let _turn = SERIAL.lock().await;
-    let stack = Stack::failover();
-    let env = setup(stack).await;
+    let (_turn, stack, env) = take_turn().await;
     let mut c = env
         .collector(&[
             ("COLLECTOR_CLICKHOUSE_URLS", "http://127.0.0.1:1"),
             ("COLLECTOR_DRAIN_GRACE", "1s"),
         ])
         .await;
-    let mut ids = Vec::new();
-    for _ in 0..20 {
-        let (id, m) = measurement(&env.site);
-        assert_eq!(c.post_json(&m).await.0, 202);
-        ids.push(id);
-    }
+    let ids = post_twenty(&c, &env.site).await;
     // The bug this guards against: a batch begun before the signal retried forever.
     let start = std::time::Instant::now();
     while c.metric("collector_batches_retried_total").await < 1.0 {
@@ -488,24 +509,10 @@ async fn sigterm_with_every_replica_down_drains_and_exits_0() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     c.signal("TERM");
-    let status = c
-        .wait_exit(Duration::from_secs(40))
-        .await
-        .unwrap_or_else(|| {
-            panic!(
-                "still running 40 s after SIGTERM (compose.yaml's stop_grace_period: the drain \
-                 takes the 1 s grace, then at most the writer's 10 s deadline):\n{}",
-                c.logs()
-            )
-        });
-    assert!(status.success(), "exit {status:?}:\n{}", c.logs());
+    assert_drained(c.wait_exit(Duration::from_secs(40)).await, &c);
     assert!(c.logs().contains("drain deadline passed"), "{}", c.logs());
 
-    c.set_env(
-        "COLLECTOR_CLICKHOUSE_URLS",
-        &stack.clickhouse_urls().join(","),
-    );
-    c.restart().await;
+    restart_on_the_replicas(&mut c, stack).await;
     env.assert_stored_once(&ids, SETTLE).await;
 }
 
@@ -524,9 +531,7 @@ async fn sigterm_with_every_replica_down_drains_and_exits_0() {
 /// took them), and replica 1, where the rows are read, shows each once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_with_every_replica_frozen_drains_and_exits_0() {
-    let _turn = SERIAL.lock().await;
-    let stack = Stack::failover();
-    let env = setup(stack).await;
+    let (_turn, stack, env) = take_turn().await;
     let mut proxies = Vec::new();
     for url in stack.clickhouse_urls() {
         proxies.push(common::freeze::Freezable::start(&url).await);
@@ -541,26 +546,14 @@ async fn sigterm_with_every_replica_frozen_drains_and_exits_0() {
     for p in &proxies {
         p.freeze();
     }
-    let mut ids = Vec::new();
-    for _ in 0..20 {
-        let (id, m) = measurement(&env.site);
-        assert_eq!(c.post_json(&m).await.0, 202);
-        ids.push(id);
-    }
+    let ids = post_twenty(&c, &env.site).await;
     c.signal("TERM");
     let waited = std::time::Instant::now();
     let status = c.wait_exit(Duration::from_secs(40)).await;
     for p in &proxies {
         p.thaw();
     }
-    let status = status.unwrap_or_else(|| {
-        panic!(
-            "still running 40 s after SIGTERM (compose.yaml's stop_grace_period: the drain \
-                 takes the 1 s grace, then at most the writer's 10 s deadline):\n{}",
-            c.logs()
-        )
-    });
-    assert!(status.success(), "exit {status:?}:\n{}", c.logs());
+    assert_drained(status, &c);
     eprintln!(
         "figures: every replica frozen: exit 0 {:?} after SIGTERM",
         waited.elapsed()
@@ -589,9 +582,7 @@ const REFUSING: Duration = Duration::from_secs(20);
 /// healthy once, never cycling through catching up while it refuses; one "down" line naming
 /// `cause` and one "back" line; nothing acknowledged lost.
 async fn a_replica_that_refuses_inserts(settings: &[&str], cause: &str) {
-    let _turn = SERIAL.lock().await;
-    let stack = Stack::failover();
-    let env = setup(stack).await;
+    let (_turn, stack, env) = take_turn().await;
     let c = env.collector(&[]).await;
     let urls = stack.clickhouse_urls();
     let r1 = urls[0].clone();

@@ -228,17 +228,8 @@ async fn a_retried_id_is_stored_once_and_answered_as_duplicate() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_requests_get_their_status_and_store_nothing() {
     let env = TestEnv::new(Stack::shared()).await;
-    env.cli(&[
-        "sites",
-        "add",
-        "--key",
-        "strict",
-        "--origin",
-        "https://shop.example",
-    ])
-    .success();
-    env.cli(&["sites", "add", "--key", "off", "--disabled"])
-        .success();
+    env.add_site("strict", &["--origin", "https://shop.example"]);
+    env.add_site("off", &["--disabled"]);
     let c = env.collector(&[]).await;
     let mut bad_ids = Vec::new();
     let mut fresh = |site: &str| {
@@ -421,15 +412,21 @@ async fn invalid_optional_fields_are_dropped_and_listed() {
     assert_eq!(c.metric("collector_measurements_accepted_total").await, 5.0);
 }
 
+/// GETs `/script.js` from collector `c` with the request header `name: value`; the response.
+async fn script_with(c: &Collector, name: &str, value: &str) -> reqwest::Response {
+    http()
+        .get(format!("{}/script.js", c.url))
+        .header(name, value)
+        .send()
+        .await
+        .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn script_and_operations_endpoints() {
     let env = TestEnv::new(Stack::shared()).await;
     let c = env.collector(&[]).await;
-    let r = http()
-        .get(format!("{}/script.js", c.url))
-        .send()
-        .await
-        .unwrap();
+    let r = http_get(format!("{}/script.js", c.url)).await;
     assert_eq!(r.status(), 200);
     assert_eq!(
         r.headers()["content-type"],
@@ -444,30 +441,15 @@ async fn script_and_operations_endpoints() {
     let plain = r.bytes().await.unwrap();
     assert!(std::str::from_utf8(&plain).unwrap().contains("sendBeacon"));
 
-    let r = http()
-        .get(format!("{}/script.js", c.url))
-        .header("if-none-match", &etag)
-        .send()
-        .await
-        .unwrap();
+    let r = script_with(&c, "if-none-match", &etag).await;
     assert_eq!(r.status(), 304);
-    let r = http()
-        .get(format!("{}/script.js", c.url))
-        .header("accept-encoding", "gzip")
-        .send()
-        .await
-        .unwrap();
+    let r = script_with(&c, "accept-encoding", "gzip").await;
     assert_eq!(r.headers()["content-encoding"], "gzip");
     let gz = r.bytes().await.unwrap();
     let mut out = Vec::new();
     std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&gz[..]), &mut out).unwrap();
     assert_eq!(out, plain);
-    let r = http()
-        .get(format!("{}/script.js", c.url))
-        .header("accept-encoding", "gzip, br")
-        .send()
-        .await
-        .unwrap();
+    let r = script_with(&c, "accept-encoding", "gzip, br").await;
     assert_eq!(r.headers()["content-encoding"], "br");
 
     // The container health check needs no shell tools: `collector probe` asks /readyz on the
@@ -498,39 +480,15 @@ async fn script_and_operations_endpoints() {
         1
     );
 
+    assert_eq!(http_get(format!("{}/healthz", c.url)).await.status(), 200);
+    assert_eq!(http_get(format!("{}/readyz", c.url)).await.status(), 200);
     assert_eq!(
-        http()
-            .get(format!("{}/healthz", c.url))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        200
-    );
-    assert_eq!(
-        http()
-            .get(format!("{}/readyz", c.url))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        200
-    );
-    assert_eq!(
-        http()
-            .get(format!("{}/metrics", c.url))
-            .send()
-            .await
-            .unwrap()
-            .status(),
+        http_get(format!("{}/metrics", c.url)).await.status(),
         404,
         "the public listener keeps /metrics to the operations listener"
     );
-    let metrics = http()
-        .get(format!("{}/metrics", c.admin_url))
-        .send()
+    let metrics = http_get(format!("{}/metrics", c.admin_url))
         .await
-        .unwrap()
         .text()
         .await
         .unwrap();
@@ -564,17 +522,15 @@ async fn script_and_operations_endpoints() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cli_manages_sites_and_rejects_bad_settings() {
     let env = TestEnv::new(Stack::shared()).await;
-    env.cli(&[
-        "sites",
-        "add",
-        "--key",
+    env.add_site(
         "shop.b",
-        "--origin",
-        "HTTPS://Shop.B.Example/",
-        "--sample-rate",
-        "0.5",
-    ])
-    .success();
+        &[
+            "--origin",
+            "HTTPS://Shop.B.Example/",
+            "--sample-rate",
+            "0.5",
+        ],
+    );
     let list = env.cli(&["sites", "list"]);
     assert!(
         list.stdout
@@ -1011,16 +967,10 @@ async fn script_etags_and_codings_are_per_variant() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sample_rate_is_served_and_stored() {
     let env = TestEnv::new(Stack::shared()).await;
-    env.cli(&["sites", "add", "--key", "sampled", "--sample-rate", "0.25"])
-        .success();
-    env.cli(&["sites", "add", "--key", "off", "--disabled"])
-        .success();
+    env.add_site("sampled", &["--sample-rate", "0.25"]);
+    env.add_site("off", &["--disabled"]);
     let c = env.collector(&[]).await;
-    let r = http()
-        .get(format!("{}/api/v1/sites/sampled", c.url))
-        .send()
-        .await
-        .unwrap();
+    let r = http_get(format!("{}/api/v1/sites/sampled", c.url)).await;
     assert_eq!(r.status(), 200);
     assert_eq!(r.headers()["access-control-allow-origin"], "*");
     // 5 s, not 60, while this collector has not measured the site yet (its first 10 s,
@@ -1030,11 +980,7 @@ async fn the_sample_rate_is_served_and_stored() {
         r.json::<Value>().await.unwrap(),
         json!({"site": "sampled", "sample_rate": 0.25})
     );
-    let r = http()
-        .get(format!("{}/api/v1/sites/off", c.url))
-        .send()
-        .await
-        .unwrap();
+    let r = http_get(format!("{}/api/v1/sites/off", c.url)).await;
     assert_eq!(r.status(), 404, "a disabled site");
 
     let (sampled, m) = measurement("sampled");

@@ -85,6 +85,20 @@ async fn a_healthy_start_and_a_clean_restart_log_no_warning() {
 /// summary is due, less than two.
 const OUTAGE: Duration = Duration::from_secs(70);
 
+/// Waits until collector `c` shows the replica `url` in `replica_state` `state` (at most
+/// `limit`), then writing to the replica `active` (at most 30 s); the time since `since`.
+async fn wait_switched(
+    c: &Collector,
+    (url, state, limit): (&str, u8, Duration),
+    active: &str,
+    since: Instant,
+) -> Duration {
+    c.wait_replica("replica_state", url, state, limit).await;
+    c.wait_replica("active_replica", active, 1, Duration::from_secs(30))
+        .await;
+    since.elapsed()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_down_for_a_minute_logs_a_bounded_number_of_lines() {
     let stack = Stack::own(2);
@@ -93,11 +107,8 @@ async fn a_replica_down_for_a_minute_logs_a_bounded_number_of_lines() {
     let urls = stack.clickhouse_urls();
     let (r1, r2) = (urls[0].clone(), urls[1].clone());
     for r in [&r1, &r2] {
-        c.wait_metric(
-            &format!("collector_clickhouse_replica_state{{replica=\"{r}\"}} 2"),
-            Duration::from_secs(30),
-        )
-        .await;
+        c.wait_replica("replica_state", r, 2, Duration::from_secs(30))
+            .await;
     }
     let traffic = Traffic::start(&c, &env.site, Duration::from_millis(50));
     traffic.wait_acked(20, Duration::from_secs(30)).await;
@@ -105,35 +116,14 @@ async fn a_replica_down_for_a_minute_logs_a_bounded_number_of_lines() {
 
     stack.replica(1).kill().unwrap();
     let killed = Instant::now();
-    c.wait_metric(
-        &format!("collector_clickhouse_replica_state{{replica=\"{r1}\"}} 0"),
-        Duration::from_secs(30),
-    )
-    .await;
-    c.wait_metric(
-        &format!("collector_clickhouse_active_replica{{replica=\"{r2}\"}} 1"),
-        Duration::from_secs(30),
-    )
-    .await;
-    let marked_down = killed.elapsed();
+    let marked_down = wait_switched(&c, (&r1, 0, Duration::from_secs(30)), &r2, killed).await;
     // Beacons keep flowing to the other replica during the whole outage.
     while killed.elapsed() < OUTAGE {
         traffic.wait_acked(10, Duration::from_secs(30)).await;
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     stack.replica(1).start().unwrap();
-    let started = Instant::now();
-    c.wait_metric(
-        &format!("collector_clickhouse_replica_state{{replica=\"{r1}\"}} 2"),
-        Duration::from_secs(90),
-    )
-    .await;
-    c.wait_metric(
-        &format!("collector_clickhouse_active_replica{{replica=\"{r1}\"}} 1"),
-        Duration::from_secs(30),
-    )
-    .await;
-    let back = started.elapsed();
+    let back = wait_switched(&c, (&r1, 2, Duration::from_secs(90)), &r1, Instant::now()).await;
     traffic.wait_acked(20, Duration::from_secs(30)).await;
     let report = traffic.stop().await;
     env.assert_stored_once(&report.acked, Duration::from_secs(60))

@@ -59,6 +59,9 @@ fn assert_fired_after_its_for(name: &str, held_for: Duration, elapsed: Duration)
     );
 }
 
+/// How long a series expected from a healthy scrape may take to appear in Prometheus.
+const SERIES: Duration = Duration::from_secs(30);
+
 /// Debian's `prometheus` on a free loopback port with its data in a temporary folder, using
 /// the deployed configuration with the overrides named in the module doc. Stopped on drop.
 struct Prometheus {
@@ -348,13 +351,8 @@ fn exported_series(text: &str) -> BTreeSet<String> {
 /// range brackets and grouping label lists, that are neither functions, aggregations (an
 /// identifier followed by `(`), keywords nor Grafana variables.
 fn metric_names(expr: &str) -> BTreeSet<String> {
+    // Keywords besides the grouping ones (`GROUPING`, keywords too).
     const KEYWORDS: &[&str] = &[
-        "by",
-        "without",
-        "on",
-        "ignoring",
-        "group_left",
-        "group_right",
         "bool",
         "and",
         "or",
@@ -436,7 +434,9 @@ fn metric_names(expr: &str) -> BTreeSet<String> {
                 j += 1;
             }
             let call = j < chars.len() && chars[j] == '(';
-            if !call && !KEYWORDS.contains(&word.to_ascii_lowercase().as_str()) {
+            let lower = word.to_ascii_lowercase();
+            let keyword = KEYWORDS.contains(&lower.as_str()) || GROUPING.contains(&lower.as_str());
+            if !call && !keyword {
                 names.insert(word.clone());
             }
             last_word = word;
@@ -716,9 +716,7 @@ async fn prometheus_scrapes_the_collector_and_alerts_on_no_healthy_replica() {
     // The target is up, and what it exports arrives with its labels.
     prom.wait_query("up{job=\"collector\"} == 1", Duration::from_secs(60))
         .await;
-    let info = prom
-        .wait_query("collector_build_info", Duration::from_secs(30))
-        .await;
+    let info = prom.wait_query("collector_build_info", SERIES).await;
     assert_eq!(info.len(), 1, "{info:?}");
     assert_eq!(info[0]["metric"]["instance"], instance.as_str());
     assert!(
@@ -728,10 +726,7 @@ async fn prometheus_scrapes_the_collector_and_alerts_on_no_healthy_replica() {
         "{info:?}"
     );
     let states = prom
-        .wait_query(
-            "collector_clickhouse_replica_state == 2",
-            Duration::from_secs(30),
-        )
+        .wait_query("collector_clickhouse_replica_state == 2", SERIES)
         .await;
     assert_eq!(states.len(), 2, "both replicas healthy: {states:?}");
 
@@ -824,10 +819,7 @@ async fn prometheus_scrapes_the_collector_and_alerts_on_no_healthy_replica() {
 
     // The measurement sent meanwhile is late, and says so through Prometheus ...
     let late = prom
-        .wait_query(
-            "collector_spool_oldest_record_age_seconds > 30",
-            Duration::from_secs(30),
-        )
+        .wait_query("collector_spool_oldest_record_age_seconds > 30", SERIES)
         .await;
     assert_eq!(late.len(), 1, "{late:?}");
     // ... and after a restart, from what the spool holds: the oldest record held is m1, or

@@ -11,11 +11,10 @@
 
 use collector_tests::common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::browser::{shop_html, Browser, Engine, Shop, HIDE, SETTLE};
+use common::browser::{shop_html, Browser, Engine, Shop, HIDE, SETTLE, SETTLED};
 use common::*;
-use fantoccini::Locator;
 use serde_json::Value;
 
 /// Page views compared per engine.
@@ -157,19 +156,9 @@ async fn matches_web_vitals(engine: Engine) {
     std::fs::write(shop.pages().join("hero.bmp"), noisy_bmp()).unwrap();
     // Each page view is told apart by `?view=N`, a parameter the site keeps (contract v4: only
     // those are stored).
-    env.cli(&[
-        "sites",
-        "add",
-        "--key",
-        site,
-        "--origin",
-        &shop.proxy.url,
-        "--keep-query",
-        "view",
-    ])
-    .success();
+    env.add_site(site, &["--origin", &shop.proxy.url, "--keep-query", "view"]);
     let b = Browser::start(engine, &env.diag).await;
-    let mut settled = "document.readyState === 'complete' && document.body.firstChild.textContent === 'Free shipping this week!' && window.__wv.FCP".to_owned();
+    let mut settled = format!("{SETTLED} && window.__wv.FCP");
     if cls {
         settled.push_str(" && window.__wv.CLS && window.__wv.CLS.value > 0");
     }
@@ -179,15 +168,9 @@ async fn matches_web_vitals(engine: Engine) {
     let mut table: Vec<Line> = Vec::new();
     for n in 1..=PAGE_VIEWS {
         let url = format!("{}/shop/?view={n}", shop.proxy.url);
-        b.client.goto(&url).await.unwrap();
+        b.goto(&url).await;
         b.wait_for(&settled).await;
-        b.client
-            .find(Locator::Id("add"))
-            .await
-            .unwrap()
-            .click()
-            .await
-            .unwrap();
+        b.click("add").await;
         if inp {
             b.wait_for("window.__events > 0 && window.__wv.INP").await;
         }
@@ -196,17 +179,13 @@ async fn matches_web_vitals(engine: Engine) {
             "SELECT * FROM {}.measurements FINAL WHERE site = '{site}' AND url = '{url}'",
             env.db
         );
-        let start = Instant::now();
-        let row = loop {
+        let row = poll_until(&env.diag, SETTLE, Duration::from_millis(100), || async {
             let rows = env.query(0, &sql).await;
-            if let Some(r) = rows.into_iter().next() {
-                break r;
-            }
-            if start.elapsed() >= SETTLE {
-                env.diag.give_up(format!("page view {n}: no row")).await;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        };
+            rows.into_iter()
+                .next()
+                .ok_or_else(|| format!("page view {n}: no row"))
+        })
+        .await;
         let wv = b.eval("return window.__wv;").await;
         assert_eq!(
             b.eval("return window.__errors;").await,

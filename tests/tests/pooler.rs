@@ -107,18 +107,17 @@ async fn migrate_sites_and_serve_work_through_pgbouncer_in_transaction_mode() {
             ("COLLECTOR_SETTINGS_TTL", "2s"),
         ])
         .await;
-    let start = Instant::now();
-    while c.status_of("/readyz").await != 200 {
-        if start.elapsed() >= Duration::from_secs(30) {
-            c.diag
-                .give_up(format!(
-                    "collector behind pgbouncer never ready:\n{}",
-                    c.logs()
-                ))
-                .await;
+    let (limit, every) = (Duration::from_secs(30), Duration::from_millis(100));
+    poll_until(&c.diag, limit, every, || async {
+        match c.status_of("/readyz").await {
+            200 => Ok(()),
+            _ => Err(format!(
+                "collector behind pgbouncer never ready:\n{}",
+                c.logs()
+            )),
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await;
     assert!(
         c.logs().contains("settings: loaded every site"),
         "no full load at start:\n{}",

@@ -43,15 +43,7 @@ fn reset_password(site: &str, id: &str) -> Value {
 }
 
 async fn reset_password_stored_minimised(env: TestEnv<'_>) {
-    env.cli(&[
-        "sites",
-        "add",
-        "--key",
-        "shop",
-        "--origin",
-        "https://shop.example",
-    ])
-    .success();
+    env.add_site("shop", &["--origin", "https://shop.example"]);
     let c = env.collector(&[]).await;
     let id = uuid::Uuid::new_v4().to_string();
     let (status, body) = c.post_json(&reset_password("shop", &id)).await;
@@ -77,15 +69,11 @@ async fn reset_password_stored_minimised(env: TestEnv<'_>) {
     assert_eq!(col(&rows[0], "referrer"), "https://search.example");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_reset_password_beacon_is_stored_minimised_on_18_16() {
-    reset_password_stored_minimised(TestEnv::new(Stack::shared()).await).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_reset_password_beacon_is_stored_minimised_on_26() {
-    reset_password_stored_minimised(TestEnv::on_ch26(Stack::shared()).await).await;
-}
+collector_tests::on_both_servers!(
+    reset_password_stored_minimised:
+        a_reset_password_beacon_is_stored_minimised_on_18_16,
+        a_reset_password_beacon_is_stored_minimised_on_26
+);
 
 /// The canary's strings: an e-mail address, a token, and a client address.
 const EMAIL_LOCAL: &str = "canary7f3a9qx";
@@ -139,8 +127,7 @@ fn files_under(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_canary_of_personal_data_is_in_no_file_row_log_or_metric() {
     let env = TestEnv::on_ch26(Stack::shared()).await;
-    env.cli(&["sites", "add", "--key", "refused", "--keep-query", "utm_*"])
-        .success();
+    env.add_site("refused", &["--keep-query", "utm_*"]);
     env.exec(
         0,
         &format!(
@@ -387,15 +374,11 @@ async fn retention_applies(env: TestEnv<'_>) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn retention_drops_what_is_older_on_18_16() {
-    retention_applies(TestEnv::new(Stack::shared()).await).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn retention_drops_what_is_older_on_26() {
-    retention_applies(TestEnv::on_ch26(Stack::shared()).await).await;
-}
+collector_tests::on_both_servers!(
+    retention_applies:
+        retention_drops_what_is_older_on_18_16,
+        retention_drops_what_is_older_on_26
+);
 
 /// Posts `n` beacons of `site` and returns their ids.
 async fn send(c: &Collector, site: &str, n: usize) -> Vec<String> {

@@ -329,19 +329,17 @@ fn expected_answers(d0: &str, d1: &str) -> Vec<(&'static str, Vec<Value>)> {
 async fn the_documented_dashboard_queries_answer_what_the_beacons_say() {
     let env = TestEnv::new(Stack::shared()).await;
     // The shop samples half of its page views: every row stands for two.
-    env.cli(&[
-        "sites",
-        "add",
-        "--key",
+    env.add_site(
         "shop",
-        "--sample-rate",
-        "0.5",
-        "--page-group",
-        PAGE_GROUP_RULE,
-        "--dimension",
-        "variant",
-    ])
-    .success();
+        &[
+            "--sample-rate",
+            "0.5",
+            "--page-group",
+            PAGE_GROUP_RULE,
+            "--dimension",
+            "variant",
+        ],
+    );
     let c1 = env.collector(&[]).await;
     let c2 = env.collector(&[]).await;
 

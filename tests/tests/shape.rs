@@ -28,6 +28,22 @@ fn replica_metric(metric: &str, url: &str) -> String {
     format!("collector_clickhouse_{metric}{{replica=\"{url}\"}}")
 }
 
+/// `collector_clickhouse_insert_errors_total` of the replica `url`, kind `transient`.
+fn transient_errors(url: &str) -> String {
+    format!("collector_clickhouse_insert_errors_total{{replica=\"{url}\",kind=\"transient\"}}")
+}
+
+/// Two stand-ins ([`StandIn`]) in front of the stack's two replicas, sharing one memory of
+/// tokens, and their URLs as `COLLECTOR_CLICKHOUSE_URLS`.
+async fn stand_ins(stack: &Stack) -> (StandIn, StandIn, String) {
+    let urls = stack.clickhouse_urls();
+    let tokens = TokenMemory::new();
+    let s1 = StandIn::start(&urls[0], tokens.clone()).await;
+    let s2 = StandIn::start(&urls[1], tokens.clone()).await;
+    let replicas = format!("{},{}", s1.url, s2.url);
+    (s1, s2, replicas)
+}
+
 /// Posts one measurement to `c` and asserts 202; its id.
 async fn post_one(c: &Collector, site: &str) -> String {
     let (id, m) = measurement(site);
@@ -42,11 +58,7 @@ async fn post_one(c: &Collector, site: &str) -> String {
 async fn two_collectors_with_fresh_spools_store_every_same_sized_beacon_once() {
     let stack = Stack::shared();
     let env = TestEnv::new(stack).await;
-    let urls = stack.clickhouse_urls();
-    let tokens = TokenMemory::new();
-    let s1 = StandIn::start(&urls[0], tokens.clone()).await;
-    let s2 = StandIn::start(&urls[1], tokens.clone()).await;
-    let replicas = format!("{},{}", s1.url, s2.url);
+    let (s1, s2, replicas) = stand_ins(stack).await;
     // Short batches, so that each batch holds the one measurement just sent.
     let settings = [
         ("COLLECTOR_CLICKHOUSE_URLS", replicas.as_str()),
@@ -119,13 +131,9 @@ async fn two_collectors_with_fresh_spools_store_every_same_sized_beacon_once() {
 async fn an_insert_answered_200_with_an_exception_header_is_a_failure() {
     let stack = Stack::shared();
     let env = TestEnv::new(stack).await;
-    let urls = stack.clickhouse_urls();
-    let tokens = TokenMemory::new();
-    let s1 = StandIn::start(&urls[0], tokens.clone()).await;
-    let s2 = StandIn::start(&urls[1], tokens.clone()).await;
+    let (s1, s2, replicas) = stand_ins(stack).await;
     // 999: KEEPER_EXCEPTION, a transient failure of a replicated INSERT.
     s1.set_insert_mode(InsertMode::ExceptionHeader(999));
-    let replicas = format!("{},{}", s1.url, s2.url);
     let c = env
         .collector(&[("COLLECTOR_CLICKHOUSE_URLS", replicas.as_str())])
         .await;
@@ -146,10 +154,7 @@ async fn an_insert_answered_200_with_an_exception_header_is_a_failure() {
     );
     assert_eq!(t1.inserts_written, 0, "{t1:?}");
     assert!(t2.inserts_written >= 1, "{t2:?}");
-    let errors = format!(
-        "collector_clickhouse_insert_errors_total{{replica=\"{}\",kind=\"transient\"}}",
-        s1.url
-    );
+    let errors = transient_errors(&s1.url);
     assert!(c.metric(&errors).await >= 1.0);
     assert!(c.metric(&replica_metric("inserts_total", &s2.url)).await >= 1.0);
     assert_eq!(c.metric("collector_spool_kept_aside_rows_total").await, 0.0);
@@ -258,10 +263,7 @@ async fn a_closed_keep_alive_connection_is_not_a_failover() {
     }
     env.assert_stored_once(&acked, STORED).await;
     assert_eq!(c.metric("collector_clickhouse_failovers_total").await, 0.0);
-    let errors = format!(
-        "collector_clickhouse_insert_errors_total{{replica=\"{}\",kind=\"transient\"}}",
-        urls[0]
-    );
+    let errors = transient_errors(&urls[0]);
     assert_eq!(c.metric(&errors).await, 0.0);
     assert!(
         !c.logs().contains("WARN"),

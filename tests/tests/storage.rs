@@ -307,15 +307,11 @@ async fn resends_across_a_month_end_fold(env: TestEnv<'_>) {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_resend_received_after_midnight_of_a_month_end_folds() {
-    resends_across_a_month_end_fold(TestEnv::new(Stack::shared()).await).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_resend_received_after_midnight_of_a_month_end_folds_on_26() {
-    resends_across_a_month_end_fold(TestEnv::on_ch26(Stack::shared()).await).await;
-}
+collector_tests::on_both_servers!(
+    resends_across_a_month_end_fold:
+        a_resend_received_after_midnight_of_a_month_end_folds,
+        a_resend_received_after_midnight_of_a_month_end_folds_on_26
+);
 
 /// A v1 table (sorted by `id` alone) holding 200,000 rows over four or five months, on both replicas;
 /// `migrate` killed (SIGKILL) halfway through its copy; a collector of this release writing

@@ -42,6 +42,63 @@ fn copy_dir(from: &Path, to: &Path) {
     }
 }
 
+/// A copy, in a new temporary folder, of the fixture spool `tests/fixtures/NAME`, and the ids
+/// it holds (its `sent-ids` file); asserts there are 40.
+fn fixture_spool(name: &str) -> (Vec<String>, tempfile::TempDir) {
+    let fixture = root().join("tests/fixtures").join(name);
+    let ids: Vec<String> = std::fs::read_to_string(fixture.join("sent-ids"))
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(ids.len(), 40, "the fixture holds 40 measurements");
+    let spool = tempfile::tempdir().unwrap();
+    copy_dir(&fixture, spool.path());
+    (ids, spool)
+}
+
+/// Starts a collector of `env` on the spool folder `spool` and waits (at most 60 s) until the
+/// rows of `ids` are stored; asserts there are 40. The collector and the rows.
+async fn deliver(env: &TestEnv<'_>, spool: &Path, ids: &[String]) -> (Collector, Vec<Value>) {
+    let c = env
+        .collector(&[("COLLECTOR_SPOOL_DIR", spool.to_str().unwrap())])
+        .await;
+    let rows = env.wait_rows(ids, Duration::from_secs(60)).await;
+    assert_eq!(rows.len(), 40);
+    (c, rows)
+}
+
+/// The 8-byte magic of each segment file in the spool folder `spool`.
+fn segment_magics(spool: &Path) -> Vec<String> {
+    let mut magics = Vec::new();
+    for entry in std::fs::read_dir(spool.join("segments")).unwrap() {
+        let data = std::fs::read(entry.unwrap().path()).unwrap();
+        magics.push(String::from_utf8_lossy(&data[..8]).into_owned());
+    }
+    magics
+}
+
+/// Asserts the values every fixture measurement was made with: site, user agent, viewport,
+/// and an LCP over 1000 ms with a fraction of .5.
+fn assert_fixture_row(r: &Value) {
+    assert_eq!(col(r, "site"), "upgrade-fixture", "{r}");
+    assert_eq!(col(r, "user_agent"), "fixture/1", "{r}");
+    assert_eq!(col(r, "viewport_width"), 390, "{r}");
+    let lcp = col(r, "lcp_ms").as_f64().unwrap();
+    assert!(lcp > 1000.0 && lcp.fract() == 0.5, "{r}");
+}
+
+/// Posts a new measurement to `c` (asserting 202), then waits (at most 60 s each) until its
+/// row is stored and `c`'s spool holds no record.
+async fn post_one_and_drain(env: &TestEnv<'_>, c: &Collector) {
+    let (id, m) = measurement(&env.site);
+    let (status, body) = c.post_json(&m).await;
+    assert_eq!(status, 202, "{body}");
+    env.wait_rows(&[id], Duration::from_secs(60)).await;
+    c.wait_metric("collector_spool_records 0", Duration::from_secs(60))
+        .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_spool_of_the_previous_release_is_delivered_after_the_upgrade() {
     let stack = Stack::shared();
@@ -69,31 +126,20 @@ async fn a_spool_of_the_previous_release_is_delivered_after_the_upgrade() {
     assert_eq!(listed, expected, "{}", dump.stderr);
     assert!(dump.stderr.contains("40 rows"), "{}", dump.stderr);
 
-    let c = env.collector(&[("COLLECTOR_SPOOL_DIR", spool_dir)]).await;
-    let rows = env.wait_rows(&ids, Duration::from_secs(60)).await;
-    assert_eq!(rows.len(), 40);
+    let (c, rows) = deliver(&env, spool.path(), &ids).await;
     for r in &rows {
-        assert_eq!(col(r, "site"), "upgrade-fixture", "{r}");
+        assert_fixture_row(r);
+        assert_eq!(col(r, "navigation_type"), "navigate", "{r}");
         assert!(
             col(r, "url").as_str().unwrap().ends_with("?q=%C3%BC"),
             "the URL as stored then: {r}"
         );
-        assert_eq!(col(r, "user_agent"), "fixture/1", "{r}");
-        assert_eq!(col(r, "navigation_type"), "navigate", "{r}");
-        assert_eq!(col(r, "viewport_width"), 390, "{r}");
         assert_eq!(col(r, "sample_rate"), 1.0, "{r}");
-        let lcp = col(r, "lcp_ms").as_f64().unwrap();
-        assert!(lcp > 1000.0 && lcp.fract() == 0.5, "{r}");
     }
     env.assert_stored_once(&ids, Duration::from_secs(60)).await;
 
     // New beacons go on in this release's format, after the old segment.
-    let (id, m) = measurement(&env.site);
-    let (status, body) = c.post_json(&m).await;
-    assert_eq!(status, 202, "{body}");
-    env.wait_rows(&[id], Duration::from_secs(60)).await;
-    c.wait_metric("collector_spool_records 0", Duration::from_secs(60))
-        .await;
+    post_one_and_drain(&env, &c).await;
     // Every append waited for a group commit, and the histogram of their durations says so.
     assert!(
         c.metric("collector_spool_sync_duration_seconds_count")
@@ -101,11 +147,7 @@ async fn a_spool_of_the_previous_release_is_delivered_after_the_upgrade() {
             >= 1.0,
         "no group commit timed"
     );
-    let mut magics = Vec::new();
-    for entry in std::fs::read_dir(spool.path().join("segments")).unwrap() {
-        let data = std::fs::read(entry.unwrap().path()).unwrap();
-        magics.push(String::from_utf8_lossy(&data[..8]).into_owned());
-    }
+    let magics = segment_magics(spool.path());
     assert!(
         magics.iter().all(|m| m == "CSPOOL05"),
         "the delivered old segment is gone and new ones are this release's format (v5): {magics:?}"
@@ -196,26 +238,10 @@ async fn previous_release_upgraded(env: TestEnv<'_>) {
     assert_eq!(pg_only.code, 1, "{}", pg_only.stderr);
     env.cli(&["sites", "add", "--key", "site-1"]).success();
 
-    let fixture = root().join("tests/fixtures/spool-v3");
-    let ids: Vec<String> = std::fs::read_to_string(fixture.join("sent-ids"))
-        .unwrap()
-        .lines()
-        .map(str::to_owned)
-        .collect();
-    assert_eq!(ids.len(), 40, "the fixture holds 40 measurements");
-    let spool = tempfile::tempdir().unwrap();
-    copy_dir(&fixture, spool.path());
-    let c = env
-        .collector(&[("COLLECTOR_SPOOL_DIR", spool.path().to_str().unwrap())])
-        .await;
-    let rows = env.wait_rows(&ids, Duration::from_secs(60)).await;
-    assert_eq!(rows.len(), 40);
+    let (ids, spool) = fixture_spool("spool-v3");
+    let (c, rows) = deliver(&env, spool.path(), &ids).await;
     for r in &rows {
-        assert_eq!(col(r, "site"), "upgrade-fixture", "{r}");
-        assert_eq!(col(r, "user_agent"), "fixture/1", "{r}");
-        assert_eq!(col(r, "viewport_width"), 390, "{r}");
-        let lcp = col(r, "lcp_ms").as_f64().unwrap();
-        assert!(lcp > 1000.0 && lcp.fract() == 0.5, "{r}");
+        assert_fixture_row(r);
     }
     env.assert_stored_once(&ids, Duration::from_secs(60)).await;
     let nulls = env
@@ -260,16 +286,8 @@ async fn previous_release_upgraded(env: TestEnv<'_>) {
         .unwrap();
         assert_eq!(as_i64(col(&columns[0], "n")), Some(14), "server {i}: {ch}");
     }
-    let row = env
-        .query(
-            0,
-            &format!(
-                "SELECT lcp_target, lcp_element_render_delay_ms, inp_type, cls_value, inp_target \
-                 FROM {}.measurements FINAL WHERE id = '{id}'",
-                env.db
-            ),
-        )
-        .await;
+    let columns = "lcp_target, lcp_element_render_delay_ms, inp_type, cls_value, inp_target";
+    let row = env.final_rows(columns, &format!("id = '{id}'")).await;
     assert_eq!(row.len(), 1);
     assert_eq!(col(&row[0], "lcp_target"), "main>img.hero");
     assert_eq!(col(&row[0], "lcp_element_render_delay_ms"), 12.5);
@@ -279,74 +297,41 @@ async fn previous_release_upgraded(env: TestEnv<'_>) {
     env.cli(&["migrate"]).success();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_table_and_spool_of_the_previous_release_are_upgraded_on_18_16() {
-    previous_release_upgraded(TestEnv::empty(Stack::shared()).await).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_table_and_spool_of_the_previous_release_are_upgraded_on_26() {
-    previous_release_upgraded(TestEnv::empty_on_ch26(Stack::shared()).await).await;
-}
+collector_tests::on_both_servers!(
+    previous_release_upgraded:
+        a_table_and_spool_of_the_previous_release_are_upgraded_on_18_16 => empty,
+        a_table_and_spool_of_the_previous_release_are_upgraded_on_26 => empty_on_ch26
+);
 
 /// The spool of the release before opaque frames (git e9fea1f; `tests/fixtures/spool-v4/`, 40
 /// measurements in `CSPOOL04`, made by `tests/fixtures/make-spool.sh`) is delivered exactly once
 /// with every value, through `spool dump` first, and new beacons go on in `CSPOOL05`, whose
 /// frames carry their layout.
 async fn spool_of_the_release_before_opaque_frames_replayed(env: TestEnv<'_>) {
-    let fixture = root().join("tests/fixtures/spool-v4");
-    let ids: Vec<String> = std::fs::read_to_string(fixture.join("sent-ids"))
-        .unwrap()
-        .lines()
-        .map(str::to_owned)
-        .collect();
-    assert_eq!(ids.len(), 40, "the fixture holds 40 measurements");
-    let spool = tempfile::tempdir().unwrap();
-    copy_dir(&fixture, spool.path());
+    let (ids, spool) = fixture_spool("spool-v4");
     let spool_dir = spool.path().to_str().unwrap();
     let dump = env.cli_with(&[("COLLECTOR_SPOOL_DIR", spool_dir)], &["spool", "dump"]);
     dump.success();
     assert_eq!(dump.stdout.lines().count(), 40, "{}", dump.stderr);
     assert!(dump.stderr.contains("40 rows"), "{}", dump.stderr);
 
-    let c = env.collector(&[("COLLECTOR_SPOOL_DIR", spool_dir)]).await;
-    let rows = env.wait_rows(&ids, Duration::from_secs(60)).await;
-    assert_eq!(rows.len(), 40);
+    let (c, rows) = deliver(&env, spool.path(), &ids).await;
     for r in &rows {
-        assert_eq!(col(r, "site"), "upgrade-fixture", "{r}");
-        assert_eq!(col(r, "user_agent"), "fixture/1", "{r}");
-        assert_eq!(col(r, "viewport_width"), 390, "{r}");
+        assert_fixture_row(r);
         assert_eq!(col(r, "navigation_type"), "navigate", "{r}");
-        let lcp = col(r, "lcp_ms").as_f64().unwrap();
-        assert!(lcp > 1000.0 && lcp.fract() == 0.5, "{r}");
     }
     env.assert_stored_once(&ids, Duration::from_secs(60)).await;
 
-    let (id, m) = measurement(&env.site);
-    let (status, body) = c.post_json(&m).await;
-    assert_eq!(status, 202, "{body}");
-    env.wait_rows(&[id], Duration::from_secs(60)).await;
-    c.wait_metric("collector_spool_records 0", Duration::from_secs(60))
-        .await;
-    let mut magics = Vec::new();
-    for entry in std::fs::read_dir(spool.path().join("segments")).unwrap() {
-        let data = std::fs::read(entry.unwrap().path()).unwrap();
-        magics.push(String::from_utf8_lossy(&data[..8]).into_owned());
-    }
+    post_one_and_drain(&env, &c).await;
+    let magics = segment_magics(spool.path());
     assert!(
         !magics.is_empty() && magics.iter().all(|m| m == "CSPOOL05"),
         "the delivered CSPOOL04 segment is gone and new ones are CSPOOL05: {magics:?}"
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_spool_of_the_release_before_opaque_frames_is_delivered_on_18_16() {
-    let env = TestEnv::new(Stack::shared()).await;
-    spool_of_the_release_before_opaque_frames_replayed(env).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_spool_of_the_release_before_opaque_frames_is_delivered_on_26() {
-    let env = TestEnv::on_ch26(Stack::shared()).await;
-    spool_of_the_release_before_opaque_frames_replayed(env).await;
-}
+collector_tests::on_both_servers!(
+    spool_of_the_release_before_opaque_frames_replayed:
+        a_spool_of_the_release_before_opaque_frames_is_delivered_on_18_16,
+        a_spool_of_the_release_before_opaque_frames_is_delivered_on_26
+);

@@ -23,6 +23,10 @@ use super::{free_port, root, terminate, Collector, Diag, Nginx};
 pub const HIDE: &str = "Object.defineProperty(document, 'visibilityState', {configurable: true, get: function () { return 'hidden'; }});\
                         document.dispatchEvent(new Event('visibilitychange'));";
 
+/// What the demo shop page ([`shop_html`]) shows once loaded and shifted: complete, with its
+/// late banner (the layout shift) in place. A JS expression for [`Browser::wait_for`].
+pub const SETTLED: &str = "document.readyState === 'complete' && document.body.firstChild.textContent === 'Free shipping this week!'";
+
 /// How long a page or a row may take to appear before a wait fails.
 pub const SETTLE: Duration = Duration::from_secs(30);
 
@@ -387,6 +391,24 @@ impl Browser {
             },
         )
         .await
+    }
+
+    /// Navigates to `url` and waits until it has loaded (WebDriver's page load strategy);
+    /// panics when the driver refuses.
+    pub async fn goto(&self, url: &str) {
+        self.client.goto(url).await.unwrap();
+    }
+
+    /// Clicks the page's element with the id `id`; panics when there is none or the driver
+    /// refuses.
+    pub async fn click(&self, id: &str) {
+        self.client
+            .find(fantoccini::Locator::Id(id))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
     }
 
     /// The test's report (see [`Diag`]).

@@ -557,3 +557,22 @@ where
         tokio::time::sleep(every).await;
     }
 }
+
+/// Polls `check` every `every` until it gives `Ok`, and returns that; when it gives `Err` and
+/// `limit` has passed since the first poll, gives up through `diag` with that `Err` as the
+/// whole message (unlike [`wait_until`], which frames it).
+pub async fn poll_until<T, F, Fut>(diag: &Diag, limit: Duration, every: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, String>>,
+{
+    let start = Instant::now();
+    loop {
+        match check().await {
+            Ok(v) => return v,
+            Err(why) if start.elapsed() >= limit => diag.give_up(why).await,
+            Err(_) => {}
+        }
+        tokio::time::sleep(every).await;
+    }
+}

@@ -23,7 +23,31 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-pub use diag::{wait_until, Diag};
+pub use diag::{poll_until, wait_until, Diag};
+
+/// Two tests of `async fn BODY(env: TestEnv)` on the shared stack: `ON_18` with a
+/// [`TestEnv::new`] (the 18.16 replicas) and `ON_26` with a [`TestEnv::on_ch26`] (the 26.x
+/// server); or, written `BODY: ON_18 => empty, ON_26 => empty_on_ch26`, with the `TestEnv`
+/// constructors named. Written where `BODY` is, beside it; the tests keep the names given.
+#[macro_export]
+macro_rules! on_both_servers {
+    ($body:ident: $on_18:ident, $on_26:ident) => {
+        $crate::on_both_servers!($body: $on_18 => new, $on_26 => on_ch26);
+    };
+    ($body:ident: $on_18:ident => $new_18:ident, $on_26:ident => $new_26:ident) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $on_18() {
+            let stack = $crate::common::Stack::shared();
+            $body($crate::common::TestEnv::$new_18(stack).await).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $on_26() {
+            let stack = $crate::common::Stack::shared();
+            $body($crate::common::TestEnv::$new_26(stack).await).await;
+        }
+    };
+}
 
 /// The workspace root.
 pub fn root() -> PathBuf {
@@ -278,6 +302,15 @@ impl<'a> TestEnv<'a> {
         self.cli_with(&[], args)
     }
 
+    /// Registers the site `key` (`collector sites add --key KEY OPTIONS`, e.g. `options`
+    /// `["--origin", "https://shop.example"]`); panics with the command's output unless it
+    /// exits 0.
+    pub fn add_site(&self, key: &str, options: &[&str]) {
+        let mut args = vec!["sites", "add", "--key", key];
+        args.extend_from_slice(options);
+        self.cli(&args).success();
+    }
+
     /// Runs `collector ARGS` against this test's databases with some settings replaced.
     pub fn cli_with(&self, settings: &[(&str, &str)], args: &[&str]) -> CliOutput {
         let out = Command::new(collector_bin())
@@ -318,6 +351,16 @@ impl<'a> TestEnv<'a> {
                     self.clickhouse[replica]
                 )
             })
+    }
+
+    /// The `columns` of the rows of this test's table that match `filter` (an SQL condition),
+    /// under `FINAL`, read from its first ClickHouse server ([`TestEnv::query`]).
+    pub async fn final_rows(&self, columns: &str, filter: &str) -> Vec<Value> {
+        let sql = format!(
+            "SELECT {columns} FROM {}.measurements FINAL WHERE {filter}",
+            self.db
+        );
+        self.query(0, &sql).await
     }
 
     /// Runs a statement (no answer rows) on ClickHouse server `i` (from 0) of this test;
@@ -500,6 +543,12 @@ pub async fn clickhouse_exec(url: &str, sql: &str) -> Result<(), String> {
             .unwrap_or_else(|e| format!("(its body cannot be read: {e})"));
         Err(format!("{status}: {text}"))
     }
+}
+
+/// GETs `url` with [`http`]; the response, whatever its status. Panics when there is no
+/// answer (within [`http`]'s 30 s timeout).
+pub async fn http_get(url: impl reqwest::IntoUrl) -> reqwest::Response {
+    http().get(url).send().await.unwrap()
 }
 
 /// A shared HTTP client for tests, without a connection pool: each test has its own tokio
@@ -737,7 +786,8 @@ impl Collector {
         metric_value(&self.metrics_text().await, name)
     }
 
-    async fn metrics_text(&self) -> String {
+    /// The text of `/metrics` on the admin listener; panics when it does not answer.
+    pub async fn metrics_text(&self) -> String {
         http()
             .get(format!("{}/metrics", self.admin_url))
             .send()
@@ -1087,6 +1137,17 @@ impl TestEnv<'_> {
 }
 
 impl Collector {
+    /// Waits until `/metrics` shows the gauge `collector_clickhouse_{metric}` of the replica
+    /// `url` at `value` (`replica_state`: 0 down, 1 catching up, 2 healthy; `active_replica`:
+    /// 1 written to), or panics after `limit` ([`Collector::wait_metric`]).
+    pub async fn wait_replica(&self, metric: &str, url: &str, value: u8, limit: Duration) {
+        self.wait_metric(
+            &format!("collector_clickhouse_{metric}{{replica=\"{url}\"}} {value}"),
+            limit,
+        )
+        .await;
+    }
+
     /// Waits until `/metrics` shows `line` (exact name with labels and value) or panics after
     /// `limit`.
     pub async fn wait_metric(&self, line: &str, limit: Duration) {
