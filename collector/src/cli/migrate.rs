@@ -21,6 +21,9 @@ pub const POSTGRES: &[(&str, &str)] = &[
 /// deploy).
 pub const REPLICA_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
+/// Bound on one attempt at one replica, which holds the turn that the others wait for.
+const ATTEMPT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Pause between two attempts on a replica that did not take the schema yet.
 const RETRY_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
@@ -43,14 +46,17 @@ pub async fn run(config: &Config) -> Result<(), RunError> {
         Ok(()) => println!("postgres: schema applied"),
         Err(e) => eprintln!("collector: {e}"),
     }
-    // All replicas at once: in a fresh `docker compose up` the replicas may still be starting
-    // (compose does not wait for them to be healthy, so that one replica down cannot block a
-    // deploy).
+    // Every replica waited for at once: in a fresh `docker compose up` the replicas may still
+    // be starting (compose does not wait for them to be healthy, so that one replica down
+    // cannot block a deploy). The schema itself goes to one replica at a time: the same
+    // `ALTER`s on two replicas of a replicated table at once overlap, which aborted a
+    // ClickHouse 18.16 server (see `writer::probe::round`).
+    let one_at_a_time = tokio::sync::Mutex::new(());
     let attempts = config
         .clickhouse
         .urls
         .iter()
-        .map(|url| apply_replica(url, config));
+        .map(|url| apply_replica(url, config, &one_at_a_time));
     let mut applied = Vec::new();
     let mut missed = 0;
     for (url, client, result) in futures_util::future::join_all(attempts).await {
@@ -90,21 +96,32 @@ async fn apply_postgres(config: &Config) -> Result<(), String> {
 type ReplicaOutcome = Result<crate::clickhouse::schema::Applied, (String, bool)>;
 
 /// Applies the ClickHouse schema to the replica at `url`, tried again every [`RETRY_EVERY`]
-/// until it answers or [`REPLICA_TIMEOUT`] has passed.
+/// until it answers or [`REPLICA_TIMEOUT`] has passed; each attempt holds `one_at_a_time`.
 async fn apply_replica(
     url: &url::Url,
     config: &Config,
+    one_at_a_time: &tokio::sync::Mutex<()>,
 ) -> (String, clickhouse::Client, ReplicaOutcome) {
     let url = url.as_str().trim_end_matches('/').to_owned();
     let client = crate::clickhouse::client(&url, &config.clickhouse, true);
     let deadline = tokio::time::Instant::now() + REPLICA_TIMEOUT;
     let mut last: Option<String> = None;
     let result = loop {
-        let apply = apply_clickhouse(
-            &client,
-            &config.clickhouse.database,
-            config.clickhouse.table_form,
-        );
+        let apply = async {
+            let _turn = one_at_a_time.lock().await;
+            let attempt = apply_clickhouse(
+                &client,
+                &config.clickhouse.database,
+                config.clickhouse.table_form,
+            );
+            // A replica that hangs instead of refusing gives up its turn in time.
+            match tokio::time::timeout(ATTEMPT_TIMEOUT, attempt).await {
+                Ok(done) => done,
+                Err(_) => Err(SchemaError::Failed(format!(
+                    "no answer within {ATTEMPT_TIMEOUT:?}"
+                ))),
+            }
+        };
         let failed = match tokio::time::timeout_at(deadline, apply).await {
             Ok(Ok(done)) => break Ok(done),
             // Trying again cannot help: say so at once.

@@ -122,8 +122,8 @@ async fn check(
 }
 
 /// Probes replica `i` once: what it found, or why it did not answer in [`PROBE_TIMEOUT`]
-/// (the error with its causes). A replica found without the schema gets it applied here
-/// (within [`SCHEMA_TIMEOUT`]); it still counts as lacking it until the next probe sees it.
+/// (the error with its causes). Applies nothing: [`round`] applies the schema to a replica
+/// found without it.
 pub async fn probe(replicas: &Replicas, i: usize, options: &Options) -> Result<Probe, String> {
     let (database, max_delay) = (options.database.as_str(), options.max_delay);
     // The `system` database, not the measurements' one, which may not exist yet.
@@ -137,35 +137,39 @@ pub async fn probe(replicas: &Replicas, i: usize, options: &Options) -> Result<P
             other => other,
         }
     };
-    let found = match tokio::time::timeout(PROBE_TIMEOUT, run).await {
-        Ok(Ok(found)) => found,
-        Ok(Err(e)) => return Err(crate::logging::chain(&e)),
-        Err(_) => return Err(format!("no answer within {PROBE_TIMEOUT:?}")),
-    };
-    if !found.schema {
-        let apply = crate::clickhouse::schema::apply_clickhouse(&client, database, options.form);
-        match tokio::time::timeout(SCHEMA_TIMEOUT, apply).await {
-            Ok(Ok(applied)) => {
-                if applied.moved_v1_aside {
-                    tracing::warn!(replica = %replicas.url(i), "clickhouse: moved the v1 measurements table aside to measurements_v1 and created v2; run `collector migrate` to copy its rows");
-                }
-                tracing::info!(replica = %replicas.url(i), "clickhouse: applied the schema to a replica that lacked it; not written to until it has caught up")
+    match tokio::time::timeout(PROBE_TIMEOUT, run).await {
+        Ok(Ok(found)) => Ok(found),
+        Ok(Err(e)) => Err(crate::logging::chain(&e)),
+        Err(_) => Err(format!("no answer within {PROBE_TIMEOUT:?}")),
+    }
+}
+
+/// Applies the schema to replica `i` (within [`SCHEMA_TIMEOUT`]) and says how it went in the
+/// log; the replica still counts as lacking it until a probe sees it.
+async fn apply_schema(replicas: &Replicas, i: usize, options: &Options) {
+    let client = replicas.client(i).clone().with_database("system");
+    let apply =
+        crate::clickhouse::schema::apply_clickhouse(&client, &options.database, options.form);
+    match tokio::time::timeout(SCHEMA_TIMEOUT, apply).await {
+        Ok(Ok(applied)) => {
+            if applied.moved_v1_aside {
+                tracing::warn!(replica = %replicas.url(i), "clickhouse: moved the v1 measurements table aside to measurements_v1 and created v2; run `collector migrate` to copy its rows");
             }
-            Ok(Err(e)) => {
-                crate::logging::warn_limited(
-                    "schema_apply",
-                    || tracing::warn!(replica = %replicas.url(i), error = %e, "clickhouse: cannot apply the schema to a replica that lacks it"),
-                );
-            }
-            Err(_) => {
-                crate::logging::warn_limited(
-                    "schema_apply",
-                    || tracing::warn!(replica = %replicas.url(i), "clickhouse: applying the schema timed out"),
-                );
-            }
+            tracing::info!(replica = %replicas.url(i), "clickhouse: applied the schema to a replica that lacked it; not written to until it has caught up")
+        }
+        Ok(Err(e)) => {
+            crate::logging::warn_limited(
+                "schema_apply",
+                || tracing::warn!(replica = %replicas.url(i), error = %e, "clickhouse: cannot apply the schema to a replica that lacks it"),
+            );
+        }
+        Err(_) => {
+            crate::logging::warn_limited(
+                "schema_apply",
+                || tracing::warn!(replica = %replicas.url(i), "clickhouse: applying the schema timed out"),
+            );
         }
     }
-    Ok(found)
 }
 
 /// What the prober needs to know.
@@ -179,10 +183,26 @@ pub struct Options {
     pub form: crate::config::TableForm,
 }
 
-/// One round over every replica, concurrently. `initial` trusts a single result.
+/// One round over every replica, probed concurrently. `initial` trusts a single result.
+///
+/// The schema is applied to at most one replica a round: the first, in the configured order,
+/// that answered without it. On a replicated table an `ALTER` made on one replica reaches the
+/// others through ZooKeeper, and the same `ALTER`s sent to two replicas at once overlap: on
+/// ClickHouse 18.16 that aborted a server ("columns changed before this ALTER finished;
+/// overlapping ALTER-s ...", then "pure virtual method called", found in a fresh-clone CI run
+/// of `tests/tests/upgrade.rs`). The next round probes the others again, and applies it to one
+/// that still lacks it (not replicated, or another shard). Every collector picks the same
+/// replica first, where the server serialises their `ALTER`s.
 pub async fn round(replicas: &Replicas, options: &Options, initial: bool) {
     let probes = (0..replicas.len()).map(|i| async move { (i, probe(replicas, i, options).await) });
-    for (i, result) in futures_util::future::join_all(probes).await {
+    let results = futures_util::future::join_all(probes).await;
+    let lacking = results
+        .iter()
+        .find(|(_, result)| matches!(result, Ok(found) if !found.schema));
+    if let Some(&(i, _)) = lacking {
+        apply_schema(replicas, i, options).await;
+    }
+    for (i, result) in results {
         replicas.probed(i, result, initial);
     }
 }
