@@ -1,7 +1,8 @@
 //! One real ClickHouse 26.x server beside the replicas (`up --ch26`): chdb-core's
-//! clickhouse-local from PyPI, run by `scripts/ch26/server.py` (which writes its
-//! `config.xml`/`users.xml` into `DIR/ch26`) from a Python venv. Not a replica: no ZooKeeper,
-//! no interserver port, not in the cluster.
+//! clickhouse-local from PyPI, run by `scripts/ch26/server.py` from a Python venv in a folder
+//! where [`write_config`] put its `config.xml` and `users.xml` (from the one template,
+//! [`crate::server_config`] and [`crate::users`]). Not a replica: no ZooKeeper, no
+//! interserver port, not in the cluster. The tests' own 26.x servers are made the same way.
 //!
 //! Layout of `DIR/ch26`: `data/` (the server's path), `log/server.log` (its output: the
 //! server's own log files stay empty, it says what it has to say on stderr), `stop.fifo` (a
@@ -14,6 +15,7 @@ use std::time::{Duration, Instant};
 use crate::ctx::Ctx;
 use crate::env::Env;
 use crate::error::{Error, Result};
+use crate::server_config::{Local, ServerConfig};
 use crate::users::{users_xml, Root, User};
 use crate::{http, process};
 
@@ -70,38 +72,62 @@ pub fn installed() -> bool {
     executable && marker.trim_end_matches('\n') == PACKAGE
 }
 
-/// Starts the 26.x server detached (creating `DIR/ch26/data` and `DIR/ch26/log`): the venv's
-/// python runs [`launcher`] with `--workdir DIR/ch26 --data DIR/ch26/data --host 127.0.0.1`
-/// and the ports `CH26_HTTP_PORT`/`CH26_TCP_PORT`, with `DIR/ch26/users.xml` written from the
-/// stack's template ([`crate::users`]: `default` without a password, from loopback); output appended to `DIR/ch26/log/server.log`,
-/// pid in `DIR/ch26.pid`. Does not wait for it to answer (see [`wait`]).
+/// Writes the server folder `d`'s `config.xml` (from [`crate::server_config`]: HTTP and TCP
+/// ports on 127.0.0.1, data in `d/data`, `displayName()` = `ch26:` and `d`) and its
+/// `users.xml` (`users_xml`, text from [`crate::users`]; it must keep a password-less
+/// `default` from loopback: clickhouse-local runs its own query as `default`), and makes
+/// `d/data` and `d/log`.
 ///
-/// Errors: a port missing from `env`, a folder that could not be made, or a launcher that
-/// could not be started.
+/// Errors: a folder or file that could not be written.
+pub fn write_config(d: &Path, http_port: u16, tcp_port: u16, users_xml: &str) -> Result<()> {
+    std::fs::create_dir_all(d.join("data"))?;
+    std::fs::create_dir_all(d.join("log"))?;
+    let name = format!("ch26:{}", d.display());
+    let config = ServerConfig {
+        dir: d,
+        http_port,
+        tcp_port,
+        tls: None,
+        replication: None,
+        local: Some(Local {
+            display_name: &name,
+        }),
+    };
+    std::fs::write(d.join("config.xml"), config.render())?;
+    std::fs::write(d.join("users.xml"), users_xml)?;
+    Ok(())
+}
+
+/// The command that runs the server of folder `d` (written by [`write_config`]): the venv's
+/// python running [`launcher`] with `--workdir d`.
+pub fn command(d: &Path) -> Command {
+    let mut cmd = Command::new(python());
+    cmd.arg(launcher()).arg("--workdir").arg(d);
+    cmd
+}
+
+/// Starts the 26.x server detached in `DIR/ch26` ([`write_config`] with the ports
+/// `CH26_HTTP_PORT`/`CH26_TCP_PORT` and `default` without a password, from loopback);
+/// output appended to `DIR/ch26/log/server.log`, pid in `DIR/ch26.pid`. Does not wait for it
+/// to answer (see [`wait`]).
+///
+/// Errors: a port missing from `env`, a folder or file that could not be written, or a
+/// launcher that could not be started.
 pub fn launch(ctx: &Ctx, env: &Env) -> Result<()> {
     let http_port = env.need_port("CH26_HTTP_PORT")?;
     let tcp_port = env.need_port("CH26_TCP_PORT")?;
     let d = ctx.path("ch26");
-    std::fs::create_dir_all(d.join("data"))?;
-    std::fs::create_dir_all(d.join("log"))?;
-    let users = d.join("users.xml");
-    std::fs::write(
-        &users,
-        users_xml(Root::ClickHouse, &[], &[], &[User::DEFAULT]),
+    let users = users_xml(Root::ClickHouse, &[], &[], &[User::DEFAULT]);
+    write_config(&d, http_port, tcp_port, &users)?;
+    process::spawn(
+        &ctx.path("ch26.pid"),
+        &d.join("log/server.log"),
+        command(&d),
     )?;
-    let mut cmd = Command::new(python());
-    cmd.arg(launcher());
-    cmd.arg("--workdir").arg(&d);
-    cmd.arg("--data").arg(d.join("data"));
-    cmd.args(["--host", "127.0.0.1"]);
-    cmd.arg("--http-port").arg(http_port.to_string());
-    cmd.arg("--tcp-port").arg(tcp_port.to_string());
-    cmd.arg("--users-file").arg(&users);
-    process::spawn(&ctx.path("ch26.pid"), &d.join("log/server.log"), cmd)?;
     Ok(())
 }
 
-/// The name this DIR's server answers `SELECT displayName()` with (its launcher sets it).
+/// The name this DIR's server answers `SELECT displayName()` with ([`write_config`]).
 fn display_name(ctx: &Ctx) -> String {
     format!("ch26:{}/ch26", ctx.dir.display())
 }
@@ -162,6 +188,33 @@ mod tests {
     fn display_name_is_ch26_and_workdir() {
         let ctx = Ctx::new(Path::new("/tmp/st"));
         assert_eq!(display_name(&ctx), "ch26:/tmp/st/ch26");
+    }
+
+    #[test]
+    fn the_config_names_the_folder_ports_and_users() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().join("ch26");
+        write_config(&d, 20001, 20002, "<yandex/>").unwrap();
+        let config = std::fs::read_to_string(d.join("config.xml")).unwrap();
+        let name = format!("<display_name>ch26:{}</display_name>", d.display());
+        assert!(config.contains(&name), "{config}");
+        assert!(config.contains("<http_port>20001</http_port>"));
+        assert!(config.contains("<tcp_port>20002</tcp_port>"));
+        let users = format!("<users_config>{}/users.xml</users_config>", d.display());
+        assert!(config.contains(&users), "{config}");
+        for absent in [
+            "<logger>",
+            "keep_alive_timeout",
+            "user_files_path",
+            "zookeeper",
+        ] {
+            assert!(!config.contains(absent), "{absent} in {config}");
+        }
+        assert_eq!(
+            std::fs::read_to_string(d.join("users.xml")).unwrap(),
+            "<yandex/>"
+        );
+        assert!(d.join("data").is_dir() && d.join("log").is_dir());
     }
 
     #[test]

@@ -74,6 +74,7 @@ fn replica_config(dir: &Path, i: usize, env: &Env) -> Result<String> {
             zk_port: env.need_port("ZK_PORT")?,
             cluster_tcp,
         }),
+        local: None,
     }
     .render())
 }
@@ -93,6 +94,7 @@ pub fn sample_config() -> String {
             zk_port: 1,
             cluster_tcp: vec![1],
         }),
+        local: None,
     }
     .render()
 }

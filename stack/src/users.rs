@@ -265,7 +265,7 @@ pub fn users_xml(
 }
 
 /// `text` with `&`, `<` and `>` escaped, for an element's content.
-fn escape(text: &str) -> String {
+pub(crate) fn escape(text: &str) -> String {
     text.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")

@@ -219,6 +219,7 @@ impl Ch18Tls {
                 key: &pki.key,
             }),
             replication: None,
+            local: None,
         }
         .render();
         // The stack's users template: `collector` alone, by the SHA-256 of its password.

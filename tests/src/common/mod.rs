@@ -1487,8 +1487,8 @@ impl Drop for PgBouncer {
     }
 }
 
-/// A ClickHouse 26.x server of one test's own (`scripts/ch26/server.py` from the chdb-core
-/// virtual environment that `scripts/stack.sh install` makes), with `settings` added to its
+/// A ClickHouse 26.x server of one test's own, made as the stack makes its own
+/// ([`stack::ch26::write_config`], [`stack::ch26::command`]), with `settings` added to its
 /// default profile: for a test that needs server settings the shared 26.x server must not
 /// have. Stopped when dropped.
 pub struct Ch26Server {
@@ -1513,12 +1513,10 @@ impl Ch26Server {
         extra: &[stack::users::Profile<'_>],
         users: &[stack::users::User<'_>],
     ) -> Ch26Server {
-        let venv = stack::ch26::venv();
-        let python = venv.join("bin/python");
         assert!(
-            python.exists(),
+            stack::ch26::installed(),
             "no chdb-core virtual environment at {}: run scripts/stack.sh install",
-            venv.display()
+            stack::ch26::venv().display()
         );
         let dir = tempfile::tempdir().unwrap();
         let http = free_port();
@@ -1533,26 +1531,12 @@ impl Ch26Server {
             .map(|s| s.split_once('=').expect("a setting is NAME=VALUE"))
             .map(|(k, v)| (k.to_owned(), v.to_owned()))
             .collect();
-        let users_file = dir.path().join("users.xml");
         let users_xml =
             stack::users::users_xml(stack::users::Root::ClickHouse, &profile, extra, users);
-        std::fs::write(&users_file, users_xml).unwrap();
+        stack::ch26::write_config(dir.path(), http, tcp, &users_xml).unwrap();
         let log = std::fs::File::create(dir.path().join("server.log")).unwrap();
-        let mut cmd = Command::new(&python);
-        cmd.arg(root().join("scripts/ch26/server.py"))
-            .arg("--workdir")
-            .arg(dir.path())
-            .args([
-                "--http-port",
-                &http.to_string(),
-                "--tcp-port",
-                &tcp.to_string(),
-            ])
-            .arg("--users-file")
-            .arg(&users_file)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log);
+        let mut cmd = stack::ch26::command(dir.path());
+        cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(log);
         let child = cmd.spawn().expect("start scripts/ch26/server.py");
         let mut server = Ch26Server {
             url: format!("http://127.0.0.1:{http}"),
