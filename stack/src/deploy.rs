@@ -1,9 +1,12 @@
 //! The ClickHouse files of the compose stack under `deploy/clickhouse/` that are rendered from
-//! the stack's templates (`stack render-deploy` writes them; a unit test fails while the
-//! committed file differs): `users.xml`, from [`crate::users`].
+//! the stack's templates (`stack render-deploy` writes them; a unit test fails while a
+//! committed file differs): `users.xml`, from [`crate::users`]; `cluster.xml` and each
+//! replica's `rN.xml`, from the sections of [`crate::server_config`] that the stack's own
+//! replicas are made of (ZooKeeper, the cluster, macros).
 
 use std::path::Path;
 
+use crate::server_config::{macros_xml, remote_servers_xml, zookeeper_xml};
 use crate::users::{self, Password, Profile, Root, User, UsersXml};
 use crate::Result;
 
@@ -91,14 +94,96 @@ pub fn users_xml() -> String {
     .render()
 }
 
+/// The path of the rendered `cluster.xml` in the repository.
+pub const CLUSTER_XML: &str = "deploy/clickhouse/cluster.xml";
+
+/// The paths of the rendered replica files in the repository: `deploy/clickhouse/rN.xml`.
+pub const REPLICA_XML: [&str; 3] = [
+    "deploy/clickhouse/r1.xml",
+    "deploy/clickhouse/r2.xml",
+    "deploy/clickhouse/r3.xml",
+];
+
+/// The compose stack's replicas: `clickhouse-r1..r3` (compose service names).
+const REPLICAS: usize = 3;
+
+const CLUSTER_COMMENT: &str =
+    "<!-- Shared by the three ClickHouse replicas (mounted as config.d/cluster.xml); each replica's
+     own rN.xml adds its macros and the host name it advertises to the others.
+     Rendered by `scripts/stack.sh render-deploy` from the sections the stack's own replicas
+     are made of (stack/src/server_config.rs, stack/src/deploy.rs): do not edit it here (a
+     unit test fails while the two differ). One shard of replicas in the cluster `collector`,
+     internal_replication on (the replicated table copies the data, not the Distributed
+     engine), and the coordination service under <zookeeper>, here the three-node ClickHouse
+     Keeper ensemble. -->
+";
+
+/// The text of `deploy/clickhouse/cluster.xml`: Keeper's three nodes (`keeper-N:9181`, session
+/// 30 s, operations 10 s), the cluster of `clickhouse-rN:9000` replacing the image's example
+/// clusters, the interserver port 9009 and the memory share of three replicas on one machine.
+pub fn cluster_xml() -> String {
+    let keepers: Vec<(String, u16)> = (1..=3).map(|i| (format!("keeper-{i}"), 9181)).collect();
+    let replicas: Vec<(String, u16)> = (1..=REPLICAS)
+        .map(|i| (format!("clickhouse-r{i}"), 9000))
+        .collect();
+    format!(
+        "<?xml version=\"1.0\"?>\n{CLUSTER_COMMENT}<clickhouse>\n{}\n    <!-- replace: drop the example clusters of the image's default config.xml. -->\n{}{CLUSTER_TAIL}",
+        zookeeper_xml(&keepers, 30_000, Some(10_000)),
+        remote_servers_xml(&replicas, true),
+    )
+}
+
+const CLUSTER_TAIL: &str = "
+    <!-- The image listens on all addresses already (config.d/docker_related_config.xml).
+         Replicas fetch parts from each other on the interserver port 9009. -->
+    <interserver_http_port>9009</interserver_http_port>
+
+    <!-- The three replicas share one machine in this file; on separate machines, raise it. -->
+    <max_server_memory_usage_to_ram_ratio>0.3</max_server_memory_usage_to_ram_ratio>
+</clickhouse>
+";
+
+/// The text of `deploy/clickhouse/rN.xml` for replica `i` (1-based): its macros (replica
+/// `rI`), the host it advertises for part fetches and its display name, both
+/// `clickhouse-rI`.
+pub fn replica_xml(i: usize) -> String {
+    format!(
+        "<?xml version=\"1.0\"?>
+<!-- ClickHouse replica r{i} (mounted as config.d/replica.xml of service clickhouse-r{i}).
+     Rendered by `scripts/stack.sh render-deploy` (stack/src/deploy.rs): do not edit it here.
+     The macros fill the {{shard}} and {{replica}} placeholders of the replicated table's
+     ZooKeeper path and replica name in schema/clickhouse/002_measurements.sql. -->
+<clickhouse>
+{}    <!-- What this replica registers in Keeper as its address for part fetches: the compose
+         service name, which the other replicas resolve on the stack's network (the default,
+         the container's host name, is a random id). -->
+    <interserver_http_host>clickhouse-r{i}</interserver_http_host>
+    <display_name>clickhouse-r{i}</display_name>
+</clickhouse>
+",
+        macros_xml(&format!("r{i}"))
+    )
+}
+
+/// Every rendered file: its path in the repository and its text.
+pub fn files() -> Vec<(&'static str, String)> {
+    let mut files = vec![(USERS_XML, users_xml()), (CLUSTER_XML, cluster_xml())];
+    for (i, path) in REPLICA_XML.iter().enumerate() {
+        files.push((path, replica_xml(i + 1)));
+    }
+    files
+}
+
 /// Writes every rendered file under `repo` (the repository's root) whose text differs; returns
 /// the paths written (relative to `repo`).
 ///
 /// Errors: a file that could not be read or written.
 pub fn render(repo: &Path) -> Result<Vec<&'static str>> {
     let mut written = Vec::new();
-    if write_on_change(&repo.join(USERS_XML), &users_xml())? {
-        written.push(USERS_XML);
+    for (path, text) in files() {
+        if write_on_change(&repo.join(path), &text)? {
+            written.push(path);
+        }
     }
     Ok(written)
 }
@@ -117,12 +202,26 @@ mod tests {
     use super::*;
 
     #[test]
-    fn deploy_users_xml_is_the_rendered_template() {
-        let committed = include_str!("../../deploy/clickhouse/users.xml");
-        assert!(
-            committed == users_xml(),
-            "{USERS_XML} is not what the template renders: run \
-             `scripts/stack.sh render-deploy` and commit the result"
-        );
+    fn every_deploy_file_is_the_rendered_template() {
+        let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        for (path, text) in files() {
+            let committed = std::fs::read_to_string(repo.join(path)).unwrap();
+            assert!(
+                committed == text,
+                "{path} is not what the template renders: run \
+                 `scripts/stack.sh render-deploy` and commit the result"
+            );
+        }
+    }
+
+    #[test]
+    fn a_deploy_replica_has_its_macros_and_host() {
+        let text = replica_xml(2);
+        assert!(text.contains("<shard>1</shard>\n        <replica>r2</replica>"));
+        assert!(text.contains("<interserver_http_host>clickhouse-r2</interserver_http_host>"));
+        let cluster = cluster_xml();
+        assert!(cluster.contains("<node><host>keeper-3</host><port>9181</port></node>"));
+        assert!(cluster.contains("<remote_servers replace=\"true\">"));
+        assert!(cluster.contains("<replica><host>clickhouse-r3</host><port>9000</port></replica>"));
     }
 }

@@ -56,7 +56,7 @@ enum Command {
     Ports { n: usize },
     /// One line per server; exit status 0 only if every server runs and answers.
     Status { dir: PathBuf },
-    /// Writes the files of deploy/ rendered from the templates (deploy/clickhouse/users.xml).
+    /// Writes the files of deploy/ rendered from the templates (deploy/clickhouse/*.xml).
     RenderDeploy,
     /// A replica's config.xml with placeholder ports (for scripts/check-containers.py).
     #[command(hide = true)]

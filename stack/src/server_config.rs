@@ -183,36 +183,78 @@ fn limits_and_paths(d: &str, local: bool) -> String {
 }
 
 fn replication_lines(r: &Replication) -> String {
-    let (zk, i) = (r.zk_port, r.i);
-    let remote: String = r
+    let nodes = [("127.0.0.1".to_owned(), r.zk_port)];
+    let remote: Vec<(String, u16)> = r
         .cluster_tcp
         .iter()
-        .map(|p| {
-            format!("\n                <replica><host>127.0.0.1</host><port>{p}</port></replica>")
-        })
+        .map(|&p| ("127.0.0.1".to_owned(), p))
         .collect();
     format!(
-        r#"
-    <zookeeper>
-        <node><host>127.0.0.1</host><port>{zk}</port></node>
-        <session_timeout_ms>10000</session_timeout_ms>
-    </zookeeper>
-    <macros>
-        <shard>1</shard>
-        <replica>r{i}</replica>
-    </macros>
-    <remote_servers>
-        <collector>
-            <shard>
-                <internal_replication>true</internal_replication>{remote}
-            </shard>
-        </collector>
-    </remote_servers>
-    <distributed_ddl>
-        <path>/clickhouse/task_queue/ddl</path>
-    </distributed_ddl>
-"#
+        "\n{}{}{}    <distributed_ddl>\n        <path>/clickhouse/task_queue/ddl</path>\n    </distributed_ddl>\n",
+        zookeeper_xml(&nodes, 10_000, None),
+        macros_xml(&format!("r{}", r.i)),
+        remote_servers_xml(&remote, false),
     )
+}
+
+/// The `<zookeeper>` section: `nodes` (host, client port), the session timeout and, when
+/// given, the operation timeout (milliseconds). Shared by the stack's replicas and the
+/// compose stack's (`deploy/clickhouse/cluster.xml`, [`crate::deploy`]).
+pub fn zookeeper_xml(
+    nodes: &[(String, u16)],
+    session_ms: u32,
+    operation_ms: Option<u32>,
+) -> String {
+    let mut out = String::from("    <zookeeper>\n");
+    for (host, port) in nodes {
+        out.push_str(&format!(
+            "        <node><host>{}</host><port>{port}</port></node>\n",
+            escape(host)
+        ));
+    }
+    out.push_str(&format!(
+        "        <session_timeout_ms>{session_ms}</session_timeout_ms>\n"
+    ));
+    if let Some(ms) = operation_ms {
+        out.push_str(&format!(
+            "        <operation_timeout_ms>{ms}</operation_timeout_ms>\n"
+        ));
+    }
+    out.push_str("    </zookeeper>\n");
+    out
+}
+
+/// The `<macros>` section of a replica of the one shard: `{shard}` = 1 and `{replica}` =
+/// `replica`, the placeholders of the replicated table's ZooKeeper path and replica name
+/// (`schema/clickhouse/002_measurements.sql`).
+pub fn macros_xml(replica: &str) -> String {
+    format!(
+        "    <macros>\n        <shard>1</shard>\n        <replica>{}</replica>\n    </macros>\n",
+        escape(replica)
+    )
+}
+
+/// The `<remote_servers>` section: the cluster `collector`, one shard of `replicas` (host,
+/// native TCP port) with `internal_replication` on (the replicated table copies the data, not
+/// the Distributed engine). `replace`: `replace="true"`, dropping the clusters of the
+/// config it is merged into (an image's default `config.xml`).
+pub fn remote_servers_xml(replicas: &[(String, u16)], replace: bool) -> String {
+    let open = if replace {
+        "<remote_servers replace=\"true\">"
+    } else {
+        "<remote_servers>"
+    };
+    let mut out = format!(
+        "    {open}\n        <collector>\n            <shard>\n                <internal_replication>true</internal_replication>\n"
+    );
+    for (host, port) in replicas {
+        out.push_str(&format!(
+            "                <replica><host>{}</host><port>{port}</port></replica>\n",
+            escape(host)
+        ));
+    }
+    out.push_str("            </shard>\n        </collector>\n    </remote_servers>\n");
+    out
 }
 
 const TAIL: &str = r#"
