@@ -80,8 +80,8 @@ pub fn installed() -> bool {
 ///
 /// Errors: a folder or file that could not be written.
 pub fn write_config(d: &Path, http_port: u16, tcp_port: u16, users_xml: &str) -> Result<()> {
-    std::fs::create_dir_all(d.join("data"))?;
-    std::fs::create_dir_all(d.join("log"))?;
+    fs_err::create_dir_all(d.join("data"))?;
+    fs_err::create_dir_all(d.join("log"))?;
     let name = format!("ch26:{}", d.display());
     let config = ServerConfig {
         dir: d,
@@ -93,8 +93,8 @@ pub fn write_config(d: &Path, http_port: u16, tcp_port: u16, users_xml: &str) ->
             display_name: &name,
         }),
     };
-    std::fs::write(d.join("config.xml"), config.render())?;
-    std::fs::write(d.join("users.xml"), users_xml)?;
+    fs_err::write(d.join("config.xml"), config.render())?;
+    fs_err::write(d.join("users.xml"), users_xml)?;
     Ok(())
 }
 

@@ -111,11 +111,11 @@ fn replace_on_change(path: &Path, text: &str) -> Result<()> {
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".tmp");
     let tmp = PathBuf::from(tmp);
-    std::fs::write(&tmp, text)?;
+    fs_err::write(&tmp, text)?;
     if std::fs::read(path).is_ok_and(|old| old == text.as_bytes()) {
-        std::fs::remove_file(&tmp)?;
+        fs_err::remove_file(&tmp)?;
     } else {
-        std::fs::rename(&tmp, path)?;
+        fs_err::rename(&tmp, path)?;
     }
     Ok(())
 }
@@ -131,8 +131,8 @@ fn replace_on_change(path: &Path, text: &str) -> Result<()> {
 pub fn write_conf(ctx: &Ctx, i: usize, env: &Env, profile: &[(String, String)]) -> Result<()> {
     let config = replica_config(&ctx.dir, i, env)?;
     let d = ctx.path(&format!("ch{i}"));
-    std::fs::create_dir_all(d.join("data"))?;
-    std::fs::create_dir_all(d.join("log"))?;
+    fs_err::create_dir_all(d.join("data"))?;
+    fs_err::create_dir_all(d.join("log"))?;
     replace_on_change(&d.join("config.xml"), &config)?;
     replace_on_change(&d.join("users.xml"), &users_text(profile))
 }
@@ -471,7 +471,7 @@ pub fn add_user(
     }
     .render();
     let dir = ctx.path(&format!("ch{i}/users.d"));
-    std::fs::create_dir_all(&dir)?;
+    fs_err::create_dir_all(&dir)?;
     replace_on_change(&dir.join(format!("{name}.xml")), &text)
 }
 

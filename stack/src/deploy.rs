@@ -193,7 +193,7 @@ fn write_on_change(path: &Path, text: &str) -> Result<bool> {
     if std::fs::read_to_string(path).is_ok_and(|old| old == text) {
         return Ok(false);
     }
-    std::fs::write(path, text)?;
+    fs_err::write(path, text)?;
     Ok(true)
 }
 

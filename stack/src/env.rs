@@ -44,8 +44,8 @@ impl Env {
             text.push_str(&format!("{k}={v}\n"));
         }
         let tmp = path.with_extension("env.tmp");
-        std::fs::write(&tmp, text)?;
-        std::fs::rename(&tmp, path)?;
+        fs_err::write(&tmp, text)?;
+        fs_err::rename(&tmp, path)?;
         Ok(())
     }
 

@@ -114,7 +114,7 @@ fn with_reservations<T>(f: impl FnOnce(&mut BTreeMap<u16, u64>, u64) -> Result<T
     for (p, ts) in &taken {
         writeln!(file, "{p} {ts}")?;
     }
-    std::fs::rename(&tmp_file, &reserve)?;
+    fs_err::rename(&tmp_file, &reserve)?;
     Ok(out)
 }
 

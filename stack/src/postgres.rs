@@ -87,6 +87,12 @@ pub fn socket_dir(ctx: &Ctx, pg: Pg) -> PathBuf {
     PathBuf::from(short)
 }
 
+/// Bound on one run of PostgreSQL's tools (`initdb`, `pg_ctl`, `pg_basebackup`): the stack's
+/// readiness timeout (`pg_ctl -t` waits that long itself) and 30 s for the tool's own work.
+fn tool_limit(ctx: &Ctx) -> Duration {
+    ctx.ready + Duration::from_secs(30)
+}
+
 /// Creates the primary's cluster in `DIR/pg/data` with `initdb` (user postgres, trust
 /// authentication for local and host connections, UTF8, locale C) and makes its
 /// `postgresql.conf` include `stack.conf`. Does nothing when `DIR/pg/data/PG_VERSION` exists;
@@ -100,11 +106,11 @@ pub fn init(ctx: &Ctx) -> Result<()> {
         return Ok(());
     }
     make_reachable(ctx)?;
-    std::fs::create_dir_all(&pg)?;
+    fs_err::create_dir_all(&pg)?;
     remove_dir_if_present(&pg.join("data"))?;
     chown_pg(&pg);
     let initdb_log = pg.join("initdb.log");
-    std::fs::File::create(&initdb_log)?; // bash: > (truncated), run_logged appends
+    fs_err::File::create(&initdb_log)?; // bash: > (truncated), run_logged appends
     let mut cmd = as_pg(&format!("{PG_BIN}/initdb"));
     cmd.arg("-D").arg(pg.join("data"));
     cmd.args(["-U", "postgres", "--auth-local=trust", "--auth-host=trust"]);
@@ -114,7 +120,7 @@ pub fn init(ctx: &Ctx) -> Result<()> {
         "--no-sync",
         "--no-instructions",
     ]);
-    process::run_logged(cmd, &initdb_log, "initdb", &[])?;
+    process::run_logged(cmd, &initdb_log, "initdb", &[], tool_limit(ctx))?;
     append(&pg.join("data/postgresql.conf"), "include = 'stack.conf'\n")
 }
 
@@ -152,6 +158,7 @@ pub fn launch(ctx: &Ctx, pg: Pg, env: &Env) -> Result<()> {
         &dir.join("pg_ctl.log"),
         &what,
         &[&dir.join("postgres.log")],
+        tool_limit(ctx),
     )
 }
 
@@ -181,7 +188,7 @@ pub fn wait_primary(ctx: &Ctx, env: &Env) -> Result<()> {
         }
         std::thread::sleep(POLL);
     };
-    std::fs::write(ctx.path("pg.pid"), format!("{pid}\n"))?;
+    fs_err::write(ctx.path("pg.pid"), format!("{pid}\n"))?;
     let exists = "SELECT 1 FROM pg_database WHERE datname = 'collector'";
     if psql(ctx, port, exists)?.trim() != "1" {
         psql(ctx, port, "CREATE DATABASE collector")?;
@@ -337,7 +344,7 @@ pub fn standby_create(ctx: &Ctx, env: &Env) -> Result<()> {
     }
     allow_replication(ctx, port)?;
     make_reachable(ctx)?;
-    std::fs::create_dir_all(&d)?;
+    fs_err::create_dir_all(&d)?;
     chown_pg(&d);
     let tmp = d.join("data.tmp");
     remove_dir_if_present(&tmp)?;
@@ -347,7 +354,7 @@ pub fn standby_create(ctx: &Ctx, env: &Env) -> Result<()> {
     ));
     run_basebackup(ctx, port, &tmp)?;
     drop_primary_conninfo(&tmp.join("postgresql.auto.conf"))?;
-    std::fs::rename(&tmp, d.join("data"))?;
+    fs_err::rename(&tmp, d.join("data"))?;
     Ok(())
 }
 
@@ -372,13 +379,14 @@ fn run_basebackup(ctx: &Ctx, port: u16, target: &Path) -> Result<()> {
         &ctx.path("pg-standby/basebackup.log"),
         &format!("pg_basebackup from 127.0.0.1:{port}"),
         &[&ctx.path("pg/postgres.log")],
+        tool_limit(ctx),
     )
 }
 
 /// Removes the `primary_conninfo = ...` lines of `auto_conf` (written in place: the file
 /// keeps its owner and mode).
 fn drop_primary_conninfo(auto_conf: &Path) -> Result<()> {
-    let text = std::fs::read_to_string(auto_conf)?;
+    let text = fs_err::read_to_string(auto_conf)?;
     let kept: String = text
         .split_inclusive('\n')
         .filter(|line| {
@@ -386,7 +394,7 @@ fn drop_primary_conninfo(auto_conf: &Path) -> Result<()> {
             !rest.is_some_and(|r| r.starts_with('='))
         })
         .collect();
-    std::fs::write(auto_conf, kept)?;
+    fs_err::write(auto_conf, kept)?;
     Ok(())
 }
 
@@ -411,7 +419,7 @@ pub fn standby_wait(ctx: &Ctx, env: &Env) -> Result<()> {
         };
         let got = in_recovery(port);
         if got == Some(want) {
-            std::fs::write(ctx.path("pg-standby.pid"), format!("{pid}\n"))?;
+            fs_err::write(ctx.path("pg-standby.pid"), format!("{pid}\n"))?;
             return Ok(());
         }
         if Instant::now() >= deadline {
@@ -458,7 +466,9 @@ pub fn standby_promote(ctx: &Ctx, env: &Env) -> Result<()> {
     cmd.arg("-D").arg(d.join("data"));
     cmd.args(["promote", "-w", "-t", &ctx.ready.as_secs().to_string()]);
     let log_file = d.join("postgres.log");
-    process::run_logged(cmd, &d.join("pg_ctl.log"), "pg_ctl promote", &[&log_file])?;
+    let pg_ctl_log = d.join("pg_ctl.log");
+    let limit = tool_limit(ctx);
+    process::run_logged(cmd, &pg_ctl_log, "pg_ctl promote", &[&log_file], limit)?;
     // pg_ctl -w waits for the control file to say "in production"; wait for what clients
     // see too.
     let deadline = ctx.ready_deadline();
@@ -621,7 +631,7 @@ fn make_reachable(ctx: &Ctx) -> Result<()> {
 /// Adds the permission `bits` to `path`'s mode.
 fn add_mode(path: &Path, bits: u32) -> Result<()> {
     use std::os::unix::fs::PermissionsExt;
-    let mut perms = std::fs::metadata(path)?.permissions();
+    let mut perms = fs_err::metadata(path)?.permissions();
     perms.set_mode(perms.mode() | bits);
     std::fs::set_permissions(path, perms)
         .map_err(|e| Error::new(format!("chmod o+x {}: {e}", path.display())))
@@ -633,7 +643,7 @@ fn add_mode(path: &Path, bits: u32) -> Result<()> {
 fn write_conf(ctx: &Ctx, pg: Pg, env: &Env) -> Result<()> {
     let port = pg.need_port(env)?;
     let sock = socket_dir(ctx, pg);
-    std::fs::create_dir_all(&sock)?;
+    fs_err::create_dir_all(&sock)?;
     chown_pg(&sock);
     let standby = match pg {
         Pg::Primary => String::new(),
@@ -646,7 +656,7 @@ fn write_conf(ctx: &Ctx, pg: Pg, env: &Env) -> Result<()> {
         ),
     };
     let conf = ctx.path(pg.name()).join("data/stack.conf");
-    std::fs::write(&conf, conf_text(port, &sock, &standby))?;
+    fs_err::write(&conf, conf_text(port, &sock, &standby))?;
     chown_pg(&conf);
     Ok(())
 }
@@ -702,7 +712,7 @@ fn allow_replication(ctx: &Ctx, port: u16) -> Result<()> {
         return Ok(());
     }
     let hba = ctx.path("pg/data/pg_hba.conf");
-    let text = std::fs::read_to_string(&hba)?;
+    let text = fs_err::read_to_string(&hba)?;
     if !text.lines().any(|l| l == HBA_REPLICATION) {
         log(&format!(
             "allowing replication connections from 127.0.0.1 in {}",
@@ -711,7 +721,7 @@ fn allow_replication(ctx: &Ctx, port: u16) -> Result<()> {
         let new = format!(
             "# added by the collector-stack crate for pg-standby\n{HBA_REPLICATION}\n{text}"
         );
-        std::fs::write(&hba, new)?; // in place: keeps the file's owner and mode
+        fs_err::write(&hba, new)?; // in place: keeps the file's owner and mode
     }
     let mut cmd = as_pg(&format!("{PG_BIN}/pg_ctl"));
     cmd.arg("-D").arg(ctx.path("pg/data")).arg("reload");

@@ -158,13 +158,22 @@ pub fn kill(name: &str, pid: u32) -> Result<()> {
     }
 }
 
+/// `log` opened for appending (created if missing); the error names it.
+fn open_log(log: &Path) -> Result<File> {
+    OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .map_err(|e| Error::new(format!("opening {}: {e}", log.display())))
+}
+
 /// Starts `cmd` detached: in a session of its own (so that a terminal's Ctrl-C or a test
 /// harness killing its process group does not reach it), stdin from /dev/null, stdout and
 /// stderr appended to `log`, and writes its pid to `pidfile`. The child is not waited for:
 /// a thread reaps it when it exits, so that it never stays a zombie of this process.
 pub fn spawn(pidfile: &Path, log: &Path, mut cmd: Command) -> Result<u32> {
     let _ = std::fs::remove_file(pidfile);
-    let out = OpenOptions::new().create(true).append(true).open(log)?;
+    let out = open_log(log)?;
     cmd.stdin(Stdio::null())
         .stdout(out.try_clone()?)
         .stderr(out);
@@ -179,28 +188,48 @@ pub fn spawn(pidfile: &Path, log: &Path, mut cmd: Command) -> Result<u32> {
         .spawn()
         .map_err(|e| Error::new(format!("could not start {cmd:?}: {e}")))?;
     let pid = child.id();
-    std::fs::write(pidfile, format!("{pid}\n"))?;
+    fs_err::write(pidfile, format!("{pid}\n"))?;
     std::thread::spawn(move || {
         let _ = child.wait();
     });
     Ok(pid)
 }
 
-/// Runs `cmd` to its end with stdin from /dev/null and its output appended to `log`; an
-/// error naming `what` (and the tails of `log` and `more_logs`) when it fails.
-pub fn run_logged(mut cmd: Command, log: &Path, what: &str, more_logs: &[&Path]) -> Result<()> {
-    let out = OpenOptions::new().create(true).append(true).open(log)?;
-    let status = cmd
+/// Runs `cmd` to its end, at most `limit`, with stdin from /dev/null and its output appended
+/// to `log`; an error naming `what` (and the tails of `log` and `more_logs`) when it fails or
+/// is still running after `limit` (then it is killed).
+pub fn run_logged(
+    mut cmd: Command,
+    log: &Path,
+    what: &str,
+    more_logs: &[&Path],
+    limit: Duration,
+) -> Result<()> {
+    let out = open_log(log)?;
+    let mut child = cmd
         .stdin(Stdio::null())
         .stdout(out.try_clone()?)
         .stderr(out)
-        .status()
+        .spawn()
         .map_err(|e| Error::new(format!("{what}: could not run {cmd:?}: {e}")))?;
+    let mut logs = vec![log];
+    logs.extend_from_slice(more_logs);
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break status;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            let msg = format!("{what} still running after {}s: killed", limit.as_secs());
+            return Err(Error::with_logs(msg, &logs));
+        }
+        std::thread::sleep(POLL);
+    };
     if status.success() {
         return Ok(());
     }
-    let mut logs = vec![log];
-    logs.extend_from_slice(more_logs);
     Err(Error::with_logs(format!("{what} failed ({status})"), &logs))
 }
 

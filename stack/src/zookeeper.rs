@@ -53,8 +53,8 @@ autopurge.purgeInterval=1
 pub fn launch(ctx: &Ctx, env: &Env) -> Result<()> {
     let port = env.need_port("ZK_PORT")?;
     let zk = ctx.path("zk");
-    std::fs::create_dir_all(zk.join("data"))?;
-    std::fs::write(zk.join("zoo.cfg"), conf_text(&ctx.dir, port))?;
+    fs_err::create_dir_all(zk.join("data"))?;
+    fs_err::write(zk.join("zoo.cfg"), conf_text(&ctx.dir, port))?;
     let mut cmd = Command::new("java");
     cmd.args([
         "-Xms16m",
