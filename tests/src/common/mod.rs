@@ -11,8 +11,8 @@ pub mod access_fixtures;
 pub mod browser;
 pub mod diag;
 pub mod freeze;
-pub mod lost_answer;
-pub mod standin;
+/// The proxies in front of real ClickHouse servers, from the fakes both test tiers share.
+pub use fake_clickhouse::{lost_answer, standin};
 
 use std::collections::HashMap;
 use std::net::TcpListener;

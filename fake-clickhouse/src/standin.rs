@@ -31,7 +31,7 @@
 //!   <https://clickhouse.com/docs/guides/developer/deduplicating-inserts-on-retries>). The
 //!   memory of tokens belongs to the table in ZooKeeper/Keeper, so it is shared by every
 //!   replica and every client: stand-ins built on one [`TokenMemory`] share it. It holds the
-//!   last [`DEDUP_WINDOW`] tokens, the default of `replicated_deduplication_window` in current
+//!   last [`crate::tokens::DEDUP_WINDOW`] tokens, the default of `replicated_deduplication_window` in current
 //!   releases (<https://clickhouse.com/docs/reference/settings/merge-tree-settings/replicated-deduplication-window>;
 //!   raised from 100 to 1000 by ClickHouse PR 57335). The setting (and `async_insert=0`, which
 //!   the collector sends with it) is removed before the INSERT is forwarded, because 18.16
@@ -51,48 +51,21 @@
 //! The stand-in runs inside the test process (a Tokio task), so a test switches its mode and
 //! reads its counters directly.
 
-use std::collections::{HashSet, VecDeque};
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use http_body_util::{BodyExt, Full};
-use hyper::body::{Bytes, Incoming};
-use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper::Request;
+
+use crate::proxy::Upstream;
+use crate::request::{is_insert, param, params};
+use crate::serve::{answer, Answer, Outcome, Server};
+pub use crate::tokens::TokenMemory;
 
 /// What `version()` answers through the stand-in.
 pub const VERSION: &str = "25.3.2.39";
-/// Tokens a table remembers: `replicated_deduplication_window`'s default in current releases.
-pub const DEDUP_WINDOW: usize = 1000;
-
-/// The deduplication memory of one replicated table, shared by the stand-ins of its replicas.
-#[derive(Default)]
-pub struct TokenMemory {
-    inner: Mutex<(VecDeque<String>, HashSet<String>)>,
-}
-
-impl TokenMemory {
-    /// An empty memory, to share between stand-ins.
-    pub fn new() -> Arc<TokenMemory> {
-        Arc::new(TokenMemory::default())
-    }
-
-    fn seen(&self, token: &str) -> bool {
-        self.inner.lock().unwrap().1.contains(token)
-    }
-
-    fn remember(&self, token: &str) {
-        let mut inner = self.inner.lock().unwrap();
-        if inner.1.insert(token.to_owned()) {
-            inner.0.push_back(token.to_owned());
-            if inner.0.len() > DEDUP_WINDOW {
-                let old = inner.0.pop_front().unwrap();
-                inner.1.remove(&old);
-            }
-        }
-    }
-}
 
 /// How the stand-in answers INSERTs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -129,11 +102,10 @@ struct Counters {
 }
 
 struct Shared {
-    upstream: String,
+    upstream: Upstream,
     tokens: Arc<TokenMemory>,
     mode: Mutex<InsertMode>,
     counters: Counters,
-    client: reqwest::Client,
 }
 
 /// A running stand-in; stopped when dropped.
@@ -141,50 +113,27 @@ pub struct StandIn {
     /// Its URL, to give the collector instead of the replica's.
     pub url: String,
     shared: Arc<Shared>,
-    task: tokio::task::JoinHandle<()>,
+    _server: Server,
 }
 
 impl StandIn {
     /// Starts a stand-in on a free loopback port in front of the ClickHouse HTTP endpoint
     /// `upstream`, with the table deduplication memory `tokens`.
     pub async fn start(upstream: &str, tokens: Arc<TokenMemory>) -> StandIn {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind the stand-in");
-        let addr: SocketAddr = listener.local_addr().unwrap();
         let shared = Arc::new(Shared {
-            upstream: upstream.trim_end_matches('/').to_owned(),
+            upstream: Upstream::new(upstream),
             tokens,
             mode: Mutex::new(InsertMode::Forward),
             counters: Counters::default(),
-            client: reqwest::Client::builder()
-                .no_gzip()
-                .timeout(std::time::Duration::from_secs(60))
-                .build()
-                .unwrap(),
         });
-        let serving = shared.clone();
-        let task = tokio::spawn(async move {
-            loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    continue;
-                };
-                let shared = serving.clone();
-                tokio::spawn(async move {
-                    let service = hyper::service::service_fn(move |req| {
-                        let shared = shared.clone();
-                        async move { Ok::<_, std::convert::Infallible>(handle(&shared, req).await) }
-                    });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
-                });
-            }
-        });
+        let server = Server::start(shared.clone(), |shared, req| async move {
+            Ok::<_, String>(handle(&shared, req).await)
+        })
+        .await;
         StandIn {
-            url: format!("http://{addr}"),
+            url: server.url(),
             shared,
-            task,
+            _server: server,
         }
     }
 
@@ -206,88 +155,18 @@ impl StandIn {
     }
 }
 
-impl Drop for StandIn {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-type Answer = Response<Full<Bytes>>;
-
-fn answer(status: StatusCode, headers: &[(&str, String)], body: impl Into<Bytes>) -> Answer {
-    let mut resp = Response::builder().status(status);
-    for (k, v) in headers {
-        resp = resp.header(*k, v);
-    }
-    resp.body(Full::new(body.into())).unwrap()
-}
-
 async fn handle(shared: &Shared, req: Request<Incoming>) -> Answer {
     let (parts, body) = req.into_parts();
     let body = match body.collect().await {
         Ok(b) => b.to_bytes(),
-        Err(e) => return answer(StatusCode::BAD_REQUEST, &[], format!("stand-in: {e}")),
+        Err(e) => return answer(400, &[], format!("stand-in: {e}")),
     };
-    let mut params: Vec<(String, String)> = parts
-        .uri
-        .query()
-        .map(|q| {
-            url::form_urlencoded::parse(q.as_bytes())
-                .into_owned()
-                .collect()
-        })
-        .unwrap_or_default();
-    let query_param = params
-        .iter()
-        .find(|(k, _)| k == "query")
-        .map(|(_, v)| v.clone());
-    let is_insert = query_param
-        .as_deref()
-        .is_some_and(|q| q.trim_start().to_ascii_uppercase().starts_with("INSERT"));
-    let mut body = body;
-
-    if is_insert {
-        let token = params
-            .iter()
-            .find(|(k, _)| k == "insert_deduplication_token")
-            .map(|(_, v)| v.clone());
-        // 18.16 knows neither the token nor `async_insert` (21.11+), which the collector
-        // turns off next to a token.
-        params.retain(|(k, _)| k != "insert_deduplication_token" && k != "async_insert");
-        if token.is_some() {
-            shared.counters.with_token.fetch_add(1, Ordering::SeqCst);
-        }
-        let mode = shared.mode.lock().unwrap().clone();
-        if let InsertMode::ExceptionHeader(code) = mode {
-            shared
-                .counters
-                .failed_after_status
-                .fetch_add(1, Ordering::SeqCst);
-            return answer(
-                StatusCode::OK,
-                &[("X-ClickHouse-Exception-Code", code.to_string())],
-                format!(
-                    "Code: {code}. DB::Exception: stand-in: failed after the status line. (TIMEOUT_EXCEEDED) (version {VERSION} (official build))\n"
-                ),
-            );
-        }
-        if let Some(token) = &token {
-            if shared.tokens.seen(token) {
-                shared.counters.deduplicated.fetch_add(1, Ordering::SeqCst);
-                return answer(StatusCode::OK, &[], Bytes::new());
-            }
-        }
-        let resp = forward(shared, &parts, &params, body).await;
-        if resp.status() == StatusCode::OK {
-            shared.counters.written.fetch_add(1, Ordering::SeqCst);
-            if let Some(token) = &token {
-                shared.tokens.remember(token);
-            }
-        }
-        return resp;
+    let mut params = params(parts.uri.query());
+    if is_insert(&params) {
+        return insert(shared, &parts, params, body).await;
     }
-
     // Not an INSERT: the query is in the `query` parameter, the body, or both.
+    let mut body = body;
     let mut rewritten = false;
     for (k, v) in params.iter_mut() {
         if k == "query" && v.contains("version()") {
@@ -310,70 +189,55 @@ async fn handle(shared: &Shared, req: Request<Incoming>) -> Answer {
     forward(shared, &parts, &params, body).await
 }
 
+async fn insert(
+    shared: &Shared,
+    parts: &hyper::http::request::Parts,
+    mut params: Vec<(String, String)>,
+    body: Bytes,
+) -> Answer {
+    let token = param(&params, "insert_deduplication_token");
+    // 18.16 knows neither the token nor `async_insert` (21.11+), which the collector turns
+    // off next to a token.
+    params.retain(|(k, _)| k != "insert_deduplication_token" && k != "async_insert");
+    if token.is_some() {
+        shared.counters.with_token.fetch_add(1, Ordering::SeqCst);
+    }
+    let mode = shared.mode.lock().unwrap().clone();
+    if let InsertMode::ExceptionHeader(code) = mode {
+        shared
+            .counters
+            .failed_after_status
+            .fetch_add(1, Ordering::SeqCst);
+        return answer(
+            200,
+            &[("X-ClickHouse-Exception-Code", code.to_string())],
+            format!(
+                "Code: {code}. DB::Exception: stand-in: failed after the status line. (TIMEOUT_EXCEEDED) (version {VERSION} (official build))\n"
+            ),
+        );
+    }
+    if let Some(token) = &token {
+        if shared.tokens.seen(token) {
+            shared.counters.deduplicated.fetch_add(1, Ordering::SeqCst);
+            return answer(200, &[], Bytes::new());
+        }
+    }
+    let resp = forward(shared, parts, &params, body).await;
+    if resp.status() == 200 {
+        shared.counters.written.fetch_add(1, Ordering::SeqCst);
+        if let Some(token) = &token {
+            shared.tokens.remember(token);
+        }
+    }
+    resp
+}
+
 async fn forward(
     shared: &Shared,
     parts: &hyper::http::request::Parts,
     params: &[(String, String)],
     body: Bytes,
 ) -> Answer {
-    let mut url = format!("{}{}", shared.upstream, parts.uri.path());
-    if !params.is_empty() {
-        let query: String = url::form_urlencoded::Serializer::new(String::new())
-            .extend_pairs(params)
-            .finish();
-        url = format!("{url}?{query}");
-    }
-    let mut req = shared
-        .client
-        .request(parts.method.clone(), url)
-        .body(body.clone());
-    for (name, value) in &parts.headers {
-        if !matches!(
-            name.as_str(),
-            "host" | "content-length" | "connection" | "transfer-encoding"
-        ) {
-            req = req.header(name, value);
-        }
-    }
-    match req.send().await {
-        Ok(resp) => {
-            let status = resp.status();
-            let headers = answer_headers(&resp);
-            let bytes = match resp.bytes().await {
-                Ok(b) => b,
-                Err(e) => {
-                    return answer(
-                        StatusCode::BAD_GATEWAY,
-                        &[],
-                        format!("stand-in: upstream body from {}: {e}", shared.upstream),
-                    )
-                }
-            };
-            let mut out = Response::builder().status(status.as_u16());
-            for (k, v) in headers {
-                out = out.header(k, v);
-            }
-            out.body(Full::new(bytes)).unwrap()
-        }
-        Err(e) => answer(
-            StatusCode::BAD_GATEWAY,
-            &[],
-            format!("stand-in: upstream {}: {e}", shared.upstream),
-        ),
-    }
-}
-
-/// The headers of an upstream answer to pass on to the client: all but those of the
-/// connection and the body's length, which the proxy's own answer sets.
-pub fn answer_headers(resp: &reqwest::Response) -> Vec<(String, String)> {
-    resp.headers()
-        .iter()
-        .filter(|(n, _)| {
-            !matches!(
-                n.as_str(),
-                "content-length" | "connection" | "transfer-encoding" | "keep-alive"
-            )
-        })
-        .filter_map(|(n, v)| Some((n.to_string(), v.to_str().ok()?.to_owned())))
-        .collect()
+    let sent: Outcome = shared.upstream.send(parts, params, body).await;
+    sent.unwrap_or_else(|e| answer(502, &[], format!("stand-in: {e}")))
 }
