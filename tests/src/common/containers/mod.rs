@@ -6,10 +6,14 @@
 //! - [`xml`]: path lookups in ClickHouse's XML files (`roxmltree`);
 //! - [`scratch_pg`]: throw-away PostgreSQL 15 servers run with `deploy/postgres`'s files;
 //! - [`engine`]: podman, its settings for this machine, and the image's containers;
-//! - [`engine_compose`]: the part of `compose.yaml` that runs under podman here.
+//! - [`engine_compose`]: the part of `compose.yaml` that runs under podman here;
+//! - [`traffic`]: beacons to the containers, rows in ClickHouse, the spool metric.
 pub mod compose;
 pub mod dockerfile;
+pub mod engine;
+pub mod engine_compose;
 pub mod scratch_pg;
+pub mod traffic;
 pub mod xml;
 
 use std::process::{Command, Output};
