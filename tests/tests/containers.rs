@@ -10,13 +10,16 @@
 //! them) and root (PostgreSQL runs as the `postgres` user).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::Ipv4Addr;
 use std::process::Command;
 use std::time::Duration;
 
 use collector_tests::common::containers::compose::{
     docker_compose, duration_s, placeholder_env, rel_to_root, Compose, Service, ONE_SHOTS,
     PASSWORDS,
+};
+use collector_tests::common::containers::deploy_files::{
+    each_replica_config, files_under, grants_of, ipv4_net, keeper_xml, password_env, shape,
+    with_users_xml, yaml_file,
 };
 use collector_tests::common::containers::dockerfile::{self, copy_words, Dockerignore};
 use collector_tests::common::containers::scratch_pg::{ScratchPg, PG_BIN};
@@ -307,26 +310,6 @@ fn one_spool_volume_per_collector_shared_with_no_one() {
     assert_no_problems(problems);
 }
 
-/// An IPv4 network `a.b.c.d/n` as (address, prefix); panics on anything else.
-fn ipv4_net(s: &str) -> (Ipv4Addr, u32) {
-    let (a, n) = s.trim().split_once('/').unwrap_or((s.trim(), "32"));
-    let a: Ipv4Addr = a.parse().unwrap_or_else(|e| panic!("{s}: {e}"));
-    let n: u32 = n.parse().unwrap_or_else(|e| panic!("{s}: {e}"));
-    assert!(
-        n <= 32 && u32::from(a) & !(u32::MAX.checked_shl(32 - n).unwrap_or(0)) == 0,
-        "{s}: host bits set"
-    );
-    (a, n)
-}
-
-/// The `<users>` element of deploy/clickhouse/users.xml, given to `f`.
-fn with_users_xml<T>(f: impl FnOnce(roxmltree::Node) -> T) -> T {
-    let path = root().join("deploy/clickhouse/users.xml");
-    let text = xml::read(&path);
-    let doc = xml::parse(&path, &text);
-    f(doc.root_element())
-}
-
 #[test]
 fn fixed_subnet_is_the_trusted_proxies_and_the_clickhouse_users_network() {
     let mut problems = vec![];
@@ -442,37 +425,6 @@ const WRITER_SYSTEM_TABLES: [&str; 5] = [
 ];
 /// The engines of the measurements table: 26.x creates a table only with TABLE ENGINE.
 const WRITER_ENGINES: [&str; 2] = ["ReplicatedReplacingMergeTree", "ReplacingMergeTree"];
-
-/// A user's `<grants><query>GRANT ... ON x</query>` as (privileges, target); a query of
-/// another shape is `Err(query)`.
-fn grants_of(user: roxmltree::Node) -> Vec<Result<(BTreeSet<String>, String), String>> {
-    let re = regex::Regex::new(r"(?is)^\s*GRANT\s+(.+?)\s+ON\s+(\S+)\s*$").unwrap();
-    let ws = regex::Regex::new(r"\s+").unwrap();
-    find_all(user, "grants/query")
-        .into_iter()
-        .map(|q| {
-            let q = q.text().unwrap_or("");
-            let m = re.captures(q).ok_or_else(|| q.trim().to_owned())?;
-            let privs = m[1]
-                .split(',')
-                .map(|p| ws.replace_all(p.trim(), " ").to_uppercase())
-                .collect();
-            Ok((privs, m[2].to_owned()))
-        })
-        .collect()
-}
-
-/// The environment variable a user's password is read from (`from_env`).
-fn password_env(user: roxmltree::Node) -> Option<String> {
-    [
-        "password",
-        "password_sha256_hex",
-        "password_double_sha1_hex",
-    ]
-    .iter()
-    .filter_map(|t| find(user, t))
-    .find_map(|e| e.attribute("from_env").map(str::to_owned))
-}
 
 fn default_user_problems(users: roxmltree::Node) -> Vec<String> {
     let Some(default) = find(users, "default") else {
@@ -726,12 +678,6 @@ fn collectors_and_one_shots_log_in_with_the_password_file_credentials_writes() {
         problems.push("migrate does not wait for credentials to complete successfully".into());
     }
     assert_no_problems(problems);
-}
-
-/// A YAML file of the repository.
-fn yaml_file(rel: &str) -> serde_yaml::Value {
-    let text = std::fs::read_to_string(root().join(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"));
-    serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{rel}: {e}"))
 }
 
 #[test]
@@ -1081,91 +1027,6 @@ fn every_xml_file_under_deploy_parses() {
     assert_no_problems(problems);
 }
 
-/// A shard of a cluster: its internal_replication and the fields of its replicas.
-type Shard = (Option<String>, BTreeSet<String>);
-
-/// What must match between the stack's replica config and the deploy one: macro names, the
-/// shard macro, ZooKeeper node fields, clusters (per shard: internal_replication and replica
-/// fields).
-fn shape(top: &[roxmltree::Node]) -> BTreeMap<&'static str, String> {
-    let tags = |nodes: Vec<roxmltree::Node>| -> BTreeSet<String> {
-        nodes
-            .into_iter()
-            .flat_map(|n| n.children().filter(|c| c.is_element()).map(tag))
-            .collect()
-    };
-    let clusters: BTreeMap<String, Vec<Shard>> =
-        xml::find_all_in(top.iter().copied(), "remote_servers/*")
-            .into_iter()
-            .map(|cl| {
-                let shards = find_all(cl, "shard")
-                    .into_iter()
-                    .map(|sh| {
-                        (
-                            text(sh, "internal_replication"),
-                            tags(find_all(sh, "replica")),
-                        )
-                    })
-                    .collect();
-                (tag(cl), shards)
-            })
-            .collect();
-    let macros: BTreeSet<String> = xml::find_all_in(top.iter().copied(), "macros/*")
-        .into_iter()
-        .map(tag)
-        .collect();
-    let shard = xml::find_all_in(top.iter().copied(), "macros/shard")
-        .first()
-        .map(|n| own_text(*n));
-    BTreeMap::from([
-        ("macros", format!("{macros:?}")),
-        ("shard macro", format!("{shard:?}")),
-        (
-            "zookeeper node",
-            format!(
-                "{:?}",
-                tags(xml::find_all_in(top.iter().copied(), "zookeeper/node"))
-            ),
-        ),
-        ("clusters", format!("{clusters:?}")),
-    ])
-}
-
-/// Calls `f(service, top-level elements, files)` for each ClickHouse service with the merged
-/// children of the config.d files it mounts (cluster.xml and its rN.xml); panics when an
-/// element is in more than one of them.
-fn each_replica_config(mut f: impl FnMut(&str, &[roxmltree::Node], &str)) {
-    for name in &c().clickhouse {
-        let files: Vec<String> = c()
-            .service(name)
-            .mounts()
-            .into_iter()
-            .filter(|m| {
-                m.kind == "bind" && m.target.starts_with("/etc/clickhouse-server/config.d/")
-            })
-            .map(|m| rel_to_root(&m.source))
-            .collect();
-        let texts: Vec<String> = files.iter().map(|r| xml::read(&root().join(r))).collect();
-        let docs: Vec<roxmltree::Document> = files
-            .iter()
-            .zip(&texts)
-            .map(|(r, t)| xml::parse(&root().join(r), t))
-            .collect();
-        let mut top: Vec<roxmltree::Node> = vec![];
-        for d in &docs {
-            for child in d.root_element().children().filter(|n| n.is_element()) {
-                assert!(
-                    !top.iter().any(|t| t.tag_name() == child.tag_name()),
-                    "{name}: <{}> is in more than one config.d file",
-                    tag(child)
-                );
-                top.push(child);
-            }
-        }
-        f(name, &top, &files.join(", "));
-    }
-}
-
 #[test]
 fn replica_configs_have_the_shape_the_stack_writes() {
     let sample = stack::clickhouse::sample_config();
@@ -1189,12 +1050,6 @@ fn replica_configs_have_the_shape_the_stack_writes() {
         }
     });
     assert_no_problems(problems);
-}
-
-fn keeper_xml<T>(f: impl FnOnce(roxmltree::Node) -> T) -> T {
-    let path = root().join("deploy/keeper/keeper.xml");
-    let text = xml::read(&path);
-    f(xml::parse(&path, &text).root_element())
 }
 
 #[test]
@@ -1580,24 +1435,6 @@ fn dockerfile_multi_stage_non_root_probe_healthcheck_stopsignal_spool_volume() {
         ));
     }
     assert_no_problems(problems);
-}
-
-/// Every file under `rel` (itself when a file), relative to the repository.
-fn files_under(rel: &str) -> Vec<String> {
-    let path = root().join(rel);
-    if !path.is_dir() {
-        return vec![rel.to_owned()];
-    }
-    let mut out = vec![];
-    for e in std::fs::read_dir(&path).unwrap() {
-        let name = e.unwrap().file_name();
-        out.extend(files_under(&format!(
-            "{}/{}",
-            rel.trim_end_matches('/'),
-            name.to_string_lossy()
-        )));
-    }
-    out
 }
 
 #[test]

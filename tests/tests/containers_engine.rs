@@ -31,11 +31,7 @@ const SECOND: Duration = Duration::from_secs(1);
 /// podman with the image built (once per run).
 fn podman() -> &'static Podman {
     let podman = Podman::get();
-    let build = podman.image();
-    eprintln!(
-        "note: image build {} s, {} steps from podman's layer cache",
-        build.seconds, build.cached_steps
-    );
+    podman.image();
     podman
 }
 
@@ -880,15 +876,10 @@ fn compose_services_run_on_podmans_docker_api() {
             .collect(),
     };
     let derived = derive(&Compose::resolved().doc, &local);
-    let file = dir.path().join("compose.engine.yaml");
-    let text = serde_yaml::to_string(&derived).unwrap();
-    std::fs::write(
-        &file,
-        format!(
-            "# Derived from compose.yaml by containers_engine.rs (engine_compose::derive).\n{text}"
-        ),
-    )
-    .unwrap();
+    // As JSON (which YAML reads): serde_yaml writes the string `no` (restart) unquoted, which
+    // docker-compose's YAML 1.1 parser reads as false.
+    let file = dir.path().join("compose.engine.json");
+    std::fs::write(&file, serde_json::to_string_pretty(&derived).unwrap()).unwrap();
     let services = Services {
         podman,
         project: &project,

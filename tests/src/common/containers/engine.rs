@@ -113,10 +113,29 @@ impl Podman {
         self.run(&["inspect", "--format", format, name])
     }
 
-    /// The image, built once per run ([`build`]).
+    /// The image, built once per run ([`build`]); when that build failed, every later call
+    /// fails with its message instead of building again.
     pub fn image(&self) -> &'static Build {
-        static BUILD: OnceLock<Build> = OnceLock::new();
-        BUILD.get_or_init(|| build(self))
+        static BUILD: OnceLock<Result<Build, String>> = OnceLock::new();
+        let built = BUILD.get_or_init(|| {
+            let built = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| build(self)));
+            if let Ok(b) = &built {
+                eprintln!(
+                    "note: image build {} s, {} steps from podman's layer cache",
+                    b.seconds, b.cached_steps
+                );
+            }
+            built.map_err(|e| {
+                e.downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_default()
+            })
+        });
+        match built {
+            Ok(b) => b,
+            Err(why) => panic!("the image build of this run failed: {why}"),
+        }
     }
 }
 

@@ -2,6 +2,7 @@
 //! `tests/tests/containers_engine.rs`, the image and compose services on podman):
 //!
 //! - [`compose`]: `compose.yaml` as `docker-compose config` resolves it;
+//! - [`deploy_files`]: readers of `deploy/`'s YAML and XML (users and grants, replica configs);
 //! - [`dockerfile`]: the `Dockerfile`'s stages and `.dockerignore`'s rule;
 //! - [`xml`]: path lookups in ClickHouse's XML files (`roxmltree`);
 //! - [`scratch_pg`]: throw-away PostgreSQL 15 servers run with `deploy/postgres`'s files;
@@ -9,6 +10,7 @@
 //! - [`engine_compose`]: the part of `compose.yaml` that runs under podman here;
 //! - [`traffic`]: beacons to the containers, rows in ClickHouse, the spool metric.
 pub mod compose;
+pub mod deploy_files;
 pub mod dockerfile;
 pub mod engine;
 pub mod engine_compose;
@@ -19,6 +21,7 @@ pub mod xml;
 use std::process::{Command, Output};
 
 /// Panics with every problem, one a line, when there is any.
+#[track_caller]
 pub fn assert_no_problems(problems: Vec<String>) {
     assert!(problems.is_empty(), "\n  {}", problems.join("\n  "));
 }
@@ -36,6 +39,7 @@ pub fn output(cmd: &mut Command) -> Output {
 
 /// Runs `cmd` and panics with its status, stdout and stderr unless it exits 0; returns its
 /// stdout.
+#[track_caller]
 pub fn run_ok(cmd: &mut Command) -> String {
     let out = output(cmd);
     assert!(
