@@ -59,8 +59,6 @@ pub fn docker_compose(env_file: &Path, args: &[&str]) -> Output {
 pub struct Compose {
     /// The whole document.
     pub doc: Value,
-    /// Its text, as `docker-compose config` printed it.
-    pub text: String,
     /// The long-running services of the collector image, sorted.
     pub collectors: Vec<String>,
     /// The ClickHouse server services, sorted.
@@ -84,15 +82,13 @@ impl Compose {
                 "docker-compose config failed: {}",
                 String::from_utf8_lossy(&out.stderr)
             );
-            Compose::parse(
-                String::from_utf8(out.stdout).expect("docker-compose config prints UTF-8"),
-            )
+            Compose::parse(&String::from_utf8_lossy(&out.stdout))
         })
     }
 
     /// A compose document from its text.
-    pub fn parse(text: String) -> Compose {
-        let doc: Value = serde_yaml::from_str(&text).expect("docker-compose config prints YAML");
+    pub fn parse(text: &str) -> Compose {
+        let doc: Value = serde_yaml::from_str(text).expect("docker-compose config prints YAML");
         let (mut collectors, mut clickhouse, mut keepers) = (vec![], vec![], vec![]);
         for (name, svc) in services_of(&doc) {
             let image = svc.str("image").unwrap_or("");
@@ -106,7 +102,6 @@ impl Compose {
         }
         Compose {
             doc,
-            text,
             collectors,
             clickhouse,
             keepers,

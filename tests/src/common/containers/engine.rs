@@ -26,7 +26,7 @@ pub const NPROC: u64 = 4096;
 
 /// podman with its settings for this machine ([`Podman::get`]).
 pub struct Podman {
-    conf: tempfile::TempDir,
+    conf: PathBuf,
     /// nofile of every container: the host's hard limit.
     pub nofile: u64,
 }
@@ -49,7 +49,9 @@ impl Podman {
         PODMAN.get_or_init(|| {
             let (_, hard) = rlimit::Resource::NOFILE.get().expect("getrlimit NOFILE");
             let nofile = if hard == rlimit::INFINITY { 1_048_576 } else { hard };
-            let conf = tempfile::Builder::new().prefix("check-containers-podman.").tempdir().unwrap();
+            // One file per machine, written again by every run: a static is never dropped, so
+            // a temporary folder would outlive the run.
+            let conf = std::env::temp_dir().join("collector-check-containers.conf");
             let text = format!(
                 "[containers]\ndefault_capabilities = [\"CHOWN\", \"DAC_OVERRIDE\", \"FOWNER\", \"FSETID\", \"KILL\", \
                  \"NET_BIND_SERVICE\",\n  \"SETFCAP\", \"SETGID\", \"SETPCAP\", \"SETUID\", \"SYS_CHROOT\"]\n\
@@ -57,7 +59,7 @@ impl Podman {
                  default_ulimits = [\"nofile={nofile}:{nofile}\", \"nproc={NPROC}:{NPROC}\"]\n\
                  [engine]\nruntime = \"runc\"\ncgroup_manager = \"cgroupfs\"\nevents_logger = \"file\"\n"
             );
-            std::fs::write(conf.path().join("containers.conf"), text).unwrap();
+            std::fs::write(&conf, text).unwrap_or_else(|e| panic!("{}: {e}", conf.display()));
             let podman = Podman { conf, nofile };
             let info = output(&mut podman.cmd(&["info"]));
             assert!(
@@ -74,7 +76,7 @@ impl Podman {
 
     /// The `CONTAINERS_CONF` file every podman process of this run uses.
     pub fn conf_file(&self) -> PathBuf {
-        self.conf.path().join("containers.conf")
+        self.conf.clone()
     }
 
     /// `podman ARGS` with this run's settings.
