@@ -9,6 +9,7 @@
 //! - [`Collector`]: the real `collector` binary as a child process on a free port.
 pub mod access_fixtures;
 pub mod browser;
+pub mod containers;
 pub mod diag;
 pub mod freeze;
 /// The proxies in front of real ClickHouse servers, from the fakes both test tiers share.
