@@ -33,7 +33,11 @@ pub fn run(b: &mut Bench, main: Collector, nginx: Nginx) -> Result<()> {
     let no_append = b.start_collector(&bin, "spool-no-append", "collector-no-append.log", &[])?;
     let lua = b.lua.clone();
     let w = b.wrk(&no_append.url(), 16, b.plan.warmup_secs, 1, &lua)?;
-    note(&format!("no-append: {:.1} req/s, {} errors (warm-up)", w.rps(), w.errors));
+    note(&format!(
+        "no-append: {:.1} req/s, {} errors (warm-up)",
+        w.rps(),
+        w.errors
+    ));
     b.results.put("abl_rounds", ROUNDS)?;
     let conns_list = b.plan.tp_conns.clone();
     section(&format!("ablation: wrk -t1 {}s at {conns_list:?} connections, 1 beacon per request, main / no-append / nginx, {ROUNDS} rounds", b.plan.tp_secs));
@@ -43,10 +47,18 @@ pub fn run(b: &mut Bench, main: Collector, nginx: Nginx) -> Result<()> {
             for (i, (v, _)) in VARIANTS.iter().enumerate() {
                 let (rps, errors, record) = match i {
                     0 => one_run(b, Some(&main), &[main.pid()], &main.url(), conns, true)?,
-                    1 => one_run(b, Some(&no_append), &[no_append.pid()], &no_append.url(), conns, false)?,
+                    1 => one_run(
+                        b,
+                        Some(&no_append),
+                        &[no_append.pid()],
+                        &no_append.url(),
+                        conns,
+                        false,
+                    )?,
                     _ => one_run(b, None, &nginx.pids(), &nginx.url(), conns, false)?,
                 };
-                b.results.put(&format!("abl_run_{round}_{conns}_{v}"), &record)?;
+                b.results
+                    .put(&format!("abl_run_{round}_{conns}_{v}"), &record)?;
                 if errors == 0 && rps > best[i].0 {
                     best[i] = (rps, record);
                 }
@@ -57,10 +69,21 @@ pub fn run(b: &mut Bench, main: Collector, nginx: Nginx) -> Result<()> {
     for (i, (v, _)) in VARIANTS.iter().enumerate() {
         let d = parse_kv(&best[i].1);
         let g = |k: &str| d.get(k).copied().unwrap_or("-").to_owned();
-        b.results.put(&format!("abl_best_{v}"), format!("rps:{:.1},conns:{},us:{},cpu100k:{}", best[i].0, g("conns"), g("us"), g("cpu100k")))?;
+        b.results.put(
+            &format!("abl_best_{v}"),
+            format!(
+                "rps:{:.1},conns:{},us:{},cpu100k:{}",
+                best[i].0,
+                g("conns"),
+                g("us"),
+                g("cpu100k")
+            ),
+        )?;
     }
     if best[0].0 == 0.0 {
-        return Err(fail("no run of main without errors: cannot derive the 70 % rate"));
+        return Err(fail(
+            "no run of main without errors: cannot derive the 70 % rate",
+        ));
     }
     no_append.stop();
     let rate = (best[0].0 * 0.7) as u64;
@@ -69,7 +92,10 @@ pub fn run(b: &mut Bench, main: Collector, nginx: Nginx) -> Result<()> {
     b.latency_run("collector", &main.url(), rate, "abl_lat", &main)?;
     b.latency_run("nginx", &nginx.url(), rate, "abl_lat", &main)?;
     if b.plan.profile_secs > 0 {
-        let conns = parse_kv(&best[0].1).get("conns").and_then(|c| c.parse().ok()).unwrap_or(64);
+        let conns = parse_kv(&best[0].1)
+            .get("conns")
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(64);
         b.profile_run(&main, conns)?;
     }
     b.results.put("loadavg_end", procs::loadavg())?;
@@ -80,13 +106,24 @@ pub fn run(b: &mut Bench, main: Collector, nginx: Nginx) -> Result<()> {
     println!("{text}");
     let profile = std::fs::read_to_string(b.work.join("profile.md")).unwrap_or_default();
     let doc = b.root.join("docs/benchmarks.md");
-    crate::report::write_section(&doc, &section_text(&b.results, &text, profile.trim_end()), "ablation")?;
+    crate::report::write_section(
+        &doc,
+        &section_text(&b.results, &text, profile.trim_end()),
+        "ablation",
+    )?;
     println!("wrote the ablation section of {}", doc.display());
     Ok(())
 }
 
 /// One wrk run of a variant: (requests/s, errors, the run's record `rps:..,errors:..,...`).
-fn one_run(b: &mut Bench, collector: Option<&Collector>, pids: &[u32], url: &str, conns: u32, drain: bool) -> Result<(f64, u64, String)> {
+fn one_run(
+    b: &mut Bench,
+    collector: Option<&Collector>,
+    pids: &[u32],
+    url: &str,
+    conns: u32,
+    drain: bool,
+) -> Result<(f64, u64, String)> {
     if drain {
         if let Some(c) = collector {
             c.wait_drained()?;
@@ -112,44 +149,112 @@ fn one_run(b: &mut Bench, collector: Option<&Collector>, pids: &[u32], url: &str
     }
     let us = cpu / (w.requests.max(1) as f64) * 1e6;
     let rps = w.rps();
-    note(&format!("c={conns}: {rps:.1} req/s, errors={}, {us:.1} µs of core per request, wrk CPU {}%{extra}", w.errors, w.gen_cpu));
-    Ok((rps, w.errors, format!("rps:{rps:.1},errors:{},us:{us:.1},cpu100k:{cpu100k},gen_cpu:{},conns:{conns}", w.errors, w.gen_cpu)))
+    note(&format!(
+        "c={conns}: {rps:.1} req/s, errors={}, {us:.1} µs of core per request, wrk CPU {}%{extra}",
+        w.errors, w.gen_cpu
+    ));
+    Ok((
+        rps,
+        w.errors,
+        format!(
+            "rps:{rps:.1},errors:{},us:{us:.1},cpu100k:{cpu100k},gen_cpu:{},conns:{conns}",
+            w.errors, w.gen_cpu
+        ),
+    ))
 }
 
 /// The ablation's tables: each variant's runs, its best, the ratios and the goals.
 pub fn table(r: &Results) -> String {
-    let best: Vec<_> = VARIANTS.iter().map(|(v, _)| parse_kv(r.opt(&format!("abl_best_{v}")).unwrap_or(""))).collect();
-    let rps: Vec<f64> = best.iter().map(|d| d.get("rps").and_then(|x| x.parse().ok()).unwrap_or(f64::NAN)).collect();
-    let mut conns: Vec<u32> = r.with_prefix("abl_run_").filter_map(|(k, _)| k.split('_').nth(3)?.parse().ok()).collect();
+    let best: Vec<_> = VARIANTS
+        .iter()
+        .map(|(v, _)| parse_kv(r.opt(&format!("abl_best_{v}")).unwrap_or("")))
+        .collect();
+    let rps: Vec<f64> = best
+        .iter()
+        .map(|d| {
+            d.get("rps")
+                .and_then(|x| x.parse().ok())
+                .unwrap_or(f64::NAN)
+        })
+        .collect();
+    let mut conns: Vec<u32> = r
+        .with_prefix("abl_run_")
+        .filter_map(|(k, _)| k.split('_').nth(3)?.parse().ok())
+        .collect();
     conns.sort_unstable();
     conns.dedup();
-    let rounds: u32 = r.opt("abl_rounds").and_then(|x| x.parse().ok()).unwrap_or(1);
+    let rounds: u32 = r
+        .opt("abl_rounds")
+        .and_then(|x| x.parse().ok())
+        .unwrap_or(1);
     let mut head = vec!["variant".to_owned()];
-    head.extend(conns.iter().flat_map(|c| (1..=rounds).map(move |i| format!("c={c} round {i}"))));
-    head.extend(["best req/s", "core µs per request (best run)", "CPU s per 100k beacons (best run)"].map(String::from));
-    let mut out = vec![format!("| {} |", head.join(" | ")), format!("|{}", " --- |".repeat(head.len()))];
+    head.extend(
+        conns
+            .iter()
+            .flat_map(|c| (1..=rounds).map(move |i| format!("c={c} round {i}"))),
+    );
+    head.extend(
+        [
+            "best req/s",
+            "core µs per request (best run)",
+            "CPU s per 100k beacons (best run)",
+        ]
+        .map(String::from),
+    );
+    let mut out = vec![
+        format!("| {} |", head.join(" | ")),
+        format!("|{}", " --- |".repeat(head.len())),
+    ];
     for (i, (v, name)) in VARIANTS.iter().enumerate() {
         let mut cells = vec![name.to_string()];
         for c in &conns {
             for round in 1..=rounds {
                 let run = parse_kv(r.opt(&format!("abl_run_{round}_{c}_{v}")).unwrap_or(""));
                 let err = run.get("errors").copied().unwrap_or("?");
-                let x: f64 = run.get("rps").and_then(|x| x.parse().ok()).unwrap_or(f64::NAN);
-                cells.push(fmt(x, 0, "") + &if err == "0" { String::new() } else { format!(" ({err} errors)") });
+                let x: f64 = run
+                    .get("rps")
+                    .and_then(|x| x.parse().ok())
+                    .unwrap_or(f64::NAN);
+                cells.push(
+                    fmt(x, 0, "")
+                        + &if err == "0" {
+                            String::new()
+                        } else {
+                            format!(" ({err} errors)")
+                        },
+                );
             }
         }
         let g = |k: &str| best[i].get(k).copied().unwrap_or("-").to_owned();
         cells.extend([fmt(rps[i], 0, ""), g("us"), g("cpu100k")]);
         out.push(format!("| {} |", cells.join(" | ")));
     }
-    let cpu: f64 = best[0].get("cpu100k").and_then(|x| x.parse().ok()).unwrap_or(f64::NAN);
-    out.extend(["".into(), "| figure | measured | goal | |".into(), "| --- | --- | --- | --- |".into()]);
+    let cpu: f64 = best[0]
+        .get("cpu100k")
+        .and_then(|x| x.parse().ok())
+        .unwrap_or(f64::NAN);
+    out.extend([
+        "".into(),
+        "| figure | measured | goal | |".into(),
+        "| --- | --- | --- | --- |".into(),
+    ]);
     for (v, goal) in GOALS {
         let i = VARIANTS.iter().position(|(k, _)| *k == v).unwrap_or(0);
-        let ratio = if rps[i] > 0.0 { rps[0] / rps[i] } else { f64::NAN };
-        out.push(format!("| main / {} | {ratio:.2}× | ≥ {goal}× | {} |", VARIANTS[i].1, verdict(Some(ratio >= goal))));
+        let ratio = if rps[i] > 0.0 {
+            rps[0] / rps[i]
+        } else {
+            f64::NAN
+        };
+        out.push(format!(
+            "| main / {} | {ratio:.2}× | ≥ {goal}× | {} |",
+            VARIANTS[i].1,
+            verdict(Some(ratio >= goal))
+        ));
     }
-    out.push(format!("| CPU per 100,000 single beacons (main) | {cpu:.2} s | ≤ {CPU_GOAL} s | {} |", verdict(Some(cpu <= CPU_GOAL))));
+    out.push(format!(
+        "| CPU per 100,000 single beacons (main) | {cpu:.2} s | ≤ {CPU_GOAL} s | {} |",
+        verdict(Some(cpu <= CPU_GOAL))
+    ));
     let ms = |k: &str| fmt(r.num(k), 2, " ms");
     out.push(format!(
         "| p99 at {} req/s (70 % of main's best), open loop | {} (nginx at the same rate: {}; p99.9 {} / {}; errors {} / {}) | reported | - |",
@@ -160,7 +265,11 @@ pub fn table(r: &Results) -> String {
 }
 
 fn section_text(r: &Results, table: &str, profile: &str) -> String {
-    let profile = if profile.is_empty() { "_No profile: perf was not usable._" } else { profile };
+    let profile = if profile.is_empty() {
+        "_No profile: perf was not usable._"
+    } else {
+        profile
+    };
     format!(
         "Generated by `scripts/bench.sh --ablation` on {}, git {},\n{} (`nproc` = {}), kernel {}; load average\n{} at the start, {} at the end. The server under test on core 0, `wrk -t1`\nwith `scripts/bench/beacon.lua` (one beacon per request, unique ids) on core 1, {} s per run,\nthe three variants interleaved; a run with any error or non-202 does not count as best. Core µs per\nrequest = the server's utime+stime over the run / requests answered. Two collectors run side by\nside (each idle while the other is measured), with their own spools on the local ext4 disk.\n\n{table}\n<details><summary>Profile of main at its best connection count</summary>\n\n{profile}\n\n</details>\n",
         r.get("date"), r.get("git_rev"), r.get("cpu_model"), r.get("nproc"), r.get("kernel"), r.get("loadavg_start"), r.get("loadavg_end"), r.get("tp_secs")

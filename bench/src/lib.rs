@@ -76,12 +76,25 @@ pub struct Plan {
 impl Plan {
     /// The plan of `mode` (bench.sh's figures).
     pub fn of(mode: Mode) -> Plan {
-        let (tp_secs, tp_conns, lat_secs, soak_secs, probes, idle_conns, profile_secs, warmup_secs) = match mode {
-            Mode::Ablation => (15, vec![64, 256], 20, 0, 0, 0, 10, 3),
-            Mode::Full | Mode::Storage => (20, vec![16, 64, 256], 30, 300, 200, 10_000, 15, 5),
-            Mode::Quick => (3, vec![32], 5, 15, 10, 200, 0, 1),
-        };
-        Plan { mode, tp_secs, tp_conns, lat_secs, lat_conns: 64, soak_secs, probes, idle_conns, profile_secs, warmup_secs, sites: 20 }
+        let (tp_secs, tp_conns, lat_secs, soak_secs, probes, idle_conns, profile_secs, warmup_secs) =
+            match mode {
+                Mode::Ablation => (15, vec![64, 256], 20, 0, 0, 0, 10, 3),
+                Mode::Full | Mode::Storage => (20, vec![16, 64, 256], 30, 300, 200, 10_000, 15, 5),
+                Mode::Quick => (3, vec![32], 5, 15, 10, 200, 0, 1),
+            };
+        Plan {
+            mode,
+            tp_secs,
+            tp_conns,
+            lat_secs,
+            lat_conns: 64,
+            soak_secs,
+            probes,
+            idle_conns,
+            profile_secs,
+            warmup_secs,
+            sites: 20,
+        }
     }
 }
 
@@ -98,11 +111,17 @@ pub fn main_run(mode: Mode, rows: Option<u64>) -> Result<()> {
 /// The repository: the nearest folder above the binary's working directory with
 /// `scripts/bench/beacon.lua`. Errors: none found.
 fn repo_root() -> Result<std::path::PathBuf> {
-    let cwd = std::env::current_dir().map_err(|e| error::fail(format!("the working directory: {e}")))?;
+    let cwd =
+        std::env::current_dir().map_err(|e| error::fail(format!("the working directory: {e}")))?;
     cwd.ancestors()
         .find(|d| d.join("scripts/bench/beacon.lua").is_file())
         .map(|d| d.to_path_buf())
-        .ok_or_else(|| error::fail(format!("no scripts/bench/beacon.lua above {}: run from the repository", cwd.display())))
+        .ok_or_else(|| {
+            error::fail(format!(
+                "no scripts/bench/beacon.lua above {}: run from the repository",
+                cwd.display()
+            ))
+        })
 }
 
 /// Prints a section heading on stderr.
@@ -117,7 +136,10 @@ pub fn note(text: &str) {
 
 /// Milliseconds since the epoch.
 pub fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }
 
 /// `secs` since the epoch as (year, month, day, hour, minute), UTC.
@@ -134,7 +156,13 @@ pub fn civil(secs: u64) -> (i64, u32, u32, u32, u32) {
     let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
     let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
     let year = yoe + era * 400 + i64::from(month <= 2);
-    (year, month, day, (rem / 3600) as u32, (rem % 3600 / 60) as u32)
+    (
+        year,
+        month,
+        day,
+        (rem / 3600) as u32,
+        (rem % 3600 / 60) as u32,
+    )
 }
 
 /// Today, `YYYY-MM-DD` (UTC).

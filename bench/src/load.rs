@@ -146,7 +146,12 @@ pub fn parse_oha(json: &str) -> Result<OhaRun> {
     let counts = |key: &str, pick: &dyn Fn(&str) -> bool| -> u64 {
         d.get(key)
             .and_then(|v| v.as_object())
-            .map(|o| o.iter().filter(|(k, _)| pick(k)).filter_map(|(_, v)| v.as_u64()).sum())
+            .map(|o| {
+                o.iter()
+                    .filter(|(k, _)| pick(k))
+                    .filter_map(|(_, v)| v.as_u64())
+                    .sum()
+            })
             .unwrap_or(0)
     };
     Ok(OhaRun {
@@ -162,7 +167,15 @@ pub fn parse_oha(json: &str) -> Result<OhaRun> {
 }
 
 /// oha open loop: `RATE` requests/s for `secs` over `conns` connections, bodies from `bodies`.
-pub fn oha_command(oha: &Path, url: &str, rate: u64, secs: u64, conns: u32, bodies: &Path, json: &Path) -> Command {
+pub fn oha_command(
+    oha: &Path,
+    url: &str,
+    rate: u64,
+    secs: u64,
+    conns: u32,
+    bodies: &Path,
+    json: &Path,
+) -> Command {
     let mut cmd = Command::new("taskset");
     cmd.args(["-c", "1"])
         .arg(oha)
@@ -174,7 +187,10 @@ pub fn oha_command(oha: &Path, url: &str, rate: u64, secs: u64, conns: u32, bodi
         .arg(conns.to_string())
         .args(["-m", "POST", "-T", "text/plain;charset=UTF-8"])
         .args(["-H", "Origin: https://shop01.example"])
-        .args(["-H", "User-Agent: Mozilla/5.0 (X11; Linux x86_64; rv:125.0) Gecko/20100101 Firefox/125.0"])
+        .args([
+            "-H",
+            "User-Agent: Mozilla/5.0 (X11; Linux x86_64; rv:125.0) Gecko/20100101 Firefox/125.0",
+        ])
         .arg("-Z")
         .arg(bodies)
         .args(["--output-format", "json", "-o"])
@@ -184,13 +200,35 @@ pub fn oha_command(oha: &Path, url: &str, rate: u64, secs: u64, conns: u32, bodi
 }
 
 const PATHS: [&str; 8] = [
-    "/", "/products/{a}", "/products/{a}?variant={b}", "/category/{b}",
-    "/search?q=item+{a}", "/cart", "/checkout/shipping", "/account/orders/{a}",
+    "/",
+    "/products/{a}",
+    "/products/{a}?variant={b}",
+    "/category/{b}",
+    "/search?q=item+{a}",
+    "/cart",
+    "/checkout/shipping",
+    "/account/orders/{a}",
 ];
-const NAV: [&str; 8] = ["navigate", "navigate", "navigate", "navigate", "reload", "back_forward", "prerender", "restore"];
+const NAV: [&str; 8] = [
+    "navigate",
+    "navigate",
+    "navigate",
+    "navigate",
+    "reload",
+    "back_forward",
+    "prerender",
+    "restore",
+];
 const ECT: [&str; 7] = ["4g", "4g", "4g", "4g", "3g", "2g", "slow-2g"];
-const WIDTHS: [u32; 12] = [360, 375, 390, 412, 414, 768, 1024, 1280, 1366, 1440, 1536, 1920];
-const REFERRERS: [&str; 4] = ["https://www.google.com/", "https://www.bing.com/", "https://duckduckgo.com/", "https://shop{s}.example/"];
+const WIDTHS: [u32; 12] = [
+    360, 375, 390, 412, 414, 768, 1024, 1280, 1366, 1440, 1536, 1920,
+];
+const REFERRERS: [&str; 4] = [
+    "https://www.google.com/",
+    "https://www.bing.com/",
+    "https://duckduckgo.com/",
+    "https://shop{s}.example/",
+];
 
 /// One measurement like beacon.lua's (same fields, similar values), as JSON; `site` from 1,
 /// `now_ms` the send time in ms since the epoch.
@@ -275,7 +313,9 @@ BENCH_WRK requests=30812 duration_us=3002026 connect=0 read=0 write=0 status=0 t
         assert_eq!(r.duration_us, 3002026);
         assert_eq!(r.errors, 0);
         assert!((r.rps() - 10263.8).abs() < 0.1);
-        let bad = WRK.replace("read=0", "read=3").replace("timeout=0", "timeout=2");
+        let bad = WRK
+            .replace("read=0", "read=3")
+            .replace("timeout=0", "timeout=2");
         assert_eq!(parse_wrk(&bad).unwrap().errors, 5);
         assert!(parse_wrk("unable to connect to 127.0.0.1:1 Connection refused").is_err());
         assert!(parse_wrk("BENCH_WRK requests=x").is_err());
@@ -306,7 +346,10 @@ BENCH_WRK requests=30812 duration_us=3002026 connect=0 read=0 write=0 status=0 t
         let b = beacon(&mut rng, "x", 3, 1_700_000_000_000);
         let v: serde_json::Value = serde_json::from_str(&b).unwrap();
         assert_eq!(v["site"], "bench-03");
-        assert!(v["url"].as_str().unwrap().starts_with("https://shop03.example/"));
+        assert!(v["url"]
+            .as_str()
+            .unwrap()
+            .starts_with("https://shop03.example/"));
         let id = uuid4(&mut rng);
         assert_eq!(id.len(), 36);
         assert_eq!(&id[14..15], "4");

@@ -45,7 +45,9 @@ pub fn percentile(values: &[f64], p: f64) -> f64 {
 /// Sends up to `count` probe beacons to `intake` one at a time for at most `seconds`, and
 /// for each polls `ch` every 20 ms (at most 30 s) for its row.
 pub fn probes(intake: &str, ch: &ClickHouse, count: u64, seconds: f64, sites: u32) -> Visibility {
-    let agent = ureq::AgentBuilder::new().timeout(Duration::from_secs(10)).build();
+    let agent = ureq::AgentBuilder::new()
+        .timeout(Duration::from_secs(10))
+        .build();
     let mut rng = fastrand::Rng::new();
     let mut v = Visibility::default();
     let mut seen = vec![];
@@ -118,7 +120,13 @@ pub struct Idle {
 /// Opens `count` connections to `port`, sends one `GET /healthz` on each and reads the
 /// answer; `ready` is called with the counts, then they are held until `stop` is set or
 /// `hold` passes.
-pub fn hold_idle(port: u16, count: u64, hold: Duration, stop: Arc<AtomicBool>, ready: impl FnOnce(Idle)) -> Idle {
+pub fn hold_idle(
+    port: u16,
+    count: u64,
+    hold: Duration,
+    stop: Arc<AtomicBool>,
+    ready: impl FnOnce(Idle),
+) -> Idle {
     let mut socks = vec![];
     let mut idle = Idle::default();
     for _ in 0..count {
@@ -175,7 +183,9 @@ fn open_one(port: u16) -> std::io::Result<TcpStream> {
         data.extend_from_slice(&buf[..n]);
     }
     if !head.starts_with("http/1.1 200") {
-        return Err(std::io::Error::other(head.lines().next().unwrap_or("").to_owned()));
+        return Err(std::io::Error::other(
+            head.lines().next().unwrap_or("").to_owned(),
+        ));
     }
     Ok(s)
 }

@@ -35,7 +35,10 @@ pub fn on_signal_cleanup() {
     // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
     unsafe {
         libc::signal(libc::SIGINT, note_signal as *const () as libc::sighandler_t);
-        libc::signal(libc::SIGTERM, note_signal as *const () as libc::sighandler_t);
+        libc::signal(
+            libc::SIGTERM,
+            note_signal as *const () as libc::sighandler_t,
+        );
     }
     std::thread::spawn(|| loop {
         std::thread::sleep(Duration::from_millis(100));
@@ -127,9 +130,8 @@ impl Proc {
             // SAFETY: an all-zero rusage is a valid value for wait4 to fill in.
             let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
             // SAFETY: wait4 on our own child, with valid pointers; WNOHANG never blocks.
-            let got = unsafe {
-                libc::wait4(self.pid as i32, &mut status, libc::WNOHANG, &mut usage)
-            };
+            let got =
+                unsafe { libc::wait4(self.pid as i32, &mut status, libc::WNOHANG, &mut usage) };
             if got == self.pid as i32 {
                 self.forget();
                 let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
@@ -137,7 +139,10 @@ impl Proc {
                 return Ok((ok, secs(usage.ru_utime) + secs(usage.ru_stime)));
             }
             if got < 0 {
-                return Err(fail(format!("waiting for {} (pid {})", self.name, self.pid)));
+                return Err(fail(format!(
+                    "waiting for {} (pid {})",
+                    self.name, self.pid
+                )));
             }
             if Instant::now() >= deadline {
                 return Err(fail(format!(
@@ -258,7 +263,11 @@ pub struct CoreTimes {
 pub fn parse_core(stat: &str, core: usize, ticks: f64) -> Option<CoreTimes> {
     let prefix = format!("cpu{core} ");
     let line = stat.lines().find(|l| l.starts_with(&prefix))?;
-    let v: Vec<u64> = line.split_whitespace().skip(1).map_while(|x| x.parse().ok()).collect();
+    let v: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .map_while(|x| x.parse().ok())
+        .collect();
     let idle = v.get(3)? + v.get(4).copied().unwrap_or(0);
     let total: u64 = v.iter().take(8).sum();
     Some(CoreTimes {
@@ -337,7 +346,10 @@ mod tests {
     #[test]
     fn core_line_in_seconds() {
         let c = parse_core(PROC_STAT, 0, 100.0).unwrap();
-        assert_eq!(c.total, (600 + 1 + 1500 + 20000 + 30 + 40 + 50) as f64 / 100.0);
+        assert_eq!(
+            c.total,
+            (600 + 1 + 1500 + 20000 + 30 + 40 + 50) as f64 / 100.0
+        );
         assert_eq!(c.busy, (600 + 1 + 1500 + 40 + 50) as f64 / 100.0);
         assert_eq!(c.irq, 0.9);
         assert_eq!(parse_core(PROC_STAT, 5, 100.0), None);

@@ -12,24 +12,75 @@ use crate::error::{fail, Result};
 /// Stages of the collector: (label, pattern of the frames that stand for it). The largest
 /// inclusive share among matching frames counts (frames nest, so shares never add).
 const STAGES: &[(&str, &str)] = &[
-    ("connection tasks (hyper read/parse/write + router + handler)", r"^collector::server::serve::\{\{closure\}\}::\{\{closure\}\}"),
-    ("  hyper: read and parse a request (incl. recv)", r"^(hyper::proto::h1::role::Server::parse|parse<hyper_util::rt::tokio::TokioIo|hyper::proto::h1::io::Buffered<.*>::parse$)"),
-    ("  socket writes of answers (writev)", r"^(__GI___writev|__x64_sys_writev)$"),
-    ("  router and middlewares (incl. handler)", r"^(axum::middleware::from_fn::Next::run|<axum::middleware::from_fn::FromFn<)"),
-    ("    intake stations `endpoints::intake::accept`", r"^collector::endpoints::intake::(post|accept)"),
-    ("      body parse `beacon::parse` (serde_json)", r"^(collector::beacon::)?parse$"),
-    ("      validation `beacon::validate`", r"^(collector::beacon::)?validate$"),
-    ("        URL normalisation `beacon::normalise_url`", r"^(collector::beacon::)?normalise_url$"),
-    ("      site settings `SiteSettings::lookup`", r"^(collector::settings::SiteSettings::)?lookup(::\{\{closure\}\})?$"),
-    ("      dedup window `Dedup::claim`", r"^(collector::dedup::Dedup::)?claim$"),
-    ("      rows encoded once for the spool `EncodedRows::encode` (RowBinary)", r"^(collector::measurement::EncodedRows::)?encode"),
-    ("spool appender thread `Appender::run`", r"^(collector::spool::appender::Appender::(run|commit(_group)?)|commit_group)$"),
+    (
+        "connection tasks (hyper read/parse/write + router + handler)",
+        r"^collector::server::serve::\{\{closure\}\}::\{\{closure\}\}",
+    ),
+    (
+        "  hyper: read and parse a request (incl. recv)",
+        r"^(hyper::proto::h1::role::Server::parse|parse<hyper_util::rt::tokio::TokioIo|hyper::proto::h1::io::Buffered<.*>::parse$)",
+    ),
+    (
+        "  socket writes of answers (writev)",
+        r"^(__GI___writev|__x64_sys_writev)$",
+    ),
+    (
+        "  router and middlewares (incl. handler)",
+        r"^(axum::middleware::from_fn::Next::run|<axum::middleware::from_fn::FromFn<)",
+    ),
+    (
+        "    intake stations `endpoints::intake::accept`",
+        r"^collector::endpoints::intake::(post|accept)",
+    ),
+    (
+        "      body parse `beacon::parse` (serde_json)",
+        r"^(collector::beacon::)?parse$",
+    ),
+    (
+        "      validation `beacon::validate`",
+        r"^(collector::beacon::)?validate$",
+    ),
+    (
+        "        URL normalisation `beacon::normalise_url`",
+        r"^(collector::beacon::)?normalise_url$",
+    ),
+    (
+        "      site settings `SiteSettings::lookup`",
+        r"^(collector::settings::SiteSettings::)?lookup(::\{\{closure\}\})?$",
+    ),
+    (
+        "      dedup window `Dedup::claim`",
+        r"^(collector::dedup::Dedup::)?claim$",
+    ),
+    (
+        "      rows encoded once for the spool `EncodedRows::encode` (RowBinary)",
+        r"^(collector::measurement::EncodedRows::)?encode",
+    ),
+    (
+        "spool appender thread `Appender::run`",
+        r"^(collector::spool::appender::Appender::(run|commit(_group)?)|commit_group)$",
+    ),
     ("  fdatasync", r"^__x64_sys_fdatasync$"),
-    ("writer thread (own runtime, nice +10) `writer::run`", r"^(collector::writer::run|collector::writer::spawn::\{\{closure\}\})"),
-    ("  spool read `SpoolReader::read_available` (pread, no decoding)", r"^collector::spool::reader::SpoolReader::read_(available|frames)"),
-    ("  ClickHouse insert `replicas::insert_rows` (LZ4, HTTP)", r"^collector::writer::replicas::insert_rows"),
-    ("    LZ4 compression (clickhouse client)", r"^lz4_flex::block::compress::compress"),
-    ("decoding at the spool boundary (rows or JSON decoded between intake and ClickHouse)", r"^(collector::measurement::(decode_all|row_bounds|Measurement::decode)|collector::spool::format::(to_rowbinary|scan_v1)|serde_json::de::from_slice)"),
+    (
+        "writer thread (own runtime, nice +10) `writer::run`",
+        r"^(collector::writer::run|collector::writer::spawn::\{\{closure\}\})",
+    ),
+    (
+        "  spool read `SpoolReader::read_available` (pread, no decoding)",
+        r"^collector::spool::reader::SpoolReader::read_(available|frames)",
+    ),
+    (
+        "  ClickHouse insert `replicas::insert_rows` (LZ4, HTTP)",
+        r"^collector::writer::replicas::insert_rows",
+    ),
+    (
+        "    LZ4 compression (clickhouse client)",
+        r"^lz4_flex::block::compress::compress",
+    ),
+    (
+        "decoding at the spool boundary (rows or JSON decoded between intake and ClickHouse)",
+        r"^(collector::measurement::(decode_all|row_bounds|Measurement::decode)|collector::spool::format::(to_rowbinary|scan_v1)|serde_json::de::from_slice)",
+    ),
     ("socket reads (recv)", r"^(__libc_recv|__x64_sys_recvfrom)$"),
     ("epoll_wait", r"^__x64_sys_epoll_wait$"),
     ("futex (thread wake-ups)", r"^__x64_sys_futex$"),
@@ -41,13 +92,19 @@ const ALLOC: &str = r"^__GI___libc_(malloc|free|realloc)|^__libc_calloc|^_rjem_(
 
 /// Kinds of code by self time: (label, pattern); the kernel is the `[k]` frames, first.
 const CATEGORIES: &[(&str, &str)] = &[
-    ("allocator (jemalloc, or glibc malloc/free)", r"^_rjem_|malloc|_int_free|cfree|free$|realloc|calloc|unlink_chunk|tcache|consolidate|^free"),
+    (
+        "allocator (jemalloc, or glibc malloc/free)",
+        r"^_rjem_|malloc|_int_free|cfree|free$|realloc|calloc|unlink_chunk|tcache|consolidate|^free",
+    ),
     ("memcpy/memmove/memset", r"mem(cpy|move|set|cmp)"),
     ("moka (caches)", r"moka::"),
     ("serde_json", r"serde_json|serde_core"),
     ("hashing (SipHash)", r"sip::|hash_one"),
     ("url", r"^url::|idna"),
-    ("hyper/http/axum/tower", r"hyper|^http::|httparse|axum|tower"),
+    (
+        "hyper/http/axum/tower",
+        r"hyper|^http::|httparse|axum|tower",
+    ),
     ("tokio", r"tokio::|mio::"),
     ("clickhouse client, lz4", r"clickhouse|(?i)lz4"),
     ("collector code", r"collector::"),
@@ -68,7 +125,8 @@ pub struct Frame {
 
 /// The frames of a `perf report --children --stdio` text.
 pub fn parse_report(text: &str) -> Vec<Frame> {
-    let row = Regex::new(r"^\s*([\d.]+)%\s+([\d.]+)%\s+\[(.)\]\s+(.*?)(?:\s+-)*\s*$").expect("a valid pattern");
+    let row = Regex::new(r"^\s*([\d.]+)%\s+([\d.]+)%\s+\[(.)\]\s+(.*?)(?:\s+-)*\s*$")
+        .expect("a valid pattern");
     text.lines()
         .filter_map(|line| {
             let c = row.captures(line)?;
@@ -125,16 +183,36 @@ pub fn render(frames: &[Frame], note: &str, top: usize) -> String {
     ];
     for (label, pattern) in STAGES {
         let rx = Regex::new(pattern).expect("a valid pattern");
-        let best = frames.iter().filter(|f| rx.is_match(&f.symbol)).map(|f| f.children).fold(0.0, f64::max);
+        let best = frames
+            .iter()
+            .filter(|f| rx.is_match(&f.symbol))
+            .map(|f| f.children)
+            .fold(0.0, f64::max);
         lines.push(format!("| {label} | {best:.1} % |"));
     }
     let alloc_rx = Regex::new(ALLOC).expect("a valid pattern");
-    let alloc: f64 = frames.iter().filter(|f| alloc_rx.is_match(&f.symbol)).map(|f| f.children).sum();
+    let alloc: f64 = frames
+        .iter()
+        .filter(|f| alloc_rx.is_match(&f.symbol))
+        .map(|f| f.children)
+        .sum();
     lines.push(format!("| allocator: malloc + free + realloc + calloc (inclusive, summed; glibc or jemalloc) | {alloc:.1} % |"));
     let mut flat: Vec<&Frame> = frames.iter().filter(|f| f.own > 0.0).collect();
     flat.sort_by(|a, b| b.own.total_cmp(&a.own).then(b.symbol.cmp(&a.symbol)));
-    lines.extend(["", "Self time by kind of code (each sample counted once, first match):", "", "| kind | share |", "| --- | --- |"].map(String::from));
-    let kinds: Vec<(&str, Regex)> = CATEGORIES.iter().map(|(l, p)| (*l, Regex::new(p).expect("a valid pattern"))).collect();
+    lines.extend(
+        [
+            "",
+            "Self time by kind of code (each sample counted once, first match):",
+            "",
+            "| kind | share |",
+            "| --- | --- |",
+        ]
+        .map(String::from),
+    );
+    let kinds: Vec<(&str, Regex)> = CATEGORIES
+        .iter()
+        .map(|(l, p)| (*l, Regex::new(p).expect("a valid pattern")))
+        .collect();
     let (mut kernel, mut totals, mut other) = (0.0, vec![0.0; kinds.len()], 0.0);
     for f in &flat {
         if f.kernel {
@@ -150,9 +228,20 @@ pub fn render(frames: &[Frame], note: &str, top: usize) -> String {
         lines.push(format!("| {label} | {total:.1} % |"));
     }
     lines.push(format!("| other (libc, std, ...) | {other:.1} % |"));
-    lines.extend([String::new(), format!("Top {top} functions by self time:"), String::new(), "| self | function |".into(), "| --- | --- |".into()]);
+    lines.extend([
+        String::new(),
+        format!("Top {top} functions by self time:"),
+        String::new(),
+        "| self | function |".into(),
+        "| --- | --- |".into(),
+    ]);
     for f in flat.iter().take(top) {
-        lines.push(format!("| {:.2} % | `{}`{} |", f.own, short(&f.symbol, 110), if f.kernel { " (kernel)" } else { "" }));
+        lines.push(format!(
+            "| {:.2} % | `{}`{} |",
+            f.own,
+            short(&f.symbol, 110),
+            if f.kernel { " (kernel)" } else { "" }
+        ));
     }
     lines.join("\n") + "\n"
 }
@@ -162,13 +251,30 @@ pub fn from_perf(data: &Path, note: &str) -> Result<String> {
     let out = Command::new("perf")
         .args(["report", "-i"])
         .arg(data)
-        .args(["--children", "--sort", "symbol", "-g", "none", "--stdio", "--percent-limit", "0.05"])
+        .args([
+            "--children",
+            "--sort",
+            "symbol",
+            "-g",
+            "none",
+            "--stdio",
+            "--percent-limit",
+            "0.05",
+        ])
         .output()
         .map_err(|e| fail(format!("perf report -i {}: {e}", data.display())))?;
     if !out.status.success() {
-        return Err(fail(format!("perf report -i {}: {}", data.display(), String::from_utf8_lossy(&out.stderr).trim())));
+        return Err(fail(format!(
+            "perf report -i {}: {}",
+            data.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
     }
-    Ok(render(&parse_report(&String::from_utf8_lossy(&out.stdout)), note, 25))
+    Ok(render(
+        &parse_report(&String::from_utf8_lossy(&out.stdout)),
+        note,
+        25,
+    ))
 }
 
 #[cfg(test)]
@@ -196,14 +302,23 @@ mod tests {
     fn report_rows() {
         let f = parse_report(REPORT);
         assert_eq!(f.len(), 8);
-        assert_eq!(f[1], Frame { children: 40.11, own: 0.31, kernel: true, symbol: "do_syscall_64".into() });
+        assert_eq!(
+            f[1],
+            Frame {
+                children: 40.11,
+                own: 0.31,
+                kernel: true,
+                symbol: "do_syscall_64".into()
+            }
+        );
         assert_eq!(f[7].symbol, "hashbrown::map::HashMap<K,V,S>::insert");
     }
 
     #[test]
     fn section_rendered() {
         let md = render(&parse_report(REPORT), "wrk -t1 -c64", 3);
-        assert!(md.contains("| connection tasks (hyper read/parse/write + router + handler) | 61.0 % |"));
+        assert!(md
+            .contains("| connection tasks (hyper read/parse/write + router + handler) | 61.0 % |"));
         assert!(md.contains("|   fdatasync | 9.8 % |"));
         assert!(md.contains("| kernel | 10.1 % |"));
         assert!(md.contains("| allocator (jemalloc, or glibc malloc/free) | 4.2 % |"));
@@ -213,7 +328,13 @@ mod tests {
 
     #[test]
     fn generics_dropped() {
-        assert_eq!(short("hashbrown::map::HashMap<K,V,S>::insert", 110), "hashbrown::map::HashMap<…>::insert");
-        assert_eq!(short("<axum::Router<S> as tower::Service<R>>::call", 110), "<axum::Router<…> as tower::Service<…>>::call");
+        assert_eq!(
+            short("hashbrown::map::HashMap<K,V,S>::insert", 110),
+            "hashbrown::map::HashMap<…>::insert"
+        );
+        assert_eq!(
+            short("<axum::Router<S> as tower::Service<R>>::call", 110),
+            "<axum::Router<…> as tower::Service<…>>::call"
+        );
     }
 }

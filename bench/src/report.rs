@@ -19,7 +19,9 @@ pub fn fmt(x: f64, digits: usize, unit: &str) -> String {
         return "n/a".into();
     }
     let text = format!("{:.*}", digits, x.abs());
-    let (int, frac) = text.split_once('.').map_or((text.as_str(), ""), |(i, f)| (i, f));
+    let (int, frac) = text
+        .split_once('.')
+        .map_or((text.as_str(), ""), |(i, f)| (i, f));
     let mut grouped = String::new();
     for (i, c) in int.chars().enumerate() {
         if i > 0 && (int.len() - i) % 3 == 0 {
@@ -27,8 +29,16 @@ pub fn fmt(x: f64, digits: usize, unit: &str) -> String {
         }
         grouped.push(c);
     }
-    let sign = if x < 0.0 && text.chars().any(|c| c.is_ascii_digit() && c != '0') { "-" } else { "" };
-    let frac = if frac.is_empty() { String::new() } else { format!(".{frac}") };
+    let sign = if x < 0.0 && text.chars().any(|c| c.is_ascii_digit() && c != '0') {
+        "-"
+    } else {
+        ""
+    };
+    let frac = if frac.is_empty() {
+        String::new()
+    } else {
+        format!(".{frac}")
+    };
     format!("{sign}{grouped}{frac}{unit}")
 }
 
@@ -54,11 +64,28 @@ pub fn figures(r: &Results) -> Vec<Row> {
     let lat = |who: &str, p: &str| fmt(r.num(&format!("lat_{who}_{p}_ms")), 2, " ms");
     let (p99, n99) = (r.num("lat_collector_p99_ms"), r.num("lat_nginx_p99_ms"));
     rows.push([
-        format!("(b) latency p50 / p99 / p99.9 at {} req/s (70 % of collector max), open loop", r.get("lat_rate")),
-        format!("{} / {} / {}", lat("collector", "p50"), lat("collector", "p99"), lat("collector", "p999")),
-        format!("{} / {} / {}", lat("nginx", "p50"), lat("nginx", "p99"), lat("nginx", "p999")),
+        format!(
+            "(b) latency p50 / p99 / p99.9 at {} req/s (70 % of collector max), open loop",
+            r.get("lat_rate")
+        ),
+        format!(
+            "{} / {} / {}",
+            lat("collector", "p50"),
+            lat("collector", "p99"),
+            lat("collector", "p999")
+        ),
+        format!(
+            "{} / {} / {}",
+            lat("nginx", "p50"),
+            lat("nginx", "p99"),
+            lat("nginx", "p999")
+        ),
         "p99 <= 3 x nginx's p99".into(),
-        format!("{} x nginx: {}", fmt(p99 / n99, 1, ""), verdict(known(p99 + n99).map(|_| p99 <= 3.0 * n99))),
+        format!(
+            "{} x nginx: {}",
+            fmt(p99 / n99, 1, ""),
+            verdict(known(p99 + n99).map(|_| p99 <= 3.0 * n99))
+        ),
     ]);
     rows.push([
         "(c) CPU seconds per 100,000 measurements: at 70 % load (1/request)".into(),
@@ -94,13 +121,21 @@ fn throughput_rows(r: &Results) -> Vec<Row> {
             let n = r.num(&format!("tp_nginx_{batch}_beacons"));
             let ratio = if n > 0.0 { c / n } else { f64::NAN };
             let conns = |who: &str| format!(" (c={})", r.get(&format!("tp_{who}_{batch}_conns")));
-            let plural = if batch == 1 { "beacon/request" } else { "beacons/request" };
+            let plural = if batch == 1 {
+                "beacon/request"
+            } else {
+                "beacons/request"
+            };
             [
                 format!("(a) max throughput, {batch} {plural}, beacons/s, 0 errors"),
                 fmt(c, 0, "") + &conns("collector"),
                 fmt(n, 0, "") + &conns("nginx"),
                 format!("collector >= {pct} % of nginx"),
-                format!("{} % of nginx: {}", fmt(ratio * 100.0, 1, ""), verdict(known(ratio).map(|x| x >= goal))),
+                format!(
+                    "{} % of nginx: {}",
+                    fmt(ratio * 100.0, 1, ""),
+                    verdict(known(ratio).map(|x| x >= goal))
+                ),
             ]
         })
         .collect()
@@ -121,19 +156,39 @@ fn soak_rows(r: &Results) -> Vec<Row> {
             format!(
                 "{}{}",
                 verdict(known(growth).map(|g| g * 10000.0 / idle_n <= 64.0)),
-                if n_idle == "10000" { "" } else { " (scaled to 10,000)" }
+                if n_idle == "10000" {
+                    ""
+                } else {
+                    " (scaled to 10,000)"
+                }
             ),
         ],
         [
-            format!("(f) 202 -> visible in ClickHouse, p50 / p99 ({} of {} probes)", r.get("vis_visible"), r.get("vis_probes")),
-            format!("{} / {}", fmt(r.num("vis_p50_ms"), 0, " ms"), fmt(v99, 0, " ms")),
+            format!(
+                "(f) 202 -> visible in ClickHouse, p50 / p99 ({} of {} probes)",
+                r.get("vis_visible"),
+                r.get("vis_probes")
+            ),
+            format!(
+                "{} / {}",
+                fmt(r.num("vis_p50_ms"), 0, " ms"),
+                fmt(v99, 0, " ms")
+            ),
             String::new(),
             "p99 <= 1.5 s".into(),
             verdict(known(v99).map(|v| v <= 1500.0)).into(),
         ],
         [
-            format!("(g) INSERT queries/s over {} s at 70 % load; active parts after", r.get("soak_secs")),
-            format!("{}; {} parts (replica 2: {})", fmt(ips, 2, "/s"), r.get("soak_parts_r1"), r.get("soak_parts_r2")),
+            format!(
+                "(g) INSERT queries/s over {} s at 70 % load; active parts after",
+                r.get("soak_secs")
+            ),
+            format!(
+                "{}; {} parts (replica 2: {})",
+                fmt(ips, 2, "/s"),
+                r.get("soak_parts_r1"),
+                r.get("soak_parts_r2")
+            ),
             String::new(),
             "<= 2 INSERT/s per collector".into(),
             verdict(known(ips).map(|i| i <= 2.0)).into(),
@@ -144,13 +199,28 @@ fn soak_rows(r: &Results) -> Vec<Row> {
 /// The main table as aligned text (what a run prints).
 pub fn text_table(rows: &[Row]) -> String {
     let head: Row = ["figure", "collector", "nginx 204", "goal", "result"].map(String::from);
-    let width = |i: usize| rows.iter().chain([&head]).map(|r| r[i].chars().count()).max().unwrap_or(0);
+    let width = |i: usize| {
+        rows.iter()
+            .chain([&head])
+            .map(|r| r[i].chars().count())
+            .max()
+            .unwrap_or(0)
+    };
     let widths: Vec<usize> = (0..5).map(width).collect();
     let line = |row: &Row| {
-        let cells: Vec<String> = row.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
+        let cells: Vec<String> = row
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
         cells.join("  ").trim_end().to_owned()
     };
-    let rule: Row = widths.iter().map(|w| "-".repeat(*w)).collect::<Vec<_>>().try_into().unwrap_or_default();
+    let rule: Row = widths
+        .iter()
+        .map(|w| "-".repeat(*w))
+        .collect::<Vec<_>>()
+        .try_into()
+        .unwrap_or_default();
     let mut out = vec![line(&head), line(&rule)];
     out.extend(rows.iter().map(line));
     out.join("\n")
@@ -182,8 +252,16 @@ pub fn runs_table(r: &Results) -> String {
         let batch: f64 = g("batch").parse().unwrap_or(f64::NAN);
         out.push(format!(
             "| {} | {} | {} | {} | {} | {} | {} % / {} % / {} % | {} % |",
-            g("server"), g("batch"), g("conns"), fmt(rps, 0, ""), fmt(rps * batch, 0, ""), g("errors"),
-            g("srv_pct"), g("irq_pct"), g("other_pct"), g("gen_cpu")
+            g("server"),
+            g("batch"),
+            g("conns"),
+            fmt(rps, 0, ""),
+            fmt(rps * batch, 0, ""),
+            g("errors"),
+            g("srv_pct"),
+            g("irq_pct"),
+            g("other_pct"),
+            g("gen_cpu")
         ));
     }
     out.join("\n")
@@ -193,7 +271,8 @@ fn warnings_md(warnings: &str, failovers: &str) -> String {
     if warnings.trim().is_empty() {
         return String::new();
     }
-    let mut out = format!("Most frequent collector warnings (count, line):\n\n```\n{warnings}\n```");
+    let mut out =
+        format!("Most frequent collector warnings (count, line):\n\n```\n{warnings}\n```");
     if !failovers.trim().is_empty() {
         out += &format!("\n\nReplica switches at: {}", failovers.trim());
     }
@@ -203,48 +282,70 @@ fn warnings_md(warnings: &str, failovers: &str) -> String {
 /// `@key@` in `template` replaced by `value(key)`, in one pass (values are not rescanned).
 pub fn fill(template: &str, value: impl Fn(&str) -> String) -> String {
     let re = regex::Regex::new(r"@([a-z0-9_]+)@").expect("a valid pattern");
-    re.replace_all(template, |c: &regex::Captures| value(&c[1])).into_owned()
+    re.replace_all(template, |c: &regex::Captures| value(&c[1]))
+        .into_owned()
 }
 
 /// The full run's document: the template filled from `r` and the files of `logs`
 /// (commands.txt, profile.md, collector-warnings.txt, failover-times.txt), with the reading
 /// between the analysis markers of `old` (and what follows it) kept.
 pub fn document(r: &Results, logs: &Path, old: &str) -> String {
-    let read = |name: &str| std::fs::read_to_string(logs.join(name)).map(|t| t.trim_end().to_owned()).unwrap_or_default();
+    let read = |name: &str| {
+        std::fs::read_to_string(logs.join(name))
+            .map(|t| t.trim_end().to_owned())
+            .unwrap_or_default()
+    };
     let rows = figures(r);
     let body = fill(TEMPLATE, |key| match key {
-        "virt" => r.opt("virt").filter(|v| !v.is_empty()).map(|v| format!(", virtual machine ({v})")).unwrap_or_default(),
+        "virt" => r
+            .opt("virt")
+            .filter(|v| !v.is_empty())
+            .map(|v| format!(", virtual machine ({v})"))
+            .unwrap_or_default(),
         "perf_version" => r.opt("perf_version").unwrap_or("none").to_owned(),
         "oha_bare" => r.get("oha_version").trim_start_matches("oha ").to_owned(),
         "commands" => read("commands.txt"),
         "figures" => md_table(&rows),
         "runs" => runs_table(r),
         "warnings" => warnings_md(&read("collector-warnings.txt"), &read("failover-times.txt")),
-        "profile" => Some(read("profile.md")).filter(|p| !p.is_empty()).unwrap_or_else(|| "_No profile: perf was not usable on this machine._".into()),
+        "profile" => Some(read("profile.md"))
+            .filter(|p| !p.is_empty())
+            .unwrap_or_else(|| "_No profile: perf was not usable on this machine._".into()),
         other => r.get(other).to_owned(),
     });
     let (mut kept, mut tail) = (String::new(), "\n".to_owned());
     if let (Some(b), Some(e)) = (old.find(ANALYSIS_BEGIN), old.find(ANALYSIS_END)) {
         kept = old[b + ANALYSIS_BEGIN.len()..e].to_owned();
         let after = &old[e + ANALYSIS_END.len()..];
-        tail = if after.is_empty() { "\n".into() } else { after.to_owned() };
+        tail = if after.is_empty() {
+            "\n".into()
+        } else {
+            after.to_owned()
+        };
     }
     if kept.trim().is_empty() {
         kept = "\n_(No reading written yet: add it here; bench.sh keeps this section.)_\n".into();
     }
-    format!("{}\n\n{ANALYSIS_BEGIN}{kept}{ANALYSIS_END}{tail}", body.trim_end())
+    format!(
+        "{}\n\n{ANALYSIS_BEGIN}{kept}{ANALYSIS_END}{tail}",
+        body.trim_end()
+    )
 }
 
 /// Writes `text` into `path` between `<!-- MARKER:begin -->` and `<!-- MARKER:end -->`
 /// (appended when absent), keeping the rest.
 pub fn write_section(path: &Path, text: &str, marker: &str) -> Result<()> {
     let old = std::fs::read_to_string(path).unwrap_or_default();
-    std::fs::write(path, replace_section(&old, text, marker)).context(|| format!("writing {}", path.display()))
+    std::fs::write(path, replace_section(&old, text, marker))
+        .context(|| format!("writing {}", path.display()))
 }
 
 /// `old` with the section `marker` holding `text`.
 pub fn replace_section(old: &str, text: &str, marker: &str) -> String {
-    let (begin, end) = (format!("<!-- {marker}:begin -->"), format!("<!-- {marker}:end -->"));
+    let (begin, end) = (
+        format!("<!-- {marker}:begin -->"),
+        format!("<!-- {marker}:end -->"),
+    );
     let block = format!("{begin}\n{text}{end}");
     match (old.find(&begin), old.find(&end)) {
         (Some(b), Some(e)) if b < e => format!("{}{block}{}", &old[..b], &old[e + end.len()..]),
@@ -282,7 +383,10 @@ run_01=server:collector,batch:1,conns:32,rps:12211.3,errors:0,gen_cpu:41,srv_pct
         assert_eq!(rows[0][1], "12,211 (c=32)");
         assert_eq!(rows[0][4], "38.7 % of nginx: met");
         assert_eq!(rows[1][4], "159.8 % of nginx: met");
-        assert_eq!(rows[2][0], "(b) latency p50 / p99 / p99.9 at 8547 req/s (70 % of collector max), open loop");
+        assert_eq!(
+            rows[2][0],
+            "(b) latency p50 / p99 / p99.9 at 8547 req/s (70 % of collector max), open loop"
+        );
         assert_eq!(rows[2][1], "1.02 ms / 4.41 ms / 12.01 ms");
         assert_eq!(rows[2][4], "4.9 x nginx: NOT met");
         assert_eq!(rows[4][4], "met");
@@ -291,11 +395,14 @@ run_01=server:collector,batch:1,conns:32,rps:12211.3,errors:0,gen_cpu:41,srv_pct
         assert_eq!(rows[7][1], "260 ms / 480 ms");
         assert_eq!(rows[8][1], "1.20/s; 6 parts (replica 2: 6)");
         let md = md_table(&rows);
-        assert!(md.starts_with("| figure | collector | nginx `return 204` | goal | result |\n| --- |"));
+        assert!(
+            md.starts_with("| figure | collector | nginx `return 204` | goal | result |\n| --- |")
+        );
         assert!(md.contains("| (d) peak RSS under load (VmHWM) | 40.3 MiB | 9.0 MiB |  |  |"));
         let text = text_table(&rows);
         assert!(text.lines().nth(1).unwrap().starts_with("------"));
-        assert!(runs_table(&Results::from_lines(QUICK)).contains("| collector | 1 | 32 | 12,211 | 12,211 | 0 | 97 % / 2 % / 1 % | 41 % |"));
+        assert!(runs_table(&Results::from_lines(QUICK))
+            .contains("| collector | 1 | 32 | 12,211 | 12,211 | 0 | 97 % / 2 % / 1 % | 41 % |"));
     }
 
     #[test]
@@ -308,8 +415,14 @@ run_01=server:collector,batch:1,conns:32,rps:12211.3,errors:0,gen_cpu:41,srv_pct
     #[test]
     fn sections_replaced_or_appended() {
         let doc = "a\n<!-- s:begin -->\nold\n<!-- s:end -->\nb\n";
-        assert_eq!(replace_section(doc, "new\n", "s"), "a\n<!-- s:begin -->\nnew\n<!-- s:end -->\nb\n");
-        assert_eq!(replace_section("a\n", "new\n", "t"), "a\n\n<!-- t:begin -->\nnew\n<!-- t:end -->\n");
+        assert_eq!(
+            replace_section(doc, "new\n", "s"),
+            "a\n<!-- s:begin -->\nnew\n<!-- s:end -->\nb\n"
+        );
+        assert_eq!(
+            replace_section("a\n", "new\n", "t"),
+            "a\n\n<!-- t:begin -->\nnew\n<!-- t:end -->\n"
+        );
     }
 
     #[test]
@@ -317,7 +430,9 @@ run_01=server:collector,batch:1,conns:32,rps:12211.3,errors:0,gen_cpu:41,srv_pct
         let old = format!("x\n{ANALYSIS_BEGIN}\nmine\n{ANALYSIS_END}\n\nbelow\n");
         let doc = document(&Results::from_lines(QUICK), Path::new("/nonexistent"), &old);
         assert!(doc.starts_with("# Benchmarks: collector next to nginx\n"));
-        assert!(doc.ends_with(&format!("{ANALYSIS_BEGIN}\nmine\n{ANALYSIS_END}\n\nbelow\n")));
+        assert!(doc.ends_with(&format!(
+            "{ANALYSIS_BEGIN}\nmine\n{ANALYSIS_END}\n\nbelow\n"
+        )));
         assert!(doc.contains("_No profile: perf was not usable on this machine._"));
         assert!(!doc.contains('@'), "every placeholder filled");
     }

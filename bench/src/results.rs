@@ -72,17 +72,29 @@ impl Results {
 
     /// `key` as a number; NaN when missing or not a number.
     pub fn num(&self, key: &str) -> f64 {
-        self.opt(key).and_then(|v| v.parse().ok()).unwrap_or(f64::NAN)
+        self.opt(key)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(f64::NAN)
     }
 
     /// Every (key, value) whose key starts with `prefix`, in key order.
-    pub fn with_prefix<'a>(&'a self, prefix: &'a str) -> impl Iterator<Item = (&'a str, &'a str)> + 'a {
-        self.map.range(prefix.to_owned()..).take_while(move |(k, _)| k.starts_with(prefix)).map(|(k, v)| (k.as_str(), v.as_str()))
+    pub fn with_prefix<'a>(
+        &'a self,
+        prefix: &'a str,
+    ) -> impl Iterator<Item = (&'a str, &'a str)> + 'a {
+        self.map
+            .range(prefix.to_owned()..)
+            .take_while(move |(k, _)| k.starts_with(prefix))
+            .map(|(k, v)| (k.as_str(), v.as_str()))
     }
 }
 
 fn append(file: &Path, line: &str) -> Result<()> {
-    let mut f = std::fs::OpenOptions::new().create(true).append(true).open(file).context(|| file.display().to_string())?;
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(file)
+        .context(|| file.display().to_string())?;
     writeln!(f, "{line}").context(|| file.display().to_string())
 }
 

@@ -32,7 +32,14 @@ pub struct Collector {
 impl Collector {
     /// Starts `bin serve` on `port`/`admin` with the benchmark's settings, spool `spool`,
     /// `extra` settings on top, and waits (60 s) for `/readyz`.
-    pub fn start(bin: &Path, ports: (u16, u16), spool: &Path, log: &Path, backends: &Backends, extra: &[(&str, &str)]) -> Result<Collector> {
+    pub fn start(
+        bin: &Path,
+        ports: (u16, u16),
+        spool: &Path,
+        log: &Path,
+        backends: &Backends,
+        extra: &[(&str, &str)],
+    ) -> Result<Collector> {
         let (port, admin) = ports;
         let mut cmd = Command::new("taskset");
         cmd.args(["-c", "0"]).arg(bin).arg("serve");
@@ -49,9 +56,18 @@ impl Collector {
             .env("COLLECTOR_DRAIN_GRACE", "0s");
         let proc = Proc::spawn("the collector", cmd, log)?;
         let ready = format!("http://127.0.0.1:{port}/readyz");
-        wait_until(Duration::from_secs(60), || http_status(&ready) == Some(200))
-            .map_err(|()| fail(format!("the collector not ready on {ready} within 60 s (see {})", log.display())))?;
-        Ok(Collector { proc, port, admin, log: log.to_path_buf() })
+        if !wait_until(Duration::from_secs(60), || http_status(&ready) == Some(200)) {
+            return Err(fail(format!(
+                "the collector not ready on {ready} within 60 s (see {})",
+                log.display()
+            )));
+        }
+        Ok(Collector {
+            proc,
+            port,
+            admin,
+            log: log.to_path_buf(),
+        })
     }
 
     /// Its pid.
@@ -87,7 +103,9 @@ impl Collector {
             }
             std::thread::sleep(Duration::from_millis(200));
         }
-        crate::note(&format!("warning: the spool did not drain within 120 s ({left} records left)"));
+        crate::note(&format!(
+            "warning: the spool did not drain within 120 s ({left} records left)"
+        ));
         Ok(())
     }
 
@@ -145,7 +163,8 @@ impl Metrics {
                 "collector_batches_retried_total" => &mut m.batches_retried,
                 "collector_clickhouse_failovers_total" => &mut m.failovers,
                 "collector_http_requests_total"
-                    if labels.contains("route=\"/api/v1/measurements\"") && !labels.contains("status=\"202\"") =>
+                    if labels.contains("route=\"/api/v1/measurements\"")
+                        && !labels.contains("status=\"202\"") =>
                 {
                     &mut m.intake_other
                 }
@@ -173,7 +192,8 @@ impl Nginx {
     /// Writes `dir/nginx.conf` and starts nginx on `port`; waits (10 s) for a 204.
     pub fn start(dir: &Path, port: u16, log: &Path) -> Result<Nginx> {
         let d = dir.display();
-        std::fs::create_dir_all(dir.join("tmp")).map_err(|e| fail(format!("creating {d}/tmp: {e}")))?;
+        std::fs::create_dir_all(dir.join("tmp"))
+            .map_err(|e| fail(format!("creating {d}/tmp: {e}")))?;
         let conf = format!(
             "worker_processes 1;\nworker_rlimit_nofile 20000;\ndaemon off;\nmaster_process on;\npid {d}/nginx.pid;\n\
              error_log {d}/error.log warn;\nevents {{ worker_connections 16384; }}\nhttp {{\n    access_log off;\n\
@@ -183,12 +203,20 @@ impl Nginx {
         );
         crate::tools::write(&dir.join("nginx.conf"), &conf)?;
         let mut cmd = Command::new("taskset");
-        cmd.args(["-c", "0", "nginx", "-p"]).arg(dir).arg("-e").arg(dir.join("error.log")).arg("-c").arg(dir.join("nginx.conf"));
+        cmd.args(["-c", "0", "nginx", "-p"])
+            .arg(dir)
+            .arg("-e")
+            .arg(dir.join("error.log"))
+            .arg("-c")
+            .arg(dir.join("nginx.conf"));
         let proc = Proc::spawn("nginx", cmd, log)?;
         let nginx = Nginx { proc, port };
         let url = nginx.url();
-        wait_until(Duration::from_secs(10), || http_status(&url) == Some(204))
-            .map_err(|()| fail(format!("nginx not answering 204 on {url} within 10 s (see {d}/error.log)")))?;
+        if !wait_until(Duration::from_secs(10), || http_status(&url) == Some(204)) {
+            return Err(fail(format!(
+                "nginx not answering 204 on {url} within 10 s (see {d}/error.log)"
+            )));
+        }
         Ok(nginx)
     }
 
@@ -210,16 +238,16 @@ impl Nginx {
     }
 }
 
-/// Polls `ok` every 100 ms until it holds; Err(()) after `limit`.
-pub fn wait_until(limit: Duration, mut ok: impl FnMut() -> bool) -> std::result::Result<(), ()> {
+/// Polls `ok` every 100 ms until it holds (true) or `limit` passes (false).
+pub fn wait_until(limit: Duration, mut ok: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + limit;
     while !ok() {
         if Instant::now() >= deadline {
-            return Err(());
+            return false;
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    Ok(())
+    true
 }
 
 /// The status of a GET of `url` (2 s timeout), None when it fails to connect.
@@ -241,7 +269,12 @@ pub struct ClickHouse {
 impl ClickHouse {
     /// The answer to `sql` (trimmed), with URL parameters `params`. Errors name the server,
     /// the code and the statement.
-    pub fn query_with(&self, sql: &str, params: &[(&str, &str)], timeout: Duration) -> Result<(String, Option<String>)> {
+    pub fn query_with(
+        &self,
+        sql: &str,
+        params: &[(&str, &str)],
+        timeout: Duration,
+    ) -> Result<(String, Option<String>)> {
         let mut req = ureq::post(&format!("{}/", self.url)).timeout(timeout);
         for (k, v) in params {
             req = req.query(k, v);
@@ -250,15 +283,28 @@ impl ClickHouse {
         match req.send_string(sql) {
             Ok(r) => {
                 let summary = r.header("X-ClickHouse-Summary").map(str::to_owned);
-                let body = r.into_string().map_err(|e| fail(format!("ClickHouse {}: reading the answer to {short}: {e}", self.url)))?;
+                let body = r.into_string().map_err(|e| {
+                    fail(format!(
+                        "ClickHouse {}: reading the answer to {short}: {e}",
+                        self.url
+                    ))
+                })?;
                 if body.contains("__exception__") || body.contains("DB::Exception") {
-                    return Err(fail(format!("ClickHouse {}: exception in the answer to {short}: {}", self.url, tail(&body))));
+                    return Err(fail(format!(
+                        "ClickHouse {}: exception in the answer to {short}: {}",
+                        self.url,
+                        tail(&body)
+                    )));
                 }
                 Ok((body.trim().to_owned(), summary))
             }
             Err(ureq::Error::Status(code, r)) => {
                 let body = r.into_string().unwrap_or_default();
-                Err(fail(format!("ClickHouse {}: {code} {} for {short}", self.url, tail(&body))))
+                Err(fail(format!(
+                    "ClickHouse {}: {code} {} for {short}",
+                    self.url,
+                    tail(&body)
+                )))
             }
             Err(e) => Err(fail(format!("ClickHouse {}: {e} for {short}", self.url))),
         }
@@ -272,13 +318,20 @@ impl ClickHouse {
     /// The answer to `sql` as a number. Errors: not a number (names the statement).
     pub fn number(&self, sql: &str) -> Result<u64> {
         let text = self.query(sql)?;
-        text.parse().map_err(|_| fail(format!("ClickHouse {}: {sql}: not a number: {text}", self.url)))
+        text.parse().map_err(|_| {
+            fail(format!(
+                "ClickHouse {}: {sql}: not a number: {text}",
+                self.url
+            ))
+        })
     }
 }
 
 fn tail(text: &str) -> &str {
     let start = text.len().saturating_sub(2000);
-    let start = (start..text.len()).find(|&i| text.is_char_boundary(i)).unwrap_or(0);
+    let start = (start..text.len())
+        .find(|&i| text.is_char_boundary(i))
+        .unwrap_or(0);
     text[start..].trim()
 }
 
@@ -287,7 +340,8 @@ mod tests {
     use super::*;
 
     // Captured from a collector's operations listener during a benchmark (a subset of lines).
-    const METRICS: &str = "# HELP collector_measurements_accepted_total Measurements accepted (202).
+    const METRICS: &str =
+        "# HELP collector_measurements_accepted_total Measurements accepted (202).
 # TYPE collector_measurements_accepted_total counter
 collector_measurements_accepted_total{site=\"bench-01\"} 1520
 collector_measurements_accepted_total{site=\"bench-02\"} 1480

@@ -53,22 +53,66 @@ const AGENTS: [Agent; 8] = [
 pub fn run(root: &Path, rows: u64) -> Result<()> {
     tools::run(Command::new(root.join("scripts/stack.sh")).arg("install"))?;
     section("the user-agent derivation's cost per beacon (cargo test --release, ignored test user_agent_cost)");
-    let out = tools::output(Command::new("cargo").current_dir(root).args(["test", "-q", "--release", "-p", "collector", "--lib", "user_agent_cost", "--", "--ignored", "--nocapture"]))?;
-    let ua_cost = out.lines().find(|l| l.starts_with("user agent per beacon:")).ok_or_else(|| fail("the user_agent_cost test printed no figure"))?.to_owned();
+    let out = tools::output(Command::new("cargo").current_dir(root).args([
+        "test",
+        "-q",
+        "--release",
+        "-p",
+        "collector",
+        "--lib",
+        "user_agent_cost",
+        "--",
+        "--ignored",
+        "--nocapture",
+    ]))?;
+    let ua_cost = out
+        .lines()
+        .find(|l| l.starts_with("user agent per beacon:"))
+        .ok_or_else(|| fail("the user_agent_cost test printed no figure"))?
+        .to_owned();
     note(&ua_cost);
     let work = crate::run::work_dir()?;
     let dir = work.join("stack");
-    section(&format!("starting one ClickHouse 18.16 replica and the 26.x server in {}", dir.display()));
+    section(&format!(
+        "starting one ClickHouse 18.16 replica and the 26.x server in {}",
+        dir.display()
+    ));
     crate::procs::register_stack(Some(&dir));
     let outcome = (|| {
-        let stack = stack::Stack::up(&dir, stack::UpOptions { replicas: Some(1), ch26: Some(true) })?;
+        let stack = stack::Stack::up(
+            &dir,
+            stack::UpOptions {
+                replicas: Some(1),
+                ch26: Some(true),
+            },
+        )?;
         let env = stack.env()?;
-        let url = |k: &str| env.get(k).map(|u| ClickHouse { url: u.to_owned() }).ok_or_else(|| fail(format!("{}/stack.env has no {k}", dir.display())));
+        let url = |k: &str| {
+            env.get(k)
+                .map(|u| ClickHouse { url: u.to_owned() })
+                .ok_or_else(|| fail(format!("{}/stack.env has no {k}", dir.display())))
+        };
         let doc = (rows == ROWS).then(|| root.join("docs/benchmarks.md"));
         section("loading and querying on 18.16");
-        measure_server(root, &url("CH1_URL")?, rows, false, doc.as_deref(), "storage", &format!("{ua_cost}."))?;
+        measure_server(
+            root,
+            &url("CH1_URL")?,
+            rows,
+            false,
+            doc.as_deref(),
+            "storage",
+            &format!("{ua_cost}."),
+        )?;
         section("the same on 26.x, single-server tables");
-        measure_server(root, &url("CH26_URL")?, rows, true, doc.as_deref(), "storage-26", "")
+        measure_server(
+            root,
+            &url("CH26_URL")?,
+            rows,
+            true,
+            doc.as_deref(),
+            "storage-26",
+            "",
+        )
     })();
     if let Err(e) = stack::Stack::down(&dir, true) {
         eprintln!("bench: stopping the stack in {}: {e}", dir.display());
@@ -89,11 +133,23 @@ struct Measured {
 /// A shop of the report: its role (largest, median), key and rows in the 7 days.
 type Shop = (&'static str, String, u64);
 
-fn measure_server(root: &Path, ch: &ClickHouse, rows: u64, single: bool, doc: Option<&Path>, marker: &str, note_line: &str) -> Result<()> {
+fn measure_server(
+    root: &Path,
+    ch: &ClickHouse,
+    rows: u64,
+    single: bool,
+    doc: Option<&Path>,
+    marker: &str,
+    note_line: &str,
+) -> Result<()> {
     let version = ch.query("SELECT version()")?;
     // 18.16 creates LowCardinality columns only with this setting; 26.x refuses it as unknown.
     let lc = ch.number("SELECT count() FROM system.settings WHERE name = 'allow_experimental_low_cardinality_type'")? > 0;
-    let settings: &[(&str, &str)] = if lc { &[("allow_experimental_low_cardinality_type", "1")] } else { &[] };
+    let settings: &[(&str, &str)] = if lc {
+        &[("allow_experimental_low_cardinality_type", "1")]
+    } else {
+        &[]
+    };
     ch.query(&format!("DROP DATABASE IF EXISTS {DB}"))?;
     ch.query(&format!("CREATE DATABASE {DB}"))?;
     let (v2, v1) = ddl(root, single)?;
@@ -103,31 +159,71 @@ fn measure_server(root: &Path, ch: &ClickHouse, rows: u64, single: bool, doc: Op
     // The stack's servers cap a query at 1 GiB; a load of 10,000,000 wide rows needs more.
     let load = [("max_memory_usage", "8589934592")];
     ch.query_with(&generate(rows), &load, LOAD_TIMEOUT)?;
-    ch.query_with(&format!("INSERT INTO {DB}.measurements_v1 SELECT * FROM {DB}.measurements"), &load, LOAD_TIMEOUT)?;
+    ch.query_with(
+        &format!("INSERT INTO {DB}.measurements_v1 SELECT * FROM {DB}.measurements"),
+        &load,
+        LOAD_TIMEOUT,
+    )?;
     let load_s = t0.elapsed().as_secs_f64();
     let merge_s = wait_merges(ch)?;
-    let parts = |t: &str| ch.number(&format!("SELECT count() FROM system.parts WHERE database = '{DB}' AND table = '{t}' AND active"));
+    let parts = |t: &str| {
+        ch.number(&format!(
+            "SELECT count() FROM system.parts WHERE database = '{DB}' AND table = '{t}' AND active"
+        ))
+    };
     let parts = (parts("measurements")?, parts("measurements_v1")?);
     let stored = ch.number(&format!("SELECT count() FROM {DB}.measurements"))?;
     if stored != rows {
-        return Err(fail(format!("ClickHouse {}: {stored} rows stored of {rows}", ch.url)));
+        return Err(fail(format!(
+            "ClickHouse {}: {stored} rows stored of {rows}",
+            ch.url
+        )));
     }
     eprintln!("{rows} rows loaded in {load_s:.0} s, merges settled in {merge_s:.0} s, active parts v2 {}, v1 layout {}", parts.0, parts.1);
     let sizes = json_rows(ch, &format!("SELECT site, count() AS n FROM {DB}.measurements WHERE page_view_at >= toDateTime({}, 'UTC') GROUP BY site ORDER BY n DESC, site", END - 7 * 86400))?;
-    let shop = |role: &'static str, row: &Value| -> Shop { (role, row["site"].as_str().unwrap_or("").to_owned(), row["n"].as_str().and_then(|n| n.parse().ok()).or(row["n"].as_u64()).unwrap_or(0)) };
-    let shops = [shop("largest", sizes.first().ok_or_else(|| fail("no rows in the last 7 days"))?), shop("median", &sizes[sizes.len() / 2])];
-    let query_log = version.starts_with("18.") || ch.number("SELECT count() FROM system.tables WHERE database = 'system' AND name = 'query_log'")? > 0;
+    let shop = |role: &'static str, row: &Value| -> Shop {
+        (
+            role,
+            row["site"].as_str().unwrap_or("").to_owned(),
+            row["n"]
+                .as_str()
+                .and_then(|n| n.parse().ok())
+                .or(row["n"].as_u64())
+                .unwrap_or(0),
+        )
+    };
+    let shops = [
+        shop(
+            "largest",
+            sizes
+                .first()
+                .ok_or_else(|| fail("no rows in the last 7 days"))?,
+        ),
+        shop("median", &sizes[sizes.len() / 2]),
+    ];
+    let query_log = version.starts_with("18.")
+        || ch.number(
+            "SELECT count() FROM system.tables WHERE database = 'system' AND name = 'query_log'",
+        )? > 0;
     let mut results = vec![];
     for (name, sql) in documented_queries(root)? {
         for (role, site, _) in &shops {
-            for (table, layout) in [(format!("{DB}.measurements_v1"), "v1"), (format!("{DB}.measurements"), "v2")] {
+            for (table, layout) in [
+                (format!("{DB}.measurements_v1"), "v1"),
+                (format!("{DB}.measurements"), "v2"),
+            ] {
                 for final_ in [true, false] {
                     let mut text = bind(&sql, &table, site)?;
                     if !final_ {
                         text = text.replace(&format!("{table} FINAL"), &table);
                     }
                     let m = measure(ch, &text, query_log)?;
-                    eprintln!("{name:26} {role:8} {layout} {:5} rows {:>10}  {:8.1} ms", if final_ { "FINAL" } else { "plain" }, crate::report::fmt(m.rows, 0, ""), m.ms);
+                    eprintln!(
+                        "{name:26} {role:8} {layout} {:5} rows {:>10}  {:8.1} ms",
+                        if final_ { "FINAL" } else { "plain" },
+                        crate::report::fmt(m.rows, 0, ""),
+                        m.ms
+                    );
                     results.push((name.clone(), *role, layout, final_, m));
                 }
             }
@@ -141,32 +237,63 @@ fn measure_server(root: &Path, ch: &ClickHouse, rows: u64, single: bool, doc: Op
     if let Some(doc) = doc {
         crate::report::write_section(doc, &table, marker)?;
     }
-    ch.query(&format!("DROP DATABASE IF EXISTS {DB}")).map(|_| ())
+    ch.query(&format!("DROP DATABASE IF EXISTS {DB}"))
+        .map(|_| ())
 }
 
 /// The v2 DDL and the v1-layout DDL of the same columns; `single`: plain
 /// ReplacingMergeTree (a server without ZooKeeper or Keeper).
 fn ddl(root: &Path, single: bool) -> Result<(String, String)> {
     let path = root.join("schema/clickhouse/002_measurements.sql");
-    let mut v2 = std::fs::read_to_string(&path).map_err(|e| fail(format!("{}: {e}", path.display())))?;
+    let mut v2 =
+        std::fs::read_to_string(&path).map_err(|e| fail(format!("{}: {e}", path.display())))?;
     if single {
-        let engine = Regex::new(r"(?m)^ENGINE = ReplicatedReplacingMergeTree\(.*\)$").expect("a valid pattern");
-        let line = engine.find(&v2).ok_or_else(|| fail(format!("{}: no replicated ENGINE line: update bench/src/storage.rs", path.display())))?.as_str().to_owned();
+        let engine = Regex::new(r"(?m)^ENGINE = ReplicatedReplacingMergeTree\(.*\)$")
+            .expect("a valid pattern");
+        let line = engine
+            .find(&v2)
+            .ok_or_else(|| {
+                fail(format!(
+                    "{}: no replicated ENGINE line: update bench/src/storage.rs",
+                    path.display()
+                ))
+            })?
+            .as_str()
+            .to_owned();
         v2 = v2.replace(&line, "ENGINE = ReplacingMergeTree");
     }
-    let v2 = v2.replace("{database}", DB).trim_end().trim_end_matches(';').to_owned();
+    let v2 = v2
+        .replace("{database}", DB)
+        .trim_end()
+        .trim_end_matches(';')
+        .to_owned();
     let mut v1 = v2.clone();
     let mut swaps = vec![
-        (format!("{DB}.measurements\n"), format!("{DB}.measurements_v1\n")),
-        ("PARTITION BY toYYYYMM(page_view_at)".into(), "PARTITION BY toYYYYMM(received_at)".into()),
-        ("ORDER BY (site, toDate(page_view_at), id)".into(), "ORDER BY id".into()),
+        (
+            format!("{DB}.measurements\n"),
+            format!("{DB}.measurements_v1\n"),
+        ),
+        (
+            "PARTITION BY toYYYYMM(page_view_at)".into(),
+            "PARTITION BY toYYYYMM(received_at)".into(),
+        ),
+        (
+            "ORDER BY (site, toDate(page_view_at), id)".into(),
+            "ORDER BY id".into(),
+        ),
     ];
     if !single {
-        swaps.push(("/measurements_v2'".into(), "/measurements_v1_layout'".into()));
+        swaps.push((
+            "/measurements_v2'".into(),
+            "/measurements_v1_layout'".into(),
+        ));
     }
     for (old, new) in swaps {
         if !v1.contains(&old) {
-            return Err(fail(format!("{} no longer contains {old:?}: update bench/src/storage.rs", path.display())));
+            return Err(fail(format!(
+                "{} no longer contains {old:?}: update bench/src/storage.rs",
+                path.display()
+            )));
         }
         v1 = v1.replace(&old, &new);
     }
@@ -176,10 +303,22 @@ fn ddl(root: &Path, single: bool) -> Result<(String, String)> {
 /// INSERT ... SELECT of `rows` generated page views into bench_storage.measurements.
 fn generate(rows: u64) -> String {
     let arr = |f: fn(&Agent) -> &'static str| {
-        let items: Vec<String> = AGENTS.iter().map(|a| format!("'{}'", f(a).replace('\'', "\\'"))).collect();
+        let items: Vec<String> = AGENTS
+            .iter()
+            .map(|a| format!("'{}'", f(a).replace('\'', "\\'")))
+            .collect();
         format!("[{}]", items.join(", "))
     };
-    let flags = |f: fn(&Agent) -> bool| format!("[{}]", AGENTS.iter().map(|a| if f(a) { "0" } else { "1" }).collect::<Vec<_>>().join(", "));
+    let flags = |f: fn(&Agent) -> bool| {
+        format!(
+            "[{}]",
+            AGENTS
+                .iter()
+                .map(|a| if f(a) { "0" } else { "1" })
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    };
     let (webkit, no_cls) = (flags(|a| a.5), flags(|a| a.6));
     let start = END - DAYS * 86400;
     format!(
@@ -229,9 +368,13 @@ FROM (
 /// (name, sql) of every `<!-- query: name -->` block of docs/queries.md, in order.
 fn documented_queries(root: &Path) -> Result<Vec<(String, String)>> {
     let path = root.join("docs/queries.md");
-    let doc = std::fs::read_to_string(&path).map_err(|e| fail(format!("{}: {e}", path.display())))?;
+    let doc =
+        std::fs::read_to_string(&path).map_err(|e| fail(format!("{}: {e}", path.display())))?;
     let re = Regex::new(r"(?s)<!-- query: (\w+) -->\s*```sql\n(.*?)```").expect("a valid pattern");
-    let found: Vec<_> = re.captures_iter(&doc).map(|c| (c[1].to_owned(), c[2].to_owned())).collect();
+    let found: Vec<_> = re
+        .captures_iter(&doc)
+        .map(|c| (c[1].to_owned(), c[2].to_owned()))
+        .collect();
     if found.is_empty() {
         return Err(fail(format!("no queries found in {}", path.display())));
     }
@@ -253,7 +396,10 @@ fn bind(sql: &str, table: &str, site: &str) -> Result<String> {
         let re = Regex::new(&format!(r"\{{{name}:\w+\}}")).expect("a valid pattern");
         sql = re.replace_all(&sql, regex::NoExpand(&literal)).into_owned();
     }
-    if Regex::new(r"\{\w+:\w+\}").expect("a valid pattern").is_match(&sql) {
+    if Regex::new(r"\{\w+:\w+\}")
+        .expect("a valid pattern")
+        .is_match(&sql)
+    {
         return Err(fail(format!("a parameter is left unbound: {sql}")));
     }
     Ok(sql)
@@ -261,16 +407,31 @@ fn bind(sql: &str, table: &str, site: &str) -> Result<String> {
 
 fn json_rows(ch: &ClickHouse, sql: &str) -> Result<Vec<Value>> {
     let (body, _) = ch.query_with(&format!("{sql} FORMAT JSON"), &[], LOAD_TIMEOUT)?;
-    let v: Value = serde_json::from_str(&body).map_err(|e| fail(format!("ClickHouse {}: {sql}: not JSON: {e}", ch.url)))?;
-    v.get("data").and_then(Value::as_array).cloned().ok_or_else(|| fail(format!("ClickHouse {}: no data in the answer to {sql}", ch.url)))
+    let v: Value = serde_json::from_str(&body)
+        .map_err(|e| fail(format!("ClickHouse {}: {sql}: not JSON: {e}", ch.url)))?;
+    v.get("data")
+        .and_then(Value::as_array)
+        .cloned()
+        .ok_or_else(|| {
+            fail(format!(
+                "ClickHouse {}: no data in the answer to {sql}",
+                ch.url
+            ))
+        })
 }
 
 /// Waits (at most 600 s) until no merge runs in bench_storage; returns the seconds waited.
 fn wait_merges(ch: &ClickHouse) -> Result<f64> {
     let start = Instant::now();
-    while ch.number(&format!("SELECT count() FROM system.merges WHERE database = '{DB}'"))? > 0 {
+    while ch.number(&format!(
+        "SELECT count() FROM system.merges WHERE database = '{DB}'"
+    ))? > 0
+    {
         if start.elapsed() > Duration::from_secs(600) {
-            return Err(fail(format!("ClickHouse {}: merges still running after 600 s", ch.url)));
+            return Err(fail(format!(
+                "ClickHouse {}: merges still running after 600 s",
+                ch.url
+            )));
         }
         std::thread::sleep(Duration::from_secs(2));
     }
@@ -296,23 +457,61 @@ fn measure(ch: &ClickHouse, sql: &str, query_log: bool) -> Result<Measured> {
     let (mut ids, mut summaries) = (vec![], vec![]);
     for _ in 0..RUNS {
         let id = crate::load::uuid4(&mut fastrand::Rng::new());
-        let (_, summary) = ch.query_with(&text, &[("query_id", &id), ("log_queries", "1")], LOAD_TIMEOUT)?;
+        let (_, summary) = ch.query_with(
+            &text,
+            &[("query_id", &id), ("log_queries", "1")],
+            LOAD_TIMEOUT,
+        )?;
         ids.push(id);
         summaries.extend(summary.and_then(|s| serde_json::from_str::<Value>(&s).ok()));
     }
-    let num = |v: &Value, k: &str| v.get(k).and_then(|x| x.as_str().and_then(|s| s.parse().ok()).or(x.as_f64())).unwrap_or(f64::NAN);
+    let num = |v: &Value, k: &str| {
+        v.get(k)
+            .and_then(|x| x.as_str().and_then(|s| s.parse().ok()).or(x.as_f64()))
+            .unwrap_or(f64::NAN)
+    };
     let picked: Vec<(f64, f64, f64)> = if query_log {
         ch.query("SYSTEM FLUSH LOGS")?;
-        let list = ids.iter().map(|i| format!("'{i}'")).collect::<Vec<_>>().join(", ");
+        let list = ids
+            .iter()
+            .map(|i| format!("'{i}'"))
+            .collect::<Vec<_>>()
+            .join(", ");
         let logged = json_rows(ch, &format!("SELECT query_id, read_rows, read_bytes, query_duration_ms FROM system.query_log WHERE query_id IN ({list}) AND type = 2"))?;
         if logged.len() != RUNS {
-            return Err(fail(format!("ClickHouse {}: system.query_log has {} of {RUNS} runs of {}", ch.url, logged.len(), &sql[..sql.len().min(200)])));
+            return Err(fail(format!(
+                "ClickHouse {}: system.query_log has {} of {RUNS} runs of {}",
+                ch.url,
+                logged.len(),
+                &sql[..sql.len().min(200)]
+            )));
         }
-        logged.iter().map(|r| (num(r, "read_rows"), num(r, "read_bytes"), num(r, "query_duration_ms"))).collect()
+        logged
+            .iter()
+            .map(|r| {
+                (
+                    num(r, "read_rows"),
+                    num(r, "read_bytes"),
+                    num(r, "query_duration_ms"),
+                )
+            })
+            .collect()
     } else if summaries.len() == RUNS {
-        summaries.iter().map(|s| (num(s, "read_rows"), num(s, "read_bytes"), num(s, "elapsed_ns") / 1e6)).collect()
+        summaries
+            .iter()
+            .map(|s| {
+                (
+                    num(s, "read_rows"),
+                    num(s, "read_bytes"),
+                    num(s, "elapsed_ns") / 1e6,
+                )
+            })
+            .collect()
     } else {
-        return Err(fail(format!("ClickHouse {}: neither system.query_log nor X-ClickHouse-Summary", ch.url)));
+        return Err(fail(format!(
+            "ClickHouse {}: neither system.query_log nor X-ClickHouse-Summary",
+            ch.url
+        )));
     };
     Ok(Measured {
         rows: median(picked.iter().map(|p| p.0).collect()),
@@ -321,14 +520,42 @@ fn measure(ch: &ClickHouse, sql: &str, query_log: bool) -> Result<Measured> {
     })
 }
 
-type Agent = (&'static str, &'static str, &'static str, &'static str, &'static str, bool, bool);
+type Agent = (
+    &'static str,
+    &'static str,
+    &'static str,
+    &'static str,
+    &'static str,
+    bool,
+    bool,
+);
 type Result4 = (String, &'static str, &'static str, bool, Measured);
 
-fn render(results: &[Result4], version: &str, rows: u64, single: bool, load_s: f64, parts: (u64, u64), shops: &[Shop]) -> String {
+fn render(
+    results: &[Result4],
+    version: &str,
+    rows: u64,
+    single: bool,
+    load_s: f64,
+    parts: (u64, u64),
+    shops: &[Shop],
+) -> String {
     use crate::report::fmt;
     let major = version.split('.').next().unwrap_or("?");
-    let server = if single { "the stack's single 26.x server, plain ReplacingMergeTree tables." } else { "one replica of the stack (replicated tables)." };
-    let shops_line: Vec<String> = shops.iter().map(|(role, site, n)| format!("{role} = `{site}` ({} rows in the 7 days)", fmt(*n as f64, 0, ""))).collect();
+    let server = if single {
+        "the stack's single 26.x server, plain ReplacingMergeTree tables."
+    } else {
+        "one replica of the stack (replicated tables)."
+    };
+    let shops_line: Vec<String> = shops
+        .iter()
+        .map(|(role, site, n)| {
+            format!(
+                "{role} = `{site}` ({} rows in the 7 days)",
+                fmt(*n as f64, 0, "")
+            )
+        })
+        .collect();
     let mut out = vec![
         format!("## Storage: one shop's dashboard, v1 against v2, ClickHouse {major}.x"),
         String::new(),
@@ -342,7 +569,12 @@ fn render(results: &[Result4], version: &str, rows: u64, single: bool, load_s: f
         "| query | shop | FINAL | v1 rows read | v2 rows read | v1 ms | v2 ms | v1 MB read | v2 MB read |".into(),
         "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |".into(),
     ];
-    let find = |n: &str, s: &str, l: &str, f: bool| results.iter().find(|r| r.0 == n && r.1 == s && r.2 == l && r.3 == f).map(|r| r.4);
+    let find = |n: &str, s: &str, l: &str, f: bool| {
+        results
+            .iter()
+            .find(|r| r.0 == n && r.1 == s && r.2 == l && r.3 == f)
+            .map(|r| r.4)
+    };
     let mut names: Vec<&str> = vec![];
     for r in results {
         if !names.contains(&r.0.as_str()) {
@@ -355,7 +587,13 @@ fn render(results: &[Result4], version: &str, rows: u64, single: bool, load_s: f
                 if let (Some(a), Some(b)) = (find(n, s, "v1", f), find(n, s, "v2", f)) {
                     out.push(format!(
                         "| `{n}` | {s} | {} | {} | {} | {} | {} | {} | {} |",
-                        if f { "yes" } else { "no" }, fmt(a.rows, 0, ""), fmt(b.rows, 0, ""), fmt(a.ms, 0, ""), fmt(b.ms, 0, ""), fmt(a.bytes / 1e6, 1, ""), fmt(b.bytes / 1e6, 1, "")
+                        if f { "yes" } else { "no" },
+                        fmt(a.rows, 0, ""),
+                        fmt(b.rows, 0, ""),
+                        fmt(a.ms, 0, ""),
+                        fmt(b.ms, 0, ""),
+                        fmt(a.bytes / 1e6, 1, ""),
+                        fmt(b.bytes / 1e6, 1, "")
                     ));
                 }
             }
@@ -376,9 +614,16 @@ mod tests {
     fn schema_gives_both_layouts() {
         let (v2, v1) = ddl(root(), false).unwrap();
         assert!(v2.contains("ORDER BY (site, toDate(page_view_at), id)"));
-        assert!(v1.contains("bench_storage.measurements_v1\n") && v1.contains("ORDER BY id") && v1.contains("/measurements_v1_layout'"));
+        assert!(
+            v1.contains("bench_storage.measurements_v1\n")
+                && v1.contains("ORDER BY id")
+                && v1.contains("/measurements_v1_layout'")
+        );
         let (v2, _) = ddl(root(), true).unwrap();
-        assert!(v2.contains("ENGINE = ReplacingMergeTree\n") || v2.contains("ENGINE = ReplacingMergeTree"));
+        assert!(
+            v2.contains("ENGINE = ReplacingMergeTree\n")
+                || v2.contains("ENGINE = ReplacingMergeTree")
+        );
     }
 
     #[test]
@@ -386,7 +631,8 @@ mod tests {
         let queries = documented_queries(root()).unwrap();
         assert!(queries.len() >= 5);
         for (name, sql) in queries {
-            let bound = bind(&sql, "bench_storage.measurements", "site-1").unwrap_or_else(|e| panic!("{name}: {e}"));
+            let bound = bind(&sql, "bench_storage.measurements", "site-1")
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
             assert!(bound.contains("bench_storage.measurements"), "{name}");
         }
     }

@@ -31,7 +31,9 @@ pub fn tools_dir() -> PathBuf {
     }
     let cache = std::env::var_os("XDG_CACHE_HOME")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or("/root".into())).join(".cache"));
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or("/root".into())).join(".cache")
+        });
     cache.join("collector-bench")
 }
 
@@ -85,9 +87,18 @@ pub fn apt_install(packages: &[&str]) -> Result<()> {
     if added {
         run(&mut sudo(&["sh", "-c", "printf '#!/bin/sh\\nexit 101\\n' > /usr/sbin/policy-rc.d && chmod 755 /usr/sbin/policy-rc.d"]))?;
     }
-    let mut install = vec!["env", "DEBIAN_FRONTEND=noninteractive", "apt-get", "install", "-y", "-qq", "--no-install-recommends"];
+    let mut install = vec![
+        "env",
+        "DEBIAN_FRONTEND=noninteractive",
+        "apt-get",
+        "install",
+        "-y",
+        "-qq",
+        "--no-install-recommends",
+    ];
     install.extend_from_slice(packages);
-    let result = run(&mut sudo(&["apt-get", "update", "-qq"])).and_then(|()| run(&mut sudo(&install)));
+    let result =
+        run(&mut sudo(&["apt-get", "update", "-qq"])).and_then(|()| run(&mut sudo(&install)));
     if added {
         let _ = run(&mut sudo(&["rm", "-f", "/usr/sbin/policy-rc.d"]));
     }
@@ -98,7 +109,16 @@ pub fn apt_install(packages: &[&str]) -> Result<()> {
 pub fn perf_usable() -> bool {
     on_path("perf")
         && Command::new("perf")
-            .args(["record", "-q", "-e", "cpu-clock", "-o", "/dev/null", "--", "true"])
+            .args([
+                "record",
+                "-q",
+                "-e",
+                "cpu-clock",
+                "-o",
+                "/dev/null",
+                "--",
+                "true",
+            ])
             .output()
             .is_ok_and(|o| o.status.success())
 }
@@ -109,14 +129,20 @@ pub fn install(root: &Path, with_perf: bool) -> Result<()> {
     crate::section("installing what is missing");
     run(Command::new(root.join("scripts/stack.sh")).arg("install"))?;
     let mut need = vec![];
-    for (bin, package) in [("wrk", "wrk"), ("nginx", "nginx"), ("taskset", "util-linux")] {
+    for (bin, package) in [
+        ("wrk", "wrk"),
+        ("nginx", "nginx"),
+        ("taskset", "util-linux"),
+    ] {
         if !on_path(bin) {
             need.push(package);
         }
     }
     if with_perf && !on_path("perf") {
         if let Err(e) = apt_install(&["linux-perf"]) {
-            crate::note(&format!("linux-perf could not be installed ({e}): no profile"));
+            crate::note(&format!(
+                "linux-perf could not be installed ({e}): no profile"
+            ));
         }
     }
     if !need.is_empty() {
@@ -140,20 +166,26 @@ fn ensure_oha() -> Result<()> {
     let src = tools.join("oha-src");
     let _ = std::fs::remove_dir_all(&fetch);
     let _ = std::fs::remove_dir_all(&src);
-    std::fs::create_dir_all(fetch.join("src")).context(|| format!("creating {}", fetch.display()))?;
+    std::fs::create_dir_all(fetch.join("src"))
+        .context(|| format!("creating {}", fetch.display()))?;
     let manifest = format!(
         "[package]\nname = \"fetch-oha\"\nversion = \"0.0.0\"\nedition = \"2021\"\npublish = false\n\n[dependencies]\noha = \"={OHA_VERSION}\"\n\n[workspace]\n"
     );
     write(&fetch.join("Cargo.toml"), &manifest)?;
     write(&fetch.join("src/lib.rs"), "")?;
-    run(Command::new("cargo").args(["fetch", "-q", "--manifest-path"]).arg(fetch.join("Cargo.toml")))?;
+    run(Command::new("cargo")
+        .args(["fetch", "-q", "--manifest-path"])
+        .arg(fetch.join("Cargo.toml")))?;
     let found = oha_source()?;
     run(Command::new("cp").arg("-r").arg(&found).arg(&src))?;
     run(Command::new("chmod").args(["-R", "u+w"]).arg(&src))?;
     let file = src.join("src/request_generator.rs");
     let text = std::fs::read_to_string(&file).context(|| file.display().to_string())?;
     if !text.contains(OHA_RANDOM) {
-        return Err(fail(format!("{}: oha source changed, cannot apply the in-order -Z patch", file.display())));
+        return Err(fail(format!(
+            "{}: oha source changed, cannot apply the in-order -Z patch",
+            file.display()
+        )));
     }
     write(&file, &text.replace(OHA_RANDOM, OHA_IN_ORDER))?;
     run(Command::new("cargo")
@@ -164,7 +196,10 @@ fn ensure_oha() -> Result<()> {
         .arg("--target-dir")
         .arg(tools.join("target")))?;
     if !oha_bin().is_file() {
-        return Err(fail(format!("oha build failed: no {}", oha_bin().display())));
+        return Err(fail(format!(
+            "oha build failed: no {}",
+            oha_bin().display()
+        )));
     }
     let _ = std::fs::remove_dir_all(tools.join("target"));
     let _ = std::fs::remove_dir_all(&fetch);
@@ -175,7 +210,9 @@ fn ensure_oha() -> Result<()> {
 fn oha_source() -> Result<PathBuf> {
     let home = std::env::var_os("CARGO_HOME")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or("/root".into())).join(".cargo"));
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or("/root".into())).join(".cargo")
+        });
     let registry = home.join("registry/src");
     let name = format!("oha-{OHA_VERSION}");
     std::fs::read_dir(&registry)
@@ -183,7 +220,12 @@ fn oha_source() -> Result<PathBuf> {
         .filter_map(|e| e.ok())
         .map(|e| e.path().join(&name))
         .find(|p| p.is_dir())
-        .ok_or_else(|| fail(format!("no {name} under {} after cargo fetch", registry.display())))
+        .ok_or_else(|| {
+            fail(format!(
+                "no {name} under {} after cargo fetch",
+                registry.display()
+            ))
+        })
 }
 
 /// Writes `text` to `path`; the error names the path.
@@ -194,8 +236,15 @@ pub fn write(path: &Path, text: &str) -> Result<()> {
 /// `cargo build --release -p collector --bin collector` (with `features`).
 pub fn build_collector(root: &Path, features: Option<&str>) -> Result<()> {
     let mut cmd = Command::new("cargo");
-    cmd.current_dir(root)
-        .args(["build", "-q", "--release", "-p", "collector", "--bin", "collector"]);
+    cmd.current_dir(root).args([
+        "build",
+        "-q",
+        "--release",
+        "-p",
+        "collector",
+        "--bin",
+        "collector",
+    ]);
     if let Some(f) = features {
         cmd.args(["--features", f]);
     }
@@ -206,8 +255,17 @@ pub fn build_collector(root: &Path, features: Option<&str>) -> Result<()> {
 pub fn first_line(cmd: &mut Command) -> String {
     cmd.output()
         .map(|o| {
-            let text = if o.stdout.is_empty() { o.stderr } else { o.stdout };
-            String::from_utf8_lossy(&text).lines().next().unwrap_or("").trim().to_owned()
+            let text = if o.stdout.is_empty() {
+                o.stderr
+            } else {
+                o.stdout
+            };
+            String::from_utf8_lossy(&text)
+                .lines()
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_owned()
         })
         .unwrap_or_default()
 }
