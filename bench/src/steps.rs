@@ -30,7 +30,7 @@ pub fn run(b: &mut Bench) -> Result<()> {
     let collector = b.start_collector(&bin, "spool", "collector.log", &[])?;
     section(&format!("warm-up ({}s each)", b.plan.warmup_secs));
     let lua = b.lua.clone();
-    for (name, url) in [("collector", collector.url()), ("nginx:    ", nginx.url())] {
+    for (name, url) in [("collector:", collector.url()), ("nginx:    ", nginx.url())] {
         let w = b.wrk(&url, 16, b.plan.warmup_secs, 1, &lua)?;
         note(&format!(
             "{name}: {:.1} req/s, {} errors",
