@@ -32,11 +32,7 @@ pub fn run(b: &mut Bench) -> Result<()> {
     let lua = b.lua.clone();
     for (name, url) in [("collector:", collector.url()), ("nginx:    ", nginx.url())] {
         let w = b.wrk(&url, 16, b.plan.warmup_secs, 1, &lua)?;
-        note(&format!(
-            "{name}: {:.1} req/s, {} errors",
-            w.rps(),
-            w.errors
-        ));
+        note(&format!("{name} {:.1} req/s, {} errors", w.rps(), w.errors));
     }
     collector.wait_drained()?;
     if b.plan.mode == Mode::Ablation {

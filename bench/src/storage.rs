@@ -143,43 +143,7 @@ fn measure_server(
     note_line: &str,
 ) -> Result<()> {
     let version = ch.query("SELECT version()")?;
-    // 18.16 creates LowCardinality columns only with this setting; 26.x refuses it as unknown.
-    let lc = ch.number("SELECT count() FROM system.settings WHERE name = 'allow_experimental_low_cardinality_type'")? > 0;
-    let settings: &[(&str, &str)] = if lc {
-        &[("allow_experimental_low_cardinality_type", "1")]
-    } else {
-        &[]
-    };
-    ch.query(&format!("DROP DATABASE IF EXISTS {DB}"))?;
-    ch.query(&format!("CREATE DATABASE {DB}"))?;
-    let (v2, v1) = ddl(root, single)?;
-    ch.query_with(&v2, settings, LOAD_TIMEOUT)?;
-    ch.query_with(&v1, settings, LOAD_TIMEOUT)?;
-    let t0 = Instant::now();
-    // The stack's servers cap a query at 1 GiB; a load of 10,000,000 wide rows needs more.
-    let load = [("max_memory_usage", "8589934592")];
-    ch.query_with(&generate(rows), &load, LOAD_TIMEOUT)?;
-    ch.query_with(
-        &format!("INSERT INTO {DB}.measurements_v1 SELECT * FROM {DB}.measurements"),
-        &load,
-        LOAD_TIMEOUT,
-    )?;
-    let load_s = t0.elapsed().as_secs_f64();
-    let merge_s = wait_merges(ch)?;
-    let parts = |t: &str| {
-        ch.number(&format!(
-            "SELECT count() FROM system.parts WHERE database = '{DB}' AND table = '{t}' AND active"
-        ))
-    };
-    let parts = (parts("measurements")?, parts("measurements_v1")?);
-    let stored = ch.number(&format!("SELECT count() FROM {DB}.measurements"))?;
-    if stored != rows {
-        return Err(fail(format!(
-            "ClickHouse {}: {stored} rows stored of {rows}",
-            ch.url
-        )));
-    }
-    eprintln!("{rows} rows loaded in {load_s:.0} s, merges settled in {merge_s:.0} s, active parts v2 {}, v1 layout {}", parts.0, parts.1);
+    let (load_s, parts) = load(root, ch, rows, single)?;
     let sizes = json_rows(ch, &format!("SELECT site, count() AS n FROM {DB}.measurements WHERE page_view_at >= toDateTime({}, 'UTC') GROUP BY site ORDER BY n DESC, site", END - 7 * 86400))?;
     let shop = |role: &'static str, row: &Value| -> Shop {
         (
@@ -239,6 +203,49 @@ fn measure_server(
     }
     ch.query(&format!("DROP DATABASE IF EXISTS {DB}"))
         .map(|_| ())
+}
+
+/// Creates both tables in bench_storage and loads `rows` generated rows into each; waits
+/// for the merges. Returns the load's seconds and the active parts (v2, v1 layout).
+fn load(root: &Path, ch: &ClickHouse, rows: u64, single: bool) -> Result<(f64, (u64, u64))> {
+    // 18.16 creates LowCardinality columns only with this setting; 26.x refuses it as unknown.
+    let lc = ch.number("SELECT count() FROM system.settings WHERE name = 'allow_experimental_low_cardinality_type'")? > 0;
+    let settings: &[(&str, &str)] = if lc {
+        &[("allow_experimental_low_cardinality_type", "1")]
+    } else {
+        &[]
+    };
+    ch.query(&format!("DROP DATABASE IF EXISTS {DB}"))?;
+    ch.query(&format!("CREATE DATABASE {DB}"))?;
+    let (v2, v1) = ddl(root, single)?;
+    ch.query_with(&v2, settings, LOAD_TIMEOUT)?;
+    ch.query_with(&v1, settings, LOAD_TIMEOUT)?;
+    let t0 = Instant::now();
+    // The stack's servers cap a query at 1 GiB; a load of 10,000,000 wide rows needs more.
+    let load = [("max_memory_usage", "8589934592")];
+    ch.query_with(&generate(rows), &load, LOAD_TIMEOUT)?;
+    ch.query_with(
+        &format!("INSERT INTO {DB}.measurements_v1 SELECT * FROM {DB}.measurements"),
+        &load,
+        LOAD_TIMEOUT,
+    )?;
+    let load_s = t0.elapsed().as_secs_f64();
+    let merge_s = wait_merges(ch)?;
+    let parts = |t: &str| {
+        ch.number(&format!(
+            "SELECT count() FROM system.parts WHERE database = '{DB}' AND table = '{t}' AND active"
+        ))
+    };
+    let parts = (parts("measurements")?, parts("measurements_v1")?);
+    let stored = ch.number(&format!("SELECT count() FROM {DB}.measurements"))?;
+    if stored != rows {
+        return Err(fail(format!(
+            "ClickHouse {}: {stored} rows stored of {rows}",
+            ch.url
+        )));
+    }
+    eprintln!("{rows} rows loaded in {load_s:.0} s, merges settled in {merge_s:.0} s, active parts v2 {}, v1 layout {}", parts.0, parts.1);
+    Ok((load_s, parts))
 }
 
 /// The v2 DDL and the v1-layout DDL of the same columns; `single`: plain
