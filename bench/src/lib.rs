@@ -1,0 +1,188 @@
+//! The collector's benchmarks next to nginx answering `return 204` (`scripts/bench.sh` runs
+//! this crate's binary). The method, measured figure by figure, is in docs/benchmarks.md.
+//!
+//! Layout, in the order a run uses it:
+//! - [`tools`]: what is installed or built first (apt, oha with `-Z` in order, the collector).
+//! - [`run`]: one run's context: the stack (the `stack` crate), nginx and the collector on
+//!   core 0, wrk and oha on core 1, the logs folder; stopped on every way out.
+//! - [`steps`]: the measurements (a) to (g) and the profile; [`ablation`]: the spool
+//!   append's share; [`storage`]: the read side (docs/queries.md on v1's and v2's layouts).
+//! - [`servers`] (the collector, nginx, ClickHouse over HTTP), [`load`] (wrk and oha, and
+//!   what they print), [`probes`] (time to visibility, idle connections), [`procs`]
+//!   (processes, signals, `/proc`), [`profile`] (perf), [`results`] and [`report`] (the tables
+//!   and docs/benchmarks.md).
+
+pub mod ablation;
+pub mod error;
+pub mod load;
+pub mod probes;
+pub mod procs;
+pub mod profile;
+pub mod report;
+pub mod results;
+pub mod run;
+pub mod servers;
+pub mod steps;
+pub mod storage;
+pub mod tools;
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+pub use error::{Error, Result};
+
+/// What a run measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Mode {
+    /// About 15 minutes: every figure, a profile; writes docs/benchmarks.md.
+    Full,
+    /// About 2 minutes: a few seconds per step, 200 idle connections, no profile; prints
+    /// the table and leaves docs/ alone.
+    Quick,
+    /// The spool append's share of a request: the release build, the same build without the
+    /// append (feature bench-no-append) and nginx, interleaved; writes its section.
+    Ablation,
+    /// The read side: docs/queries.md's queries on v1's and v2's layouts, on 18.16 and on
+    /// 26.x, and the user-agent derivation's cost; writes its sections.
+    Storage,
+}
+
+/// The lengths and sizes of a mode's steps.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// The mode.
+    pub mode: Mode,
+    /// Length of each throughput run, seconds.
+    pub tp_secs: u64,
+    /// Connection counts of the throughput runs.
+    pub tp_conns: Vec<u32>,
+    /// Length of each latency run, seconds.
+    pub lat_secs: u64,
+    /// Connections of the latency runs.
+    pub lat_conns: u32,
+    /// Length of the run at 70 % load, seconds (0: none).
+    pub soak_secs: u64,
+    /// Visibility probes sent during it, at most.
+    pub probes: u64,
+    /// Idle keep-alive connections held (0: none).
+    pub idle_conns: u64,
+    /// Length of the perf profile, seconds (0: none).
+    pub profile_secs: u64,
+    /// Warm-up per server, seconds.
+    pub warmup_secs: u64,
+    /// Registered sites, bench-01..bench-NN.
+    pub sites: u32,
+}
+
+impl Plan {
+    /// The plan of `mode` (bench.sh's figures).
+    pub fn of(mode: Mode) -> Plan {
+        let (tp_secs, tp_conns, lat_secs, soak_secs, probes, idle_conns, profile_secs, warmup_secs) =
+            match mode {
+                Mode::Ablation => (15, vec![64, 256], 20, 0, 0, 0, 10, 3),
+                Mode::Full | Mode::Storage => (20, vec![16, 64, 256], 30, 300, 200, 10_000, 15, 5),
+                Mode::Quick => (3, vec![32], 5, 15, 10, 200, 0, 1),
+            };
+        Plan {
+            mode,
+            tp_secs,
+            tp_conns,
+            lat_secs,
+            lat_conns: 64,
+            soak_secs,
+            probes,
+            idle_conns,
+            profile_secs,
+            warmup_secs,
+            sites: 20,
+        }
+    }
+}
+
+/// Runs `mode`; `rows` is the storage mode's row count (None: 10,000,000).
+pub fn main_run(mode: Mode, rows: Option<u64>) -> Result<()> {
+    procs::on_signal_cleanup();
+    let root = repo_root()?;
+    match mode {
+        Mode::Storage => storage::run(&root, rows.unwrap_or(storage::ROWS)),
+        _ => run::run(&root, Plan::of(mode)),
+    }
+}
+
+/// The repository: the nearest folder above the binary's working directory with
+/// `scripts/bench/beacon.lua`. Errors: none found.
+fn repo_root() -> Result<std::path::PathBuf> {
+    let cwd =
+        std::env::current_dir().map_err(|e| error::fail(format!("the working directory: {e}")))?;
+    cwd.ancestors()
+        .find(|d| d.join("scripts/bench/beacon.lua").is_file())
+        .map(|d| d.to_path_buf())
+        .ok_or_else(|| {
+            error::fail(format!(
+                "no scripts/bench/beacon.lua above {}: run from the repository",
+                cwd.display()
+            ))
+        })
+}
+
+/// Prints a section heading on stderr.
+pub fn section(text: &str) {
+    eprintln!("\n== {text}");
+}
+
+/// Prints an indented note on stderr.
+pub fn note(text: &str) {
+    eprintln!("   {text}");
+}
+
+/// Milliseconds since the epoch.
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// `secs` since the epoch as (year, month, day, hour, minute), UTC.
+pub fn civil(secs: u64) -> (i64, u32, u32, u32, u32) {
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    // Howard Hinnant's days_from_civil, inverted.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (
+        year,
+        month,
+        day,
+        (rem / 3600) as u32,
+        (rem % 3600 / 60) as u32,
+    )
+}
+
+/// Today, `YYYY-MM-DD` (UTC).
+pub fn today() -> String {
+    let (y, m, d, _, _) = civil(now_ms() / 1000);
+    format!("{y:04}-{m:02}-{d:02}")
+}
+
+/// Now, `YYYY-MM-DD HH:MM UTC`.
+pub fn now_utc() -> String {
+    let (y, m, d, h, min) = civil(now_ms() / 1000);
+    format!("{y:04}-{m:02}-{d:02} {h:02}:{min:02} UTC")
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn civil_dates() {
+        assert_eq!(super::civil(0), (1970, 1, 1, 0, 0));
+        assert_eq!(super::civil(1_796_947_200), (2026, 12, 11, 0, 0));
+        assert_eq!(super::civil(1_709_210_096), (2024, 2, 29, 12, 34));
+    }
+}
