@@ -12,18 +12,23 @@ FROM rust:1-bookworm AS builder
 WORKDIR /src
 
 # Dependencies first, in their own layer: it is rebuilt only when a manifest or Cargo.lock
-# changes, not on every source edit. The workspace has three members (the collector, the test
-# stack, the tests), so every manifest is needed; each gets a stand-in target so that Cargo can load the workspace. The stand-in
+# changes, not on every source edit. The workspace has five members (the collector, the test
+# stack, the fake ClickHouse of the tests, the tests, the benchmarks), so every manifest is
+# needed; each gets a stand-in target so that Cargo can load the workspace. The stand-in
 # collector's own build outputs are deleted afterwards so that the real sources are always
 # compiled (Cargo compares modification times, and COPY keeps those of the build context).
 COPY Cargo.toml Cargo.lock ./
 COPY collector/Cargo.toml collector/Cargo.toml
 COPY stack/Cargo.toml stack/Cargo.toml
 COPY tests/Cargo.toml tests/Cargo.toml
-RUN mkdir -p collector/src stack/src tests/src \
+COPY fake-clickhouse/Cargo.toml fake-clickhouse/Cargo.toml
+COPY bench/Cargo.toml bench/Cargo.toml
+RUN mkdir -p collector/src stack/src tests/src fake-clickhouse/src bench/src \
     && echo 'fn main() {}' > collector/src/main.rs \
     && echo 'fn main() {}' > stack/src/main.rs \
+    && echo 'fn main() {}' > bench/src/main.rs \
     && touch collector/src/lib.rs stack/src/lib.rs tests/src/lib.rs \
+        fake-clickhouse/src/lib.rs bench/src/lib.rs \
     && cargo build --release -p collector --locked \
     && rm -rf collector/src \
         target/release/collector target/release/collector.d \

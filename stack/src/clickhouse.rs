@@ -80,7 +80,7 @@ fn replica_config(dir: &Path, i: usize, env: &Env) -> Result<String> {
 }
 
 /// A replica's config.xml for the state folder `/DIR` with every port 1 and a cluster of one
-/// replica: what `scripts/check-containers.py` checks the shape of `deploy/`'s replicas
+/// replica: what `tests/tests/containers.rs` checks the shape of `deploy/`'s replicas
 /// against (macros, ZooKeeper node, `remote_servers`).
 pub fn sample_config() -> String {
     ServerConfig {

@@ -10,7 +10,7 @@ use crate::server_config::{macros_xml, remote_servers_xml, zookeeper_xml};
 use crate::users::{self, Password, Profile, Root, User, UsersXml};
 use crate::Result;
 
-/// The compose stack's network (`x-subnet` in `compose.yaml`; `scripts/check-containers.py`
+/// The compose stack's network (`x-subnet` in `compose.yaml`; `tests/tests/containers.rs`
 /// checks that they agree): where the collectors and Grafana log in to ClickHouse from.
 pub const SUBNET: &str = "172.30.80.0/24";
 
@@ -47,7 +47,7 @@ const USERS_COMMENT: &str = "Who gets into ClickHouse: the whole users.xml of ev
      from .env and refuses to start without them). Beware: a server started with this file but
      without a variable gives that user an EMPTY password (measured on 26.9), so set both
      wherever the file is used. The subnet must be the one in compose.yaml (x-subnet);
-     scripts/check-containers.sh checks that they agree, and all the above.";
+     tests/tests/containers.rs checks that they agree, and all the above.";
 
 /// The users of the compose stack's replicas with the given passwords and networks of
 /// `collector` and `dashboard`: `default` (no password, loopback, every right), then

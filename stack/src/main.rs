@@ -58,9 +58,6 @@ enum Command {
     Status { dir: PathBuf },
     /// Writes the files of deploy/ rendered from the templates (deploy/clickhouse/*.xml).
     RenderDeploy,
-    /// A replica's config.xml with placeholder ports (for scripts/check-containers.py).
-    #[command(hide = true)]
-    SampleReplicaConfig,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -169,7 +166,6 @@ fn run(command: Command) -> Result<bool> {
                 println!("wrote {path}");
             }
         }
-        Command::SampleReplicaConfig => print!("{}", stack::clickhouse::sample_config()),
         Command::Status { dir } => {
             let (text, ok) = Stack::open(&dir)?.status()?;
             print!("{text}");
