@@ -61,29 +61,21 @@ fn compose_file_validates() {
 fn compose_refuses_to_start_without_each_password() {
     let dir = tempfile::tempdir().unwrap();
     let env = dir.path().join("env");
-    std::fs::write(&env, "").unwrap();
-    let out = docker_compose(&env, &["config", "-q"]);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success(),
-        "docker-compose config passed without any password"
-    );
-    assert!(
-        err.contains("in .env"),
-        "without any password it says: {err}"
-    );
-    for v in PASSWORDS {
-        placeholder_env(&env, Some(v));
+    // `docker-compose config -q` on `env` fails and says `says`.
+    let refused = |without: &str, says: &str| {
         let out = docker_compose(&env, &["config", "-q"]);
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(
             !out.status.success(),
-            "docker-compose config passed without {v}"
+            "docker-compose config passed without {without}"
         );
-        assert!(
-            err.contains(&format!("set {v} in .env")),
-            "without {v}: {err}"
-        );
+        assert!(err.contains(says), "without {without} it says: {err}");
+    };
+    std::fs::write(&env, "").unwrap();
+    refused("any password", "in .env");
+    for v in PASSWORDS {
+        placeholder_env(&env, Some(v));
+        refused(v, &format!("set {v} in .env"));
     }
     let example = std::fs::read_to_string(root().join("deploy/env.example")).unwrap();
     let set: BTreeSet<&str> = example

@@ -158,13 +158,10 @@ fn image_is_its_base_and_the_binary_only_without_build_tools() {
     );
 }
 
-#[test]
-#[ignore = "podman: scripts/check-containers.sh --engine"]
-fn image_binary_keeps_compressed_line_tables_for_backtraces() {
-    let podman = podman();
-    let dir = tempfile::tempdir().unwrap();
-    let bin = dir.path().join("collector-from-image");
-    let out = output(&mut podman.cmd(&[
+/// The bytes of the file `path` inside the image (`cat` as its entrypoint); fails naming the
+/// path when the image has no such file.
+fn file_in_image(path: &str) -> Vec<u8> {
+    let out = output(&mut podman().cmd(&[
         "run",
         "--rm",
         "--network",
@@ -172,13 +169,18 @@ fn image_binary_keeps_compressed_line_tables_for_backtraces() {
         "--entrypoint",
         "cat",
         IMAGE,
-        "/usr/local/bin/collector",
+        path,
     ]));
-    assert!(
-        out.status.success(),
-        "copying /usr/local/bin/collector out of the image failed"
-    );
-    std::fs::write(&bin, &out.stdout).unwrap();
+    assert!(out.status.success(), "no {path} in the image");
+    out.stdout
+}
+
+#[test]
+#[ignore = "podman: scripts/check-containers.sh --engine"]
+fn image_binary_keeps_compressed_line_tables_for_backtraces() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = dir.path().join("collector-from-image");
+    std::fs::write(&bin, file_in_image("/usr/local/bin/collector")).unwrap();
     let sections = run_ok(
         std::process::Command::new("readelf")
             .args(["-S", "-W"])
@@ -219,26 +221,15 @@ fn image_binary_keeps_compressed_line_tables_for_backtraces() {
 #[test]
 #[ignore = "podman: scripts/check-containers.sh --engine"]
 fn image_carries_the_licence_notices_of_the_repository() {
-    let podman = podman();
     for f in ["LICENSE", "collector/THIRD-PARTY-LICENSES"] {
         let name = f.rsplit('/').next().unwrap();
         let path = format!("/usr/share/doc/collector/{name}");
-        let out = output(&mut podman.cmd(&[
-            "run",
-            "--rm",
-            "--network",
-            "host",
-            "--entrypoint",
-            "cat",
-            IMAGE,
-            &path,
-        ]));
-        assert!(out.status.success(), "no {path} in the image");
+        let got = file_in_image(&path);
         let want = std::fs::read(root().join(f)).unwrap();
         assert!(
-            out.stdout == want,
+            got == want,
             "{path} in the image ({} bytes) is not {f} ({} bytes)",
-            out.stdout.len(),
+            got.len(),
             want.len()
         );
     }
@@ -311,16 +302,7 @@ impl Run<'_> {
 
     /// A collector command in a throw-away container (tmpfs spool, as compose); its stdout.
     fn one_shot(&self, args: &[&str]) -> String {
-        let mut all: Vec<String> = [
-            "run",
-            "--rm",
-            "--network",
-            "host",
-            "--read-only",
-            "--read-only-tmpfs=false",
-        ]
-        .map(String::from)
-        .into();
+        let mut all = run_read_only(&["--rm"]);
         all.extend(["--tmpfs".to_owned(), "/var/lib/collector/spool".to_owned()]);
         all.extend(self.collector_env());
         all.push(IMAGE.to_owned());
@@ -333,18 +315,7 @@ impl Run<'_> {
     /// no-new-privileges; here also no tmpfs on /tmp, /run: nothing but the spool writable),
     /// on the spool volume, listening on 127.0.0.1:`port`.
     fn start_collector(&self, name: &str, port: u16) {
-        let mut all: Vec<String> = [
-            "run",
-            "-d",
-            "--name",
-            name,
-            "--network",
-            "host",
-            "--read-only",
-            "--read-only-tmpfs=false",
-        ]
-        .map(String::from)
-        .into();
+        let mut all = run_read_only(&["-d", "--name", name]);
         for a in [
             "--cap-drop",
             "ALL",
@@ -369,6 +340,23 @@ impl Run<'_> {
     fn name(&self, n: usize) -> String {
         format!("{}-{n}", self.project.name)
     }
+}
+
+/// `podman run` with `first` (`--rm`, or `-d --name NAME`), on the host network, its root
+/// read-only without podman's own tmpfs mounts (compose.yaml's `read_only: true`).
+fn run_read_only(first: &[&str]) -> Vec<String> {
+    let mut all = vec!["run".to_owned()];
+    all.extend(first.iter().map(|a| a.to_string()));
+    all.extend(
+        [
+            "--network",
+            "host",
+            "--read-only",
+            "--read-only-tmpfs=false",
+        ]
+        .map(String::from),
+    );
+    all
 }
 
 /// `collector migrate` and `sites add` from the image against the loopback stack.
