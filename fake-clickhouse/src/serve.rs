@@ -17,7 +17,7 @@ pub type Answer = Response<Full<Bytes>>;
 /// (a connection cut before the answer, as a client sees it).
 pub type Outcome = Result<Answer, String>;
 
-/// A running server; stops accepting (and its open connections end) when dropped.
+/// A running server; stops accepting, and ends its open connections, when dropped.
 pub struct Server {
     /// Its address on 127.0.0.1.
     pub addr: SocketAddr,
@@ -38,7 +38,10 @@ impl Server {
             .expect("bind a loopback port for a fake ClickHouse server");
         let addr = listener.local_addr().expect("the bound address");
         let task = tokio::spawn(async move {
+            // Dropped with this task when the server is: every connection ends with it.
+            let mut connections = tokio::task::JoinSet::new();
             loop {
+                while connections.try_join_next().is_some() {}
                 // An accept that fails (out of file descriptors) is tried again shortly.
                 let stream = match listener.accept().await {
                     Ok((stream, _)) => stream,
@@ -48,7 +51,7 @@ impl Server {
                     }
                 };
                 let state = state.clone();
-                tokio::spawn(async move {
+                connections.spawn(async move {
                     let service =
                         hyper::service::service_fn(move |req| handler(state.clone(), req));
                     let _ = hyper::server::conn::http1::Builder::new()

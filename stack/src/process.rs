@@ -197,7 +197,8 @@ pub fn spawn(pidfile: &Path, log: &Path, mut cmd: Command) -> Result<u32> {
 
 /// Runs `cmd` to its end, at most `limit`, with stdin from /dev/null and its output appended
 /// to `log`; an error naming `what` (and the tails of `log` and `more_logs`) when it fails or
-/// is still running after `limit` (then it is killed).
+/// is still running after `limit` (then its whole process group is killed: as root the tools
+/// run under `runuser`, which forks, and killing `runuser` alone would leave the tool).
 pub fn run_logged(
     mut cmd: Command,
     log: &Path,
@@ -210,6 +211,7 @@ pub fn run_logged(
         .stdin(Stdio::null())
         .stdout(out.try_clone()?)
         .stderr(out)
+        .process_group(0)
         .spawn()
         .map_err(|e| Error::new(format!("{what}: could not run {cmd:?}: {e}")))?;
     let mut logs = vec![log];
@@ -220,7 +222,8 @@ pub fn run_logged(
             break status;
         }
         if Instant::now() >= deadline {
-            let _ = child.kill();
+            // SAFETY: kill(2) of the process group this function made (its leader's pid).
+            unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
             let _ = child.wait();
             let msg = format!("{what} still running after {}s: killed", limit.as_secs());
             return Err(Error::with_logs(msg, &logs));

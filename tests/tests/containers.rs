@@ -1534,7 +1534,17 @@ fn dockerfile_dependency_layer_loads_the_workspace_from_the_manifests() {
         }
     }
     let run = run.expect("no RUN with cargo build in the builder stage");
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    // An absolute path: the shim below comes first on PATH and is itself named `cargo` (a bare
+    // name would run the shim again and again).
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| {
+        let which = run_ok(Command::new("sh").args(["-c", "command -v cargo"]));
+        let path = which.trim().to_owned();
+        assert!(
+            path.starts_with('/'),
+            "cargo is not on PATH as a file: {path:?}"
+        );
+        path
+    });
     let err = dir.path().join("meta.err");
     // Stands for "cargo build": load the workspace with the lock file as it is (offline when
     // the registry index is cached).

@@ -21,9 +21,6 @@ pub const POSTGRES: &[(&str, &str)] = &[
 /// deploy).
 pub const REPLICA_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
-/// Bound on one attempt at one replica, which holds the turn that the others wait for.
-const ATTEMPT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
-
 /// Pause between two attempts on a replica that did not take the schema yet.
 const RETRY_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
@@ -35,8 +32,8 @@ fn form_name(form: TableForm) -> &'static str {
     }
 }
 
-/// Applies the PostgreSQL schema, then the ClickHouse schema to every replica, each within
-/// [`REPLICA_TIMEOUT`]. One replica down must not block a deploy (contract §1): the replicas
+/// Applies the PostgreSQL schema, then the ClickHouse schema to every replica in turn, each
+/// within [`REPLICA_TIMEOUT`]. One replica down must not block a deploy (contract §1): the replicas
 /// that could not be reached are named on stderr, and the run succeeds when PostgreSQL and at
 /// least one replica have the schema. The collector applies it to the others when they
 /// return.
@@ -46,20 +43,19 @@ pub async fn run(config: &Config) -> Result<(), RunError> {
         Ok(()) => println!("postgres: schema applied"),
         Err(e) => eprintln!("collector: {e}"),
     }
-    // Every replica waited for at once: in a fresh `docker compose up` the replicas may still
-    // be starting (compose does not wait for them to be healthy, so that one replica down
-    // cannot block a deploy). The schema itself goes to one replica at a time: the same
-    // `ALTER`s on two replicas of a replicated table at once overlap, which aborted a
-    // ClickHouse 18.16 server (see `writer::probe::round`).
-    let one_at_a_time = tokio::sync::Mutex::new(());
-    let attempts = config
-        .clickhouse
-        .urls
-        .iter()
-        .map(|url| apply_replica(url, config, &one_at_a_time));
+    // One replica after the other, each waited for up to REPLICA_TIMEOUT from its turn (in a
+    // fresh `docker compose up` the replicas may still be starting; compose does not wait for
+    // them to be healthy, so that one replica down cannot block a deploy): the same `ALTER`s
+    // on two replicas of a replicated table at once overlap, which aborted a ClickHouse 18.16
+    // server (see `writer::probe::round`). A replica that hangs past its turn may still run
+    // its `ALTER` when it wakes; the next replica's may then overlap it.
+    let mut outcomes = Vec::new();
+    for url in &config.clickhouse.urls {
+        outcomes.push(apply_replica(url, config).await);
+    }
     let mut applied = Vec::new();
     let mut missed = 0;
-    for (url, client, result) in futures_util::future::join_all(attempts).await {
+    for (url, client, result) in outcomes {
         if report_replica(&url, config.clickhouse.table_form, result) {
             applied.push((url, client));
         } else {
@@ -96,32 +92,21 @@ async fn apply_postgres(config: &Config) -> Result<(), String> {
 type ReplicaOutcome = Result<crate::clickhouse::schema::Applied, (String, bool)>;
 
 /// Applies the ClickHouse schema to the replica at `url`, tried again every [`RETRY_EVERY`]
-/// until it answers or [`REPLICA_TIMEOUT`] has passed; each attempt holds `one_at_a_time`.
+/// until it answers or [`REPLICA_TIMEOUT`] has passed.
 async fn apply_replica(
     url: &url::Url,
     config: &Config,
-    one_at_a_time: &tokio::sync::Mutex<()>,
 ) -> (String, clickhouse::Client, ReplicaOutcome) {
     let url = url.as_str().trim_end_matches('/').to_owned();
     let client = crate::clickhouse::client(&url, &config.clickhouse, true);
     let deadline = tokio::time::Instant::now() + REPLICA_TIMEOUT;
     let mut last: Option<String> = None;
     let result = loop {
-        let apply = async {
-            let _turn = one_at_a_time.lock().await;
-            let attempt = apply_clickhouse(
-                &client,
-                &config.clickhouse.database,
-                config.clickhouse.table_form,
-            );
-            // A replica that hangs instead of refusing gives up its turn in time.
-            match tokio::time::timeout(ATTEMPT_TIMEOUT, attempt).await {
-                Ok(done) => done,
-                Err(_) => Err(SchemaError::Failed(format!(
-                    "no answer within {ATTEMPT_TIMEOUT:?}"
-                ))),
-            }
-        };
+        let apply = apply_clickhouse(
+            &client,
+            &config.clickhouse.database,
+            config.clickhouse.table_form,
+        );
         let failed = match tokio::time::timeout_at(deadline, apply).await {
             Ok(Ok(done)) => break Ok(done),
             // Trying again cannot help: say so at once.

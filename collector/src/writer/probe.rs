@@ -185,21 +185,27 @@ pub struct Options {
 
 /// One round over every replica, probed concurrently. `initial` trusts a single result.
 ///
-/// The schema is applied to at most one replica a round: the first, in the configured order,
-/// that answered without it. On a replicated table an `ALTER` made on one replica reaches the
-/// others through ZooKeeper, and the same `ALTER`s sent to two replicas at once overlap: on
-/// ClickHouse 18.16 that aborted a server ("columns changed before this ALTER finished;
+/// The schema is applied to at most one replica a round: of those that answered without it,
+/// the one whose URL sorts first. On a replicated table an `ALTER` made on one replica reaches
+/// the others through ZooKeeper, and the same `ALTER`s sent to two replicas at once overlap:
+/// on ClickHouse 18.16 that aborted a server ("columns changed before this ALTER finished;
 /// overlapping ALTER-s ...", then "pure virtual method called", found in a fresh-clone CI run
 /// of `tests/tests/upgrade.rs`). The next round probes the others again, and applies it to one
-/// that still lacks it (not replicated, or another shard). Every collector picks the same
-/// replica first, where the server serialises their `ALTER`s.
+/// that still lacks it (not replicated, or another shard). The choice does not depend on the
+/// configured order, which differs between collectors (each prefers its own replica): every
+/// collector that sees the same replicas lacking it picks the same one, where the server
+/// serialises their `ALTER`s. Collectors that see different ones (a probe failed for one of
+/// them) can still overlap: `collector migrate` before the collectors start (as compose.yaml
+/// runs it) is the way to upgrade the table.
 pub async fn round(replicas: &Replicas, options: &Options, initial: bool) {
     let probes = (0..replicas.len()).map(|i| async move { (i, probe(replicas, i, options).await) });
     let results = futures_util::future::join_all(probes).await;
     let lacking = results
         .iter()
-        .find(|(_, result)| matches!(result, Ok(found) if !found.schema));
-    if let Some(&(i, _)) = lacking {
+        .filter(|(_, result)| matches!(result, Ok(found) if !found.schema))
+        .map(|&(i, _)| i)
+        .min_by(|&a, &b| replicas.url(a).cmp(replicas.url(b)));
+    if let Some(i) = lacking {
         apply_schema(replicas, i, options).await;
     }
     for (i, result) in results {
