@@ -83,20 +83,23 @@ pub fn cmdline(pid: u32) -> String {
         .unwrap_or_default()
 }
 
-/// One of the arguments of `pid` names a path under `dir`: it starts with `dir/`, or its
-/// value after a `=` does (`--config-file=DIR/...`). Not a mere substring: `/var/tmp/s1/...`
-/// is not under `/tmp/s1`.
+/// One of the arguments of `pid` names `dir` or a path under it: it is `dir`, starts with
+/// `dir/`, or its value after a `=` does (`--config-file=DIR/...`). Not a mere substring:
+/// `/var/tmp/s1/...` is not under `/tmp/s1`, nor is `/tmp/s10`.
 pub fn mentions(pid: u32, dir: &Path) -> bool {
-    let mark = format!("{}/", dir.display());
     let Ok(raw) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
         return false;
     };
-    String::from_utf8_lossy(&raw).split('\0').any(|arg| {
-        arg.starts_with(&mark)
-            || arg
-                .split_once('=')
-                .is_some_and(|(_, v)| v.starts_with(&mark))
-    })
+    String::from_utf8_lossy(&raw)
+        .split('\0')
+        .any(|arg| names(arg, dir) || arg.split_once('=').is_some_and(|(_, v)| names(v, dir)))
+}
+
+/// Whether the path `arg` is `dir` or under it.
+fn names(arg: &str, dir: &Path) -> bool {
+    let dir = dir.display().to_string();
+    arg.strip_prefix(&dir)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
 }
 
 /// The pid in `pidfile` (its first line), if that process is alive, its command name
@@ -290,5 +293,26 @@ pub fn absolute(path: &Path) -> PathBuf {
         std::env::current_dir()
             .unwrap_or_else(|_| PathBuf::from("/"))
             .join(path)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_path_names_its_folder_or_one_under_it() {
+        let dir = Path::new("/tmp/s1/ch26");
+        for yes in ["/tmp/s1/ch26", "/tmp/s1/ch26/", "/tmp/s1/ch26/data"] {
+            assert!(names(yes, dir), "{yes}");
+        }
+        for no in [
+            "/tmp/s1/ch2",
+            "/tmp/s1/ch260",
+            "/var/tmp/s1/ch26",
+            "/tmp/s1",
+        ] {
+            assert!(!names(no, dir), "{no}");
+        }
     }
 }
