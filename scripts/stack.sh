@@ -225,6 +225,7 @@ run_stack() {
     fi
     local bin=${CARGO_TARGET_DIR:-$ROOT/target}/debug/stack
     if [[ ! -x $bin ]] || [[ -n $(find "$ROOT/stack" "$ROOT/scripts/ch26" -newer "$bin" -type f -print -quit) ]]; then
+        log "building the stack binary (cargo build -p collector-stack; first use only)"
         (cd "$ROOT" && cargo build -q -p collector-stack --bin stack) || die "cargo build -p collector-stack failed"
     fi
     STACK_GEO_DB=$GEO_DB exec "$bin" "$@"
