@@ -752,20 +752,6 @@ async fn edge_keeps_acknowledged_beacons_through_crashes_of_its_parts() {
 
 // ------------------------------------------------------------ shipped files ---
 
-/// Runs `cmd` and panics with its output unless it exits 0.
-fn must_succeed(what: &str, cmd: &mut Command) -> String {
-    let out = cmd
-        .output()
-        .unwrap_or_else(|e| panic!("{what}: {e} (scripts/stack.sh install installs it)"));
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "{what} failed:\n{text}");
-    text
-}
-
 /// The customer-proxy guides of docs/proxy/ load in the real servers (nginx, Caddy, Apache
 /// httpd), and the edge's systemd units pass `systemd-analyze verify` (with their paths pointed
 /// at this checkout). Nothing is started and no name is resolved.
@@ -782,7 +768,7 @@ fn proxy_guides_and_edge_units_load_in_their_engines() {
         p = d.display()
     );
     std::fs::write(d.join("nginx.conf"), nginx).unwrap();
-    must_succeed(
+    process::output_of(
         "nginx -t with docs/proxy/nginx-dns.conf",
         Command::new("nginx")
             .args(["-t", "-p"])
@@ -796,7 +782,7 @@ fn proxy_guides_and_edge_units_load_in_their_engines() {
         guide("Caddyfile-dns")
     );
     std::fs::write(d.join("Caddyfile"), caddy).unwrap();
-    must_succeed(
+    process::output_of(
         "caddy validate with docs/proxy/Caddyfile-dns",
         Command::new("caddy")
             .args(["validate", "--adapter", "caddyfile", "--config"])
@@ -825,7 +811,7 @@ fn proxy_guides_and_edge_units_load_in_their_engines() {
         p = d.display()
     );
     std::fs::write(d.join("httpd.conf"), httpd).unwrap();
-    let out = must_succeed(
+    let out = process::output_of(
         "apache2 -t with docs/proxy/apache-dns.conf",
         Command::new("apache2")
             .arg("-t")
@@ -859,7 +845,7 @@ fn proxy_guides_and_edge_units_load_in_their_engines() {
         std::fs::write(d.join(unit), text).unwrap();
         units.push(d.join(unit));
     }
-    must_succeed(
+    process::output_of(
         "systemd-analyze verify deploy/edge/*.service",
         Command::new("systemd-analyze").arg("verify").args(&units),
     );

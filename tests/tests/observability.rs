@@ -67,7 +67,8 @@ const SERIES: Duration = Duration::from_secs(30);
 struct Prometheus {
     child: Child,
     url: String,
-    dir: tempfile::TempDir,
+    /// Its configuration, data and log (removed on drop).
+    _dir: tempfile::TempDir,
     /// The test's report for a wait that gives up (Prometheus's log is registered with it).
     diag: Diag,
 }
@@ -133,30 +134,20 @@ impl Prometheus {
         let mut prom = Prometheus {
             child,
             url: format!("http://127.0.0.1:{port}"),
-            dir,
+            _dir: dir,
             diag: diag.clone(),
         };
-        let start = Instant::now();
-        loop {
-            if let Ok(r) = http().get(format!("{}/-/ready", prom.url)).send().await {
-                if r.status().is_success() {
-                    return prom;
-                }
-            }
-            if let Some(status) = prom.child.try_wait().unwrap() {
-                panic!("prometheus exited with {status}:\n{}", prom.logs());
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(60),
-                "prometheus not ready after 60 s:\n{}",
-                prom.logs()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-
-    fn logs(&self) -> String {
-        log_text(&self.dir.path().join("prometheus.log"))
+        let ready = format!("{}/-/ready", prom.url);
+        process::wait_ready(
+            &format!("prometheus on {}", prom.url),
+            &mut prom.child,
+            Duration::from_secs(60),
+            Duration::from_millis(100),
+            || async { body_of(http().get(&ready)).await.map(drop) },
+            || log_text(&log),
+        )
+        .await;
+        prom
     }
 
     /// `GET /api/v1/<path>` with `query` parameters; its `data`. Panics unless the API
@@ -190,12 +181,7 @@ impl Prometheus {
     /// Prometheus's own `/metrics`, summed over its groups); panics when it has none.
     async fn rule_iterations(&self) -> f64 {
         let url = format!("{}/metrics", self.url);
-        let text = http()
-            .get(&url)
-            .send()
-            .await
-            .unwrap_or_else(|e| panic!("GET {url}: {e}"))
-            .text()
+        let text = body_of(http().get(&url))
             .await
             .unwrap_or_else(|e| panic!("GET {url}: {e}"));
         let values: Vec<f64> = text

@@ -314,14 +314,11 @@ impl Load {
 /// The rate answered for `site` now (a fresh question, no browser cache).
 async fn answered(client: &reqwest::Client, base: &str, site: &str) -> f64 {
     let url = format!("{base}/api/v1/sites/{site}");
-    let v: serde_json::Value = client
-        .get(&url)
-        .send()
+    let text = body_of(client.get(&url))
         .await
-        .unwrap_or_else(|e| panic!("GET {url}: {e:?}"))
-        .json()
-        .await
-        .unwrap();
+        .unwrap_or_else(|e| panic!("GET {url}: {e}"));
+    let v: serde_json::Value =
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("GET {url}: {e}: {text}"));
     v["sample_rate"]
         .as_f64()
         .unwrap_or_else(|| panic!("{url}: {v}"))

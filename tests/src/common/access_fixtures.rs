@@ -6,30 +6,19 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::common::{free_port, log_text, root, terminate};
+use crate::common::process::{output_of, wait_ready};
+use crate::common::{body_of, data_rows, free_port, log_text, root, terminate};
 
 /// Runs `program args` in `cwd`, panicking with its output when it fails.
 fn run(program: &str, args: &[&str], cwd: &Path) -> String {
-    let out = Command::new(program)
-        .args(args)
-        .current_dir(cwd)
-        .output()
-        .unwrap_or_else(|e| panic!("run {program}: {e}"));
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        out.status.success(),
-        "{program} {args:?} failed ({}):\n{text}",
-        out.status
-    );
-    text
+    output_of(
+        &format!("{program} {args:?}"),
+        Command::new(program).args(args).current_dir(cwd),
+    )
 }
 
 /// A certificate authority of the test's own and one server certificate it signed, for
@@ -147,21 +136,12 @@ pub async fn ch_exec(
     password: &str,
     sql: &str,
 ) -> Result<String, String> {
-    let resp = client
+    let request = client
         .post(url)
         .header("X-ClickHouse-User", user)
         .header("X-ClickHouse-Key", password)
-        .body(sql.to_owned())
-        .send()
-        .await
-        .map_err(|e| format!("{e:?}"))?;
-    let status = resp.status();
-    let text = resp.text().await.map_err(|e| e.to_string())?;
-    if status.is_success() {
-        Ok(text)
-    } else {
-        Err(format!("{status}: {}", text.trim()))
-    }
+        .body(sql.to_owned());
+    body_of(request).await
 }
 
 /// Runs `sql` as `user` with `password` on the ClickHouse HTTP(S) endpoint `url` through
@@ -174,11 +154,7 @@ pub async fn ch_query(
     sql: &str,
 ) -> Result<Vec<Value>, String> {
     let text = ch_exec(client, url, user, password, &format!("{sql} FORMAT JSON")).await?;
-    let v: Value = serde_json::from_str(&text).map_err(|e| format!("{e}: {text}"))?;
-    v["data"]
-        .as_array()
-        .cloned()
-        .ok_or_else(|| format!("no data rows in {text}"))
+    data_rows(&text)
 }
 
 /// A standalone ClickHouse 18.16 (Debian's `clickhouse-server`, no ZooKeeper) of one test's
@@ -245,29 +221,27 @@ impl Ch18Tls {
             dir,
         };
         let client = pki.client();
-        let start = Instant::now();
-        loop {
-            let answer = ch_query(
-                &client,
-                &server.https_url,
-                "collector",
-                password,
-                "SELECT 1 AS one",
-            )
-            .await;
-            if answer.is_ok() {
-                return server;
-            }
-            let exited = server.child.try_wait().unwrap();
-            assert!(
-                exited.is_none() && start.elapsed() < Duration::from_secs(30),
-                "ClickHouse 18.16 did not answer over https on {} (exit {exited:?}; last {answer:?}); its logs:\n{}\n{}",
-                server.https_url,
-                log_text(&server.dir.path().join("log/stderr.log")),
-                crate::common::diag::tail(&server.dir.path().join("log/clickhouse-server.err.log"), 30)
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let (url, log) = (&server.https_url, server.dir.path().join("log"));
+        wait_ready(
+            &format!("ClickHouse 18.16 over https on {url} (SELECT 1 as collector)"),
+            &mut server.child,
+            Duration::from_secs(30),
+            Duration::from_millis(100),
+            || async {
+                ch_query(&client, url, "collector", password, "SELECT 1 AS one")
+                    .await
+                    .map(drop)
+            },
+            || {
+                format!(
+                    "its logs:\n{}\n{}",
+                    log_text(&log.join("stderr.log")),
+                    crate::common::diag::tail(&log.join("clickhouse-server.err.log"), 30)
+                )
+            },
+        )
+        .await;
+        server
     }
 
     /// The server's error log so far (for failure messages).
@@ -504,25 +478,18 @@ impl EdgeHaproxy {
             dir,
         };
         let client = pki.client();
-        let start = Instant::now();
-        loop {
-            let status = client
-                .get(format!("{}/readyz", edge.url))
-                .send()
-                .await
-                .map(|r| r.status().as_u16());
-            if matches!(status, Ok(200)) {
-                return edge;
-            }
-            let exited = edge.child.try_wait().unwrap();
-            assert!(
-                exited.is_none() && start.elapsed() < Duration::from_secs(30),
-                "HAProxy did not pass /readyz on {} (exit {exited:?}, last {status:?}):\n{}",
-                edge.url,
-                edge.logs()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let readyz = format!("{}/readyz", edge.url);
+        let dir = edge.dir.path();
+        wait_ready(
+            &format!("HAProxy on {} (/readyz)", edge.url),
+            &mut edge.child,
+            Duration::from_secs(30),
+            Duration::from_millis(100),
+            || async { body_of(client.get(&readyz)).await.map(drop) },
+            || haproxy_logs(dir),
+        )
+        .await;
+        edge
     }
 
     /// The master's process id (`haproxy-run.sh` execs HAProxy: the child is the master).
@@ -551,12 +518,18 @@ impl EdgeHaproxy {
 
     /// Its output so far.
     pub fn logs(&self) -> String {
-        format!(
-            "{}\n{}",
-            log_text(&self.dir.path().join("stderr.log")),
-            log_text(&self.dir.path().join("haproxy.log"))
-        )
+        haproxy_logs(self.dir.path())
     }
+}
+
+/// The logs of the HAProxy run in `dir` (its standard error, then its log), for a failure
+/// message.
+fn haproxy_logs(dir: &Path) -> String {
+    format!(
+        "{}\n{}",
+        log_text(&dir.join("stderr.log")),
+        log_text(&dir.join("haproxy.log"))
+    )
 }
 
 impl Drop for EdgeHaproxy {

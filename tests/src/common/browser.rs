@@ -114,19 +114,16 @@ struct Driver {
 impl Driver {
     /// Its output so far, for a failure message.
     fn logs(&self) -> String {
-        self.logs
-            .iter()
-            .map(|p| {
-                format!(
-                    "{} ({}):\n{}",
-                    self.what,
-                    p.display(),
-                    super::diag::tail(p, 40)
-                )
-            })
-            .collect::<Vec<_>>()
-            .join("\n")
+        driver_logs(self.what, &self.logs)
     }
+}
+
+/// The output so far of the driver `what` in the files `logs`, for a failure message.
+fn driver_logs(what: &str, logs: &[PathBuf]) -> String {
+    logs.iter()
+        .map(|p| format!("{what} ({}):\n{}", p.display(), super::diag::tail(p, 40)))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 impl Drop for Driver {
@@ -162,26 +159,23 @@ async fn start_driver(
         .unwrap_or_else(|e| panic!("{what} (scripts/stack.sh install installs it): {e}"));
     let mut driver = Driver { child, what, logs };
     let status = format!("http://127.0.0.1:{port}/status");
-    let start = Instant::now();
-    loop {
-        let last = match super::http().get(&status).send().await {
-            Ok(r) => match r.json::<Value>().await {
-                Ok(v) if v["value"]["ready"] == json!(true) => return driver,
-                Ok(v) => format!("not ready: {v}"),
-                Err(e) => format!("not a WebDriver status: {e}"),
-            },
-            Err(e) => format!("no answer: {e}"),
-        };
-        if let Ok(Some(exit)) = driver.child.try_wait() {
-            panic!("{what} exited at start ({exit}):\n{}", driver.logs());
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "{what} not ready on {port} after 30 s ({last}):\n{}",
-            driver.logs()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    super::process::wait_ready(
+        &format!("{what} on {port}"),
+        &mut driver.child,
+        Duration::from_secs(30),
+        Duration::from_millis(50),
+        || async {
+            let text = super::body_of(super::http().get(&status)).await?;
+            match serde_json::from_str::<Value>(&text) {
+                Ok(v) if v["value"]["ready"] == json!(true) => Ok(()),
+                Ok(v) => Err(format!("not ready: {v}")),
+                Err(e) => Err(format!("not a WebDriver status: {e}: {text}")),
+            }
+        },
+        || driver_logs(what, &driver.logs),
+    )
+    .await;
+    driver
 }
 
 /// An Xvfb server, stopped when dropped.

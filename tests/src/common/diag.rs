@@ -311,20 +311,7 @@ pub fn tail(path: &Path, n: usize) -> String {
 
 /// `GET url` within [`ASK`]: the body, or why there is none.
 async fn ask_get(url: &str) -> Result<String, String> {
-    let get = async {
-        let r = super::http()
-            .get(url)
-            .send()
-            .await
-            .map_err(|e| e.to_string())?;
-        let status = r.status();
-        let text = r.text().await.map_err(|e| e.to_string())?;
-        if status.is_success() {
-            Ok(text)
-        } else {
-            Err(format!("{status}: {}", text.trim()))
-        }
-    };
+    let get = super::body_of(super::http().get(url));
     tokio::time::timeout(ASK, get)
         .await
         .unwrap_or_else(|_| Err(format!("no answer within {ASK:?}")))
@@ -449,22 +436,8 @@ async fn replica_part(url: &str, database: Option<&str>) -> String {
 /// A query's JSON rows within [`ASK`], or why there are none.
 async fn ask_query(url: &str, sql: &str) -> Result<Vec<Value>, String> {
     let run = async {
-        let r = super::http()
-            .post(url)
-            .body(sql.to_owned())
-            .send()
-            .await
-            .map_err(|e| e.to_string())?;
-        let status = r.status();
-        let text = r.text().await.map_err(|e| e.to_string())?;
-        if !status.is_success() {
-            return Err(format!("{status}: {}", text.trim()));
-        }
-        let v: Value = serde_json::from_str(&text).map_err(|e| format!("{e}: {text}"))?;
-        v["data"]
-            .as_array()
-            .cloned()
-            .ok_or_else(|| format!("no data in {text}"))
+        let text = super::body_of(super::http().post(url).body(sql.to_owned())).await?;
+        super::data_rows(&text)
     };
     tokio::time::timeout(ASK, run)
         .await

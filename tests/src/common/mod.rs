@@ -12,6 +12,7 @@ pub mod browser;
 pub mod containers;
 pub mod diag;
 pub mod freeze;
+pub mod process;
 /// The proxies in front of real ClickHouse servers, from the fakes both test tiers share.
 pub use fake_clickhouse::{lost_answer, standin};
 
@@ -507,43 +508,41 @@ impl CliOutput {
 
 /// Runs `sql` on a ClickHouse HTTP endpoint with `FORMAT JSON`; the `data` rows.
 pub async fn clickhouse_query(url: &str, sql: &str) -> Result<Vec<Value>, String> {
-    let body = format!("{sql} FORMAT JSON");
-    let resp = http()
-        .post(url)
-        .body(body)
-        .send()
-        .await
-        .map_err(|e| format!("{e:?}"))?;
-    let status = resp.status();
-    let text = resp.text().await.map_err(|e| e.to_string())?;
-    if !status.is_success() {
-        return Err(format!("{status}: {text}"));
-    }
-    let v: Value = serde_json::from_str(&text).map_err(|e| format!("{e}: {text}"))?;
-    v["data"]
-        .as_array()
-        .cloned()
-        .ok_or_else(|| format!("no data rows in ClickHouse's answer: {text}"))
+    let text = body_of(http().post(url).body(format!("{sql} FORMAT JSON"))).await?;
+    data_rows(&text)
 }
 
 /// Runs a statement on a ClickHouse HTTP endpoint.
 pub async fn clickhouse_exec(url: &str, sql: &str) -> Result<(), String> {
-    let resp = http()
-        .post(url)
-        .body(sql.to_owned())
-        .send()
+    body_of(http().post(url).body(sql.to_owned()))
         .await
-        .map_err(|e| e.to_string())?;
+        .map(drop)
+}
+
+/// Sends `request`: the answer's body when its status is a success, else `STATUS: BODY`
+/// (trimmed), or why there is no answer (the error's whole chain).
+pub async fn body_of(request: reqwest::RequestBuilder) -> Result<String, String> {
+    let resp = request.send().await.map_err(|e| format!("{e:?}"))?;
     let status = resp.status();
+    let text = resp
+        .text()
+        .await
+        .map_err(|e| format!("{status}, its body cannot be read: {e}"))?;
     if status.is_success() {
-        Ok(())
+        Ok(text)
     } else {
-        let text = resp
-            .text()
-            .await
-            .unwrap_or_else(|e| format!("(its body cannot be read: {e})"));
-        Err(format!("{status}: {text}"))
+        Err(format!("{status}: {}", text.trim()))
     }
+}
+
+/// The `data` rows of ClickHouse's `FORMAT JSON` answer `text`, or why there are none (the
+/// text is not JSON, or has no `data` array), with the text.
+pub fn data_rows(text: &str) -> Result<Vec<Value>, String> {
+    let v: Value = serde_json::from_str(text).map_err(|e| format!("{e}: {text}"))?;
+    v["data"]
+        .as_array()
+        .cloned()
+        .ok_or_else(|| format!("no data rows in ClickHouse's answer: {text}"))
 }
 
 /// GETs `url` with [`http`]; the response, whatever its status. Panics when there is no
@@ -638,24 +637,17 @@ impl Collector {
             .stderr(log)
             .spawn()
             .unwrap_or_else(|e| panic!("start {}: {e}", collector_bin().display()));
-        self.child = Some(child);
-        let start = Instant::now();
-        loop {
-            if let Ok(r) = http().get(format!("{}/healthz", self.url)).send().await {
-                if r.status().is_success() {
-                    return;
-                }
-            }
-            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
-                panic!("collector exited with {status}:\n{}", self.logs());
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(30),
-                "collector did not start:\n{}",
-                self.logs()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let child = self.child.insert(child);
+        let healthz = format!("{}/healthz", self.url);
+        process::wait_ready(
+            &format!("the collector on {}", self.url),
+            child,
+            Duration::from_secs(30),
+            Duration::from_millis(50),
+            || async { body_of(http().get(&healthz)).await.map(drop) },
+            || log_text(&self.log),
+        )
+        .await;
     }
 
     /// The collector's log so far.
@@ -1455,18 +1447,20 @@ impl PgBouncer {
             .spawn()
             .expect("start pgbouncer (scripts/stack.sh install installs it)");
         let mut bouncer = PgBouncer { child, port, dir };
-        let start = Instant::now();
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            if let Ok(Some(status)) = bouncer.child.try_wait() {
-                panic!("pgbouncer exited with {status}:\n{}", bouncer.log());
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(10),
-                "pgbouncer did not listen on {port}:\n{}",
-                bouncer.log()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let log = bouncer.dir.path().join("pgbouncer.log");
+        process::wait_ready(
+            &format!("pgbouncer on 127.0.0.1:{port}"),
+            &mut bouncer.child,
+            Duration::from_secs(10),
+            Duration::from_millis(20),
+            || async {
+                std::net::TcpStream::connect(("127.0.0.1", port))
+                    .map(drop)
+                    .map_err(|e| format!("not listening: {e}"))
+            },
+            || log_text(&log),
+        )
+        .await;
         bouncer
     }
 
@@ -1544,21 +1538,23 @@ impl Ch26Server {
             child,
             dir,
         };
-        let start = Instant::now();
-        loop {
-            let ping = http_client_get(&format!("{}/ping", server.url)).await;
-            if ping.as_deref() == Some("Ok.\n") {
-                return server;
-            }
-            let exited = server.child.try_wait().unwrap();
-            assert!(
-                exited.is_none() && start.elapsed() < Duration::from_secs(30),
-                "the 26.x server did not answer /ping on {} (exit {exited:?}); its log:\n{}",
-                server.url,
-                log_text(&server.dir.path().join("server.log"))
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let ping = format!("{}/ping", server.url);
+        let log = server.dir.path().join("server.log");
+        process::wait_ready(
+            &format!("the 26.x server on {} (/ping)", server.url),
+            &mut server.child,
+            Duration::from_secs(30),
+            Duration::from_millis(100),
+            || async {
+                match body_of(self::http().get(&ping)).await? {
+                    ok if ok == "Ok.\n" => Ok(()),
+                    other => Err(format!("/ping answered {other:?}")),
+                }
+            },
+            || format!("its log:\n{}", log_text(&log)),
+        )
+        .await;
+        server
     }
 }
 
@@ -1566,9 +1562,4 @@ impl Drop for Ch26Server {
     fn drop(&mut self) {
         terminate(&mut self.child, Duration::from_secs(20));
     }
-}
-
-/// The body of a GET, or `None` when it cannot be had.
-async fn http_client_get(url: &str) -> Option<String> {
-    http().get(url).send().await.ok()?.text().await.ok()
 }

@@ -1,0 +1,67 @@
+//! The tests' child processes: a server just started, waited for until it answers; a tool run
+//! to its end, its output.
+
+use std::future::Future;
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+/// Waits until the server `child` (named `what` in messages, e.g. "pgbouncer on
+/// 127.0.0.1:PORT") answers: `ready` is asked every `every` and says `Ok(())` once it does,
+/// else what it saw instead (no answer, a status, a body). Panics, showing `logs()` and the last
+/// thing `ready` saw, when the child exits first or has not answered within `limit`.
+pub async fn wait_ready<F, Fut>(
+    what: &str,
+    child: &mut Child,
+    limit: Duration,
+    every: Duration,
+    mut ready: F,
+    logs: impl Fn() -> String,
+) where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<(), String>>,
+{
+    let start = Instant::now();
+    loop {
+        let last = match ready().await {
+            Ok(()) => return,
+            Err(last) => last,
+        };
+        match child.try_wait() {
+            Ok(None) => {}
+            Ok(Some(status)) => panic!(
+                "{what} exited with {status} before it was ready (last: {last}):\n{}",
+                logs()
+            ),
+            Err(e) => panic!(
+                "{what}: cannot tell whether it still runs ({e}):\n{}",
+                logs()
+            ),
+        }
+        assert!(
+            start.elapsed() < limit,
+            "{what} not ready after {limit:?} (last: {last}):\n{}",
+            logs()
+        );
+        tokio::time::sleep(every).await;
+    }
+}
+
+/// Runs `cmd` (named `what` in messages) to its end; its standard output followed by its
+/// standard error. Panics when it cannot be started (naming the error) or exits other than 0
+/// (with its status and that output).
+pub fn output_of(what: &str, cmd: &mut Command) -> String {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("{what}: {e} (scripts/stack.sh install installs it)"));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "{what} failed ({}):\n{text}",
+        out.status
+    );
+    text
+}
