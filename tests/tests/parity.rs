@@ -88,13 +88,24 @@ fn close(ours: f64, reference: f64) -> bool {
 /// One row of the comparison table: metric, ours, reference.
 type Line = (String, String, String);
 
+/// Ours (column `column` of `row`) and web-vitals' (`wv`) values of `name`, each read by `read`
+/// (`Value::as_f64`, `Value::as_str`); panics naming the side that has no such value (`kind`:
+/// "a number", "text").
+fn values<'a, T>(
+    name: &str,
+    row: &'a Value,
+    column: &str,
+    wv: &'a Value,
+    (kind, read): (&str, fn(&'a Value) -> Option<T>),
+) -> (T, T) {
+    let ours = read(col(row, column))
+        .unwrap_or_else(|| panic!("{column} is not {kind} (NULL: not stored): {row}"));
+    let reference = read(wv).unwrap_or_else(|| panic!("web-vitals reported no {name}"));
+    (ours, reference)
+}
+
 fn compare_number(lines: &mut Vec<Line>, name: &str, row: &Value, column: &str, wv: &Value) {
-    let ours = col(row, column)
-        .as_f64()
-        .unwrap_or_else(|| panic!("{column} is not a number (NULL: not stored): {row}"));
-    let reference = wv
-        .as_f64()
-        .unwrap_or_else(|| panic!("web-vitals reported no {name}"));
+    let (ours, reference) = values(name, row, column, wv, ("a number", Value::as_f64));
     assert!(
         close(ours, reference),
         "{name}: ours {ours}, web-vitals {reference}\nrow: {row}"
@@ -112,12 +123,7 @@ fn resource(wv: &Value) -> Value {
 }
 
 fn compare_text(lines: &mut Vec<Line>, name: &str, row: &Value, column: &str, wv: &Value) {
-    let ours = col(row, column)
-        .as_str()
-        .unwrap_or_else(|| panic!("{column} is not text (NULL: not stored): {row}"));
-    let reference = wv
-        .as_str()
-        .unwrap_or_else(|| panic!("web-vitals reported no {name}"));
+    let (ours, reference) = values(name, row, column, wv, ("text", Value::as_str));
     assert_eq!(ours, reference, "{name}\nrow: {row}");
     lines.push((name.into(), ours.into(), reference.into()));
 }
