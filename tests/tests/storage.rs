@@ -313,6 +313,18 @@ collector_tests::on_both_servers!(
         a_resend_received_after_midnight_of_a_month_end_folds_on_26
 );
 
+/// `collector migrate` against `env`'s databases, started and not waited for, its standard
+/// output and error each to `output()` (`Stdio::null`, `Stdio::piped`).
+fn start_migrate(env: &TestEnv<'_>, output: fn() -> Stdio) -> std::process::Child {
+    Command::new(collector_bin())
+        .arg("migrate")
+        .envs(env.collector_env())
+        .stdout(output())
+        .stderr(output())
+        .spawn()
+        .expect("start collector migrate")
+}
+
 /// A v1 table (sorted by `id` alone) holding 200,000 rows over four or five months, on both replicas;
 /// `migrate` killed (SIGKILL) halfway through its copy; a collector of this release writing
 /// before and during the second run: afterwards every v1 id and every acknowledged beacon is in
@@ -367,13 +379,7 @@ async fn migrate_moves_a_v1_table_with_rows_to_v2_while_a_collector_writes() {
     let v1_rows = v1_rows + 1;
 
     // The first run, killed once part of the copy is in v2.
-    let mut first = Command::new(collector_bin())
-        .arg("migrate")
-        .envs(env.collector_env())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start collector migrate");
+    let mut first = start_migrate(&env, Stdio::null);
     let start = Instant::now();
     let copied_at_kill = loop {
         let v2 = env
@@ -417,13 +423,7 @@ async fn migrate_moves_a_v1_table_with_rows_to_v2_while_a_collector_writes() {
         acked.push(id);
     }
     let second = {
-        let cmd = Command::new(collector_bin())
-            .arg("migrate")
-            .envs(env.collector_env())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start collector migrate");
+        let cmd = start_migrate(&env, Stdio::piped);
         tokio::task::spawn_blocking(move || cmd.wait_with_output().unwrap())
     };
     for _ in 0..30 {
