@@ -13,25 +13,24 @@ use common::*;
 
 /// `SHOW name` on PgBouncer's admin console (simple protocol, which it requires): the rows.
 async fn admin(bouncer: &PgBouncer, command: &str) -> Vec<Vec<String>> {
-    let (client, conn) =
-        tokio_postgres::connect(&bouncer.database_url("pgbouncer"), tokio_postgres::NoTls)
-            .await
-            .expect("connect to the pgbouncer admin console");
-    tokio::spawn(conn);
-    client
-        .simple_query(command)
-        .await
-        .unwrap_or_else(|e| panic!("{command}: {e}"))
-        .into_iter()
-        .filter_map(|m| match m {
-            tokio_postgres::SimpleQueryMessage::Row(r) => Some(
-                (0..r.len())
-                    .map(|i| r.get(i).unwrap_or("").to_owned())
-                    .collect(),
-            ),
-            _ => None,
-        })
-        .collect()
+    pg_connect(
+        &bouncer.database_url("pgbouncer"),
+        "the pgbouncer admin console",
+    )
+    .await
+    .simple_query(command)
+    .await
+    .unwrap_or_else(|e| panic!("{command}: {e}"))
+    .into_iter()
+    .filter_map(|m| match m {
+        tokio_postgres::SimpleQueryMessage::Row(r) => Some(
+            (0..r.len())
+                .map(|i| r.get(i).unwrap_or("").to_owned())
+                .collect(),
+        ),
+        _ => None,
+    })
+    .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

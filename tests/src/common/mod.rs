@@ -167,6 +167,17 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// A client of the PostgreSQL (or PgBouncer) at `url`, without TLS, its connection driven on a
+/// task of its own; panics naming `what` (e.g. "the pgbouncer admin console") and `url` when it
+/// cannot connect.
+pub async fn pg_connect(url: &str, what: &str) -> tokio_postgres::Client {
+    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap_or_else(|e| panic!("connect to {what} ({url}): {e}"));
+    tokio::spawn(conn);
+    client
+}
+
 /// The `collector` binary, built if needed.
 pub fn collector_bin() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
@@ -231,12 +242,8 @@ impl<'a> TestEnv<'a> {
     /// (for tests that run `migrate` their own way); `site` is `site-1`.
     pub async fn empty(stack: &'a Stack) -> TestEnv<'a> {
         let db = format!("t_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
-        let (client, conn) =
-            tokio_postgres::connect(&stack.database_url("postgres"), tokio_postgres::NoTls)
-                .await
-                .expect("connect to postgres");
-        tokio::spawn(conn);
-        client
+        pg_connect(&stack.database_url("postgres"), "postgres")
+            .await
             .batch_execute(&format!("CREATE DATABASE {db}"))
             .await
             .expect("create the test database");
