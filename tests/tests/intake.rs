@@ -194,29 +194,11 @@ async fn a_retried_id_is_stored_once_and_answered_as_duplicate() {
     env.wait_rows(&[marker], VISIBLE).await;
 
     for id in [&id, &pid, &aid] {
-        let n = env
-            .query(
-                0,
-                &format!(
-                    "SELECT count() AS n FROM {}.measurements FINAL WHERE id = '{id}'",
-                    env.db
-                ),
-            )
-            .await;
+        let n = env.count(&format!("FINAL WHERE id = '{id}'")).await;
         let all = env
-            .query(
-                0,
-                &format!(
-                    "SELECT toString(id) AS id, _part FROM {}.measurements WHERE id = '{id}'",
-                    env.db
-                ),
-            )
+            .measurements("toString(id) AS id, _part", &format!("WHERE id = '{id}'"))
             .await;
-        assert_eq!(
-            as_i64(col(&n[0], "n")),
-            Some(1),
-            "{id}: {n:?}; without FINAL: {all:?}"
-        );
+        assert_eq!(n, 1, "{id}: {n} under FINAL; without FINAL: {all:?}");
     }
     assert_eq!(
         c.metric("collector_measurements_duplicate_total").await,

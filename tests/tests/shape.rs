@@ -15,7 +15,6 @@ use std::time::{Duration, Instant};
 
 use common::standin::{InsertMode, StandIn, TokenMemory};
 use common::*;
-use serde_json::Value;
 use tokio::sync::Mutex;
 
 static SERIAL: Mutex<()> = Mutex::const_new(());
@@ -512,14 +511,8 @@ async fn a_collector_killed_mid_stream_while_clients_resend_to_the_other_loses_n
     a.restart().await;
     let acked = acked.lock().unwrap().clone();
     env.assert_stored_once(&acked, STORED).await;
-    let counts: Vec<Value> = env
-        .query(
-            0,
-            &format!(
-                "SELECT count() AS n, uniqExact(id) AS u FROM {}.measurements FINAL",
-                env.db
-            ),
-        )
+    let counts = env
+        .measurements("count() AS n, uniqExact(id) AS u", "FINAL")
         .await;
     assert_eq!(
         as_i64(col(&counts[0], "n")),
@@ -527,17 +520,12 @@ async fn a_collector_killed_mid_stream_while_clients_resend_to_the_other_loses_n
         "one row per id under FINAL: {counts:?}"
     );
     a.wait_metric("collector_spool_records 0", STORED).await;
-    let raw = env
-        .query(
-            0,
-            &format!("SELECT count() AS n FROM {}.measurements", env.db),
-        )
-        .await;
+    let raw = env.count("").await;
     eprintln!(
         "figures: collector killed mid-stream: {} acked, {} resent to the other, all stored; {:?} rows before FINAL, {:?} under FINAL (one per id)",
         acked.len(),
         resent.load(std::sync::atomic::Ordering::SeqCst),
-        as_i64(col(&raw[0], "n")),
+        raw,
         as_i64(col(&counts[0], "n"))
     );
 }

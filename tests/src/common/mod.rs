@@ -365,11 +365,25 @@ impl<'a> TestEnv<'a> {
     /// The `columns` of the rows of this test's table that match `filter` (an SQL condition),
     /// under `FINAL`, read from its first ClickHouse server ([`TestEnv::query`]).
     pub async fn final_rows(&self, columns: &str, filter: &str) -> Vec<Value> {
-        let sql = format!(
-            "SELECT {columns} FROM {}.measurements FINAL WHERE {filter}",
-            self.db
-        );
+        self.measurements(columns, &format!("FINAL WHERE {filter}"))
+            .await
+    }
+
+    /// `SELECT columns FROM` this test's table `rest` (`FINAL`, `WHERE …`, `GROUP BY …`) on its
+    /// first ClickHouse server: the rows; panics as [`TestEnv::query`].
+    pub async fn measurements(&self, columns: &str, rest: &str) -> Vec<Value> {
+        let sql = format!("SELECT {columns} FROM {}.measurements {rest}", self.db);
         self.query(0, &sql).await
+    }
+
+    /// The number of rows of this test's table `rest` (`FINAL`, `WHERE …`) on its first
+    /// ClickHouse server; panics as [`TestEnv::query`], or with the answer when it holds no
+    /// count.
+    pub async fn count(&self, rest: &str) -> i64 {
+        let rows = self.measurements("count() AS n", rest).await;
+        rows.first()
+            .and_then(|r| as_i64(col(r, "n")))
+            .unwrap_or_else(|| panic!("no count of {}.measurements {rest}: {rows:?}", self.db))
     }
 
     /// Runs a statement (no answer rows) on ClickHouse server `i` (from 0) of this test;
