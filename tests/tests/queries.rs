@@ -78,16 +78,6 @@ async fn rows_of(env: &TestEnv<'_>, sql: &str) -> Vec<Value> {
         .clone()
 }
 
-/// A JSON value as a number (ClickHouse quotes 64-bit integers), or `None` for NULL.
-fn number(v: &Value) -> Option<f64> {
-    match v {
-        Value::Null => None,
-        Value::Number(n) => n.as_f64(),
-        Value::String(s) => Some(s.parse().unwrap_or_else(|_| panic!("not a number: {v}"))),
-        other => panic!("not a number: {other}"),
-    }
-}
-
 /// Checks `rows` against `expected`, row by row: every column named in an expected row must
 /// be present with that value (numbers within 1e-9, `null` for NULL); other columns are not
 /// checked.
@@ -107,7 +97,7 @@ fn assert_rows(query: &str, rows: &[Value], expected: &[Value]) {
             let same = match want {
                 Value::String(_) => got == want,
                 Value::Null => got.is_null(),
-                _ => match (number(got), number(want)) {
+                _ => match (as_number(got), as_number(want)) {
                     (Some(a), Some(b)) => (a - b).abs() < 1e-9,
                     _ => false,
                 },
@@ -380,17 +370,9 @@ async fn the_documented_dashboard_queries_answer_what_the_beacons_say() {
     assert_eq!(s, 202, "{a}");
     ids.push(other);
     env.wait_rows(&ids, VISIBLE).await;
-    let stored = rows_of(
-        &env,
-        &format!(
-            "SELECT count() AS n FROM {}.measurements WHERE site = 'shop'",
-            env.db
-        ),
-    )
-    .await;
     assert_eq!(
-        number(col(&stored[0], "n")),
-        Some((SHOP.len() + RESENT.len()) as f64),
+        env.count("WHERE site = 'shop'").await,
+        (SHOP.len() + RESENT.len()) as i64,
         "the resends are stored as rows of their own until they fold"
     );
 

@@ -141,8 +141,8 @@ fn check_by_page_group(env: &TestEnv<'_>, by_device: &Value) {
         for g in field(r, "groups").as_array().expect("groups is a list") {
             let name = group_of(field(g, "group").as_str().unwrap());
             let e = sums.entry(name).or_default();
-            e.0 += num(field(g, "measurements")).unwrap();
-            e.1 += num(field(g, "page_views")).unwrap();
+            e.0 += as_number(field(g, "measurements")).unwrap();
+            e.1 += as_number(field(g, "page_views")).unwrap();
         }
         sums
     };
@@ -275,16 +275,6 @@ fn expected(rows: &[Row]) -> Want {
     out
 }
 
-/// A JSON number (ClickHouse quotes 64-bit integers), `None` for null; panics otherwise.
-fn num(v: &Value) -> Option<f64> {
-    match v {
-        Value::Null => None,
-        Value::Number(n) => n.as_f64(),
-        Value::String(s) => Some(s.parse().unwrap_or_else(|_| panic!("not a number: {v}"))),
-        other => panic!("not a number: {other}"),
-    }
-}
-
 /// The p75s the server computes for each device type and metric, asked independently of the
 /// report: `(weighted, unweighted)`, `quantileExactWeighted` and `quantileExact`.
 async fn server_p75s(env: &TestEnv<'_>, from: i64) -> ServerP75s {
@@ -314,8 +304,8 @@ async fn server_p75s(env: &TestEnv<'_>, from: i64) -> ServerP75s {
                 .iter()
                 .map(|(name, ..)| {
                     (
-                        num(col(&r, &format!("{name}_w"))),
-                        num(col(&r, &format!("{name}_x"))),
+                        as_number(col(&r, &format!("{name}_w"))),
+                        as_number(col(&r, &format!("{name}_x"))),
                     )
                 })
                 .collect();
@@ -342,11 +332,11 @@ fn check_report(report: &Value, want: &Want, server: &ServerP75s) {
         let device = field(group, "group").as_str().unwrap();
         let (measurements, views, metrics) = &want[device];
         assert_eq!(
-            num(field(group, "measurements")),
+            as_number(field(group, "measurements")),
             Some(*measurements as f64),
             "{device}"
         );
-        let page_views = num(field(group, "page_views")).unwrap();
+        let page_views = as_number(field(group, "page_views")).unwrap();
         assert!(
             (page_views - views).abs() < 1e-9,
             "{device}: {page_views} page views, {views} expected"
@@ -359,12 +349,12 @@ fn check_report(report: &Value, want: &Want, server: &ServerP75s) {
         {
             assert_eq!(field(f, "metric"), name);
             assert_eq!(
-                num(field(f, "measured")),
+                as_number(field(f, "measured")),
                 Some(x.measured as f64),
                 "{device} {name}"
             );
-            let p75 = num(field(f, "p75"));
-            let shares = ["good", "needs_improvement", "poor"].map(|s| num(field(f, s)));
+            let p75 = as_number(field(f, "p75"));
+            let shares = ["good", "needs_improvement", "poor"].map(|s| as_number(field(f, s)));
             if x.measured == 0 {
                 assert_eq!(
                     (p75, *weighted),

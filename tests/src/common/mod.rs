@@ -458,6 +458,17 @@ pub fn as_i64(v: &Value) -> Option<i64> {
         .or_else(|| v.as_str().and_then(|s| s.parse().ok()))
 }
 
+/// A JSON number or a quoted number (ClickHouse quotes 64-bit integers) as f64, `None` for
+/// NULL; panics on anything else (text that is not a number, an array, an object).
+pub fn as_number(v: &Value) -> Option<f64> {
+    match v {
+        Value::Null => None,
+        Value::Number(n) => n.as_f64(),
+        Value::String(s) => Some(s.parse().unwrap_or_else(|_| panic!("not a number: {v}"))),
+        other => panic!("not a number: {other}"),
+    }
+}
+
 /// Column `column` of a ClickHouse JSON row; panics naming the column (and showing the row)
 /// when the row has no such column. Indexing (`row["lcp_ms"]`) reads a missing column as
 /// `Null`, which an assertion that the value is NULL would pass: through `col`, `Null` means
