@@ -976,26 +976,22 @@ impl TrafficReport {
 pub struct Traffic {
     stop: tokio::sync::watch::Sender<bool>,
     task: tokio::task::JoinHandle<TrafficReport>,
-    report: std::sync::Arc<std::sync::Mutex<TrafficReport>>,
+    report: SharedReport,
     diag: Diag,
 }
+
+/// A [`TrafficReport`] its senders record in while it is read.
+type SharedReport = std::sync::Arc<std::sync::Mutex<TrafficReport>>;
 
 impl Traffic {
     /// Starts posting to collector `c` for `site`.
     pub fn start(c: &Collector, site: &str, interval: Duration) -> Traffic {
-        let (base_url, diag) = (c.url.as_str(), c.diag.clone());
-        let (stop, mut stopped) = tokio::sync::watch::channel(false);
-        let report = std::sync::Arc::new(std::sync::Mutex::new(TrafficReport::default()));
-        let (url, site, shared) = (
-            format!("{base_url}/api/v1/measurements"),
-            site.to_owned(),
-            report.clone(),
-        );
+        let site = site.to_owned();
         let client = reqwest::Client::builder()
             .timeout(Duration::from_secs(10))
             .build()
             .unwrap();
-        let task = tokio::spawn(async move {
+        Traffic::run(c, move |url, shared, mut stopped| async move {
             let mut tick = tokio::time::interval(interval);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let mut inflight = futures::stream::FuturesUnordered::new();
@@ -1015,53 +1011,63 @@ impl Traffic {
                 }
             }
             while futures::StreamExt::next(&mut inflight).await.is_some() {}
-            let rep = shared.lock().unwrap().clone();
-            rep
-        });
-        Traffic {
-            stop,
-            task,
-            report,
-            diag,
-        }
+        })
     }
 
     /// Starts `senders` clients posting to `base_url` for `site` back to back, each its next
     /// beacon as soon as the last is answered: the collector's maximum rate for that many
     /// connections. A request without an answer (the collector killed) counts under 0.
     pub fn flood(c: &Collector, site: &str, senders: usize) -> Traffic {
-        let (base_url, diag) = (c.url.as_str(), c.diag.clone());
-        let (stop, stopped) = tokio::sync::watch::channel(false);
-        let report = std::sync::Arc::new(std::sync::Mutex::new(TrafficReport::default()));
-        let url = format!("{base_url}/api/v1/measurements");
         let client = reqwest::Client::builder()
             .timeout(Duration::from_secs(10))
             .pool_max_idle_per_host(senders)
             .build()
             .unwrap();
-        let tasks: Vec<_> = (0..senders)
-            .map(|_| {
-                let (client, url, site, shared) =
-                    (client.clone(), url.clone(), site.to_owned(), report.clone());
-                let stopped = stopped.clone();
-                tokio::spawn(async move {
-                    while !*stopped.borrow() {
-                        let (id, m) = measurement(&site);
-                        let answer = send_beacon(&client, &url, &m.to_string()).await;
-                        let status = shared.lock().unwrap().record(id, answer);
-                        if status == 0 {
-                            // Refused while the collector is down: not a busy loop.
-                            tokio::time::sleep(Duration::from_millis(20)).await;
+        Traffic::run(c, |url, report, stopped| {
+            let tasks: Vec<_> = (0..senders)
+                .map(|_| {
+                    let (client, url, site, shared) =
+                        (client.clone(), url.clone(), site.to_owned(), report.clone());
+                    let stopped = stopped.clone();
+                    tokio::spawn(async move {
+                        while !*stopped.borrow() {
+                            let (id, m) = measurement(&site);
+                            let answer = send_beacon(&client, &url, &m.to_string()).await;
+                            let status = shared.lock().unwrap().record(id, answer);
+                            if status == 0 {
+                                // Refused while the collector is down: not a busy loop.
+                                tokio::time::sleep(Duration::from_millis(20)).await;
+                            }
                         }
-                    }
+                    })
                 })
-            })
-            .collect();
+                .collect();
+            async move {
+                for t in tasks {
+                    t.await.unwrap();
+                }
+            }
+        })
+    }
+
+    /// The traffic of `senders` to collector `c`: they are given its intake URL, the report
+    /// to record each answer in and the signal to stop on, and what they return runs on a task
+    /// of its own, which ends with the report once it is done.
+    fn run<F, Fut>(c: &Collector, senders: F) -> Traffic
+    where
+        F: FnOnce(String, SharedReport, tokio::sync::watch::Receiver<bool>) -> Fut,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let report = SharedReport::default();
+        let sending = senders(
+            format!("{}/api/v1/measurements", c.url),
+            report.clone(),
+            stopped,
+        );
         let shared = report.clone();
         let task = tokio::spawn(async move {
-            for t in tasks {
-                t.await.unwrap();
-            }
+            sending.await;
             let rep = shared.lock().unwrap().clone();
             rep
         });
@@ -1069,7 +1075,7 @@ impl Traffic {
             stop,
             task,
             report,
-            diag,
+            diag: c.diag.clone(),
         }
     }
 
