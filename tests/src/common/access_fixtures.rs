@@ -273,20 +273,29 @@ pub struct OwnPg {
     dir: tempfile::TempDir,
 }
 
-/// Runs `args` as the `postgres` user (PostgreSQL refuses root).
-fn as_postgres(program: &str, args: &[&str]) -> std::process::Output {
+/// Runs PostgreSQL's `tool` (`initdb`, `pg_ctl`) on the data folder `data` (`-D`) with `args`,
+/// as the `postgres` user (PostgreSQL refuses root); its output. Panics when it cannot be run.
+fn pg_tool(tool: &str, data: &Path, args: &[&str]) -> std::process::Output {
+    let program = format!("{PG_BIN}/{tool}");
     // SAFETY: geteuid has no preconditions.
     let mut cmd = if unsafe { libc::geteuid() } == 0 {
         let mut c = Command::new("runuser");
-        c.args(["-u", "postgres", "--", program]);
+        c.args(["-u", "postgres", "--", &program]);
         c
     } else {
-        Command::new(program)
+        Command::new(&program)
     };
-    cmd.args(args)
+    cmd.arg("-D")
+        .arg(data)
+        .args(args)
         .stdin(Stdio::null())
         .output()
         .unwrap_or_else(|e| panic!("run {program}: {e}"))
+}
+
+/// Stops the PostgreSQL on `data` at once (`pg_ctl stop -m immediate`), whatever its state.
+fn stop_now(data: &Path) {
+    let _ = pg_tool("pg_ctl", data, &["-m", "immediate", "stop"]);
 }
 
 impl OwnPg {
@@ -309,11 +318,10 @@ impl OwnPg {
         std::fs::write(p.join("pwfile"), password).unwrap();
         chown(p);
         let data = p.join("data");
-        let init = as_postgres(
-            &format!("{PG_BIN}/initdb"),
+        let init = pg_tool(
+            "initdb",
+            &data,
             &[
-                "-D",
-                data.to_str().unwrap(),
                 "-U",
                 "postgres",
                 &format!("--pwfile={}", p.join("pwfile").display()),
@@ -367,25 +375,14 @@ impl OwnPg {
                 .unwrap();
         }
         let log = p.join("postgres.log");
-        let start = as_postgres(
-            &format!("{PG_BIN}/pg_ctl"),
-            &[
-                "-D",
-                data.to_str().unwrap(),
-                "-l",
-                log.to_str().unwrap(),
-                "-w",
-                "-t",
-                "60",
-                "start",
-            ],
+        let start = pg_tool(
+            "pg_ctl",
+            &data,
+            &["-l", log.to_str().unwrap(), "-w", "-t", "60", "start"],
         );
         if !start.status.success() {
             // A start that timed out may still come up: never leave it running.
-            as_postgres(
-                &format!("{PG_BIN}/pg_ctl"),
-                &["-D", data.to_str().unwrap(), "-m", "immediate", "stop"],
-            );
+            stop_now(&data);
         }
         assert!(
             start.status.success(),
@@ -426,10 +423,7 @@ impl OwnPg {
 
 impl Drop for OwnPg {
     fn drop(&mut self) {
-        let _ = as_postgres(
-            &format!("{PG_BIN}/pg_ctl"),
-            &["-D", self.data.to_str().unwrap(), "-m", "immediate", "stop"],
-        );
+        stop_now(&self.data);
     }
 }
 
