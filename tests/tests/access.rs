@@ -58,29 +58,6 @@ fn id_list(ids: &[String]) -> String {
         .join(",")
 }
 
-/// How many of `ids` the ClickHouse server at `url` holds in `db.measurements`, read as `user`
-/// with `password` through `client`.
-async fn count_ids(
-    client: &reqwest::Client,
-    url: &str,
-    password: &str,
-    db: &str,
-    ids: &[String],
-) -> Result<i64, String> {
-    let rows = ch_query(
-        client,
-        url,
-        "collector",
-        password,
-        &format!(
-            "SELECT count() AS n FROM {db}.measurements FINAL WHERE toString(id) IN ({})",
-            id_list(ids)
-        ),
-    )
-    .await?;
-    as_i64(col(&rows[0], "n")).ok_or_else(|| format!("not a count: {rows:?}"))
-}
-
 /// The replica-state line of `/metrics` for `url` with `state` (0 down, 2 healthy).
 fn replica_state(url: &str, state: u8) -> String {
     format!("collector_clickhouse_replica_state{{replica=\"{url}\"}} {state}")
@@ -164,15 +141,12 @@ fn with_debug_logs<'a>(mut settings: Vec<(&'a str, &'a str)>) -> Vec<(&'a str, &
     settings
 }
 
-/// Waits (at most [`VISIBLE`], polling every 200 ms) until the 18.16 TLS server `ch` holds `n`
-/// of `ids` in `db` ([`count_ids`] through `reader`); gives up through the test's report
-/// naming `what` and the last count.
+/// Waits (at most [`VISIBLE`], polling every 200 ms) until `server` holds `n` of `ids`
+/// ([`Readback::count`]); gives up through the test's report naming `what` and the last count.
 async fn wait_counted(
     env: &TestEnv<'_>,
     what: &str,
-    reader: &reqwest::Client,
-    ch: &Ch18Tls,
-    db: &str,
+    server: &Readback<'_>,
     ids: &[String],
     n: i64,
 ) {
@@ -182,7 +156,7 @@ async fn wait_counted(
         VISIBLE,
         Duration::from_millis(200),
         || async {
-            match count_ids(reader, &ch.https_url, CH18_PASSWORD, db, ids).await {
+            match server.count(ids).await {
                 Ok(got) if got == n => Ok(()),
                 other => Err(format!("{other:?}")),
             }
@@ -191,16 +165,66 @@ async fn wait_counted(
     .await;
 }
 
+/// How the test reads back what a ClickHouse server of its own holds: as `collector` with
+/// `password` through `client`, the test's table in `db`.
+struct Readback<'a> {
+    client: &'a reqwest::Client,
+    url: &'a str,
+    password: &'a str,
+    db: &'a str,
+}
+
+impl<'a> Readback<'a> {
+    /// The test's 18.16 server `ch` over https, through `client` (which trusts its CA).
+    fn ch18(client: &'a reqwest::Client, ch: &'a Ch18Tls, db: &'a str) -> Readback<'a> {
+        Readback {
+            client,
+            url: &ch.https_url,
+            password: CH18_PASSWORD,
+            db,
+        }
+    }
+
+    /// A 26.x server of the test's own at `url` with the shipped users, through `client`.
+    fn ch26(client: &'a reqwest::Client, url: &'a str, db: &'a str) -> Readback<'a> {
+        Readback {
+            client,
+            url,
+            password: CH26_PASSWORD,
+            db,
+        }
+    }
+
+    /// How many of `ids` the server holds in the test's table, under `FINAL`.
+    async fn count(&self, ids: &[String]) -> Result<i64, String> {
+        let rows = ch_query(
+            self.client,
+            self.url,
+            "collector",
+            self.password,
+            &format!(
+                "SELECT count() AS n FROM {}.measurements FINAL WHERE toString(id) IN ({})",
+                self.db,
+                id_list(ids)
+            ),
+        )
+        .await?;
+        as_i64(col(&rows[0], "n")).ok_or_else(|| format!("not a count: {rows:?}"))
+    }
+}
+
 /// A collector refused by its only ClickHouse server (`url`) keeps what it acknowledged in its
-/// spool: `ids` answered 202, the replica shown down (0), a warning with `words`, the spool
-/// holding them and `stored` (the test's own count on the server) finding none of them.
-async fn assert_refused_and_spooled(
+/// spool: `n` beacons sent to it answered 202, the replica shown down (0), a warning with
+/// `words`, the spool holding them and the test's own count on the server (`server`) finding
+/// none of them. Their ids and that warning.
+async fn refused_and_spooled(
     c: &Collector,
     url: &str,
-    ids: &[String],
+    n: usize,
     words: &[&str],
-    stored: impl std::future::Future<Output = Result<i64, String>>,
-) -> String {
+    server: &Readback<'_>,
+) -> (Vec<String>, String) {
+    let ids = send(c, "site-1", n).await;
     c.wait_metric(&replica_state(url, 0), NOTICED).await;
     let line = wait_log_line(c, words, NOTICED).await;
     assert_eq!(
@@ -209,11 +233,11 @@ async fn assert_refused_and_spooled(
         "the acknowledged beacons stay spooled"
     );
     assert_eq!(
-        stored.await.expect("the test reads the server"),
+        server.count(&ids).await.expect("the test reads the server"),
         0,
         "nothing stored"
     );
-    line
+    (ids, line)
 }
 
 /// Issue 37, 1: a standalone ClickHouse 18.16 with one password-only user (`collector`, no
@@ -284,13 +308,14 @@ async fn clickhouse_18_16_password_only_over_verified_https() {
     let ids = send(&c, "site-1", 5).await;
     let started = Instant::now();
     let db = env.db.clone();
+    let ch18 = Readback::ch18(&reader, &ch, &db);
     wait_until(
         &env.diag,
         "5 rows read back over https",
         VISIBLE,
         Duration::from_millis(200),
         || async {
-            match count_ids(&reader, &ch.https_url, CH18_PASSWORD, &db, &ids).await {
+            match ch18.count(&ids).await {
                 Ok(5) => Ok(()),
                 other => Err(format!("{other:?}; server: {}", ch.err_log())),
             }
@@ -307,13 +332,12 @@ async fn clickhouse_18_16_password_only_over_verified_https() {
 
     // Another CA: the server's certificate is not trusted.
     let mut bad_ca = env.collector(&with_debug_logs(ch_auth(pw, other_ca))).await;
-    let held = send(&bad_ca, "site-1", 3).await;
-    let line = assert_refused_and_spooled(
+    let (held, line) = refused_and_spooled(
         &bad_ca,
         &ch.https_url,
-        &held,
+        3,
         &["replica down", "UnknownIssuer"],
-        count_ids(&reader, &ch.https_url, CH18_PASSWORD, &db, &held),
+        &ch18,
     )
     .await;
     println!("18.16, another CA: {line}");
@@ -321,13 +345,12 @@ async fn clickhouse_18_16_password_only_over_verified_https() {
 
     // A wrong password.
     let bad_pw = env.collector(&with_debug_logs(ch_auth(wrong, ca))).await;
-    let refused = send(&bad_pw, "site-1", 3).await;
-    let line = assert_refused_and_spooled(
+    let (_, line) = refused_and_spooled(
         &bad_pw,
         &ch.https_url,
-        &refused,
+        3,
         &["replica down", "Code: 193", "Wrong password"],
-        count_ids(&reader, &ch.https_url, CH18_PASSWORD, &db, &refused),
+        &ch18,
     )
     .await;
     println!("18.16, wrong password: {line}");
@@ -346,13 +369,12 @@ async fn clickhouse_18_16_password_only_over_verified_https() {
             ("COLLECTOR_CLICKHOUSE_CA_FILE", ca),
         ])
         .await;
-    let plain = send(&no_fallback, "site-1", 2).await;
-    let line = assert_refused_and_spooled(
+    let (_, line) = refused_and_spooled(
         &no_fallback,
         &https_to_plain,
-        &plain,
+        2,
         &["replica down", &https_to_plain],
-        count_ids(&reader, &ch.https_url, CH18_PASSWORD, &db, &plain),
+        &ch18,
     )
     .await;
     println!("18.16, https:// to the plain port: {line}");
@@ -363,9 +385,7 @@ async fn clickhouse_18_16_password_only_over_verified_https() {
     wait_counted(
         &env,
         "the 3 held beacons stored once the CA is right",
-        &reader,
-        &ch,
-        &db,
+        &ch18,
         &held,
         3,
     )
@@ -416,7 +436,8 @@ async fn clickhouse_26_with_the_shipped_users() {
         started.elapsed()
     );
     // As the collector user too (what the server stored was written by it).
-    let n = count_ids(&plain, &server.url, CH26_PASSWORD, &env.db, &ids).await;
+    let ch26 = Readback::ch26(&plain, &server.url, &env.db);
+    let n = ch26.count(&ids).await;
     assert_eq!(n, Ok(5));
     assert_secrets_hidden(&c, &[CH26_PASSWORD]).await;
 
@@ -427,13 +448,12 @@ async fn clickhouse_26_with_the_shipped_users() {
             ("RUST_LOG", "debug"),
         ])
         .await;
-    let refused = send(&bad, "site-1", 3).await;
-    let line = assert_refused_and_spooled(
+    let (_, line) = refused_and_spooled(
         &bad,
         &server.url,
-        &refused,
+        3,
         &["replica down", "516", "AUTHENTICATION_FAILED"],
-        count_ids(&plain, &server.url, CH26_PASSWORD, &env.db, &refused),
+        &ch26,
     )
     .await;
     println!("26.x, wrong password: {line}");
@@ -504,7 +524,7 @@ async fn assert_shipped_rights(
     )
     .success();
     let plain = reqwest::Client::new();
-    let left = count_ids(&plain, url, CH26_PASSWORD, &env.db, ids).await;
+    let left = Readback::ch26(&plain, url, &env.db).count(ids).await;
     assert_eq!(
         left,
         Ok(0),
@@ -759,7 +779,8 @@ async fn secrets_never_show() {
     let ids = send(&c, "site-1", 3).await;
     let reader = pki.client();
     let db = env.db.clone();
-    wait_counted(&env, "3 rows over https", &reader, &ch, &db, &ids, 3).await;
+    let ch18 = Readback::ch18(&reader, &ch, &db);
+    wait_counted(&env, "3 rows over https", &ch18, &ids, 3).await;
     assert_secrets_hidden(&c, &secrets).await;
 
     // Refused for a wrong ClickHouse password: the error is logged, the password is not.
