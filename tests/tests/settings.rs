@@ -39,6 +39,23 @@ async fn beacon(c: &Collector, site: &str) -> (u16, Duration) {
     (status, start.elapsed())
 }
 
+/// Posts a beacon for `site` to `c` every 100 ms until one is refused with 403 (the site was
+/// disabled and the collector has seen it); every answer before must be 202 (panics with its
+/// body). Gives up through the test's report with `why` alone when none is refused within
+/// `limit`.
+async fn wait_disabled(c: &Collector, site: &str, limit: Duration, why: &str) {
+    poll_until(&c.diag, limit, Duration::from_millis(100), || async {
+        let (_, m) = measurement(site);
+        let (status, body) = c.post_json(&m).await;
+        if status == 403 {
+            return Ok(());
+        }
+        assert_eq!(status, 202, "{body}");
+        Err(why.to_owned())
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_store_costs_known_sites_nothing_and_a_change_arrives_after() {
     let stack = Stack::own(1);
@@ -84,24 +101,15 @@ async fn a_stopped_store_costs_known_sites_nothing_and_a_change_arrives_after() 
 
     stack.postgres().start().unwrap();
     env.cli(&["sites", "disable", &env.site]).success();
-    let changed = Instant::now();
-    loop {
-        let (status, _) = beacon(&c, &env.site).await;
-        if status == 403 {
-            break;
-        }
-        assert_eq!(status, 202);
-        // TTL (1 s) + backoff (3 s) + one reload period (1 s), with slack for a busy machine.
-        if changed.elapsed() >= Duration::from_secs(10) {
-            c.diag
-                .give_up(
-                    "the disabled site was still accepted 10 s after the change: the TTL (1 s), \
-                     the backoff (3 s) and a reload (1 s) are 5 s, plus 5 s for a loaded machine",
-                )
-                .await;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    // TTL (1 s) + backoff (3 s) + one reload period (1 s), with slack for a busy machine.
+    wait_disabled(
+        &c,
+        &env.site,
+        Duration::from_secs(10),
+        "the disabled site was still accepted 10 s after the change: the TTL (1 s), \
+         the backoff (3 s) and a reload (1 s) are 5 s, plus 5 s for a loaded machine",
+    )
+    .await;
     assert_eq!(c.metric("collector_settings_store_up").await, 1.0);
 }
 
@@ -317,21 +325,13 @@ async fn intake_goes_on_through_a_failover_to_the_standby() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let start = Instant::now();
-    loop {
-        let (_, m) = measurement(&env.site);
-        let (status, body) = c.post_json(&m).await;
-        if status == 403 {
-            break;
-        }
-        assert_eq!(status, 202, "{body}");
-        if start.elapsed() >= SETTLE {
-            c.diag
-                .give_up("the change on the promoted standby never arrived")
-                .await;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_disabled(
+        &c,
+        &env.site,
+        SETTLE,
+        "the change on the promoted standby never arrived",
+    )
+    .await;
 }
 
 /// Started while the store is down and with no snapshot, the collector is not ready; once the
