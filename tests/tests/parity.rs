@@ -113,6 +113,36 @@ fn compare_number(lines: &mut Vec<Line>, name: &str, row: &Value, column: &str, 
     lines.push((name.into(), format!("{ours:.3}"), format!("{reference:.3}")));
 }
 
+/// `metric`'s value (column `value_column` of `row`, `value` of web-vitals' report `wv`) and,
+/// when `target_column` is named, its target as text.
+fn compare_metric(
+    lines: &mut Vec<Line>,
+    row: &Value,
+    wv: &Value,
+    (metric, value_column): (&str, &str),
+    target_column: Option<&str>,
+) {
+    let reported = &wv[metric];
+    compare_number(lines, metric, row, value_column, &reported["value"]);
+    if let Some(column) = target_column {
+        let name = format!("{metric} target");
+        compare_text(lines, &name, row, column, &reported["target"]);
+    }
+}
+
+/// `metric`'s attribution numbers, each `(name, column of row, key in web-vitals' report wv)`.
+fn compare_numbers(
+    lines: &mut Vec<Line>,
+    row: &Value,
+    wv: &Value,
+    metric: &str,
+    numbers: &[(&str, &str, &str)],
+) {
+    for (name, column, key) in numbers {
+        compare_number(lines, name, row, column, &wv[metric][key]);
+    }
+}
+
 /// A resource URL web-vitals reported, as the collector stores it (contract v4: scheme, host,
 /// port and path; no query, no fragment).
 fn resource(wv: &Value) -> Value {
@@ -203,9 +233,9 @@ async fn matches_web_vitals(engine: Engine) {
         if reported(&wv, "TTFB").is_none() && col(&row, "ttfb_ms").is_null() {
             lines.push(("TTFB".into(), "(none)".into(), "(none)".into()));
         } else {
-            compare_number(&mut lines, "TTFB", &row, "ttfb_ms", &wv["TTFB"]["value"]);
+            compare_metric(&mut lines, &row, &wv, ("TTFB", "ttfb_ms"), None);
         }
-        compare_number(&mut lines, "FCP", &row, "fcp_ms", &wv["FCP"]["value"]);
+        compare_metric(&mut lines, &row, &wv, ("FCP", "fcp_ms"), None);
         for (measured, metric, column) in [
             (lcp, "LCP", "lcp_ms"),
             (cls, "CLS", "cls"),
@@ -224,17 +254,10 @@ async fn matches_web_vitals(engine: Engine) {
             }
         }
         if lcp {
-            compare_number(&mut lines, "LCP", &row, "lcp_ms", &wv["LCP"]["value"]);
-            compare_text(
-                &mut lines,
-                "LCP target",
-                &row,
-                "lcp_target",
-                &wv["LCP"]["target"],
-            );
+            compare_metric(&mut lines, &row, &wv, ("LCP", "lcp_ms"), Some("lcp_target"));
             let lcp_url = resource(&wv["LCP"]["url"]);
             compare_text(&mut lines, "LCP url", &row, "lcp_url", &lcp_url);
-            for (name, column, key) in [
+            let numbers = [
                 (
                     "LCP resource load delay",
                     "lcp_resource_load_delay_ms",
@@ -250,12 +273,11 @@ async fn matches_web_vitals(engine: Engine) {
                     "lcp_element_render_delay_ms",
                     "elementRenderDelay",
                 ),
-            ] {
-                compare_number(&mut lines, name, &row, column, &wv["LCP"][key]);
-            }
+            ];
+            compare_numbers(&mut lines, &row, &wv, "LCP", &numbers);
         }
         if inp {
-            compare_number(&mut lines, "INP", &row, "inp_ms", &wv["INP"]["value"]);
+            compare_metric(&mut lines, &row, &wv, ("INP", "inp_ms"), None);
             // web-vitals 6.2.3 reported no interaction target here (its `interactionTarget` was
             // undefined in every run); ours must name the button that was clicked.
             let reference = wv["INP"]["target"].as_str().unwrap_or("(none)");
@@ -272,7 +294,7 @@ async fn matches_web_vitals(engine: Engine) {
                 "inp_type",
                 &wv["INP"]["interactionType"],
             );
-            for (name, column, key) in [
+            let numbers = [
                 ("INP input delay", "inp_input_delay_ms", "inputDelay"),
                 (
                     "INP processing duration",
@@ -284,9 +306,8 @@ async fn matches_web_vitals(engine: Engine) {
                     "inp_presentation_delay_ms",
                     "presentationDelay",
                 ),
-            ] {
-                compare_number(&mut lines, name, &row, column, &wv["INP"][key]);
-            }
+            ];
+            compare_numbers(&mut lines, &row, &wv, "INP", &numbers);
             if wv["INP"]["script"].is_null() {
                 // Long animation frames: Chromium only.
                 assert!(col(&row, "inp_script_url").is_null(), "{engine:?}: {row}");
@@ -301,28 +322,12 @@ async fn matches_web_vitals(engine: Engine) {
             }
         }
         if cls {
-            compare_number(&mut lines, "CLS", &row, "cls", &wv["CLS"]["value"]);
-            compare_text(
-                &mut lines,
-                "CLS target",
-                &row,
-                "cls_target",
-                &wv["CLS"]["target"],
-            );
-            compare_number(
-                &mut lines,
-                "CLS largest shift time",
-                &row,
-                "cls_time_ms",
-                &wv["CLS"]["largestShiftTime"],
-            );
-            compare_number(
-                &mut lines,
-                "CLS largest shift value",
-                &row,
-                "cls_value",
-                &wv["CLS"]["largestShiftValue"],
-            );
+            compare_metric(&mut lines, &row, &wv, ("CLS", "cls"), Some("cls_target"));
+            let numbers = [
+                ("CLS largest shift time", "cls_time_ms", "largestShiftTime"),
+                ("CLS largest shift value", "cls_value", "largestShiftValue"),
+            ];
+            compare_numbers(&mut lines, &row, &wv, "CLS", &numbers);
         }
         table.extend(
             lines
