@@ -168,6 +168,131 @@ fn reported<'a>(wv: &'a Value, metric: &str) -> Option<&'a Value> {
         .filter(|v| !v.is_null())
 }
 
+/// Our row of one page view against web-vitals' report `wv` of it, in `engine`: each metric
+/// the engine measures within tolerance, the others NULL and not reported; the comparison's
+/// lines.
+fn compare_page_view(engine: Engine, row: &Value, wv: &Value) -> Vec<Line> {
+    let (lcp, cls, inp) = engine.measures();
+    let mut lines = Vec::new();
+    // Both report no TTFB from a navigation entry whose responseStart is 0 (whole
+    // milliseconds on loopback in Firefox and WebKitGTK).
+    if reported(wv, "TTFB").is_none() && col(row, "ttfb_ms").is_null() {
+        lines.push(("TTFB".into(), "(none)".into(), "(none)".into()));
+    } else {
+        compare_metric(&mut lines, row, wv, ("TTFB", "ttfb_ms"), None);
+    }
+    compare_metric(&mut lines, row, wv, ("FCP", "fcp_ms"), None);
+    for (measured, metric, column) in [
+        (lcp, "LCP", "lcp_ms"),
+        (cls, "CLS", "cls"),
+        (inp, "INP", "inp_ms"),
+    ] {
+        if !measured {
+            assert!(
+                reported(wv, metric).is_none(),
+                "{engine:?} does not measure {metric}: {wv}"
+            );
+            assert!(
+                col(row, column).is_null(),
+                "{engine:?}: {column} NULL: {row}"
+            );
+            lines.push((metric.into(), "NULL".into(), "(none)".into()));
+        }
+    }
+    if lcp {
+        compare_lcp(&mut lines, row, wv);
+    }
+    if inp {
+        compare_inp(&mut lines, engine, row, wv);
+    }
+    if cls {
+        compare_cls(&mut lines, row, wv);
+    }
+    lines
+}
+
+/// LCP: its value, target, resource URL and load phases.
+fn compare_lcp(lines: &mut Vec<Line>, row: &Value, wv: &Value) {
+    compare_metric(lines, row, wv, ("LCP", "lcp_ms"), Some("lcp_target"));
+    let lcp_url = resource(&wv["LCP"]["url"]);
+    compare_text(lines, "LCP url", row, "lcp_url", &lcp_url);
+    let numbers = [
+        (
+            "LCP resource load delay",
+            "lcp_resource_load_delay_ms",
+            "resourceLoadDelay",
+        ),
+        (
+            "LCP resource load duration",
+            "lcp_resource_load_duration_ms",
+            "resourceLoadDuration",
+        ),
+        (
+            "LCP element render delay",
+            "lcp_element_render_delay_ms",
+            "elementRenderDelay",
+        ),
+    ];
+    compare_numbers(lines, row, wv, "LCP", &numbers);
+}
+
+/// INP: its value, the target clicked, the interaction's type and phases, its script.
+fn compare_inp(lines: &mut Vec<Line>, engine: Engine, row: &Value, wv: &Value) {
+    compare_metric(lines, row, wv, ("INP", "inp_ms"), None);
+    // web-vitals 6.2.3 reported no interaction target here (its `interactionTarget` was
+    // undefined in every run); ours must name the button that was clicked.
+    let reference = wv["INP"]["target"].as_str().unwrap_or("(none)");
+    assert!(
+        col(row, "inp_target") == "#add" && (reference == "#add" || reference == "(none)"),
+        "INP target: ours {}, web-vitals {reference}",
+        col(row, "inp_target")
+    );
+    lines.push(("INP target".into(), "#add".into(), reference.into()));
+    compare_text(
+        lines,
+        "INP type",
+        row,
+        "inp_type",
+        &wv["INP"]["interactionType"],
+    );
+    let numbers = [
+        ("INP input delay", "inp_input_delay_ms", "inputDelay"),
+        (
+            "INP processing duration",
+            "inp_processing_duration_ms",
+            "processingDuration",
+        ),
+        (
+            "INP presentation delay",
+            "inp_presentation_delay_ms",
+            "presentationDelay",
+        ),
+    ];
+    compare_numbers(lines, row, wv, "INP", &numbers);
+    if wv["INP"]["script"].is_null() {
+        // Long animation frames: Chromium only.
+        assert!(col(row, "inp_script_url").is_null(), "{engine:?}: {row}");
+    } else {
+        compare_text(
+            lines,
+            "INP script",
+            row,
+            "inp_script_url",
+            &resource(&wv["INP"]["script"]),
+        );
+    }
+}
+
+/// CLS: its value, target and largest shift.
+fn compare_cls(lines: &mut Vec<Line>, row: &Value, wv: &Value) {
+    compare_metric(lines, row, wv, ("CLS", "cls"), Some("cls_target"));
+    let numbers = [
+        ("CLS largest shift time", "cls_time_ms", "largestShiftTime"),
+        ("CLS largest shift value", "cls_value", "largestShiftValue"),
+    ];
+    compare_numbers(lines, row, wv, "CLS", &numbers);
+}
+
 async fn matches_web_vitals(engine: Engine) {
     let (lcp, cls, inp) = engine.measures();
     let env = TestEnv::new(Stack::shared()).await;
@@ -227,108 +352,7 @@ async fn matches_web_vitals(engine: Engine) {
             b.eval("return window.__errors;").await,
             serde_json::json!([])
         );
-        let mut lines = Vec::new();
-        // Both report no TTFB from a navigation entry whose responseStart is 0 (whole
-        // milliseconds on loopback in Firefox and WebKitGTK).
-        if reported(&wv, "TTFB").is_none() && col(&row, "ttfb_ms").is_null() {
-            lines.push(("TTFB".into(), "(none)".into(), "(none)".into()));
-        } else {
-            compare_metric(&mut lines, &row, &wv, ("TTFB", "ttfb_ms"), None);
-        }
-        compare_metric(&mut lines, &row, &wv, ("FCP", "fcp_ms"), None);
-        for (measured, metric, column) in [
-            (lcp, "LCP", "lcp_ms"),
-            (cls, "CLS", "cls"),
-            (inp, "INP", "inp_ms"),
-        ] {
-            if !measured {
-                assert!(
-                    reported(&wv, metric).is_none(),
-                    "{engine:?} does not measure {metric}: {wv}"
-                );
-                assert!(
-                    col(&row, column).is_null(),
-                    "{engine:?}: {column} NULL: {row}"
-                );
-                lines.push((metric.into(), "NULL".into(), "(none)".into()));
-            }
-        }
-        if lcp {
-            compare_metric(&mut lines, &row, &wv, ("LCP", "lcp_ms"), Some("lcp_target"));
-            let lcp_url = resource(&wv["LCP"]["url"]);
-            compare_text(&mut lines, "LCP url", &row, "lcp_url", &lcp_url);
-            let numbers = [
-                (
-                    "LCP resource load delay",
-                    "lcp_resource_load_delay_ms",
-                    "resourceLoadDelay",
-                ),
-                (
-                    "LCP resource load duration",
-                    "lcp_resource_load_duration_ms",
-                    "resourceLoadDuration",
-                ),
-                (
-                    "LCP element render delay",
-                    "lcp_element_render_delay_ms",
-                    "elementRenderDelay",
-                ),
-            ];
-            compare_numbers(&mut lines, &row, &wv, "LCP", &numbers);
-        }
-        if inp {
-            compare_metric(&mut lines, &row, &wv, ("INP", "inp_ms"), None);
-            // web-vitals 6.2.3 reported no interaction target here (its `interactionTarget` was
-            // undefined in every run); ours must name the button that was clicked.
-            let reference = wv["INP"]["target"].as_str().unwrap_or("(none)");
-            assert!(
-                col(&row, "inp_target") == "#add" && (reference == "#add" || reference == "(none)"),
-                "INP target: ours {}, web-vitals {reference}",
-                col(&row, "inp_target")
-            );
-            lines.push(("INP target".into(), "#add".into(), reference.into()));
-            compare_text(
-                &mut lines,
-                "INP type",
-                &row,
-                "inp_type",
-                &wv["INP"]["interactionType"],
-            );
-            let numbers = [
-                ("INP input delay", "inp_input_delay_ms", "inputDelay"),
-                (
-                    "INP processing duration",
-                    "inp_processing_duration_ms",
-                    "processingDuration",
-                ),
-                (
-                    "INP presentation delay",
-                    "inp_presentation_delay_ms",
-                    "presentationDelay",
-                ),
-            ];
-            compare_numbers(&mut lines, &row, &wv, "INP", &numbers);
-            if wv["INP"]["script"].is_null() {
-                // Long animation frames: Chromium only.
-                assert!(col(&row, "inp_script_url").is_null(), "{engine:?}: {row}");
-            } else {
-                compare_text(
-                    &mut lines,
-                    "INP script",
-                    &row,
-                    "inp_script_url",
-                    &resource(&wv["INP"]["script"]),
-                );
-            }
-        }
-        if cls {
-            compare_metric(&mut lines, &row, &wv, ("CLS", "cls"), Some("cls_target"));
-            let numbers = [
-                ("CLS largest shift time", "cls_time_ms", "largestShiftTime"),
-                ("CLS largest shift value", "cls_value", "largestShiftValue"),
-            ];
-            compare_numbers(&mut lines, &row, &wv, "CLS", &numbers);
-        }
+        let lines = compare_page_view(engine, &row, &wv);
         table.extend(
             lines
                 .into_iter()
