@@ -298,6 +298,37 @@ fn stop_now(data: &Path) {
     let _ = pg_tool("pg_ctl", data, &["-m", "immediate", "stop"]);
 }
 
+/// Appends to the `postgresql.conf` of the fresh data folder `data` what [`OwnPg`] listens
+/// with (127.0.0.1:`port`, its socket in `socket_dir`; with `pki`, TLS on with its server
+/// certificate) and writes its `pg_hba.conf`: trust over the socket, `scram-sha-256` over TCP,
+/// and with `pki` plain TCP refused.
+fn configure(data: &Path, socket_dir: &Path, port: u16, pki: Option<&Pki>) {
+    let mut conf = format!(
+        "\n# written by tests/src/common/access_fixtures.rs\nlisten_addresses = '127.0.0.1'\n\
+         port = {port}\nunix_socket_directories = '{}'\nmax_connections = 50\n\
+         shared_buffers = 16MB\nfsync = off\nlog_connections = on\n",
+        socket_dir.display()
+    );
+    let mut hba = String::from("local all all trust\n");
+    match pki {
+        Some(pki) => {
+            std::fs::copy(&pki.cert, data.join("server.pem")).unwrap();
+            std::fs::copy(&pki.key, data.join("server.key")).unwrap();
+            conf.push_str("ssl = on\nssl_cert_file = 'server.pem'\nssl_key_file = 'server.key'\n");
+            hba.push_str("hostssl all all 127.0.0.1/32 scram-sha-256\n");
+            hba.push_str("hostnossl all all 127.0.0.1/32 reject\n");
+        }
+        None => {
+            conf.push_str("ssl = off\n");
+            hba.push_str("host all all 127.0.0.1/32 scram-sha-256\n");
+        }
+    }
+    let mut pgconf = std::fs::read_to_string(data.join("postgresql.conf")).unwrap();
+    pgconf.push_str(&conf);
+    std::fs::write(data.join("postgresql.conf"), pgconf).unwrap();
+    std::fs::write(data.join("pg_hba.conf"), hba).unwrap();
+}
+
 impl OwnPg {
     /// Initialises and starts it; `pki`: TLS on with that server certificate.
     pub async fn start(pki: Option<&Pki>, password: &str) -> OwnPg {
@@ -341,32 +372,7 @@ impl OwnPg {
         );
         std::fs::remove_file(p.join("pwfile")).unwrap();
         let port = free_port();
-        let mut conf = format!(
-            "\n# written by tests/src/common/access_fixtures.rs\nlisten_addresses = '127.0.0.1'\n\
-             port = {port}\nunix_socket_directories = '{}'\nmax_connections = 50\n\
-             shared_buffers = 16MB\nfsync = off\nlog_connections = on\n",
-            socket_dir.display()
-        );
-        let mut hba = String::from("local all all trust\n");
-        match pki {
-            Some(pki) => {
-                std::fs::copy(&pki.cert, data.join("server.pem")).unwrap();
-                std::fs::copy(&pki.key, data.join("server.key")).unwrap();
-                conf.push_str(
-                    "ssl = on\nssl_cert_file = 'server.pem'\nssl_key_file = 'server.key'\n",
-                );
-                hba.push_str("hostssl all all 127.0.0.1/32 scram-sha-256\n");
-                hba.push_str("hostnossl all all 127.0.0.1/32 reject\n");
-            }
-            None => {
-                conf.push_str("ssl = off\n");
-                hba.push_str("host all all 127.0.0.1/32 scram-sha-256\n");
-            }
-        }
-        let mut pgconf = std::fs::read_to_string(data.join("postgresql.conf")).unwrap();
-        pgconf.push_str(&conf);
-        std::fs::write(data.join("postgresql.conf"), pgconf).unwrap();
-        std::fs::write(data.join("pg_hba.conf"), hba).unwrap();
+        configure(&data, &socket_dir, port, pki);
         chown(&data);
         if pki.is_some() {
             Command::new("chmod")
