@@ -17,7 +17,6 @@ pub mod process;
 pub use fake_clickhouse::{lost_answer, standin};
 
 use std::collections::HashMap;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
@@ -158,13 +157,13 @@ impl Drop for Stack {
     }
 }
 
-/// A free TCP port on 127.0.0.1.
+/// A free TCP port on 127.0.0.1, reserved machine-wide for 10 minutes ([`stack::ports::alloc`]).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    // Below the kernel's ephemeral range and reserved machine-wide (the stack's allocator): a
+    // port picked by binding port 0 is an ephemeral one, which any outgoing connection on the
+    // machine may take before the test's server binds it (a collector once failed to listen
+    // on 127.0.0.1:36205, "Address already in use", in a fresh-clone run).
+    stack::ports::alloc(1).unwrap_or_else(|e| panic!("a free loopback port: {e}"))[0]
 }
 
 /// A client of the PostgreSQL (or PgBouncer) at `url`, without TLS, its connection driven on a
