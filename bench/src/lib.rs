@@ -142,26 +142,19 @@ pub fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
-/// `secs` since the epoch as (year, month, day, hour, minute), UTC.
+/// `secs` since the epoch as (year, month, day, hour, minute), UTC; past the year 9999 (beyond
+/// the `time` crate) the epoch.
 pub fn civil(secs: u64) -> (i64, u32, u32, u32, u32) {
-    let days = (secs / 86_400) as i64;
-    let rem = secs % 86_400;
-    // Howard Hinnant's days_from_civil, inverted.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let year = yoe + era * 400 + i64::from(month <= 2);
+    let t = i64::try_from(secs)
+        .ok()
+        .and_then(|s| time::OffsetDateTime::from_unix_timestamp(s).ok())
+        .unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
     (
-        year,
-        month,
-        day,
-        (rem / 3600) as u32,
-        (rem % 3600 / 60) as u32,
+        i64::from(t.year()),
+        u32::from(u8::from(t.month())),
+        u32::from(t.day()),
+        u32::from(t.hour()),
+        u32::from(t.minute()),
     )
 }
 

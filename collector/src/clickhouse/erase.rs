@@ -152,9 +152,9 @@ pub async fn expire(
 /// `now_unix`: the month of `now - retention`. Months before it end before the retention's
 /// edge and are dropped whole.
 pub fn oldest_kept_month(now_unix: u64, retention: Duration) -> u32 {
-    let edge = now_unix.saturating_sub(retention.as_secs()) as i64;
-    let (y, m, _) = civil_from_days(edge.div_euclid(86_400));
-    (y as u32) * 100 + m
+    let edge = now_unix.saturating_sub(retention.as_secs());
+    let date = utc_datetime(edge).date();
+    date.year() as u32 * 100 + u32::from(u8::from(date.month()))
 }
 
 /// Whether the server has table TTLs (ClickHouse 19.6 and later).
@@ -165,18 +165,13 @@ async fn has_table_ttl(client: &clickhouse::Client) -> Result<bool, clickhouse::
     Ok((major, minor) >= (19, 6))
 }
 
-/// Year, month and day of days since the Unix epoch (H. Hinnant, "chrono-Compatible Low-Level
-/// Date Algorithms", `civil_from_days`).
-pub(crate) fn civil_from_days(days: i64) -> (i64, u32, u32) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    (yoe + era * 400 + i64::from(m <= 2), m, d)
+/// Unix seconds as a UTC date and time; a time past the year 9999 (beyond what the `time`
+/// crate represents) reads as the epoch.
+pub(crate) fn utc_datetime(unix: u64) -> time::OffsetDateTime {
+    i64::try_from(unix)
+        .ok()
+        .and_then(|s| time::OffsetDateTime::from_unix_timestamp(s).ok())
+        .unwrap_or(time::OffsetDateTime::UNIX_EPOCH)
 }
 
 #[cfg(test)]
@@ -188,7 +183,11 @@ mod tests {
         const DAY: u64 = 86_400;
         // 2026-12-03T12:00:00Z
         let now = 1_796_299_200;
-        assert_eq!(civil_from_days(now as i64 / DAY as i64), (2026, 12, 3));
+        let date = utc_datetime(now).date();
+        assert_eq!(
+            (date.year(), u8::from(date.month()), date.day()),
+            (2026, 12, 3)
+        );
         assert_eq!(oldest_kept_month(now, Duration::from_secs(2 * DAY)), 202612);
         assert_eq!(oldest_kept_month(now, Duration::from_secs(3 * DAY)), 202611);
         assert_eq!(

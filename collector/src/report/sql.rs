@@ -45,13 +45,15 @@ pub fn quote(s: &str) -> String {
 
 /// Unix seconds as `YYYY-MM-DD hh:mm:ss`, UTC.
 pub fn utc(unix: u64) -> String {
-    let (y, m, d) = crate::clickhouse::erase::civil_from_days((unix / 86_400) as i64);
-    let s = unix % 86_400;
+    let t = crate::clickhouse::erase::utc_datetime(unix);
     format!(
-        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}",
-        s / 3600,
-        s / 60 % 60,
-        s % 60
+        "{:04}-{:02}-{:02} {:02}:{:02}:{:02}",
+        t.year(),
+        u8::from(t.month()),
+        t.day(),
+        t.hour(),
+        t.minute(),
+        t.second()
     )
 }
 
