@@ -191,10 +191,7 @@ async fn a_full_disk_turns_not_ready_and_recovers_by_itself_also_across_a_restar
     let _turn = SERIAL.lock().await;
     let tmpfs = Tmpfs::mount(TMPFS_SIZE);
     let stack = Stack::failover();
-    for i in 1..=stack.clickhouse_urls().len() {
-        stack.replica(i).thaw().unwrap();
-    }
-    stack.repair();
+    stack.restore().await;
     let env = TestEnv::new(stack).await;
     let url = stack.clickhouse_urls()[0].clone();
     let spool = tmpfs.path().join("spool");

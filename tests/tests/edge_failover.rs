@@ -519,6 +519,18 @@ async fn edge_keeps_acknowledged_beacons_through_crashes_of_its_parts() {
     let t_up = Instant::now();
     let edge = tokio::task::block_in_place(|| Edge::up(stack, &env.db));
     let up_took = t_up.elapsed();
+    // A step that gives up (a plain assert on the edge's state) prints these through the
+    // panic hook, beside the stack's servers.
+    for part in [
+        "collector-a/collector.log",
+        "collector-b/collector.log",
+        "edge1/haproxy.log",
+        "edge1/keepalived.log",
+        "edge2/haproxy.log",
+        "edge2/keepalived.log",
+    ] {
+        env.diag.file(part, &edge.dir.join(part));
+    }
     let load = Load::start(
         &edge.env["EDGE_CLIENT_NETNS"],
         &edge.env["EDGE_URL"],

@@ -34,58 +34,8 @@ fn assert_only_202(report: &TrafficReport) {
     assert!(report.acked.len() > 50, "{:?}", report.statuses);
 }
 
-/// How long a replica may stay unable to take inserts after a freeze that outlasted the
-/// stack's ZooKeeper session timeout (10 s, scripts/stack.sh; production's cluster.xml has
-/// 30 s): ClickHouse 18.16 finds the session expired at the thaw, then answers nothing that
-/// needs ZooKeeper for about 20 s (measured: queries hung, then failed with "Session expired"),
-/// and re-initializes a table's session only when the table's restarting thread next runs, at
-/// most `zookeeper_session_expiration_check_period` (60 s) later; until then the table is
-/// read-only. 60 s + 20 s, and 10 s for a loaded machine.
-const REACTIVATION: Duration = Duration::from_secs(90);
-
-/// Waits until no replicated table of any replica is read-only or has an expired ZooKeeper
-/// session: a test that froze replicas past the session timeout leaves them so for up to
-/// [`REACTIVATION`] (issue 38: the next test's `migrate` then waited on them).
-async fn wait_sessions_live(stack: &Stack) {
-    let urls = stack.clickhouse_urls();
-    let diag = Diag::new();
-    wait_until(
-        &diag,
-        "every replica's tables writable (none read-only, no expired ZooKeeper session)",
-        REACTIVATION,
-        Duration::from_millis(500),
-        || async {
-            let sql =
-                "SELECT database, table, is_readonly, is_session_expired FROM system.replicas \
-                       WHERE is_readonly OR is_session_expired";
-            let mut not_yet = Vec::new();
-            for url in &urls {
-                match tokio::time::timeout(Duration::from_secs(3), clickhouse_query(url, sql)).await
-                {
-                    Ok(Ok(rows)) if rows.is_empty() => {}
-                    Ok(Ok(rows)) => {
-                        not_yet.push(format!("{url}: {} tables, e.g. {}", rows.len(), rows[0]))
-                    }
-                    Ok(Err(e)) => not_yet.push(format!("{url}: {e}")),
-                    Err(_) => not_yet.push(format!("{url}: no answer within 3 s")),
-                }
-            }
-            if not_yet.is_empty() {
-                Ok(())
-            } else {
-                Err(not_yet.join("; "))
-            }
-        },
-    )
-    .await;
-}
-
 async fn setup<'a>(stack: &'a Stack) -> TestEnv<'a> {
-    for i in 1..=3 {
-        stack.replica(i).thaw().unwrap();
-    }
-    stack.repair();
-    wait_sessions_live(stack).await;
+    stack.restore().await;
     TestEnv::new(stack).await
 }
 

@@ -475,7 +475,7 @@ async fn purge_erases(env: TestEnv<'_>, unreachable: Option<usize>) {
 async fn purge_erases_a_site_on_every_replica_one_of_them_down_for_the_first_run() {
     let _turn = SERIAL.lock().await;
     let stack = Stack::failover();
-    stack.repair();
+    stack.restore().await;
     purge_erases(TestEnv::new(stack).await, Some(3)).await;
 }
 

@@ -85,6 +85,9 @@ struct Tally {
     retry_after_missing: u64,
     /// Sends that got no answer, by error.
     errors: BTreeMap<String, u64>,
+    /// Settings GETs asked again after a reused keep-alive connection failed before any
+    /// answer (a browser's own retry; not a send without an answer), by error.
+    get_retries: BTreeMap<String, u64>,
     /// Page views whose send and resend were both refused.
     lost: u64,
     settings_asked: u64,
@@ -106,6 +109,10 @@ fn browser_http() -> reqwest::Client {
         .get_or_init(|| {
             reqwest::Client::builder()
                 .timeout(Duration::from_secs(30))
+                // The collector closes a keep-alive connection idle for its header timeout
+                // (10 s by default); reusing one as it closes fails before any answer. Half of
+                // it keeps the pool clear of that race.
+                .pool_idle_timeout(Duration::from_secs(5))
                 .no_gzip()
                 .build()
                 .unwrap()
@@ -140,8 +147,8 @@ impl Browsers {
         }
         let url = format!("{}/api/v1/sites/{}", self.base, self.site);
         // A browser asks again when a reused keep-alive connection fails before any answer
-        // (the server closed it as the request left: Chromium's "reused socket" retry); an
-        // error is counted, and a third one fails the page view's task loudly.
+        // (the server closed it as the request left: Chromium's "reused socket" retry); the
+        // retry is counted, and a third failure fails the page view's task loudly.
         let mut tries = 0;
         let r = loop {
             match self.client.get(&url).send().await {
@@ -152,7 +159,7 @@ impl Browsers {
                         .tally
                         .lock()
                         .unwrap()
-                        .errors
+                        .get_retries
                         .entry(format!("GET: {e:?}"))
                         .or_default() += 1;
                 }
@@ -515,7 +522,7 @@ fn check(f: &Figures) {
         "sampling: loud {} page views ({} in the spike), rate < 0.5 after {:?}, lowest {:.3}, \
          back to 1 {:?} after the spike; spike rows {} weighted {:.0} ({:+.2} %), p75 LCP \
          stored {} true {} ({:+.2} %); quiet {} page views, {} rows, lowest rate {}; \
-         answers {:?}, lost {}, settings asked {}, no answer {:?}",
+         answers {:?}, lost {}, settings asked {} (asked again {:?}), no answer {:?}",
         f.loud_views,
         f.simulated,
         f.fell_after,
@@ -533,6 +540,7 @@ fn check(f: &Figures) {
         f.tally.statuses,
         f.tally.lost,
         f.tally.settings_asked,
+        f.tally.get_retries,
         f.tally.errors,
     );
     let fell = f

@@ -83,7 +83,12 @@ async fn a_stopped_store_costs_known_sites_nothing_and_a_change_arrives_after() 
         n += 1;
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert!(n > 100, "{n} beacons in 8 s");
+    // The loop went on through the stop: a quiet machine answers about 300 in 8 s (20 ms
+    // pause and a few ms each); 20 allows 400 ms a beacon on a loaded one.
+    assert!(
+        n >= 20,
+        "{n} beacons in 8 s with the store stopped (slowest {slowest:?})"
+    );
     // No request waits on the store: far below the 3 s connect/query bound.
     assert!(
         slowest < STORE_WAIT_BOUND,

@@ -340,10 +340,7 @@ async fn count_or_refusal(url: &str, sql: &str) -> Result<i64, String> {
 async fn migrate_with_a_replica_down_and_the_replica_gets_the_table_when_it_returns() {
     let _turn = SERIAL.lock().await;
     let stack = Stack::failover();
-    for i in 1..=3 {
-        stack.replica(i).thaw().unwrap();
-    }
-    stack.repair();
+    stack.restore().await;
     let urls = stack.clickhouse_urls();
     stack.replica(3).kill().unwrap();
     // The down replica first: the collector's preferred one.

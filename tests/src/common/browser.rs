@@ -188,6 +188,9 @@ impl Drop for Display {
 }
 
 /// An X display of its own for MiniBrowser: Xvfb on the first free display number from 90.
+/// Two tests may pick the same number at once: the display is ours only when its lock file
+/// (`/tmp/.X{n}-lock`, the owner's pid) names our Xvfb; the other one exits and we try the
+/// next number.
 async fn start_display() -> (Display, String) {
     for n in 90..190 {
         if PathBuf::from(format!("/tmp/.X{n}-lock")).exists()
@@ -209,21 +212,33 @@ async fn start_display() -> (Display, String) {
             .spawn()
             .expect("Xvfb (scripts/stack.sh install installs xvfb)");
         let start = Instant::now();
-        while !PathBuf::from(format!("/tmp/.X11-unix/X{n}")).exists() {
+        loop {
             if let Ok(Some(_)) = child.try_wait() {
                 break;
             }
+            if display_owner(n) == Some(child.id())
+                && PathBuf::from(format!("/tmp/.X11-unix/X{n}")).exists()
+            {
+                return (Display(child), format!(":{n}"));
+            }
             assert!(
                 start.elapsed() < Duration::from_secs(20),
-                "Xvfb :{n} did not start"
+                "Xvfb :{n} did not start (or another server holds its lock and ours did not exit)"
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        if child.try_wait().ok().flatten().is_none() {
-            return (Display(child), format!(":{n}"));
-        }
     }
     panic!("no free X display between :90 and :189");
+}
+
+/// The pid in display `n`'s lock file (X servers write it as ten right-aligned digits), if
+/// the file holds one.
+fn display_owner(n: u32) -> Option<u32> {
+    std::fs::read_to_string(format!("/tmp/.X{n}-lock"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
 }
 
 impl Browser {

@@ -894,6 +894,44 @@ impl Stack {
         })
     }
 
+    /// Makes the failover stack whole for the next test, whatever the last one left: thaws
+    /// every replica, starts what is not running ([`Stack::repair`]) and waits (at most
+    /// [`REACTIVATION`]) until no replicated table is read-only or has an expired ZooKeeper
+    /// session. Every user of [`Stack::failover`] starts with it: a test of another file that
+    /// froze a replica past the session timeout leaves it read-only for up to a minute, and a
+    /// mutation or `migrate` then waits on it.
+    pub async fn restore(&self) {
+        for i in 1..=self.replicas().len() {
+            self.replica(i).thaw().unwrap();
+        }
+        self.repair();
+        let urls = self.clickhouse_urls();
+        let diag = Diag::new();
+        for r in self.replicas() {
+            diag.stack_server(&r.url(), self.dir(), r.i());
+        }
+        wait_until(
+            &diag,
+            "every replica's tables writable (none read-only, no expired ZooKeeper session)",
+            REACTIVATION,
+            Duration::from_millis(500),
+            || async {
+                let mut not_yet = Vec::new();
+                for url in &urls {
+                    if let Some(why) = session_not_live(url).await {
+                        not_yet.push(why);
+                    }
+                }
+                if not_yet.is_empty() {
+                    Ok(())
+                } else {
+                    Err(not_yet.join("; "))
+                }
+            },
+        )
+        .await;
+    }
+
     /// Starts whatever part of the stack is not running (thaws nothing: call
     /// `replica(i).thaw()`).
     pub fn repair(&self) {
@@ -902,6 +940,28 @@ impl Stack {
             ch26: None,
         };
         stack::Stack::up(self.dir(), options).unwrap_or_else(|e| panic!("{e}"));
+    }
+}
+
+/// How long a replica may stay unable to take inserts after a freeze that outlasted the
+/// stack's ZooKeeper session timeout (10 s, scripts/stack.sh; production's cluster.xml has
+/// 30 s): ClickHouse 18.16 finds the session expired at the thaw, then answers nothing that
+/// needs ZooKeeper for about 20 s (measured: queries hung, then failed with "Session expired"),
+/// and re-initializes a table's session only when the table's restarting thread next runs, at
+/// most `zookeeper_session_expiration_check_period` (60 s) later; until then the table is
+/// read-only. 60 s + 20 s, and 10 s for a loaded machine.
+pub const REACTIVATION: Duration = Duration::from_secs(90);
+
+/// Why replica `url` cannot take inserts yet (a read-only table, an expired ZooKeeper
+/// session, no answer within 3 s), or `None` when it can.
+async fn session_not_live(url: &str) -> Option<String> {
+    let sql = "SELECT database, table, is_readonly, is_session_expired FROM system.replicas \
+               WHERE is_readonly OR is_session_expired";
+    match tokio::time::timeout(Duration::from_secs(3), clickhouse_query(url, sql)).await {
+        Ok(Ok(rows)) if rows.is_empty() => None,
+        Ok(Ok(rows)) => Some(format!("{url}: {} tables, e.g. {}", rows.len(), rows[0])),
+        Ok(Err(e)) => Some(format!("{url}: {e}")),
+        Err(_) => Some(format!("{url}: no answer within 3 s")),
     }
 }
 
