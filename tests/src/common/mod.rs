@@ -639,7 +639,12 @@ impl Collector {
         let log = spool.path().with_extension("log");
         let url = format!("http://127.0.0.1:{port}");
         let admin_url = format!("http://127.0.0.1:{admin_port}");
-        diag.collector(&admin_url, &log, spool.path(), &env);
+        // The spool the collector uses: the test's own folder when it names one.
+        let spool_dir = env
+            .iter()
+            .rfind(|(k, _)| k == "COLLECTOR_SPOOL_DIR")
+            .map_or_else(|| spool.path().to_owned(), |(_, v)| PathBuf::from(v));
+        diag.collector(&admin_url, &log, &spool_dir, &env);
         let mut c = Collector {
             child: None,
             url,

@@ -23,7 +23,10 @@ pub async fn wait_ready<F, Fut>(
     let start = Instant::now();
     loop {
         let last = match ready().await {
-            Ok(()) => return,
+            // An answer from a process that already ended is another server's (one that
+            // holds the port it could not bind): not ready.
+            Ok(()) if matches!(child.try_wait(), Ok(None)) => return,
+            Ok(()) => "answered, but by another process: it has ended".to_owned(),
             Err(last) => last,
         };
         match child.try_wait() {
