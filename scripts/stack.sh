@@ -18,12 +18,15 @@
 #       180 MB), for `up --ch26`. apt-get update only when something is missing; the
 #       packages' maintainer scripts never start services. Quiet when everything is
 #       present. Needs root (or sudo).
-#   stack.sh up DIR [--replicas N] [--ch26 | --no-ch26]
+#   stack.sh up DIR [--shards S] [--replicas R] [--ch26 [--ch26-servers K] | --no-ch26]
 #       Starts whatever part of the stack is not running, waits until every server answers,
 #       writes DIR/stack.env (its keys: stack/src/lib.rs) and prints a summary. Idempotent.
+#       S shards (default 1) of R replicas (default 2) of ClickHouse 18.16, at most 9 servers;
+#       K ClickHouse 26.x servers (default 1), each a shard of the cluster collector26. The
+#       folder remembers S, R and K.
 #   stack.sh down DIR [--purge]
 #   stack.sh replica DIR I stop|kill|freeze|thaw|start|profile [SETTING=VALUE ...]
-#   stack.sh pg|zk|ch26 DIR stop|kill|freeze|thaw|start
+#   stack.sh pg|zk|ch26 DIR stop|kill|freeze|thaw|start   (ch26: --server K for server K)
 #   stack.sh pg-standby DIR stop|kill|freeze|thaw|start|promote
 #   stack.sh ports N
 #   stack.sh status DIR

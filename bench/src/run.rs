@@ -110,6 +110,7 @@ fn with_stack(root: &Path, work: &Path, plan: Plan, bin: PathBuf) -> Result<()> 
         stack::UpOptions {
             replicas: Some(2),
             ch26: Some(false),
+            ..Default::default()
         },
     )?;
     let env = stack.env()?;

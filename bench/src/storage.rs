@@ -84,6 +84,7 @@ pub fn run(root: &Path, rows: u64) -> Result<()> {
             stack::UpOptions {
                 replicas: Some(1),
                 ch26: Some(true),
+                ..Default::default()
             },
         )?;
         let env = stack.env()?;

@@ -1,6 +1,8 @@
-//! The stack's ClickHouse 18.16 servers (Debian's `clickhouse-server`): `CH_REPLICAS`
-//! replicas of one shard (cluster `collector`), replica `i` (1-based) with macros `{shard}` = 1
-//! and `{replica}` = `ri`, coordinated through the stack's ZooKeeper.
+//! The stack's ClickHouse 18.16 servers (Debian's `clickhouse-server`): `CH_SHARDS` shards
+//! (1 unless asked for) of `CH_REPLICAS` replicas each (cluster `collector`), coordinated
+//! through the stack's ZooKeeper. Server `i` (1-based, `i = (s-1)*CH_REPLICAS + r`) is replica
+//! `r` of shard `s`, with macros `{shard}` = `s` and `{replica}` = `ri` (unique over the
+//! cluster), so each shard's replicated tables have ZooKeeper paths of their own.
 //!
 //! Layout of `DIR/chI`: `config.xml` and `users.xml` (rewritten on every start, replaced only
 //! when their text changes: the running server watches them), `data/` (ClickHouse's path),
@@ -47,21 +49,47 @@ fn executable(path: &Path) -> bool {
     path.is_file() && unsafe { libc::access(c.as_ptr(), libc::X_OK) } == 0
 }
 
-/// `CH_REPLICAS` of `env`, or an error.
-fn replicas(env: &Env) -> Result<usize> {
-    env.get("CH_REPLICAS")
-        .and_then(|v| v.parse().ok())
-        .ok_or_else(|| Error::new("CH_REPLICAS is not set in stack.env"))
+/// The shape of the cluster in `env`: (`CH_SHARDS`, `CH_REPLICAS`), shards and replicas per
+/// shard; `CH_SHARDS` missing is 1 (a folder from before shards).
+///
+/// Errors: `CH_REPLICAS` missing, either not a positive number.
+pub fn layout(env: &Env) -> Result<(usize, usize)> {
+    let positive = |key: &str, v: &str| {
+        v.parse::<usize>()
+            .ok()
+            .filter(|n| *n > 0)
+            .ok_or_else(|| Error::new(format!("{key} of stack.env is not a positive number: {v}")))
+    };
+    let replicas = env
+        .get("CH_REPLICAS")
+        .ok_or_else(|| Error::new("CH_REPLICAS is not set in stack.env"))?;
+    let replicas = positive("CH_REPLICAS", replicas)?;
+    let shards = match env.get("CH_SHARDS") {
+        Some(v) => positive("CH_SHARDS", v)?,
+        None => 1,
+    };
+    Ok((shards, replicas))
 }
 
-/// Replica `i`'s config ([`ServerConfig`]) for the state folder `dir`, from the ports of `env`.
+/// The shard (from 1) of server `i` (from 1) in a cluster of `replicas` per shard.
+pub fn shard_of(i: usize, replicas: usize) -> usize {
+    (i - 1) / replicas.max(1) + 1
+}
+
+/// Server `i`'s config ([`ServerConfig`]) for the state folder `dir`, from the ports of `env`:
+/// replica of shard [`shard_of`] `i`, cluster `collector` of every shard.
 ///
 /// Errors: a key missing from `env` (`CH_REPLICAS`, `ZK_PORT`, `CHj_TCP_PORT` of every
-/// replica, replica `i`'s `CHi_HTTP_PORT` and `CHi_INTERSERVER_PORT`).
+/// server, server `i`'s `CHi_HTTP_PORT` and `CHi_INTERSERVER_PORT`).
 fn replica_config(dir: &Path, i: usize, env: &Env) -> Result<String> {
-    let cluster_tcp = (1..=replicas(env)?)
-        .map(|j| env.need_port(&format!("CH{j}_TCP_PORT")))
-        .collect::<Result<Vec<u16>>>()?;
+    let (shards, replicas) = layout(env)?;
+    let shards_tcp = (0..shards)
+        .map(|s| {
+            (1..=replicas)
+                .map(|r| env.need_port(&format!("CH{}_TCP_PORT", s * replicas + r)))
+                .collect::<Result<Vec<u16>>>()
+        })
+        .collect::<Result<Vec<Vec<u16>>>>()?;
     let d = dir.join(format!("ch{i}"));
     Ok(ServerConfig {
         dir: &d,
@@ -70,9 +98,10 @@ fn replica_config(dir: &Path, i: usize, env: &Env) -> Result<String> {
         tls: None,
         replication: Some(Replication {
             i,
+            shard: shard_of(i, replicas),
             interserver_port: env.need_port(&format!("CH{i}_INTERSERVER_PORT"))?,
             zk_port: env.need_port("ZK_PORT")?,
-            cluster_tcp,
+            shards_tcp,
         }),
         local: None,
     }
@@ -90,9 +119,10 @@ pub fn sample_config() -> String {
         tls: None,
         replication: Some(Replication {
             i: 1,
+            shard: 1,
             interserver_port: 1,
             zk_port: 1,
-            cluster_tcp: vec![1],
+            shards_tcp: vec![vec![1]],
         }),
         local: None,
     }
@@ -122,8 +152,9 @@ fn replace_on_change(path: &Path, text: &str) -> Result<()> {
 
 /// Writes replica `i`'s `DIR/chI/config.xml` and `users.xml` (creating `data/` and `log/`),
 /// each replaced atomically and only when its text changes. The config has the replica's
-/// ports, ZooKeeper on `ZK_PORT`, macros shard 1 / replica `ri`, and cluster `collector` of
-/// replicas 1..=`CH_REPLICAS`; the default profile is [`users::stack_profile`] of `profile`.
+/// ports, ZooKeeper on `ZK_PORT`, macros shard [`shard_of`] `i` / replica `ri`, and cluster
+/// `collector` of every shard's replicas; the default profile is [`users::stack_profile`] of
+/// `profile`.
 ///
 /// Errors: a key missing from `env` (`CH_REPLICAS`, `ZK_PORT`, `CHj_TCP_PORT` of every
 /// replica, replica `i`'s `CHi_HTTP_PORT` and `CHi_INTERSERVER_PORT`), or a file that could
@@ -165,10 +196,10 @@ pub fn start_existing(ctx: &Ctx, i: usize) -> Result<()> {
 
 /// The ZooKeeper path and replica name of the first
 /// `Replicated...MergeTree('<path>', *'<replica>'` in `sql` (line by line, as `grep -o`),
-/// with `{shard}` replaced by 1 and `{replica}` by `ri`.
-fn replicated_path(sql: &str, i: usize) -> Option<(String, String)> {
+/// with `{shard}` replaced by `shard` and `{replica}` by `ri`.
+fn replicated_path(sql: &str, shard: usize, i: usize) -> Option<(String, String)> {
     let subst = |s: &str| {
-        s.replace("{shard}", "1")
+        s.replace("{shard}", &shard.to_string())
             .replace("{replica}", &format!("r{i}"))
     };
     sql.lines()
@@ -211,8 +242,8 @@ fn glob_entries(dir: &Path) -> Vec<PathBuf> {
 }
 
 /// The `ZooKeeperMain` commands deleting the `is_active` nodes of replica `i`'s replicated
-/// tables (from `DIR/chI/data/metadata/*/*.sql`).
-fn stale_commands(ctx: &Ctx, i: usize) -> String {
+/// tables (from `DIR/chI/data/metadata/*/*.sql`), a replica of shard `shard`.
+fn stale_commands(ctx: &Ctx, i: usize, shard: usize) -> String {
     let mut cmds = String::new();
     for db in glob_entries(&ctx.path(&format!("ch{i}/data/metadata"))) {
         for f in glob_entries(&db) {
@@ -220,7 +251,7 @@ fn stale_commands(ctx: &Ctx, i: usize) -> String {
                 continue;
             }
             let Ok(sql) = std::fs::read(&f) else { continue };
-            if let Some((path, rep)) = replicated_path(&String::from_utf8_lossy(&sql), i) {
+            if let Some((path, rep)) = replicated_path(&String::from_utf8_lossy(&sql), shard, i) {
                 cmds.push_str(&format!("delete {path}/replicas/{rep}/is_active\n"));
             }
         }
@@ -238,12 +269,13 @@ fn stale_commands(ctx: &Ctx, i: usize) -> String {
 pub fn clear_stale_active(ctx: &Ctx, replicas: &[usize], env: &Env) {
     let mut cmds = String::new();
     let mut killed = Vec::new();
+    let per_shard = layout(env).map_or(usize::MAX, |(_, r)| r);
     for &i in replicas {
         if !ctx.path(&format!("ch{i}.pid")).is_file() {
             continue;
         }
         killed.push(i.to_string());
-        cmds.push_str(&stale_commands(ctx, i));
+        cmds.push_str(&stale_commands(ctx, i, shard_of(i, per_shard)));
     }
     let Some(port) = env.port("ZK_PORT") else {
         return;
@@ -574,6 +606,62 @@ mod tests {
         assert!(text.contains("<users_config>/tmp/st/ch2/users.xml</users_config>"));
     }
 
+    fn env_2x2() -> Env {
+        let mut env = Env::default();
+        env.set("ZK_PORT", 20100);
+        env.set("CH_SHARDS", 2);
+        env.set("CH_REPLICAS", 2);
+        for j in 1..=4 {
+            env.set(&format!("CH{j}_HTTP_PORT"), 20200 + j);
+            env.set(&format!("CH{j}_TCP_PORT"), 20300 + j);
+            env.set(&format!("CH{j}_INTERSERVER_PORT"), 20400 + j);
+        }
+        env
+    }
+
+    #[test]
+    fn two_shards_of_two_replicas_from_the_env() {
+        let env = env_2x2();
+        assert_eq!(layout(&env).unwrap(), (2, 2));
+        assert_eq!(
+            (1..=4).map(|i| shard_of(i, 2)).collect::<Vec<_>>(),
+            [1, 1, 2, 2]
+        );
+        let shard_xml = |ports: [u16; 2]| {
+            let mut x = String::from("            <shard>\n                <internal_replication>true</internal_replication>\n");
+            for p in ports {
+                x.push_str(&format!(
+                    "                <replica><host>127.0.0.1</host><port>{p}</port></replica>\n"
+                ));
+            }
+            x + "            </shard>\n"
+        };
+        let cluster = format!(
+            "        <collector>\n{}{}        </collector>\n",
+            shard_xml([20301, 20302]),
+            shard_xml([20303, 20304])
+        );
+        for (i, shard) in [(1, 1), (2, 1), (3, 2), (4, 2)] {
+            let text = replica_config(Path::new("/tmp/st"), i, &env).unwrap();
+            let macros = format!("<shard>{shard}</shard>\n        <replica>r{i}</replica>");
+            assert!(text.contains(&macros), "server {i}: {text}");
+            assert!(text.contains(&cluster), "server {i}: {text}");
+            assert!(text.contains(&format!("<tcp_port>{}</tcp_port>", 20300 + i)));
+        }
+    }
+
+    #[test]
+    fn a_folder_from_before_shards_is_one_shard() {
+        let env = env3();
+        assert_eq!(layout(&env).unwrap(), (1, 3));
+        let text = replica_config(Path::new("/tmp/st"), 3, &env).unwrap();
+        assert!(text.contains("<shard>1</shard>\n        <replica>r3</replica>"));
+        assert_eq!(text.matches("<shard>\n").count(), 1);
+        let mut bad = env3();
+        bad.set("CH_SHARDS", 0);
+        assert!(layout(&bad).is_err());
+    }
+
     #[test]
     fn missing_port_is_an_error() {
         let mut env = env3();
@@ -624,17 +712,24 @@ mod tests {
     fn stale_active_path_from_metadata() {
         let sql = "ATTACH TABLE events\n(\n    `ts` DateTime\n)\nENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/events', '{replica}', ts)\nORDER BY ts\n";
         assert_eq!(
-            replicated_path(sql, 2),
+            replicated_path(sql, 1, 2),
             Some(("/clickhouse/tables/1/events".to_owned(), "r2".to_owned()))
+        );
+        assert_eq!(
+            replicated_path(sql, 2, 3),
+            Some(("/clickhouse/tables/2/events".to_owned(), "r3".to_owned()))
         );
         let plain = "ENGINE = ReplicatedMergeTree('/ch/t',   'fixed') ORDER BY x";
         assert_eq!(
-            replicated_path(plain, 1),
+            replicated_path(plain, 1, 1),
             Some(("/ch/t".to_owned(), "fixed".to_owned()))
         );
-        assert_eq!(replicated_path("ENGINE = MergeTree() ORDER BY x", 1), None);
         assert_eq!(
-            replicated_path("ENGINE = Replicated1MergeTree('/a', 'b')", 1),
+            replicated_path("ENGINE = MergeTree() ORDER BY x", 1, 1),
+            None
+        );
+        assert_eq!(
+            replicated_path("ENGINE = Replicated1MergeTree('/a', 'b')", 1, 1),
             None
         );
     }
@@ -656,7 +751,7 @@ mod tests {
         .unwrap();
         let ctx = Ctx::new(&dir);
         assert_eq!(
-            stale_commands(&ctx, 1),
+            stale_commands(&ctx, 1, 1),
             "delete /t/1/replicas/r1/is_active\n"
         );
         let f = dir.join("users.xml");

@@ -25,13 +25,13 @@ pub struct Ctx {
 }
 
 /// The command name (/proc/PID/comm, at most 15 bytes) of server `name`'s process:
-/// `postgres` for `pg` and `pg-standby`, `java` for `zk`, `python*` for `ch26` (its
+/// `postgres` for `pg` and `pg-standby`, `java` for `zk`, `python*` for `ch26` and `ch26-K` (its
 /// launcher), `clickhouse-serv` for a replica `chI`.
 pub fn is_server(name: &str, comm: &str) -> bool {
     match name {
         "pg" | "pg-standby" => comm == "postgres",
         "zk" => comm == "java",
-        "ch26" => comm.starts_with("python"),
+        ch26 if ch26 == "ch26" || ch26.starts_with("ch26-") => comm.starts_with("python"),
         _ => comm == "clickhouse-serv",
     }
 }

@@ -60,7 +60,12 @@ fn keep_ports(stack: &Stack, name: &str) {
         "pg" => vec!["PG_PORT".into()],
         "pg-standby" => vec!["PG_STANDBY_PORT".into()],
         "zk" => vec!["ZK_PORT".into()],
-        "ch26" => vec!["CH26_HTTP_PORT".into(), "CH26_TCP_PORT".into()],
+        ch26 if ch26.starts_with("ch26") => {
+            let k = ch26
+                .strip_prefix("ch26-")
+                .map_or(1, |k| k.parse().unwrap_or(1));
+            ch26::port_keys(k).to_vec()
+        }
         replica => ["HTTP", "TCP", "INTERSERVER"]
             .map(|k| format!("CH{}_{k}_PORT", replica.trim_start_matches("ch")))
             .to_vec(),
@@ -237,7 +242,8 @@ impl ZooKeeper<'_> {
     }
 }
 
-/// ClickHouse 18.16 replica `i` (from 1) of the stack's one shard.
+/// ClickHouse 18.16 server `i` (from 1, over all shards): replica `ri` of shard
+/// [`Replica::shard`].
 #[derive(Debug, Clone, Copy)]
 pub struct Replica<'a> {
     pub(crate) stack: &'a Stack,
@@ -251,6 +257,14 @@ impl Replica<'_> {
     /// Its number, from 1.
     pub fn i(&self) -> usize {
         self.i
+    }
+    /// Its shard, from 1 (`CHi_SHARD`; 1 in a stack of one shard).
+    pub fn shard(&self) -> usize {
+        self.stack
+            .env()
+            .ok()
+            .and_then(|e| clickhouse::layout(&e).ok())
+            .map_or(1, |(_, replicas)| clickhouse::shard_of(self.i, replicas))
     }
     /// Its HTTP port on 127.0.0.1.
     pub fn http_port(&self) -> u16 {
@@ -312,29 +326,43 @@ impl Replica<'_> {
     }
 }
 
-/// The stack's ClickHouse 26.x server (`up` with `ch26`): a single server, not a replica.
+/// One of the stack's ClickHouse 26.x servers (`up` with `ch26`): server `k` (from 1), an
+/// unreplicated shard of the cluster `collector26`, not a replica.
 #[derive(Debug, Clone, Copy)]
 pub struct Ch26<'a> {
     pub(crate) stack: &'a Stack,
+    pub(crate) k: usize,
 }
 
 impl Ch26<'_> {
     fn name(&self) -> String {
-        "ch26".into()
+        ch26::name(self.k)
+    }
+    /// Its number, from 1.
+    pub fn k(&self) -> usize {
+        self.k
     }
     /// Its HTTP port on 127.0.0.1.
     pub fn http_port(&self) -> u16 {
-        self.stack.port("CH26_HTTP_PORT")
+        self.stack.port(&ch26::port_keys(self.k)[0])
+    }
+    /// Its native TCP port on 127.0.0.1.
+    pub fn tcp_port(&self) -> u16 {
+        self.stack.port(&ch26::port_keys(self.k)[1])
     }
     /// Its process now (running when `/ping` answers as this stack's server), with its pid.
     pub fn health(&self) -> (crate::Health, Option<u32>) {
         let ctx = &self.stack.ctx;
         let env = self.stack.env().unwrap_or_default();
-        self.stack.health("ch26", || ch26::ping(ctx, &env))
+        self.stack
+            .health(&self.name(), || ch26::ping(ctx, &env, self.k))
     }
     /// Its log file (the server's output; its own log files stay empty).
     pub fn log_files(&self) -> Vec<std::path::PathBuf> {
-        vec![self.stack.ctx.path("ch26/log/server.log")]
+        vec![self
+            .stack
+            .ctx
+            .path(&format!("{}/log/server.log", self.name()))]
     }
     /// `http://127.0.0.1:HTTP_PORT` (user `default`, no password, time zone UTC).
     pub fn url(&self) -> String {
@@ -343,9 +371,10 @@ impl Ch26<'_> {
     /// Starts it when it does not run; waits until `/ping` answers as this stack's server.
     pub fn start(&self) -> Result<()> {
         let _lock = self.stack.lock()?;
-        refuse_frozen(self.stack, "ch26")?;
+        let name = self.name();
+        refuse_frozen(self.stack, &name)?;
         let env = self.stack.env()?;
-        if self.stack.ctx.pid_of("ch26").is_none() {
+        if self.stack.ctx.pid_of(&name).is_none() {
             if !ch26::installed() {
                 return Err(Error::new(format!(
                     "{} is not installed in {}; run: scripts/stack.sh install",
@@ -354,11 +383,11 @@ impl Ch26<'_> {
                 )));
             }
             ensure_free(
-                "the ClickHouse 26.x server",
-                &[self.http_port(), self.stack.port("CH26_TCP_PORT")],
+                &format!("the ClickHouse 26.x server {name}"),
+                &[self.http_port(), self.tcp_port()],
             )?;
-            ch26::launch(&self.stack.ctx, &env)?;
+            ch26::launch(&self.stack.ctx, &env, self.k)?;
         }
-        ch26::wait(&self.stack.ctx, &env)
+        ch26::wait(&self.stack.ctx, &env, self.k)
     }
 }

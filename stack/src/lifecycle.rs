@@ -32,25 +32,40 @@ impl Stack {
         };
         let _lock = stack.lock()?;
         let mut env = stack.env()?;
-        let replicas = options
-            .replicas
-            .or_else(|| env.port("CH_REPLICAS").map(usize::from))
-            .unwrap_or(2);
-        if !(1..=MAX_REPLICAS).contains(&replicas) {
-            return Err(Error::new(format!(
-                "replicas must be 1..={MAX_REPLICAS} (asked for, or CH_REPLICAS of stack.env): {replicas}"
-            )));
-        }
+        let remembered = clickhouse::layout(&env).ok();
+        let replicas = options.replicas.or(remembered.map(|(_, r)| r)).unwrap_or(2);
+        let shards = options.shards.or(remembered.map(|(s, _)| s)).unwrap_or(1);
+        let layout = Layout::checked(shards, replicas)?;
         let with_ch26 = options
             .ch26
+            .or(options.ch26_servers.map(|_| true))
             .unwrap_or_else(|| env.get("CH26_HTTP_PORT").is_some());
-        check_binaries(with_ch26)?;
+        let ch26_servers = if with_ch26 {
+            let k = options
+                .ch26_servers
+                .or_else(|| Some(ch26::servers(&env)).filter(|k| *k > 0))
+                .unwrap_or(1);
+            if !(1..=ch26::MAX_SERVERS).contains(&k) {
+                return Err(Error::new(format!(
+                    "ch26 servers must be 1..={} (asked for, or CH26_SERVERS of stack.env): {k}",
+                    ch26::MAX_SERVERS
+                )));
+            }
+            k
+        } else {
+            0
+        };
+        let layout = Layout {
+            ch26: ch26_servers,
+            ..layout
+        };
+        check_binaries(layout.ch26 > 0)?;
         let t0 = Instant::now();
-        stack.ensure_ports(&mut env, replicas, with_ch26)?;
-        let env = stack.write_env(&env, replicas, with_ch26)?;
-        let started = stack.start_all(&env, replicas, with_ch26)?;
-        stack.stop_extra_replicas(replicas)?;
-        stack.write_env(&env, replicas, with_ch26)?;
+        stack.ensure_ports(&mut env, layout)?;
+        let env = stack.write_env(&env, layout)?;
+        let started = stack.start_all(&env, layout)?;
+        stack.stop_extra_replicas(layout.servers())?;
+        stack.write_env(&env, layout)?;
         if started {
             log(&format!("up in {:.1}s", t0.elapsed().as_secs_f64()));
         } else {
@@ -60,18 +75,31 @@ impl Stack {
     }
 
     /// Starts every server of `env` that is not running and waits for all: ZooKeeper,
-    /// PostgreSQL's initdb and the 26.x server concurrently, the replicas once ZooKeeper
-    /// answers. True when something was started.
-    fn start_all(&self, env: &Env, replicas: usize, with_ch26: bool) -> Result<bool> {
+    /// PostgreSQL's initdb and the 26.x servers concurrently, the replicas once ZooKeeper
+    /// answers. A running 26.x server whose config changed (another cluster) is restarted.
+    /// True when something was started.
+    fn start_all(&self, env: &Env, layout: Layout) -> Result<bool> {
         let ctx = &self.ctx;
         let mut started = false;
         if ctx.pid_of("zk").is_none() {
             zookeeper::launch(ctx, env)?;
             started = true;
         }
-        if with_ch26 && ctx.pid_of("ch26").is_none() {
-            ch26::launch(ctx, env)?;
-            started = true;
+        for k in 1..=layout.ch26 {
+            let name = ch26::name(k);
+            if ctx.pid_of(&name).is_some()
+                && !ctx.frozen_note(&name)
+                && ch26::config_changed(ctx, env, k)
+            {
+                log(&format!(
+                    "restarting the ClickHouse 26.x server {name} (its cluster changed)"
+                ));
+                signal_named(self, &name, Action::Stop)?;
+            }
+            if ctx.pid_of(&name).is_none() {
+                ch26::launch(ctx, env, k)?;
+                started = true;
+            }
         }
         if ctx.pid_of("pg").is_none() {
             postgres::init(ctx)?;
@@ -81,8 +109,9 @@ impl Stack {
         if !ctx.frozen_note("zk") {
             zookeeper::wait(ctx, env)?;
         }
+        let servers = layout.servers();
         let mut down = Vec::new();
-        for i in 1..=replicas {
+        for i in 1..=servers {
             clickhouse::write_conf(ctx, i, env, &[])?;
             if ctx.pid_of(&format!("ch{i}")).is_none() {
                 down.push(i);
@@ -100,28 +129,34 @@ impl Stack {
         }
         // Every replica, not only the ones just started: after a ZooKeeper restart the
         // running ones may still be read-only.
-        for i in 1..=replicas {
+        for i in 1..=servers {
             if !ctx.frozen_note(&format!("ch{i}")) {
                 clickhouse::wait(ctx, i, env)?;
             }
         }
-        if with_ch26 {
-            if !ctx.frozen_note("ch26") {
-                ch26::wait(ctx, env)?;
+        for k in 1..=layout.ch26 {
+            if !ctx.frozen_note(&ch26::name(k)) {
+                ch26::wait(ctx, env, k)?;
             }
-        } else if ctx.pid_of("ch26").is_some() {
-            log("stopping the ClickHouse 26.x server (not asked for)");
-            signal_named(self, "ch26", Action::Stop)?;
+        }
+        for k in layout.ch26 + 1..=ch26::MAX_SERVERS {
+            let name = ch26::name(k);
+            if ctx.pid_of(&name).is_some() {
+                log(&format!(
+                    "stopping the ClickHouse 26.x server {name} (not asked for)"
+                ));
+                signal_named(self, &name, Action::Stop)?;
+            }
         }
         Ok(started)
     }
 
-    /// Replicas beyond `replicas` (from an earlier `up` with more) are not in the cluster
+    /// Servers beyond `servers` (from an earlier `up` with more) are not in the cluster
     /// definition any more: stops them.
-    fn stop_extra_replicas(&self, replicas: usize) -> Result<()> {
-        for n in replicas + 1..=MAX_REPLICAS {
+    fn stop_extra_replicas(&self, servers: usize) -> Result<()> {
+        for n in servers + 1..=MAX_REPLICAS {
             if self.ctx.pid_of(&format!("ch{n}")).is_some() {
-                log(&format!("stopping replica {n} (replicas {replicas})"));
+                log(&format!("stopping replica {n} (servers {servers})"));
                 signal_named(self, &format!("ch{n}"), Action::Stop)?;
             }
         }
@@ -130,20 +165,17 @@ impl Stack {
 
     /// Sets every port of `env` that is missing, and picks a new one for a server that is not
     /// running when its old port has been taken meanwhile.
-    fn ensure_ports(&self, env: &mut Env, replicas: usize, with_ch26: bool) -> Result<()> {
+    fn ensure_ports(&self, env: &mut Env, layout: Layout) -> Result<()> {
         let mut groups: Vec<(String, Vec<String>)> = vec![
             ("pg".into(), vec!["PG_PORT".into()]),
             ("zk".into(), vec!["ZK_PORT".into()]),
         ];
-        for i in 1..=replicas {
+        for i in 1..=layout.servers() {
             let keys = ["HTTP", "TCP", "INTERSERVER"].map(|k| format!("CH{i}_{k}_PORT"));
             groups.push((format!("ch{i}"), keys.to_vec()));
         }
-        if with_ch26 {
-            groups.push((
-                "ch26".into(),
-                vec!["CH26_HTTP_PORT".into(), "CH26_TCP_PORT".into()],
-            ));
+        for k in 1..=layout.ch26 {
+            groups.push((ch26::name(k), ch26::port_keys(k).to_vec()));
         }
         for (name, keys) in groups {
             let missing = keys.iter().any(|k| env.port(k).is_none());
@@ -162,7 +194,7 @@ impl Stack {
 
     /// Writes `DIR/stack.env` from the ports in `ports` (the keys are listed in [`crate`]) and
     /// returns what it wrote.
-    fn write_env(&self, ports: &Env, replicas: usize, with_ch26: bool) -> Result<Env> {
+    fn write_env(&self, ports: &Env, layout: Layout) -> Result<Env> {
         let dir = self.ctx.dir.display().to_string();
         let p = |k: &str| ports.get(k).unwrap_or_default().to_owned();
         let pg = p("PG_PORT");
@@ -187,29 +219,52 @@ impl Stack {
         }
         env.set("ZK_PORT", p("ZK_PORT"));
         env.set("ZK_HOSTS", format!("127.0.0.1:{}", p("ZK_PORT")));
-        env.set("CH_REPLICAS", replicas);
+        env.set("CH_SHARDS", layout.shards);
+        env.set("CH_REPLICAS", layout.replicas);
+        env.set("CH_SERVERS", layout.servers());
         env.set("CH_CLUSTER", "collector");
         env.set("CH_SHARD", 1);
-        let mut urls = Vec::new();
-        for i in 1..=replicas {
+        let mut shards: Vec<Vec<String>> = vec![Vec::new(); layout.shards];
+        for i in 1..=layout.servers() {
             for k in ["HTTP", "TCP", "INTERSERVER"] {
                 let key = format!("CH{i}_{k}_PORT");
                 env.set(&key, p(&key));
             }
+            let shard = clickhouse::shard_of(i, layout.replicas);
+            env.set(&format!("CH{i}_SHARD"), shard);
             env.set(&format!("CH{i}_REPLICA"), format!("r{i}"));
             let url = format!("http://127.0.0.1:{}", p(&format!("CH{i}_HTTP_PORT")));
             env.set(&format!("CH{i}_URL"), &url);
-            urls.push(url);
+            shards[shard - 1].push(url);
         }
-        env.set("CLICKHOUSE_URL", &urls[0]);
-        env.set("CLICKHOUSE_URLS", urls.join(","));
-        if with_ch26 {
-            env.set("CH26_HTTP_PORT", p("CH26_HTTP_PORT"));
-            env.set("CH26_TCP_PORT", p("CH26_TCP_PORT"));
-            env.set(
-                "CH26_URL",
-                format!("http://127.0.0.1:{}", p("CH26_HTTP_PORT")),
-            );
+        env.set("CLICKHOUSE_URL", &shards[0][0]);
+        // Shard 1 alone when there are several: a collector given only this list writes to
+        // one shard, as it did before shards.
+        env.set("CLICKHOUSE_URLS", shards[0].join(","));
+        let named: Vec<String> = shards
+            .iter()
+            .enumerate()
+            .map(|(s, urls)| format!("shard{}={}", s + 1, urls.join(",")))
+            .collect();
+        env.set("CLICKHOUSE_SHARDS", named.join(";"));
+        if layout.ch26 > 0 {
+            env.set("CH26_SERVERS", layout.ch26);
+            env.set("CH26_CLUSTER", ch26::CLUSTER26);
+            let mut named = Vec::new();
+            for k in 1..=layout.ch26 {
+                let [http_key, tcp_key] = ch26::port_keys(k);
+                let url = format!("http://127.0.0.1:{}", p(&http_key));
+                if k == 1 {
+                    env.set("CH26_HTTP_PORT", p(&http_key));
+                    env.set("CH26_TCP_PORT", p(&tcp_key));
+                    env.set("CH26_URL", &url);
+                }
+                env.set(&format!("CH26_{k}_HTTP_PORT"), p(&http_key));
+                env.set(&format!("CH26_{k}_TCP_PORT"), p(&tcp_key));
+                env.set(&format!("CH26_{k}_URL"), &url);
+                named.push(format!("{}={url}", ch26::shard_name(k)));
+            }
+            env.set("CH26_SHARDS", named.join(";"));
         }
         // Kept by every rewrite once the standby exists.
         let standby = p("PG_STANDBY_PORT");
@@ -236,8 +291,7 @@ impl Stack {
                 ctx.dir.display()
             )));
         }
-        let replicas = env.port("CH_REPLICAS").map_or(2, usize::from);
-        let with_ch26 = env.get("CH26_HTTP_PORT").is_some();
+        let layout = Layout::of(&env);
         if ctx.pid_of("pg-standby").is_some() {
             log("the standby is already running");
         } else {
@@ -248,15 +302,56 @@ impl Stack {
                 env.set("PG_STANDBY_PORT", ports::alloc(1)?[0]);
             }
             // Early, so that status and down know of it even if the start fails.
-            env = self.write_env(&env, replicas, with_ch26)?;
+            env = self.write_env(&env, layout)?;
             postgres::launch(ctx, Pg::Standby, &env)?;
         }
         postgres::standby_wait(ctx, &env)?;
-        self.write_env(&env, replicas, with_ch26)?;
+        self.write_env(&env, layout)?;
         if !ctx.path("pg-standby/data/standby.signal").exists() {
             log("note: the standby has been promoted; it runs as a primary");
         }
         Ok(())
+    }
+}
+
+/// What `up` runs: `shards` × `replicas` 18.16 servers and `ch26` 26.x servers (0: none).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Layout {
+    shards: usize,
+    replicas: usize,
+    ch26: usize,
+}
+
+impl Layout {
+    /// `shards` of `replicas` each, checked (no 26.x server). Errors: a count of 0, or more
+    /// than [`MAX_REPLICAS`] servers in all.
+    fn checked(shards: usize, replicas: usize) -> Result<Layout> {
+        if shards == 0 || replicas == 0 || shards.saturating_mul(replicas) > MAX_REPLICAS {
+            return Err(Error::new(format!(
+                "shards × replicas must be 1..={MAX_REPLICAS} servers, each at least 1 (asked \
+                 for, or CH_SHARDS and CH_REPLICAS of stack.env): {shards} × {replicas}"
+            )));
+        }
+        Ok(Layout {
+            shards,
+            replicas,
+            ch26: 0,
+        })
+    }
+
+    /// As `env` (a written `stack.env`) has it; 1 shard of 2 replicas when it says nothing.
+    fn of(env: &Env) -> Layout {
+        let (shards, replicas) = clickhouse::layout(env).unwrap_or((1, 2));
+        Layout {
+            shards,
+            replicas,
+            ch26: ch26::servers(env),
+        }
+    }
+
+    /// The 18.16 servers in all.
+    fn servers(&self) -> usize {
+        self.shards * self.replicas
     }
 }
 
@@ -325,7 +420,8 @@ impl Stack {
         let ctx = &stack.ctx;
         let servers: Vec<String> = (1..=crate::MAX_REPLICAS)
             .map(|i| format!("ch{i}"))
-            .chain(["ch26".to_owned(), "zk".to_owned()])
+            .chain((1..=ch26::MAX_SERVERS).map(ch26::name))
+            .chain(["zk".to_owned()])
             .collect();
         for name in &servers {
             if let Some(pid) = ctx.pid_of(name) {
@@ -351,7 +447,9 @@ impl Stack {
                 let _ = std::fs::remove_file(ctx.path(&format!("{name}.pid")));
             }
         }
-        let _ = std::fs::remove_file(ctx.path("ch26.pid"));
+        for k in 1..=ch26::MAX_SERVERS {
+            let _ = std::fs::remove_file(ctx.path(&format!("{}.pid", ch26::name(k))));
+        }
         if let Some(pid) = ctx.pid_of("zk") {
             process::stop("zk", pid, ctx.stop)?;
         }
@@ -396,4 +494,124 @@ fn sweep_strays(ctx: &Ctx) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ports(servers: usize, ch26: usize) -> Env {
+        let mut env = Env::default();
+        env.set("PG_PORT", 20001);
+        env.set("ZK_PORT", 20002);
+        for i in 1..=servers {
+            env.set(&format!("CH{i}_HTTP_PORT"), 20100 + i);
+            env.set(&format!("CH{i}_TCP_PORT"), 20200 + i);
+            env.set(&format!("CH{i}_INTERSERVER_PORT"), 20300 + i);
+        }
+        for k in 1..=ch26 {
+            let [http, tcp] = ch26::port_keys(k);
+            env.set(&http, 20400 + k);
+            env.set(&tcp, 20500 + k);
+        }
+        env
+    }
+
+    fn written(layout: Layout) -> Env {
+        let dir = tempfile::tempdir().unwrap();
+        let stack = Stack {
+            ctx: Ctx::new(dir.path()),
+        };
+        let env = stack
+            .write_env(&ports(layout.servers(), layout.ch26), layout)
+            .unwrap();
+        assert_eq!(Env::read(&dir.path().join("stack.env")).unwrap(), env);
+        env
+    }
+
+    #[test]
+    fn two_shards_of_two_and_two_26x_servers_in_stack_env() {
+        let env = written(Layout {
+            shards: 2,
+            replicas: 2,
+            ch26: 2,
+        });
+        let get = |k: &str| env.get(k).unwrap_or_else(|| panic!("{k} missing"));
+        assert_eq!(get("CH_SHARDS"), "2");
+        assert_eq!(get("CH_REPLICAS"), "2");
+        assert_eq!(get("CH_SERVERS"), "4");
+        assert_eq!(get("CH_CLUSTER"), "collector");
+        for (i, shard) in [(1, "1"), (2, "1"), (3, "2"), (4, "2")] {
+            assert_eq!(get(&format!("CH{i}_SHARD")), shard);
+            assert_eq!(get(&format!("CH{i}_REPLICA")), format!("r{i}"));
+            assert_eq!(
+                get(&format!("CH{i}_URL")),
+                format!("http://127.0.0.1:{}", 20100 + i)
+            );
+        }
+        assert_eq!(get("CLICKHOUSE_URL"), "http://127.0.0.1:20101");
+        assert_eq!(
+            get("CLICKHOUSE_URLS"),
+            "http://127.0.0.1:20101,http://127.0.0.1:20102"
+        );
+        assert_eq!(
+            get("CLICKHOUSE_SHARDS"),
+            "shard1=http://127.0.0.1:20101,http://127.0.0.1:20102;\
+             shard2=http://127.0.0.1:20103,http://127.0.0.1:20104"
+        );
+        assert_eq!(get("CH26_SERVERS"), "2");
+        assert_eq!(get("CH26_CLUSTER"), "collector26");
+        assert_eq!(get("CH26_HTTP_PORT"), "20401");
+        assert_eq!(get("CH26_TCP_PORT"), "20501");
+        assert_eq!(get("CH26_URL"), "http://127.0.0.1:20401");
+        for k in 1..=2 {
+            assert_eq!(get(&format!("CH26_{k}_HTTP_PORT")), (20400 + k).to_string());
+            assert_eq!(get(&format!("CH26_{k}_TCP_PORT")), (20500 + k).to_string());
+            assert_eq!(
+                get(&format!("CH26_{k}_URL")),
+                format!("http://127.0.0.1:{}", 20400 + k)
+            );
+        }
+        assert_eq!(
+            get("CH26_SHARDS"),
+            "ch26a=http://127.0.0.1:20401;ch26b=http://127.0.0.1:20402"
+        );
+        assert_eq!(
+            Layout::of(&env),
+            Layout {
+                shards: 2,
+                replicas: 2,
+                ch26: 2
+            }
+        );
+    }
+
+    #[test]
+    fn one_shard_keeps_every_key_it_had() {
+        let env = written(Layout {
+            shards: 1,
+            replicas: 3,
+            ch26: 0,
+        });
+        let get = |k: &str| env.get(k).unwrap_or_else(|| panic!("{k} missing"));
+        assert_eq!(get("CH_REPLICAS"), "3");
+        assert_eq!(get("CH_SHARD"), "1");
+        assert_eq!(
+            get("CLICKHOUSE_URLS"),
+            "http://127.0.0.1:20101,http://127.0.0.1:20102,http://127.0.0.1:20103"
+        );
+        assert_eq!(
+            get("CLICKHOUSE_SHARDS"),
+            format!("shard1={}", get("CLICKHOUSE_URLS"))
+        );
+        assert!(env.get("CH26_HTTP_PORT").is_none() && env.get("CH26_SHARDS").is_none());
+    }
+
+    #[test]
+    fn at_most_nine_servers() {
+        assert!(Layout::checked(3, 3).is_ok());
+        assert!(Layout::checked(2, 5).is_err());
+        assert!(Layout::checked(0, 2).is_err());
+        assert!(Layout::checked(1, 0).is_err());
+    }
 }

@@ -20,13 +20,21 @@ enum Command {
     /// Start whatever is not running, wait until every server answers, write DIR/stack.env.
     Up {
         dir: PathBuf,
-        /// ClickHouse replicas (1..9; default: as last started, or 2).
+        /// ClickHouse 18.16 replicas per shard (shards × replicas at most 9; default: as last
+        /// started, or 2).
         #[arg(long)]
         replicas: Option<usize>,
-        /// Also run the ClickHouse 26.x server.
+        /// ClickHouse 18.16 shards of the cluster `collector` (default: as last started, or 1).
+        #[arg(long)]
+        shards: Option<usize>,
+        /// Also run the ClickHouse 26.x server(s).
         #[arg(long, conflicts_with = "no_ch26")]
         ch26: bool,
-        /// Stop the ClickHouse 26.x server (its data stays).
+        /// How many ClickHouse 26.x servers (1..9; each a shard of the cluster `collector26`;
+        /// implies --ch26; default: as last started, or 1).
+        #[arg(long, conflicts_with = "no_ch26")]
+        ch26_servers: Option<usize>,
+        /// Stop the ClickHouse 26.x servers (their data stays).
         #[arg(long)]
         no_ch26: bool,
     },
@@ -50,8 +58,13 @@ enum Command {
     PgStandby { dir: PathBuf, action: StandbyAct },
     /// ZooKeeper.
     Zk { dir: PathBuf, action: Act },
-    /// The ClickHouse 26.x server.
-    Ch26 { dir: PathBuf, action: Act },
+    /// A ClickHouse 26.x server (the first, or --server K).
+    Ch26 {
+        dir: PathBuf,
+        action: Act,
+        #[arg(long, default_value_t = 1)]
+        server: usize,
+    },
     /// N free loopback ports, reserved like the stack's own.
     Ports { n: usize },
     /// One line per server; exit status 0 only if every server runs and answers.
@@ -96,11 +109,19 @@ fn run(command: Command) -> Result<bool> {
         Command::Up {
             dir,
             replicas,
+            shards,
             ch26,
+            ch26_servers,
             no_ch26,
         } => {
-            let ch26 = (ch26 || no_ch26).then_some(ch26);
-            let stack = Stack::up(&dir, UpOptions { replicas, ch26 })?;
+            let ch26 = (ch26 || no_ch26 || ch26_servers.is_some()).then_some(!no_ch26);
+            let options = UpOptions {
+                replicas,
+                ch26,
+                shards,
+                ch26_servers,
+            };
+            let stack = Stack::up(&dir, options)?;
             print!("{}", stack.summary()?);
         }
         Command::Down { dir, purge } => Stack::down(&dir, purge)?,
@@ -135,11 +156,15 @@ fn run(command: Command) -> Result<bool> {
                 || zk.start(),
             )?;
         }
-        Command::Ch26 { dir, action } => {
+        Command::Ch26 {
+            dir,
+            action,
+            server,
+        } => {
             let stack = Stack::open(&dir)?;
-            let c = stack.ch26().ok_or_else(|| {
+            let c = stack.ch26_server(server).ok_or_else(|| {
                 stack::Error::new(format!(
-                    "no ClickHouse 26.x server in {} (run: up {0} --ch26)",
+                    "no ClickHouse 26.x server {server} in {} (run: up {0} --ch26 [--ch26-servers K])",
                     dir.display()
                 ))
             })?;

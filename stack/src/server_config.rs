@@ -21,17 +21,21 @@ pub struct Tls<'a> {
     pub key: &'a Path,
 }
 
-/// What makes a server replica `i` (1-based) of the stack's one shard.
+/// What makes a server `i` (1-based, over all shards) replica `ri` of shard `shard` of the
+/// stack's cluster.
 #[derive(Debug, Clone)]
 pub struct Replication {
-    /// Its number: macros `{shard}` = 1 and `{replica}` = `ri`.
+    /// Its number: macro `{replica}` = `ri` (unique over the whole cluster).
     pub i: usize,
+    /// Its shard, from 1: macro `{shard}`.
+    pub shard: usize,
     /// The port the other replicas fetch parts from (advertised as 127.0.0.1).
     pub interserver_port: u16,
     /// ZooKeeper's client port (on 127.0.0.1; session timeout 10 s).
     pub zk_port: u16,
-    /// The TCP ports of replicas 1..=N: the cluster `collector`'s `remote_servers`.
-    pub cluster_tcp: Vec<u16>,
+    /// The cluster `collector`'s `remote_servers`: per shard, in shard order, the TCP ports
+    /// of its replicas (on 127.0.0.1).
+    pub shards_tcp: Vec<Vec<u16>>,
 }
 
 /// What makes a server the 26.x one: chdb-core's clickhouse-local, which logs to standard
@@ -41,7 +45,13 @@ pub struct Local<'a> {
     /// What `SELECT displayName()` answers: tells this server from another one that took its
     /// port meanwhile.
     pub display_name: &'a str,
+    /// The TCP ports (on 127.0.0.1) of the stack's 26.x servers, each a shard of one
+    /// replica of the cluster [`CLUSTER26`] in `remote_servers`; empty: no `remote_servers`.
+    pub cluster26_tcp: &'a [u16],
 }
+
+/// The cluster of the stack's 26.x servers (one unreplicated shard each).
+pub const CLUSTER26: &str = "collector26";
 
 /// A server's `config.xml`.
 #[derive(Debug, Clone)]
@@ -94,6 +104,15 @@ impl ServerConfig<'_> {
         out.push_str(&limits_and_paths(&d, self.local.is_some()));
         if let Some(r) = &self.replication {
             out.push_str(&replication_lines(r));
+        }
+        if let Some(local) = self.local.filter(|l| !l.cluster26_tcp.is_empty()) {
+            let shards: Vec<Vec<(String, u16)>> = local
+                .cluster26_tcp
+                .iter()
+                .map(|&p| vec![("127.0.0.1".to_owned(), p)])
+                .collect();
+            out.push('\n');
+            out.push_str(&cluster_of_shards_xml(CLUSTER26, &shards, false, false));
         }
         out.push_str(TAIL);
         out
@@ -184,16 +203,16 @@ fn limits_and_paths(d: &str, local: bool) -> String {
 
 fn replication_lines(r: &Replication) -> String {
     let nodes = [("127.0.0.1".to_owned(), r.zk_port)];
-    let remote: Vec<(String, u16)> = r
-        .cluster_tcp
+    let shards: Vec<Vec<(String, u16)>> = r
+        .shards_tcp
         .iter()
-        .map(|&p| ("127.0.0.1".to_owned(), p))
+        .map(|ports| ports.iter().map(|&p| ("127.0.0.1".to_owned(), p)).collect())
         .collect();
     format!(
         "\n{}{}{}    <distributed_ddl>\n        <path>/clickhouse/task_queue/ddl</path>\n    </distributed_ddl>\n",
         zookeeper_xml(&nodes, 10_000, None),
-        macros_xml(&format!("r{}", r.i)),
-        remote_servers_xml(&remote, false),
+        shard_macros_xml(&r.shard.to_string(), &format!("r{}", r.i)),
+        cluster_of_shards_xml("collector", &shards, true, false),
     )
 }
 
@@ -228,8 +247,15 @@ pub fn zookeeper_xml(
 /// `replica`, the placeholders of the replicated table's ZooKeeper path and replica name
 /// (`schema/clickhouse/002_measurements.sql`).
 pub fn macros_xml(replica: &str) -> String {
+    shard_macros_xml("1", replica)
+}
+
+/// The `<macros>` section of a replica of shard `shard`: `{shard}` = `shard` (so that each
+/// shard's replicated tables have ZooKeeper paths of their own) and `{replica}` = `replica`.
+pub fn shard_macros_xml(shard: &str, replica: &str) -> String {
     format!(
-        "    <macros>\n        <shard>1</shard>\n        <replica>{}</replica>\n    </macros>\n",
+        "    <macros>\n        <shard>{}</shard>\n        <replica>{}</replica>\n    </macros>\n",
+        escape(shard),
         escape(replica)
     )
 }
@@ -239,21 +265,38 @@ pub fn macros_xml(replica: &str) -> String {
 /// the Distributed engine). `replace`: `replace="true"`, dropping the clusters of the
 /// config it is merged into (an image's default `config.xml`).
 pub fn remote_servers_xml(replicas: &[(String, u16)], replace: bool) -> String {
+    cluster_of_shards_xml("collector", &[replicas.to_vec()], true, replace)
+}
+
+/// The `<remote_servers>` section with one cluster `name` of `shards` (each its replicas:
+/// host, native TCP port), in order. `internal_replication`: on for replicated tables (the
+/// table copies the data, not the Distributed engine). `replace`: as
+/// [`remote_servers_xml`]'s. `name` must be an XML tag name.
+pub fn cluster_of_shards_xml(
+    name: &str,
+    shards: &[Vec<(String, u16)>],
+    internal_replication: bool,
+    replace: bool,
+) -> String {
     let open = if replace {
         "<remote_servers replace=\"true\">"
     } else {
         "<remote_servers>"
     };
-    let mut out = format!(
-        "    {open}\n        <collector>\n            <shard>\n                <internal_replication>true</internal_replication>\n"
-    );
-    for (host, port) in replicas {
+    let mut out = format!("    {open}\n        <{name}>\n");
+    for replicas in shards {
         out.push_str(&format!(
-            "                <replica><host>{}</host><port>{port}</port></replica>\n",
-            escape(host)
+            "            <shard>\n                <internal_replication>{internal_replication}</internal_replication>\n"
         ));
+        for (host, port) in replicas {
+            out.push_str(&format!(
+                "                <replica><host>{}</host><port>{port}</port></replica>\n",
+                escape(host)
+            ));
+        }
+        out.push_str("            </shard>\n");
     }
-    out.push_str("            </shard>\n        </collector>\n    </remote_servers>\n");
+    out.push_str(&format!("        </{name}>\n    </remote_servers>\n"));
     out
 }
 
@@ -284,9 +327,10 @@ mod tests {
             tls: None,
             replication: Some(Replication {
                 i: 2,
+                shard: 1,
                 interserver_port: 20402,
                 zk_port: 20100,
-                cluster_tcp: vec![20301, 20302, 20303],
+                shards_tcp: vec![vec![20301, 20302, 20303]],
             }),
             local: None,
         }
@@ -304,6 +348,87 @@ mod tests {
         assert!(text.contains(cluster));
         assert!(!text.contains("https_port") && !text.contains("openSSL"));
         assert!(text.ends_with("</yandex>\n"));
+    }
+
+    #[test]
+    fn two_shards_of_two_replicas() {
+        let text = ServerConfig {
+            dir: Path::new("/tmp/st/ch3"),
+            http_port: 20203,
+            tcp_port: 20303,
+            tls: None,
+            replication: Some(Replication {
+                i: 3,
+                shard: 2,
+                interserver_port: 20403,
+                zk_port: 20100,
+                shards_tcp: vec![vec![20301, 20302], vec![20303, 20304]],
+            }),
+            local: None,
+        }
+        .render();
+        assert!(text.contains(
+            "    <macros>\n        <shard>2</shard>\n        <replica>r3</replica>\n    </macros>\n"
+        ));
+        let r = |p: u16| {
+            format!("                <replica><host>127.0.0.1</host><port>{p}</port></replica>\n")
+        };
+        let shard = |a: u16, b: u16| {
+            format!(
+                "            <shard>\n                <internal_replication>true</internal_replication>\n{}{}            </shard>\n",
+                r(a),
+                r(b)
+            )
+        };
+        let cluster = format!(
+            "    <remote_servers>\n        <collector>\n{}{}        </collector>\n    </remote_servers>\n",
+            shard(20301, 20302),
+            shard(20303, 20304)
+        );
+        assert!(text.contains(&cluster), "{text}");
+        assert_eq!(text.matches("<remote_servers>").count(), 1);
+    }
+
+    #[test]
+    fn one_shard_renders_as_before_shards() {
+        let replicas = [("h1".to_owned(), 9000), ("h2".to_owned(), 9000)];
+        assert_eq!(
+            remote_servers_xml(&replicas, true),
+            "    <remote_servers replace=\"true\">\n        <collector>\n            <shard>\n                <internal_replication>true</internal_replication>\n                <replica><host>h1</host><port>9000</port></replica>\n                <replica><host>h2</host><port>9000</port></replica>\n            </shard>\n        </collector>\n    </remote_servers>\n"
+        );
+        assert_eq!(macros_xml("r1"), shard_macros_xml("1", "r1"));
+    }
+
+    #[test]
+    fn a_local_server_lists_the_26x_servers_as_shards() {
+        let render = |cluster: &[u16]| {
+            ServerConfig {
+                dir: Path::new("/tmp/st/ch26-2"),
+                http_port: 1,
+                tcp_port: 20602,
+                tls: None,
+                replication: None,
+                local: Some(Local {
+                    display_name: "ch26:/tmp/st/ch26-2",
+                    cluster26_tcp: cluster,
+                }),
+            }
+            .render()
+        };
+        let text = render(&[20601, 20602]);
+        let shard = |p: u16| {
+            format!("            <shard>\n                <internal_replication>false</internal_replication>\n                <replica><host>127.0.0.1</host><port>{p}</port></replica>\n            </shard>\n")
+        };
+        let cluster = format!(
+            "    <remote_servers>\n        <collector26>\n{}{}        </collector26>\n    </remote_servers>\n",
+            shard(20601),
+            shard(20602)
+        );
+        assert!(text.contains(&cluster), "{text}");
+        for absent in ["zookeeper", "macros", "<collector>"] {
+            assert!(!text.contains(absent), "{absent} in {text}");
+        }
+        assert!(!render(&[]).contains("remote_servers"));
     }
 
     #[test]

@@ -71,9 +71,13 @@ impl Stack {
             let h = self.health(&format!("ch{}", r.i), || clickhouse::select1(port));
             ok &= line(&format!("clickhouse{}", r.i), h, r.url()) == Health::Running;
         }
-        if let Some(c) = self.ch26() {
-            let h = self.health("ch26", || ch26::ping(&self.ctx, &env));
-            ok &= line("clickhouse26", h, c.url()) == Health::Running;
+        for c in self.ch26_servers() {
+            let h = self.health(&ch26::name(c.k), || ch26::ping(&self.ctx, &env, c.k));
+            let label = match c.k {
+                1 => "clickhouse26".to_owned(),
+                k => format!("clickhouse26-{k}"),
+            };
+            ok &= line(&label, h, c.url()) == Health::Running;
         }
         Ok((out, ok))
     }
@@ -106,24 +110,32 @@ impl Stack {
         }
         let zk = self.zookeeper().port();
         let _ = writeln!(out, "  zookeeper   pid {:<7} 127.0.0.1:{zk}", pid("zk"));
+        let per_shard = clickhouse::layout(&env).map_or(usize::MAX, |(_, r)| r);
         for r in self.replicas() {
             let _ = writeln!(
                 out,
-                "  clickhouse{:<2} pid {:<7} {}  tcp {}  interserver {}",
+                "  clickhouse{:<2} pid {:<7} {}  tcp {}  interserver {}  shard {}",
                 r.i,
                 pid(&format!("ch{}", r.i)),
                 r.url(),
                 r.tcp_port(),
-                r.interserver_port()
+                r.interserver_port(),
+                clickhouse::shard_of(r.i, per_shard)
             );
         }
-        if let Some(c) = self.ch26() {
+        for c in self.ch26_servers() {
+            let label = match c.k {
+                1 => "clickhouse26".to_owned(),
+                k => format!("clickhouse26-{k}"),
+            };
             let _ = writeln!(
                 out,
-                "  clickhouse26 pid {:<7} {}  tcp {}  (ClickHouse 26.x, single server)",
-                pid("ch26"),
+                "  {label} pid {:<7} {}  tcp {}  (ClickHouse 26.x, shard {} of {})",
+                pid(&ch26::name(c.k)),
                 c.url(),
-                self.port("CH26_TCP_PORT")
+                c.tcp_port(),
+                ch26::shard_name(c.k),
+                ch26::CLUSTER26
             );
         }
         let _ = writeln!(out, "  env: {}", self.ctx.path("stack.env").display());

@@ -111,6 +111,7 @@ impl Stack {
             replicas: Some(replicas),
             // The shared stack also runs the ClickHouse 26.x server, as scripts/test.sh's does.
             ch26: Some(!owned),
+            ..Default::default()
         };
         let inner = match stack::Stack::up(&dir, options) {
             Ok(inner) => inner,
@@ -940,10 +941,8 @@ impl Stack {
     /// Starts whatever part of the stack is not running (thaws nothing: call
     /// `replica(i).thaw()`).
     pub fn repair(&self) {
-        let options = stack::UpOptions {
-            replicas: Some(self.replicas().len()),
-            ch26: None,
-        };
+        // As last started (the folder remembers its shards and replicas per shard).
+        let options = stack::UpOptions::default();
         stack::Stack::up(self.dir(), options).unwrap_or_else(|e| panic!("{e}"));
     }
 }
