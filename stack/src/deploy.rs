@@ -2,11 +2,15 @@
 //! the stack's templates (`stack render-deploy` writes them; a unit test fails while a
 //! committed file differs): `users.xml`, from [`crate::users`]; `cluster.xml` and each
 //! replica's `rN.xml`, from the sections of [`crate::server_config`] that the stack's own
-//! replicas are made of (ZooKeeper, the cluster, macros).
+//! replicas are made of (ZooKeeper, the cluster, macros); and the two-shard example under
+//! `deploy/shards/` (beside its hand-written `compose.shards.yaml`): `cluster.xml`, the
+//! cluster `collector` of both shards, and the second shard's replicas' `r4.xml` and `r5.xml`.
 
 use std::path::Path;
 
-use crate::server_config::{macros_xml, remote_servers_xml, zookeeper_xml};
+use crate::server_config::{
+    cluster_of_shards_xml, macros_xml, remote_servers_xml, shard_macros_xml, zookeeper_xml,
+};
 use crate::users::{self, Password, Profile, Root, User, UsersXml};
 use crate::Result;
 
@@ -165,11 +169,83 @@ pub fn replica_xml(i: usize) -> String {
     )
 }
 
+/// The path of the two-shard example's rendered `cluster.xml` in the repository.
+pub const SHARDS_CLUSTER_XML: &str = "deploy/shards/cluster.xml";
+
+/// The paths of the rendered files of the second shard's replicas (`clickhouse-r4`,
+/// `clickhouse-r5`) in the repository.
+pub const SHARD_B_REPLICA_XML: [&str; 2] = ["deploy/shards/r4.xml", "deploy/shards/r5.xml"];
+
+/// The two-shard example's shards: the collector's shard name (`COLLECTOR_CLICKHOUSE_SHARDS`
+/// in `deploy/shards/compose.shards.yaml`), the `{shard}` macro of its replicas, and their
+/// numbers `N` (service `clickhouse-rN`, macro `{replica}` = `rN`). The first is
+/// compose.yaml's one shard as it is (its replicas keep macro shard 1 and their data).
+pub const SHARDS: [(&str, &str, &[usize]); 2] = [("default", "1", &[1, 2, 3]), ("b", "2", &[4, 5])];
+
+const SHARDS_CLUSTER_COMMENT: &str =
+    "<!-- The two-shard example (deploy/shards/compose.shards.yaml): mounted as
+     config.d/cluster.xml of all five ClickHouse servers in place of deploy/clickhouse/cluster.xml.
+     Rendered by `scripts/stack.sh render-deploy` (stack/src/deploy.rs): do not edit it here (a
+     unit test fails while the two differ). The cluster `collector` of two shards, each of
+     replicas of its own ReplicatedReplacingMergeTree (internal_replication on): shard 1 is
+     compose.yaml's clickhouse-r1..r3 (collector shard `default`, macro shard 1, as before),
+     shard 2 the new clickhouse-r4 and clickhouse-r5 (collector shard `b`, macro shard 2, so
+     their tables have Keeper paths of their own). The Distributed table measurements_all reads
+     over both. The same three-node Keeper ensemble coordinates both shards. -->
+";
+
+/// The text of `deploy/shards/cluster.xml`: [`cluster_xml`] with the cluster `collector` of
+/// both shards of [`SHARDS`] and the memory share of five servers on one machine.
+pub fn shards_cluster_xml() -> String {
+    let keepers: Vec<(String, u16)> = (1..=3).map(|i| (format!("keeper-{i}"), 9181)).collect();
+    let shards: Vec<Vec<(String, u16)>> = SHARDS
+        .iter()
+        .map(|(_, _, replicas)| {
+            replicas
+                .iter()
+                .map(|i| (format!("clickhouse-r{i}"), 9000))
+                .collect()
+        })
+        .collect();
+    format!(
+        "<?xml version=\"1.0\"?>\n{SHARDS_CLUSTER_COMMENT}<clickhouse>\n{}\n    <!-- replace: drop the example clusters of the image's default config.xml. -->\n{}{}",
+        zookeeper_xml(&keepers, 30_000, Some(10_000)),
+        cluster_of_shards_xml("collector", &shards, true, true),
+        CLUSTER_TAIL
+            .replace("The three replicas share", "The five servers share")
+            .replace("<max_server_memory_usage_to_ram_ratio>0.3<", "<max_server_memory_usage_to_ram_ratio>0.18<"),
+    )
+}
+
+/// The text of `deploy/shards/rN.xml` for the second shard's replica `i` (4 or 5): as
+/// [`replica_xml`], with macro shard 2.
+pub fn shard_b_replica_xml(i: usize) -> String {
+    let (_, shard, _) = SHARDS[1];
+    format!(
+        "<?xml version=\"1.0\"?>
+<!-- ClickHouse replica r{i} of shard 2 (collector shard `b`) of the two-shard example (mounted
+     as config.d/replica.xml of service clickhouse-r{i} by deploy/shards/compose.shards.yaml).
+     Rendered by `scripts/stack.sh render-deploy` (stack/src/deploy.rs): do not edit it here.
+     The macros fill the {{shard}} and {{replica}} placeholders of the replicated table's
+     ZooKeeper path and replica name in schema/clickhouse/002_measurements.sql. -->
+<clickhouse>
+{}    <interserver_http_host>clickhouse-r{i}</interserver_http_host>
+    <display_name>clickhouse-r{i}</display_name>
+</clickhouse>
+",
+        shard_macros_xml(shard, &format!("r{i}"))
+    )
+}
+
 /// Every rendered file: its path in the repository and its text.
 pub fn files() -> Vec<(&'static str, String)> {
     let mut files = vec![(USERS_XML, users_xml()), (CLUSTER_XML, cluster_xml())];
     for (i, path) in REPLICA_XML.iter().enumerate() {
         files.push((path, replica_xml(i + 1)));
+    }
+    files.push((SHARDS_CLUSTER_XML, shards_cluster_xml()));
+    for (path, i) in SHARD_B_REPLICA_XML.iter().zip(SHARDS[1].2) {
+        files.push((path, shard_b_replica_xml(*i)));
     }
     files
 }
@@ -192,6 +268,9 @@ pub fn render(repo: &Path) -> Result<Vec<&'static str>> {
 fn write_on_change(path: &Path, text: &str) -> Result<bool> {
     if std::fs::read_to_string(path).is_ok_and(|old| old == text) {
         return Ok(false);
+    }
+    if let Some(dir) = path.parent() {
+        fs_err::create_dir_all(dir)?;
     }
     fs_err::write(path, text)?;
     Ok(true)
@@ -223,5 +302,23 @@ mod tests {
         assert!(cluster.contains("<node><host>keeper-3</host><port>9181</port></node>"));
         assert!(cluster.contains("<remote_servers replace=\"true\">"));
         assert!(cluster.contains("<replica><host>clickhouse-r3</host><port>9000</port></replica>"));
+    }
+
+    #[test]
+    fn the_two_shard_example_has_both_shards_and_shard_2_macros() {
+        let cluster = shards_cluster_xml();
+        let r = |i: usize| {
+            format!("                <replica><host>clickhouse-r{i}</host><port>9000</port></replica>\n")
+        };
+        let shard_1 = format!("            <shard>\n                <internal_replication>true</internal_replication>\n{}{}{}            </shard>\n", r(1), r(2), r(3));
+        let shard_2 = format!("            <shard>\n                <internal_replication>true</internal_replication>\n{}{}            </shard>\n", r(4), r(5));
+        assert!(cluster.contains(&format!(
+            "    <remote_servers replace=\"true\">\n        <collector>\n{shard_1}{shard_2}        </collector>\n"
+        )));
+        assert!(cluster.contains("<max_server_memory_usage_to_ram_ratio>0.18<"));
+        assert!(cluster.contains("<node><host>keeper-2</host><port>9181</port></node>"));
+        let r5 = shard_b_replica_xml(5);
+        assert!(r5.contains("<shard>2</shard>\n        <replica>r5</replica>"));
+        assert!(r5.contains("<interserver_http_host>clickhouse-r5</interserver_http_host>"));
     }
 }

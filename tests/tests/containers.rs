@@ -1123,6 +1123,208 @@ fn replica_macros_interserver_hosts_cluster_and_keeper_nodes_match_compose() {
     assert_no_problems(problems);
 }
 
+/// The two-shard example's override, as written (its `!reset` tags kept), merge keys applied.
+const SHARDS_OVERRIDE: &str = "deploy/shards/compose.shards.yaml";
+
+/// A compose file as written (no docker-compose: anchors and `<<` merges applied by
+/// `serde_yaml`, no interpolation).
+fn raw_compose(rel: &str) -> serde_yaml::Value {
+    let mut doc = yaml_file(rel);
+    doc.apply_merge()
+        .unwrap_or_else(|e| panic!("{rel}: merge keys: {e}"));
+    doc
+}
+
+/// The hosts of `http://HOST:8123` URLs, comma-separated.
+fn url_hosts(urls: &str) -> Vec<String> {
+    urls.split(',')
+        .map(|u| {
+            let rest = u.trim().trim_start_matches("http://");
+            rest.split([':', '/']).next().unwrap_or_default().to_owned()
+        })
+        .collect()
+}
+
+#[test]
+fn shards_override_services_cluster_file_and_collector_shards_agree() {
+    use serde_yaml::Value;
+    let base = raw_compose("compose.yaml");
+    let over = raw_compose(SHARDS_OVERRIDE);
+    let names = |doc: &Value| -> BTreeSet<String> {
+        doc["services"]
+            .as_mapping()
+            .expect("services")
+            .keys()
+            .filter_map(|k| k.as_str().map(str::to_owned))
+            .collect()
+    };
+    let (base_names, over_names) = (names(&base), names(&over));
+    let all: BTreeSet<String> = base_names.union(&over_names).cloned().collect();
+    let mut problems = vec![];
+
+    // The cluster file: shards of clickhouse-rN:9000, every one a compose service.
+    let path = root().join(stack::deploy::SHARDS_CLUSTER_XML);
+    let text = xml::read(&path);
+    let doc = xml::parse(&path, &text);
+    let cluster: Vec<Vec<String>> = find_all(doc.root_element(), "remote_servers/collector/shard")
+        .into_iter()
+        .map(|shard| {
+            if text_of(shard, "internal_replication") != "true" {
+                problems.push("a shard without internal_replication true".to_owned());
+            }
+            find_all(shard, "replica")
+                .into_iter()
+                .map(|r| {
+                    if text_of(r, "port") != "9000" {
+                        problems.push(format!("replica {}: port is not 9000", text_of(r, "host")));
+                    }
+                    text_of(r, "host")
+                })
+                .collect()
+        })
+        .collect();
+    if cluster.len() != 2 {
+        problems.push(format!(
+            "the cluster file has {} shards, want 2",
+            cluster.len()
+        ));
+    }
+    let servers: Vec<&String> = cluster.iter().flatten().collect();
+    for host in &servers {
+        if !all.contains(*host) {
+            problems.push(format!(
+                "cluster replica {host} is no service of compose.yaml + the override"
+            ));
+        }
+    }
+    // Every ClickHouse server of either file is in the cluster.
+    for (doc, file) in [(&base, "compose.yaml"), (&over, SHARDS_OVERRIDE)] {
+        for (name, svc) in doc["services"].as_mapping().unwrap() {
+            let name = name.as_str().unwrap();
+            let image = svc["image"].as_str().unwrap_or_default();
+            if image.starts_with("clickhouse/clickhouse-server")
+                && !servers.iter().any(|s| *s == name)
+            {
+                problems.push(format!(
+                    "{file}: ClickHouse server {name} is not in the cluster file"
+                ));
+            }
+        }
+    }
+
+    // Each server: the cluster file mounted by the override, macros of its shard.
+    let mount = |svc: &Value, target: &str| -> Option<String> {
+        svc["volumes"].as_sequence()?.iter().find_map(|v| {
+            let v = v.as_str()?;
+            let mut parts = v.split(':');
+            let (src, dst) = (parts.next()?, parts.next()?);
+            (dst == target).then(|| src.trim_start_matches("./").to_owned())
+        })
+    };
+    let mut replicas_seen = BTreeSet::new();
+    for (j, shard) in cluster.iter().enumerate() {
+        for host in shard {
+            let svc = &over["services"][host.as_str()];
+            let cluster_file = mount(svc, "/etc/clickhouse-server/config.d/cluster.xml");
+            if cluster_file.as_deref() != Some(stack::deploy::SHARDS_CLUSTER_XML) {
+                problems.push(format!(
+                    "{host}: the override mounts {cluster_file:?} as config.d/cluster.xml, want {}",
+                    stack::deploy::SHARDS_CLUSTER_XML
+                ));
+            }
+            let target = "/etc/clickhouse-server/config.d/replica.xml";
+            let Some(macros) =
+                mount(svc, target).or_else(|| mount(&base["services"][host.as_str()], target))
+            else {
+                problems.push(format!("{host}: no config.d/replica.xml mounted"));
+                continue;
+            };
+            let mpath = root().join(&macros);
+            let mtext = xml::read(&mpath);
+            let mdoc = xml::parse(&mpath, &mtext);
+            let shard_macro = text_of(mdoc.root_element(), "macros/shard");
+            if shard_macro != (j + 1).to_string() {
+                problems.push(format!(
+                    "{host} ({macros}): macro shard {shard_macro:?}, want {}",
+                    j + 1
+                ));
+            }
+            let replica = text_of(mdoc.root_element(), "macros/replica");
+            if !replicas_seen.insert(replica.clone()) || !host.ends_with(&format!("-{replica}")) {
+                problems.push(format!(
+                    "{host} ({macros}): macro replica {replica:?} reused or not its name"
+                ));
+            }
+        }
+    }
+
+    // Every service that names ClickHouse in compose.yaml names both shards in the override,
+    // without COLLECTOR_CLICKHOUSE_URLS, each shard the cluster file's replicas.
+    let want_names = ["default", "b"];
+    for (name, svc) in base["services"].as_mapping().unwrap() {
+        let name = name.as_str().unwrap();
+        if svc["environment"]
+            .get("COLLECTOR_CLICKHOUSE_URLS")
+            .is_none()
+        {
+            continue;
+        }
+        let env = &over["services"][name]["environment"];
+        match env.get("COLLECTOR_CLICKHOUSE_URLS") {
+            Some(Value::Tagged(t)) if t.tag == "reset" => {}
+            other => problems.push(format!(
+                "{name}: the override must `!reset` COLLECTOR_CLICKHOUSE_URLS, has {other:?}"
+            )),
+        }
+        let Some(shards) = env
+            .get("COLLECTOR_CLICKHOUSE_SHARDS")
+            .and_then(Value::as_str)
+        else {
+            problems.push(format!(
+                "{name}: no COLLECTOR_CLICKHOUSE_SHARDS in the override"
+            ));
+            continue;
+        };
+        let parsed: Vec<(&str, Vec<String>)> = shards
+            .split(';')
+            .filter_map(|part| part.split_once('='))
+            .map(|(n, urls)| (n.trim(), url_hosts(urls)))
+            .collect();
+        let got_names: Vec<&str> = parsed.iter().map(|(n, _)| *n).collect();
+        if got_names != want_names {
+            problems.push(format!("{name}: shards {got_names:?}, want {want_names:?}"));
+        }
+        for ((shard, hosts), want) in parsed.iter().zip(&cluster) {
+            if sorted(hosts.clone()) != sorted(want.clone()) {
+                problems.push(format!(
+                    "{name}: shard {shard} lists {hosts:?}, the cluster file's shard has {want:?}"
+                ));
+            }
+        }
+        for url in shards.split([';', ',']) {
+            let url = url.split_once('=').map_or(url, |(_, u)| u);
+            if !url.starts_with("http://") || !url.ends_with(":8123") {
+                problems.push(format!("{name}: {url} is not http://HOST:8123"));
+            }
+        }
+    }
+    // The new servers' data volumes are declared, with fixed names like compose.yaml's.
+    for host in servers.iter().filter(|h| !base_names.contains(**h)) {
+        let vol = &over["volumes"][host.as_str()]["name"];
+        if vol.as_str() != Some(&format!("collector-{host}")) {
+            problems.push(format!(
+                "{host}: volume {host} must be named collector-{host}, is {vol:?}"
+            ));
+        }
+    }
+    assert_no_problems(problems);
+}
+
+/// The trimmed text at `path` below `node`, "" when missing.
+fn text_of(node: roxmltree::Node, path: &str) -> String {
+    text(node, path).unwrap_or_default()
+}
+
 #[test]
 fn keeper_raft_members_are_the_keeper_services_ids_from_their_environment() {
     let mut problems = vec![];
