@@ -13,7 +13,7 @@ use crate::cli::{self, failed, RunError};
 use crate::config::Config;
 use crate::{
     beacon, dedup, endpoints, geo, limits, logging, measurement, metrics, sampling, script, server,
-    settings, spool, state, useragent, writer,
+    settings, shards, spool, state, useragent, writer,
 };
 
 /// File descriptors kept for the collector's own use besides client connections: standard
@@ -109,7 +109,7 @@ async fn bind(
 }
 
 /// What [`run`] is given besides the configuration: the listener and the site source. The
-/// other seam, ClickHouse, is `config.clickhouse.urls`: any server that answers
+/// other seam, ClickHouse, is `config.clickhouse.shards`: any server that answers
 /// ClickHouse's HTTP interface (the in-process tests start one in memory).
 pub struct Seams {
     /// The bound listener intake serves on.
@@ -143,13 +143,7 @@ pub async fn run(
     metrics
         .intake
         .init(beacon::rejection_reasons(), measurement::optional_fields());
-    let (spool, reader) = spool::open(
-        &config.spool.dir,
-        config.spool.max_bytes,
-        measurement::LAYOUTS,
-        metrics.clone(),
-    )
-    .map_err(failed)?;
+    let (spools, readers) = shards::open(&config, &metrics)?;
     let countries = match &config.intake.geo_db {
         Some(path) => geo::Countries::open(path)
             .map_err(|e| RunError::Usage(format!("COLLECTOR_GEO_DB={:?}: {e}", path.display())))?,
@@ -159,7 +153,7 @@ pub async fn run(
     let state = intake_state(
         &config,
         site_settings.clone(),
-        spool,
+        spools,
         countries.clone(),
         &metrics,
     );
@@ -169,8 +163,8 @@ pub async fn run(
     let reloader = tokio::spawn(site_settings.clone().run_reloader(shutdown.clone()));
     let retention = tokio::spawn(apply_retention(config.clone(), shutdown.clone()));
     let geo_reloader = tokio::spawn(countries.run_reloader(shutdown.clone()));
-    let writer = start_writer(&config, reader, &metrics, site_settings.purged(), shutdown)?;
-    tracing::info!(listen = %config.server.listen, replicas = config.clickhouse.urls.len(), "collector: serving");
+    let writer = start_writer(&config, readers, &metrics, site_settings.purged(), shutdown)?;
+    tracing::info!(listen = %config.server.listen, shards = config.clickhouse.shards.len(), replicas = config.clickhouse.urls().count(), "collector: serving");
 
     let connection_limits = server::ConnectionLimits {
         max_connections,
@@ -245,7 +239,7 @@ async fn load_site_settings(
 fn intake_state(
     config: &Config,
     site_settings: settings::SiteSettings,
-    spool: spool::Spool,
+    spools: shards::ShardSpools,
     countries: geo::Countries,
     metrics: &Arc<metrics::Metrics>,
 ) -> state::AppState {
@@ -253,7 +247,7 @@ fn intake_state(
     state::AppState::new(state::Inner {
         settings: site_settings,
         dedup: dedup::Dedup::new(intake.dedup_capacity, intake.dedup_window),
-        spool,
+        spools,
         script: script::Script::default(),
         user_agents: {
             // Compiled before the listener opens, so that no beacon waits for it.
@@ -273,17 +267,23 @@ fn intake_state(
     })
 }
 
-/// Starts the writer thread over the spool's reading side, with the replicas of the
-/// configuration; it runs until `shutdown` turns true and its drain ends.
+/// Starts the writer thread over each shard's spool's reading side, with that shard's
+/// replicas; it runs until `shutdown` turns true and every shard's drain ends.
 fn start_writer(
     config: &Config,
-    reader: spool::SpoolReader,
+    readers: Vec<(crate::config::ShardConfig, spool::SpoolReader)>,
     metrics: &Arc<metrics::Metrics>,
     purged: watch::Receiver<settings::PurgedSites>,
     shutdown: watch::Receiver<bool>,
 ) -> Result<std::thread::JoinHandle<()>, RunError> {
     let ch = &config.clickhouse;
-    let replicas = writer::Replicas::new(ch, metrics.clone());
+    let shards = readers
+        .into_iter()
+        .map(|(shard, reader)| writer::ShardWriter {
+            reader,
+            replicas: writer::Replicas::new(ch, &shard, metrics.clone()),
+        })
+        .collect();
     let batch_limits = writer::BatchLimits {
         max_rows: ch.batch_max_rows,
         max_bytes: ch.batch_max_bytes,
@@ -295,8 +295,7 @@ fn start_writer(
         form: ch.table_form,
     };
     writer::spawn(
-        reader,
-        replicas,
+        shards,
         batch_limits,
         probing,
         metrics.clone(),

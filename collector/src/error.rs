@@ -56,6 +56,11 @@ pub enum IntakeError {
     /// never-seen site while the settings store is unreachable).
     #[error("{0}")]
     Unavailable(&'static str, Duration),
+    /// 503: a measurement's site lives on a shard this collector does not know (contract v5
+    /// §3): nothing of the request is stored, never on another shard; the count is how many
+    /// measurements the request held.
+    #[error("site on a shard this collector does not know")]
+    UnknownShard(usize, Duration),
 }
 
 impl From<DecodeError> for IntakeError {
@@ -80,9 +85,9 @@ impl IntakeError {
             IntakeError::RateLimited(_) | IntakeError::SiteLookupLimited(_) => {
                 StatusCode::TOO_MANY_REQUESTS
             }
-            IntakeError::Overloaded(_) | IntakeError::Unavailable(..) => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            IntakeError::Overloaded(_)
+            | IntakeError::Unavailable(..)
+            | IntakeError::UnknownShard(..) => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -99,6 +104,7 @@ impl IntakeError {
             IntakeError::SiteLookupLimited(_) => "site_lookup_limited",
             IntakeError::Overloaded(_) => "overloaded",
             IntakeError::Unavailable(..) => "unavailable",
+            IntakeError::UnknownShard(..) => "unknown_shard",
         }
     }
 }
@@ -130,7 +136,8 @@ impl IntoResponse for IntakeError {
             IntakeError::RateLimited(d)
             | IntakeError::SiteLookupLimited(d)
             | IntakeError::Overloaded(d)
-            | IntakeError::Unavailable(_, d) => Some(d.as_secs().max(1)),
+            | IntakeError::Unavailable(_, d)
+            | IntakeError::UnknownShard(_, d) => Some(d.as_secs().max(1)),
             _ => None,
         };
         let rejected: &[Rejected] = match &self {

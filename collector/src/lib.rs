@@ -33,9 +33,10 @@
 //! - [`settings`]: the `sites` store and the cache intake reads through.
 //! - [`dedup`]: the in-memory dedup window.
 //! - [`spool`]: the durable log where the request path ends and the write path begins; it
-//!   stores records it never reads.
-//! - [`writer`]: batches from the spool into the preferred healthy replica, on a thread and
-//!   runtime of its own at a lower priority than the request threads; [`clickhouse`]: what
+//!   stores records it never reads. [`shards`]: one spool per ClickHouse shard (contract v5
+//!   §3), so that a shard that is down holds back and fills only its own.
+//! - [`writer`]: per shard, batches from its spool into its preferred healthy replica, on a
+//!   thread and runtime of its own at a lower priority than the request threads; [`clickhouse`]: what
 //!   knows ClickHouse (error classes, the insert, the schema), used by the writer and
 //!   `migrate`.
 //! - [`script`]: the tracking script.
@@ -76,7 +77,10 @@
 //!   are **kept aside**: written to the spool's dead-letter files (`kept-aside/`, counted in
 //!   `collector_spool_kept_aside_rows_total`). "Kept aside" is the project's one name for the
 //!   dead-letter queue.
-//! - **replica**: one ClickHouse server of `COLLECTOR_CLICKHOUSE_URLS`; its state is down,
+//! - **shard**: a replica set of its own (`COLLECTOR_CLICKHOUSE_SHARDS`; `COLLECTOR_CLICKHOUSE_URLS`
+//!   is the one shard `default`); a **site** lives on one shard, chosen once when it is added
+//!   ([`settings::place`]), and has its own spool, writer and failover there ([`shards`]).
+//! - **replica**: one ClickHouse server of a shard; its state is down,
 //!   catching up or healthy ([`writer::replicas`]). **Failover**: the writer moves to the next
 //!   healthy replica by itself; **catch-up gating**: a returning replica is written to again
 //!   only once it passed the catch-up check.
@@ -113,6 +117,7 @@ pub mod sampling;
 pub mod script;
 pub mod server;
 pub mod settings;
+pub mod shards;
 pub mod spool;
 pub mod state;
 pub mod tls;

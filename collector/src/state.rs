@@ -13,7 +13,7 @@ use crate::limits::Limits;
 use crate::metrics::Metrics;
 use crate::script::Script;
 use crate::settings::SiteSettings;
-use crate::spool::Spool;
+use crate::shards::ShardSpools;
 
 /// State shared by every endpoint. Cheap to clone.
 #[derive(Clone)]
@@ -27,8 +27,8 @@ pub struct Inner {
     pub settings: SiteSettings,
     /// Dedup window.
     pub dedup: Dedup,
-    /// Spool appender.
-    pub spool: Spool,
+    /// The spool appender of every shard (contract v5 §3).
+    pub spools: ShardSpools,
     /// Tracking script.
     pub script: Script,
     /// Parsed user agents (bounded cache).

@@ -60,7 +60,7 @@ fn id_list(ids: &[String]) -> String {
 
 /// The replica-state line of `/metrics` for `url` with `state` (0 down, 2 healthy).
 fn replica_state(url: &str, state: u8) -> String {
-    format!("collector_clickhouse_replica_state{{replica=\"{url}\"}} {state}")
+    format!("collector_clickhouse_replica_state{{replica=\"{url}\",shard=\"default\"}} {state}")
 }
 
 /// Waits until the collector's log has a warning or error line containing every one of

@@ -29,7 +29,7 @@ async fn collector(env: &TestEnv<'_>, extra: &[(&str, &str)]) -> Collector {
     let c = env.collector(extra).await;
     let url = &env.clickhouse[0];
     c.wait_metric(
-        &format!("collector_clickhouse_replica_state{{replica=\"{url}\"}} 2"),
+        &format!("collector_clickhouse_replica_state{{replica=\"{url}\",shard=\"default\"}} 2"),
         STORED,
     )
     .await;

@@ -367,7 +367,7 @@ async fn a_lagging_replica_is_not_written_to_until_it_catches_up() {
         // Over several probe rounds, the lagging replica stays unused.
         assert_eq!(
             c.metric(&format!(
-                "collector_clickhouse_active_replica{{replica=\"{}\"}}",
+                "collector_clickhouse_active_replica{{replica=\"{}\",shard=\"default\"}}",
                 urls[0]
             ))
             .await,
@@ -375,7 +375,7 @@ async fn a_lagging_replica_is_not_written_to_until_it_catches_up() {
         );
         assert_eq!(
             c.metric(&format!(
-                "collector_clickhouse_replica_state{{replica=\"{}\"}}",
+                "collector_clickhouse_replica_state{{replica=\"{}\",shard=\"default\"}}",
                 urls[0]
             ))
             .await,
@@ -536,9 +536,9 @@ async fn a_replica_that_refuses_inserts(settings: &[&str], cause: &str) {
     let c = env.collector(&[]).await;
     let urls = stack.clickhouse_urls();
     let r1 = urls[0].clone();
-    let state = format!("collector_clickhouse_replica_state{{replica=\"{r1}\"}}");
+    let state = format!("collector_clickhouse_replica_state{{replica=\"{r1}\",shard=\"default\"}}");
     let errors =
-        format!("collector_clickhouse_insert_errors_total{{replica=\"{r1}\",kind=\"transient\"}}");
+        format!("collector_clickhouse_insert_errors_total{{replica=\"{r1}\",shard=\"default\",kind=\"transient\"}}");
     wait_replica(&c, "replica_state", &r1, 2).await;
     let traffic = Traffic::start(&c, &env.site, EVERY);
     traffic.wait_acked(50, SWITCH).await;

@@ -487,7 +487,7 @@ async fn script_and_operations_endpoints() {
     for url in &env.clickhouse {
         assert!(
             metrics.contains(&format!(
-                "collector_clickhouse_replica_state{{replica=\"{url}\"}} 2"
+                "collector_clickhouse_replica_state{{replica=\"{url}\",shard=\"default\"}} 2"
             )),
             "{metrics}"
         );
@@ -495,7 +495,7 @@ async fn script_and_operations_endpoints() {
     let first = &env.clickhouse[0];
     assert!(
         metrics.contains(&format!(
-            "collector_clickhouse_active_replica{{replica=\"{first}\"}} 1"
+            "collector_clickhouse_active_replica{{replica=\"{first}\",shard=\"default\"}} 1"
         )),
         "{metrics}"
     );

@@ -24,12 +24,12 @@ const STORED: Duration = Duration::from_secs(60);
 
 /// `collector_clickhouse_{metric}{replica="url"}`.
 fn replica_metric(metric: &str, url: &str) -> String {
-    format!("collector_clickhouse_{metric}{{replica=\"{url}\"}}")
+    format!("collector_clickhouse_{metric}{{replica=\"{url}\",shard=\"default\"}}")
 }
 
 /// `collector_clickhouse_insert_errors_total` of the replica `url`, kind `transient`.
 fn transient_errors(url: &str) -> String {
-    format!("collector_clickhouse_insert_errors_total{{replica=\"{url}\",kind=\"transient\"}}")
+    format!("collector_clickhouse_insert_errors_total{{replica=\"{url}\",shard=\"default\",kind=\"transient\"}}")
 }
 
 /// Two stand-ins ([`StandIn`]) in front of the stack's two replicas, sharing one memory of
@@ -410,7 +410,7 @@ async fn migrate_with_a_replica_down_and_the_replica_gets_the_table_when_it_retu
     assert!(c.metric(&replica_metric("inserts_total", &urls[2])).await >= 1.0);
     assert_eq!(c.metric("collector_spool_kept_aside_rows_total").await, 0.0);
     let permanent = format!(
-        "collector_clickhouse_insert_errors_total{{replica=\"{}\",kind=\"permanent\"}}",
+        "collector_clickhouse_insert_errors_total{{replica=\"{}\",shard=\"default\",kind=\"permanent\"}}",
         urls[2]
     );
     assert_eq!(c.metric(&permanent).await, 0.0);

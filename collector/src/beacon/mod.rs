@@ -42,6 +42,9 @@ pub const UNKNOWN_SITE: Rejection = "unknown or disabled site";
 /// The rejection of a measurement whose `url` host is not the host of one of its site's
 /// origins, when the site lists origins (contract v4 §2).
 pub const URL_NOT_ALLOWED: Rejection = "url_not_allowed";
+/// The reason counted for each measurement of a request answered 503 because its site lives
+/// on a shard this collector does not know (contract v5 §3); nothing of the request is stored.
+pub const UNKNOWN_SHARD: Rejection = "unknown_shard";
 
 /// Every [`Rejection`] intake can give: the `reason` values of
 /// `collector_measurements_rejected_total`, each exported from the start at 0. In order: an
@@ -50,7 +53,7 @@ pub const URL_NOT_ALLOWED: Rejection = "url_not_allowed";
 pub fn rejection_reasons() -> impl Iterator<Item = Rejection> {
     std::iter::once(decode::NOT_AN_OBJECT)
         .chain(crate::measurement::field_rejections())
-        .chain([UNKNOWN_SITE, URL_NOT_ALLOWED])
+        .chain([UNKNOWN_SITE, URL_NOT_ALLOWED, UNKNOWN_SHARD])
 }
 
 /// Validates one body element against the field rules of the contract (§2), as the field

@@ -79,6 +79,11 @@ pub enum SitesCommand {
         /// Register the site disabled.
         #[arg(long)]
         disabled: bool,
+        /// The shard the site lives on, one of the configured shards; without it, the one at
+        /// `cityHash64(KEY) mod n` of COLLECTOR_CLICKHOUSE_SHARDS. An existing site keeps its
+        /// shard.
+        #[arg(long)]
+        shard: Option<String>,
         /// The site's lists.
         #[command(flatten)]
         lists: SiteLists,

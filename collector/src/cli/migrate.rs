@@ -1,7 +1,10 @@
 //! `collector migrate`: applies `schema/postgres/` to PostgreSQL and the ClickHouse schema
-//! ([`crate::clickhouse::schema`]) to every ClickHouse replica, then copies a v1 table's rows.
+//! ([`crate::clickhouse::schema`]) to every ClickHouse replica of every shard, with the
+//! `Distributed` table over them ([`crate::clickhouse::cluster`]), then copies a v1 table's
+//! rows.
 
 use super::{cli_store, RunError};
+use crate::clickhouse::cluster::{apply_distributed, Expected, DISTRIBUTED_TABLE};
 use crate::clickhouse::schema::{apply_clickhouse, copy_v1, SchemaError, V1_TABLE};
 use crate::config::{Config, TableForm};
 
@@ -14,6 +17,10 @@ pub const POSTGRES: &[(&str, &str)] = &[
     (
         "002_sites_v4.sql",
         include_str!("../../../schema/postgres/002_sites_v4.sql"),
+    ),
+    (
+        "003_sites_shard.sql",
+        include_str!("../../../schema/postgres/003_sites_shard.sql"),
     ),
 ];
 
@@ -32,10 +39,13 @@ fn form_name(form: TableForm) -> &'static str {
     }
 }
 
-/// Applies the PostgreSQL schema, then the ClickHouse schema to every replica in turn, each
-/// within [`REPLICA_TIMEOUT`]. One replica down must not block a deploy (contract §1): the replicas
-/// that could not be reached are named on stderr, and the run succeeds when PostgreSQL and at
-/// least one replica have the schema. The collector applies it to the others when they
+/// Applies the PostgreSQL schema, then the ClickHouse schema to every replica of every shard
+/// in turn, each within [`REPLICA_TIMEOUT`], and on each the `Distributed` table
+/// `measurements_all` once its cluster is found to list the configured shards
+/// ([`crate::clickhouse::cluster`]). One replica down must not block a deploy (contract §1):
+/// the replicas that could not be reached are named on stderr, and the run succeeds when
+/// PostgreSQL and at least one replica have the schema and no server's cluster differs from
+/// the configured shards. The collector applies the local table to the others when they
 /// return.
 pub async fn run(config: &Config) -> Result<(), RunError> {
     let postgres = apply_postgres(config).await;
@@ -43,32 +53,80 @@ pub async fn run(config: &Config) -> Result<(), RunError> {
         Ok(()) => println!("postgres: schema applied"),
         Err(e) => eprintln!("collector: {e}"),
     }
-    // One replica after the other, each waited for up to REPLICA_TIMEOUT from its turn (in a
-    // fresh `docker compose up` the replicas may still be starting; compose does not wait for
-    // them to be healthy, so that one replica down cannot block a deploy): the same `ALTER`s
-    // on two replicas of a replicated table at once overlap, which aborted a ClickHouse 18.16
-    // server (see `writer::probe::round`). A replica that hangs past its turn may still run
-    // its `ALTER` when it wakes; the next replica's may then overlap it.
-    let mut outcomes = Vec::new();
-    for url in &config.clickhouse.urls {
-        outcomes.push(apply_replica(url, config).await);
-    }
-    let mut applied = Vec::new();
-    let mut missed = 0;
-    for (url, client, result) in outcomes {
-        if report_replica(&url, config.clickhouse.table_form, result) {
-            applied.push((url, client));
-        } else {
-            missed += 1;
+    let mut any_applied = false;
+    let mut cluster_differs = Vec::new();
+    let mut copies = Vec::new();
+    for (position, shard) in config.clickhouse.shards.iter().enumerate() {
+        let applied = apply_shard(config, shard).await;
+        any_applied |= !applied.is_empty();
+        let expected = Expected {
+            shard: position,
+            replicas: config
+                .clickhouse
+                .shards
+                .iter()
+                .map(|s| s.urls.len())
+                .collect(),
+        };
+        for (url, client) in &applied {
+            let cluster = &config.clickhouse.cluster;
+            match apply_distributed(client, &config.clickhouse.database, cluster, &expected).await {
+                Ok(()) => println!("clickhouse {url}: {DISTRIBUTED_TABLE} over cluster {cluster}"),
+                Err(e) => {
+                    eprintln!("collector: clickhouse {url}: no {DISTRIBUTED_TABLE}: {e}");
+                    cluster_differs.push(url.clone());
+                }
+            }
         }
+        let missed = shard.urls.len() - applied.len();
+        copies.push((applied.into_iter().next(), missed));
     }
     postgres.map_err(RunError::Failed)?;
-    let Some((url, client)) = applied.first() else {
+    if !any_applied {
         return Err(RunError::Failed(
-            "no ClickHouse server has the schema (every one listed in COLLECTOR_CLICKHOUSE_URLS failed, see above)".into(),
+            "no ClickHouse server has the schema (every replica of every shard failed, see above)"
+                .into(),
         ));
-    };
-    copy_v1_rows(url, client, &config.clickhouse.database, missed).await
+    }
+    for (first, missed) in copies {
+        if let Some((url, client)) = first {
+            copy_v1_rows(&url, &client, &config.clickhouse.database, missed).await?;
+        }
+    }
+    if !cluster_differs.is_empty() {
+        return Err(RunError::Failed(format!(
+            "the cluster {} of {} does not list the configured shards (see above): fix remote_servers or COLLECTOR_CLICKHOUSE_CLUSTER",
+            config.clickhouse.cluster,
+            cluster_differs.join(", ")
+        )));
+    }
+    Ok(())
+}
+
+/// Applies the ClickHouse schema to every replica of `shard`, one after the other: the same
+/// `ALTER`s on two replicas of a replicated table at once overlap, which aborted a ClickHouse
+/// 18.16 server (see `writer::probe::round`); each is waited for up to [`REPLICA_TIMEOUT`] from
+/// its turn (in a fresh `docker compose up` the replicas may still be starting). A replica
+/// that hangs past its turn may still run its `ALTER` when it wakes; the next replica's may
+/// then overlap it. Returns the replicas that have the schema, in order.
+async fn apply_shard(
+    config: &Config,
+    shard: &crate::config::ShardConfig,
+) -> Vec<(String, clickhouse::Client)> {
+    let mut applied = Vec::new();
+    for url in &shard.urls {
+        let (url, client, result) = apply_replica(url, config).await;
+        if report_replica(&url, config.clickhouse.table_form, result) {
+            applied.push((url, client));
+        }
+    }
+    if applied.is_empty() {
+        eprintln!(
+            "collector: shard {}: no replica has the schema; the collector applies it when one answers",
+            shard.name
+        );
+    }
+    applied
 }
 
 /// Applies `schema/postgres/` in order; the first failure, named by its file.

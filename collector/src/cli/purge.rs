@@ -9,7 +9,8 @@
 //! 3. on every ClickHouse server of `COLLECTOR_CLICKHOUSE_URLS`, the site's rows are deleted
 //!    from `measurements` and from a v1 table moved aside, and the deletion waited for
 //!    ([`crate::clickhouse::erase::delete_site`]);
-//! 4. its kept-aside records on this host are deleted from `COLLECTOR_SPOOL_DIR/kept-aside/`.
+//! 4. its kept-aside records on this host are deleted from every shard's spool folder's
+//!    `kept-aside/` ([`crate::shards::spool_dir`]).
 //!
 //! A server that cannot be reached is named on stderr and the command exits 1: running it
 //! again finishes the job (each step is idempotent).
@@ -43,8 +44,7 @@ pub async fn run(config: &Config, store: &SettingsStore, key: &str) -> Result<()
     let results = futures_util::future::join_all(
         config
             .clickhouse
-            .urls
-            .iter()
+            .urls()
             .map(|url| delete_on(config, url.as_str().trim_end_matches('/'), key)),
     )
     .await;
@@ -60,12 +60,12 @@ pub async fn run(config: &Config, store: &SettingsStore, key: &str) -> Result<()
             }
         }
     }
-    let kept = erase_kept_aside(&config.spool.dir.join("kept-aside"), key).map_err(|e| {
-        failed(format!(
-            "kept-aside records in {}: {e}",
-            config.spool.dir.display()
-        ))
-    })?;
+    let mut kept = 0;
+    for shard in &config.clickhouse.shards {
+        let dir = crate::shards::spool_dir(&config.spool.dir, &shard.name);
+        kept += erase_kept_aside(&dir.join("kept-aside"), key)
+            .map_err(|e| failed(format!("kept-aside records in {}: {e}", dir.display())))?;
+    }
     println!("kept-aside: {kept} records of {key} deleted on this host");
     if unreached.is_empty() {
         println!("site {key} erased");

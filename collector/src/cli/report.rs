@@ -73,6 +73,15 @@ pub enum ReportError {
     /// The HTML file could not be written (exit 1).
     #[error("--html {0}: {1}")]
     Html(String, std::io::Error),
+    /// With several shards, the site's shard could not be found in the settings store, or is
+    /// not one of the configured shards (exit 1).
+    #[error("the shard of site {site:?}: {why}")]
+    Shard {
+        /// The key asked for.
+        site: String,
+        /// Why not.
+        why: String,
+    },
 }
 
 impl From<ReportError> for RunError {
@@ -110,14 +119,42 @@ pub async fn run(config: &Config, args: ReportArgs) -> Result<(), RunError> {
     Ok(())
 }
 
-/// The report from the first server that answers, asked in the configured order.
+/// The shard the site lives on (contract v5 §3): the one configured shard, or, with several,
+/// the one its settings name.
+async fn shard_of<'c>(
+    config: &'c Config,
+    site: &str,
+) -> Result<&'c crate::config::ShardConfig, ReportError> {
+    let shards = &config.clickhouse.shards;
+    if let [only] = &shards[..] {
+        return Ok(only);
+    }
+    let err = |why: String| ReportError::Shard {
+        site: site.to_owned(),
+        why,
+    };
+    let store = super::cli_store(config).map_err(|e| err(e.to_string()))?;
+    let found = store.fetch(site).await.map_err(|e| err(e.to_string()))?;
+    let name = found
+        .ok_or_else(|| err("no such site in the settings store".into()))?
+        .shard;
+    config.clickhouse.shard(&name).ok_or_else(|| {
+        err(format!(
+            "shard {name} is not in COLLECTOR_CLICKHOUSE_SHARDS"
+        ))
+    })
+}
+
+/// The report from the first replica of the site's shard that answers, asked in the
+/// configured order: a shard that is down stops only its own sites' reports.
 async fn fetch(config: &Config, args: &ReportArgs, now: u64) -> Result<Report, ReportError> {
     let to = now + AHEAD;
     let from = now.saturating_sub(u64::from(args.days) * 86_400);
     let database = &config.clickhouse.database;
     let query = sql::report_query(database, &args.site, args.by, from, to);
+    let shard = shard_of(config, &args.site).await?;
     let mut problems = Vec::new();
-    for url in &config.clickhouse.urls {
+    for url in &shard.urls {
         let url = url.as_str().trim_end_matches('/');
         let client = crate::clickhouse::client(url, &config.clickhouse, false);
         let asked = ask(&client, &query, database, &args.site);

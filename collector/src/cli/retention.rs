@@ -45,7 +45,7 @@ pub async fn run_once(
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
     let mut failed = Vec::new();
-    for url in &config.clickhouse.urls {
+    for url in config.clickhouse.urls() {
         let url = url.as_str().trim_end_matches('/');
         let client = crate::clickhouse::client(url, &config.clickhouse, true);
         let database = &config.clickhouse.database;
@@ -76,14 +76,15 @@ pub async fn run_once(
             }
         }
     }
-    match crate::spool::expire_kept_aside(&config.spool.dir, retention) {
-        Ok(n) => done(format!(
-            "kept-aside: {n} files older than the retention deleted"
-        )),
-        Err(e) => problem(format!(
-            "kept-aside files in {}: {e}",
-            config.spool.dir.display()
-        )),
+    for shard in &config.clickhouse.shards {
+        let dir = crate::shards::spool_dir(&config.spool.dir, &shard.name);
+        match crate::spool::expire_kept_aside(&dir, retention) {
+            Ok(n) => done(format!(
+                "kept-aside of shard {}: {n} files older than the retention deleted",
+                shard.name
+            )),
+            Err(e) => problem(format!("kept-aside files in {}: {e}", dir.display())),
+        }
     }
     failed
 }

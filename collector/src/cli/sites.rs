@@ -15,17 +15,21 @@ pub async fn run(config: &Config, command: SitesCommand) -> Result<(), RunError>
             key,
             sample_rate,
             disabled,
+            shard,
             lists,
         } => {
             check_key(&key)?;
+            let existing = store.fetch(&key).await.map_err(failed)?;
+            let shard = choose_shard(config, &key, shard.as_deref(), existing.as_ref())?;
             let mut site = Site {
                 sample_rate: check_rate(sample_rate)?,
                 enabled: !disabled,
+                shard,
                 ..Site::new(key)
             };
             apply_lists(&mut site, lists)?;
             store.upsert(&site).await.map_err(failed)?;
-            println!("site {} saved", site.key);
+            println!("site {} saved on shard {}", site.key, site.shard);
         }
         SitesCommand::Update {
             key,
@@ -60,6 +64,36 @@ pub async fn run(config: &Config, command: SitesCommand) -> Result<(), RunError>
     Ok(())
 }
 
+/// The shard of a site being added (contract v5 §3): an existing site's own (a `--shard` that
+/// differs is refused: a site never moves by itself), else `--shard` when it is a configured
+/// shard, else [`settings::place`] over the configured shards.
+fn choose_shard(
+    config: &Config,
+    key: &str,
+    wanted: Option<&str>,
+    existing: Option<&Site>,
+) -> Result<String, RunError> {
+    let names: Vec<&str> = config
+        .clickhouse
+        .shards
+        .iter()
+        .map(|s| s.name.as_str())
+        .collect();
+    match (existing, wanted) {
+        (Some(site), Some(w)) if w != site.shard => Err(RunError::Failed(format!(
+            "site {key} lives on shard {}: a site's shard is chosen once and never changed by sites add (docs/operations.md, \"Moving a site\")",
+            site.shard
+        ))),
+        (Some(site), _) => Ok(site.shard.clone()),
+        (None, Some(w)) if names.contains(&w) => Ok(w.to_owned()),
+        (None, Some(w)) => Err(RunError::Usage(format!(
+            "--shard {w:?}: not a configured shard (COLLECTOR_CLICKHOUSE_SHARDS names {})",
+            names.join(", ")
+        ))),
+        (None, None) => Ok(settings::place(key, &names).to_owned()),
+    }
+}
+
 /// One line of `sites list`.
 fn describe(s: &Site) -> String {
     let list = |l: &[String], empty: &str| {
@@ -70,7 +104,7 @@ fn describe(s: &Site) -> String {
         }
     };
     format!(
-        "{}\t{}\tsample_rate={}\torigins={}\tkeep_query={}\tpage_groups={}\tdimensions={}",
+        "{}\t{}\tsample_rate={}\torigins={}\tkeep_query={}\tpage_groups={}\tdimensions={}\tshard={}",
         s.key,
         if s.purged {
             "purged"
@@ -84,6 +118,7 @@ fn describe(s: &Site) -> String {
         list(&s.keep_query, "(none)"),
         list(&s.page_groups, "(none)"),
         list(&s.dimensions, "(none)"),
+        s.shard,
     )
 }
 

@@ -5,6 +5,7 @@
 //! Inside this module and everywhere else, `clickhouse::…` names the `clickhouse` crate (the
 //! HTTP client); this module is `crate::clickhouse`.
 
+pub mod cluster;
 pub mod erase;
 pub mod errors;
 pub mod insert;

@@ -15,6 +15,11 @@ pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9464";
 pub const DEFAULT_DATABASE_URL: &str = "postgres://localhost/collector";
 /// Default ClickHouse replica list (contract §1).
 pub const DEFAULT_CLICKHOUSE_URLS: &str = "http://127.0.0.1:8123";
+/// The shard `COLLECTOR_CLICKHOUSE_URLS` is (contract v5 §3), and the shard of a site added
+/// before shards existed.
+pub const DEFAULT_SHARD: &str = "default";
+/// Default of `COLLECTOR_CLICKHOUSE_CLUSTER` (contract v5 §1).
+pub const DEFAULT_CLICKHOUSE_CLUSTER: &str = "collector";
 /// The ClickHouse user connected as (contract v4 §1).
 pub const DEFAULT_CLICKHOUSE_USER: &str = "default";
 /// Default ClickHouse database (contract §1).
@@ -81,9 +86,28 @@ pub struct RawArgs {
     /// PostgreSQL settings store: tokio-postgres URL or key=value string; may list several hosts.
     #[arg(long, env = "COLLECTOR_DATABASE_URL", default_value = DEFAULT_DATABASE_URL, global = true, hide_env_values = true)]
     pub database_url: String,
-    /// Comma-separated ClickHouse HTTP URLs, in preference order.
-    #[arg(long, env = "COLLECTOR_CLICKHOUSE_URLS", default_value = DEFAULT_CLICKHOUSE_URLS, global = true, hide_env_values = true)]
-    pub clickhouse_urls: String,
+    /// Comma-separated ClickHouse HTTP URLs, in preference order: one shard named `default`.
+    /// Unset: `http://127.0.0.1:8123` ([`DEFAULT_CLICKHOUSE_URLS`]), unless
+    /// `COLLECTOR_CLICKHOUSE_SHARDS` is set (setting both is an error).
+    #[arg(
+        long,
+        env = "COLLECTOR_CLICKHOUSE_URLS",
+        global = true,
+        hide_env_values = true
+    )]
+    pub clickhouse_urls: Option<String>,
+    /// The shards (contract v5 §3): `NAME=URL,URL,...` separated by `;`, each a replica set in
+    /// preference order. Not together with `COLLECTOR_CLICKHOUSE_URLS`.
+    #[arg(
+        long,
+        env = "COLLECTOR_CLICKHOUSE_SHARDS",
+        global = true,
+        hide_env_values = true
+    )]
+    pub clickhouse_shards: Option<String>,
+    /// The cluster (in the servers' `remote_servers`) that `measurements_all` reads over.
+    #[arg(long, env = "COLLECTOR_CLICKHOUSE_CLUSTER", default_value = DEFAULT_CLICKHOUSE_CLUSTER, global = true)]
+    pub clickhouse_cluster: String,
     /// The ClickHouse user the collector (and `migrate`) connects as.
     #[arg(long, env = "COLLECTOR_CLICKHOUSE_USER", default_value = DEFAULT_CLICKHOUSE_USER, global = true)]
     pub clickhouse_user: String,

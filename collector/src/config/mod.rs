@@ -147,11 +147,24 @@ impl std::fmt::Debug for SiteSettingsConfig {
     }
 }
 
-/// The ClickHouse replicas and the writer's batches.
+/// One shard (contract v5 §3): a replica set with its own failover, spool and writer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShardConfig {
+    /// Its name ([`values::is_shard_name`]): `default` for `COLLECTOR_CLICKHOUSE_URLS`.
+    pub name: String,
+    /// Its replicas in preference order (at least one), `http://` or `https://`.
+    pub urls: Vec<Url>,
+}
+
+/// The ClickHouse shards and the writer's batches.
 #[derive(Debug, Clone)]
 pub struct ClickHouseConfig {
-    /// Replicas in preference order (at least one), `http://` or `https://`.
-    pub urls: Vec<Url>,
+    /// The shards in the order configured (at least one; names and replicas unique): from
+    /// `COLLECTOR_CLICKHOUSE_SHARDS`, or `COLLECTOR_CLICKHOUSE_URLS` as one shard `default`.
+    /// A site without `--shard` is placed at `cityHash64(key) mod len` of this order.
+    pub shards: Vec<ShardConfig>,
+    /// The cluster in the servers' `remote_servers` that `measurements_all` reads over.
+    pub cluster: String,
     /// The user connected as.
     pub user: String,
     /// Its password, if any (`COLLECTOR_CLICKHOUSE_PASSWORD_FILE`).
@@ -304,19 +317,25 @@ impl SiteSettingsConfig {
 }
 
 impl ClickHouseConfig {
+    /// Every replica URL of every shard, shard by shard in order.
+    pub fn urls(&self) -> impl Iterator<Item = &Url> {
+        self.shards.iter().flat_map(|s| s.urls.iter())
+    }
+
+    /// The shard named `name`.
+    pub fn shard(&self, name: &str) -> Option<&ShardConfig> {
+        self.shards.iter().find(|s| s.name == name)
+    }
+
     fn read(raw: &RawArgs, p: &mut Problems) -> ClickHouseConfig {
-        let shown = if raw.clickhouse_urls.contains('@') {
-            "<hidden>"
-        } else {
-            &raw.clickhouse_urls
-        };
-        let urls = p
-            .check(
-                "CLICKHOUSE_URLS",
-                shown,
-                values::clickhouse_urls(&raw.clickhouse_urls),
-            )
-            .unwrap_or_default();
+        let shards = read_shards(raw, p);
+        if !is_identifier(&raw.clickhouse_cluster) {
+            p.report(
+                "CLICKHOUSE_CLUSTER",
+                &raw.clickhouse_cluster,
+                "must match [A-Za-z_][A-Za-z0-9_]*",
+            );
+        }
         if !is_identifier(&raw.clickhouse_database) {
             let name = &raw.clickhouse_database;
             p.report(
@@ -329,22 +348,29 @@ impl ClickHouseConfig {
         let table_form = p
             .check("CLICKHOUSE_TABLE_FORM", form, TableForm::parse(form))
             .unwrap_or(TableForm::Replicated);
-        if table_form == TableForm::Single && urls.len() > 1 {
-            p.report(
-                "CLICKHOUSE_TABLE_FORM",
-                form,
-                format!(
-                    "single is one server without replication, but COLLECTOR_CLICKHOUSE_URLS lists {}: \
-                     rows written to each would stay apart (list one URL, or use replicated)",
-                    urls.len()
-                ),
-            );
+        if let Some(shard) = shards.iter().find(|s| s.urls.len() > 1) {
+            if table_form == TableForm::Single {
+                p.report(
+                    "CLICKHOUSE_TABLE_FORM",
+                    form,
+                    format!(
+                        "single is one server without replication, but shard {} lists {} replicas: \
+                         rows written to each would stay apart (list one URL per shard, or use replicated)",
+                        shard.name,
+                        shard.urls.len()
+                    ),
+                );
+            }
         }
         let password = Some(raw.clickhouse_password_file.trim())
             .filter(|f| !f.is_empty())
             .and_then(|f| p.check("CLICKHOUSE_PASSWORD_FILE", f, values::secret_file(f)));
         let ca = Some(raw.clickhouse_ca_file.trim()).filter(|f| !f.is_empty());
-        let tls = (ca.is_some() || urls.iter().any(|u| u.scheme() == "https"))
+        let https = shards
+            .iter()
+            .flat_map(|s| &s.urls)
+            .any(|u| u.scheme() == "https");
+        let tls = (ca.is_some() || https)
             .then(|| {
                 let made = crate::tls::client_config(
                     ca.map(std::path::Path::new),
@@ -358,7 +384,8 @@ impl ClickHouseConfig {
             })
             .flatten();
         ClickHouseConfig {
-            urls,
+            shards,
+            cluster: raw.clickhouse_cluster.clone(),
             user: raw.clickhouse_user.clone(),
             password,
             tls,
@@ -377,6 +404,53 @@ impl ClickHouseConfig {
                 Duration::from_millis(1),
             ),
             retention: p.long_duration("RETENTION", &raw.retention, Duration::from_secs(86_400)),
+        }
+    }
+}
+
+/// The shards of `COLLECTOR_CLICKHOUSE_SHARDS`, or `COLLECTOR_CLICKHOUSE_URLS` (or its default)
+/// as the one shard [`DEFAULT_SHARD`]; both set is an error (contract v5 §3).
+fn read_shards(raw: &RawArgs, p: &mut Problems) -> Vec<ShardConfig> {
+    let hide = |v: &str| {
+        if v.contains('@') {
+            "<hidden>".to_owned()
+        } else {
+            v.to_owned()
+        }
+    };
+    match (&raw.clickhouse_shards, &raw.clickhouse_urls) {
+        (Some(shards), Some(_)) => {
+            p.report(
+                "CLICKHOUSE_SHARDS",
+                &hide(shards),
+                "not together with COLLECTOR_CLICKHOUSE_URLS (which is one shard named default): set one of them",
+            );
+            Vec::new()
+        }
+        (Some(shards), None) => p
+            .check(
+                "CLICKHOUSE_SHARDS",
+                &hide(shards),
+                values::clickhouse_shards(shards),
+            )
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(name, urls)| ShardConfig { name, urls })
+            .collect(),
+        (None, urls) => {
+            let urls = urls.as_deref().unwrap_or(DEFAULT_CLICKHOUSE_URLS);
+            p.check(
+                "CLICKHOUSE_URLS",
+                &hide(urls),
+                values::clickhouse_urls(urls),
+            )
+            .map(|urls| {
+                vec![ShardConfig {
+                    name: DEFAULT_SHARD.to_owned(),
+                    urls,
+                }]
+            })
+            .unwrap_or_default()
         }
     }
 }
@@ -416,7 +490,10 @@ mod tests {
         let s = Config::from_args(&raw(&[])).unwrap();
         assert_eq!(s.server.listen.to_string(), DEFAULT_LISTEN);
         assert_eq!(s.settings.backoff, Duration::from_secs(10));
-        assert_eq!(s.clickhouse.urls.len(), 1);
+        assert_eq!(s.clickhouse.shards.len(), 1);
+        assert_eq!(s.clickhouse.shards[0].name, DEFAULT_SHARD);
+        assert_eq!(s.clickhouse.urls().count(), 1);
+        assert_eq!(s.clickhouse.cluster, "collector");
         assert!(s.intake.trusted_proxies.is_empty());
         assert_eq!(
             s.intake.client_rate, 0,
@@ -526,12 +603,7 @@ mod tests {
     fn replica_list_keeps_preference_order() {
         let s = Config::from_args(&raw(&["--clickhouse-urls", "http://b:8123, http://a:8123"]))
             .unwrap();
-        let hosts: Vec<_> = s
-            .clickhouse
-            .urls
-            .iter()
-            .map(|u| u.host_str().unwrap())
-            .collect();
+        let hosts: Vec<_> = s.clickhouse.urls().map(|u| u.host_str().unwrap()).collect();
         assert_eq!(hosts, ["b", "a"]);
     }
 
@@ -629,5 +701,76 @@ mod tests {
         assert!(!is_identifier("1x"));
         assert!(!is_identifier("a;drop"));
         assert!(!is_identifier(""));
+    }
+
+    #[test]
+    fn shards_are_read_in_order_with_their_replicas_in_preference_order() {
+        let c = Config::from_args(&raw(&[
+            "--clickhouse-shards",
+            "b=http://r3:8123,http://r4:8123; a=http://r1:8123",
+        ]))
+        .unwrap()
+        .clickhouse;
+        let names: Vec<_> = c.shards.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["b", "a"]);
+        let hosts: Vec<_> = c.shards[0]
+            .urls
+            .iter()
+            .map(|u| u.host_str().unwrap())
+            .collect();
+        assert_eq!(hosts, ["r3", "r4"]);
+        assert_eq!(c.shard("a").unwrap().urls.len(), 1);
+        assert!(c.shard("default").is_none());
+    }
+
+    #[test]
+    fn bad_shard_lists_are_one_line_errors_naming_the_setting() {
+        let cases = [
+            ("a=http://r1:8123;a=http://r2:8123", "named twice"),
+            ("a=http://r1:8123;b=", "no replica URL"),
+            (
+                "a=http://r1:8123;b=http://r1:8123",
+                "both shard a and shard b",
+            ),
+            ("A=http://r1:8123", "shard name"),
+            ("http://r1:8123", "NAME=URL"),
+            (";", "at least one shard"),
+            ("a=http://u:secret@r1:8123", "credentials"),
+        ];
+        for (value, reason) in cases {
+            let err = Config::from_args(&raw(&["--clickhouse-shards", value])).unwrap_err();
+            let text = err.to_string();
+            assert!(
+                text.contains("COLLECTOR_CLICKHOUSE_SHARDS"),
+                "{value}: {text}"
+            );
+            assert!(text.contains(reason), "{value}: {text}");
+            assert!(
+                !text.contains("secret") && !text.contains('\n'),
+                "{value}: {text}"
+            );
+        }
+    }
+
+    #[test]
+    fn shards_and_urls_together_are_refused_naming_both() {
+        let err = Config::from_args(&raw(&[
+            "--clickhouse-shards",
+            "a=http://r1:8123",
+            "--clickhouse-urls",
+            "http://r1:8123",
+        ]))
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("COLLECTOR_CLICKHOUSE_SHARDS"), "{err}");
+        assert!(err.contains("COLLECTOR_CLICKHOUSE_URLS"), "{err}");
+    }
+
+    #[test]
+    fn a_malformed_url_with_a_password_is_not_echoed() {
+        let err = Config::from_args(&raw(&["--clickhouse-urls", "http://u:secret@[bad:8123"]))
+            .unwrap_err()
+            .to_string();
+        assert!(!err.contains("secret"), "{err}");
     }
 }

@@ -137,9 +137,11 @@ pub fn is_identifier(s: &str) -> bool {
 pub fn clickhouse_urls(s: &str) -> Result<Vec<Url>, String> {
     let mut urls = Vec::new();
     for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let url = Url::parse(part).map_err(|e| format!("{part}: {e}"))?;
+        // A malformed URL may still hold a password: never echoed.
+        let shown = if part.contains('@') { "<hidden>" } else { part };
+        let url = Url::parse(part).map_err(|e| format!("{shown}: {e}"))?;
         if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
-            return Err(format!("{part}: must be an http:// or https:// URL"));
+            return Err(format!("{shown}: must be an http:// or https:// URL"));
         }
         // They would show in logs and metric labels: refused, without echoing them.
         if !url.username().is_empty() || url.password().is_some() {
@@ -149,7 +151,7 @@ pub fn clickhouse_urls(s: &str) -> Result<Vec<Url>, String> {
             ));
         }
         if urls.contains(&url) {
-            return Err(format!("{part}: listed twice"));
+            return Err(format!("{shown}: listed twice"));
         }
         urls.push(url);
     }
@@ -157,6 +159,61 @@ pub fn clickhouse_urls(s: &str) -> Result<Vec<Url>, String> {
         return Err("at least one URL is required".into());
     }
     Ok(urls)
+}
+
+/// A shard's name (contract v5 §3): 1 to 32 of `a-z`, `0-9`, `_` and `-`; it names the
+/// shard's spool folder and a metric label.
+pub fn is_shard_name(s: &str) -> bool {
+    (1..=32).contains(&s.len())
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
+}
+
+/// `COLLECTOR_CLICKHOUSE_SHARDS`: `NAME=URL,URL,...` separated by `;` (contract v5 §1), each
+/// URL as [`clickhouse_urls`] takes it. Errors: a bad or duplicate name, a shard without a
+/// URL, a URL in two shards, none at all. A part holding `@` is never echoed (it may hold a
+/// password).
+pub fn clickhouse_shards(s: &str) -> Result<Vec<(String, Vec<Url>)>, String> {
+    let mut shards: Vec<(String, Vec<Url>)> = Vec::new();
+    for part in s.split(';').map(str::trim).filter(|p| !p.is_empty()) {
+        let shown = |p: &str| {
+            if p.contains('@') {
+                "<hidden>".to_owned()
+            } else {
+                p.to_owned()
+            }
+        };
+        let Some((name, urls)) = part.split_once('=') else {
+            return Err(format!("{}: must be NAME=URL,URL,...", shown(part)));
+        };
+        let name = name.trim();
+        if !is_shard_name(name) {
+            return Err(format!(
+                "{}: a shard name is 1 to 32 of a-z, 0-9, _ and -",
+                shown(name)
+            ));
+        }
+        if shards.iter().any(|(n, _)| n == name) {
+            return Err(format!("shard {name}: named twice"));
+        }
+        if urls.trim().is_empty() {
+            return Err(format!("shard {name}: no replica URL"));
+        }
+        let urls = clickhouse_urls(urls).map_err(|e| format!("shard {name}: {e}"))?;
+        for url in &urls {
+            if let Some((other, _)) = shards.iter().find(|(_, u)| u.contains(url)) {
+                return Err(format!(
+                    "{}: a replica of both shard {other} and shard {name}",
+                    url.as_str().trim_end_matches('/')
+                ));
+            }
+        }
+        shards.push((name.to_owned(), urls));
+    }
+    if shards.is_empty() {
+        return Err("at least one shard is required".into());
+    }
+    Ok(shards)
 }
 
 /// A comma-separated list of CIDRs or addresses.

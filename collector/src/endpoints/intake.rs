@@ -220,11 +220,11 @@ async fn accept(
         country: &country,
     };
     let valid = validate(&text, &found, &mut report)?;
-    let valid = judge_sites(state, headers, client, valid, &mut report).await?;
-    shed_loud(state, &valid)?;
+    let (valid, placement) = judge_sites(state, headers, client, valid, &mut report).await?;
+    shed_loud(state, &valid, &placement)?;
     check_rates(state, client, headers.contains_key(header::ORIGIN), &valid)?;
     let (to_store, guards) = claim(state, valid, &mut report).await;
-    append(state, &to_store).await?;
+    append(state, &to_store, &placement).await?;
     for guard in guards {
         guard.commit();
     }
@@ -260,6 +260,11 @@ fn count(metrics: &Metrics, outcome: &Result<Accepted, IntakeError>) {
         }
         Err(IntakeError::Overloaded(_)) => {
             metrics.http.shed.inc();
+        }
+        Err(IntakeError::UnknownShard(n, _)) => {
+            for _ in 0..*n {
+                metrics.intake.reject(beacon::UNKNOWN_SHARD);
+            }
         }
         Err(_) => {}
     }
@@ -429,9 +434,10 @@ async fn judge_sites<'a>(
     client: IpAddr,
     valid: Vec<(usize, Valid<'a>)>,
     report: &mut Accepted,
-) -> Result<Vec<(usize, Valid<'a>)>, IntakeError> {
+) -> Result<(Vec<(usize, Valid<'a>)>, Placement), IntakeError> {
     let origin = headers.get(header::ORIGIN).and_then(|v| v.to_str().ok());
     let sites = lookup_sites(state, origin, &valid).await?;
+    let placement = place(state, &sites, valid.len())?;
     let mut kept = Vec::with_capacity(valid.len());
     for (index, mut v) in valid {
         match &sites[&*v.measurement.site] {
@@ -465,7 +471,35 @@ async fn judge_sites<'a>(
         let rejected = std::mem::take(&mut report.rejected);
         return Err(IntakeError::UnknownSite(rejected));
     }
-    Ok(kept)
+    Ok((kept, placement))
+}
+
+/// Each known site of a request and the place of its shard's spool
+/// ([`crate::shards::ShardSpools::index`]); a request has few sites, as a rule one.
+type Placement = Vec<(String, usize)>;
+
+/// Where each known site's measurements go (contract v5 §3): its shard's spool. A site whose
+/// shard this collector does not know refuses the whole request (`measurements` of them),
+/// 503 with `Retry-After`: nothing is stored, and nothing on another shard.
+fn place(
+    state: &AppState,
+    sites: &HashMap<String, Option<Arc<LoadedSite>>>,
+    measurements: usize,
+) -> Result<Placement, IntakeError> {
+    let mut placement = Placement::with_capacity(sites.len());
+    for site in sites.values().flatten() {
+        match state.spools.index(&site.shard) {
+            Some(i) => placement.push((site.key.clone(), i)),
+            None => {
+                crate::logging::warn_limited(
+                    "intake_unknown_shard",
+                    || tracing::warn!(site = %site.key, shard = %site.shard, "intake: a site on a shard this collector does not know (COLLECTOR_CLICKHOUSE_SHARDS); answered 503"),
+                );
+                return Err(IntakeError::UnknownShard(measurements, RETRY_AFTER));
+            }
+        }
+    }
+    Ok(placement)
 }
 
 /// What intake sets of a measurement once its site is known (contract v4 §2): the URL and
@@ -530,13 +564,22 @@ async fn lookup_sites(
 /// request with a measurement of a site over its budget is shed (503, `Retry-After`), so that
 /// what room is left goes to the sites within theirs (contract v4 §2): a quiet shop never loses
 /// a beacon because a loud one spiked.
-fn shed_loud(state: &AppState, valid: &[(usize, Valid<'_>)]) -> Result<(), IntakeError> {
+fn shed_loud(
+    state: &AppState,
+    valid: &[(usize, Valid<'_>)],
+    placement: &Placement,
+) -> Result<(), IntakeError> {
     let loud = |site: &str| state.sampler.over_budget(site);
     if !valid.iter().any(|(_, v)| loud(&v.measurement.site)) {
         return Ok(());
     }
-    let reserve = state.spool.max_bytes() / crate::limits::RESERVED_SHARE as u64;
-    if state.limits.strained() || !state.spool.has_room(reserve) {
+    // The room that matters is that of the loud sites' shards' spools.
+    let short = placement.iter().any(|(key, i)| {
+        let spool = state.spools.spool(*i);
+        let reserve = spool.max_bytes() / crate::limits::RESERVED_SHARE as u64;
+        loud(key) && !spool.has_room(reserve)
+    });
+    if state.limits.strained() || short {
         return Err(IntakeError::Overloaded(SHED_RETRY_AFTER));
     }
     Ok(())
@@ -613,22 +656,52 @@ async fn claim<'a>(
     (to_store, guards)
 }
 
-/// Append: encodes the rows once (the spool keeps them as the writer sends them), writes
-/// them to the spool and waits until they are durable (at most [`APPEND_TIMEOUT`]); a refused
-/// append is a 503.
-async fn append(state: &AppState, to_store: &[Measurement<'_>]) -> Result<(), IntakeError> {
+/// Append: encodes the rows once (the spool keeps them as the writer sends them), one record
+/// per shard of the request's sites ([`Placement`]), writes each to its shard's spool and
+/// waits until all are durable (at most [`APPEND_TIMEOUT`]); a refused append is a 503.
+async fn append(
+    state: &AppState,
+    to_store: &[Measurement<'_>],
+    placement: &Placement,
+) -> Result<(), IntakeError> {
     if to_store.is_empty() {
         return Ok(());
     }
+    let shard_of = |m: &Measurement<'_>| {
+        placement
+            .iter()
+            .find(|(key, _)| **key == *m.site)
+            .map(|&(_, i)| i)
+            .expect("every stored measurement's site was placed")
+    };
+    let first = shard_of(&to_store[0]);
+    let records = if to_store.iter().all(|m| shard_of(m) == first) {
+        vec![(first, measurement::encode(to_store))]
+    } else {
+        let mut shards: Vec<usize> = to_store.iter().map(shard_of).collect();
+        shards.sort_unstable();
+        shards.dedup();
+        shards
+            .into_iter()
+            .map(|i| {
+                let rows: Vec<Measurement<'_>> = to_store
+                    .iter()
+                    .filter(|m| shard_of(m) == i)
+                    .cloned()
+                    .collect();
+                (i, measurement::encode(&rows))
+            })
+            .collect()
+    };
     // The ablation benchmark's build (scripts/bench.sh --ablation): every station, then 202
     // without storing anything. Never in a shipped build (the branch is compiled out).
     if cfg!(feature = "bench-no-append") {
-        std::hint::black_box(measurement::encode(to_store));
+        std::hint::black_box(records);
         return Ok(());
     }
     state
-        .spool
-        .append(measurement::encode(to_store), APPEND_TIMEOUT)
+        .spools
+        .append(records, APPEND_TIMEOUT)
         .await
         .map_err(append_refused)
 }

@@ -18,8 +18,8 @@ pub async fn healthz() -> &'static str {
 
 /// The operations listener's `/readyz`: 200 while the collector accepts traffic; 503 (with the
 /// JSON error body every error answer has, naming the reason) while draining or unable to
-/// accept durably: the spool full, the spool unable to write (a full disk), the site settings
-/// never loaded.
+/// accept durably: every shard's spool full, a spool unable to write (a full disk), the site
+/// settings never loaded.
 pub async fn readyz(State(state): State<AppState>) -> Response {
     match not_ready_reason(&state) {
         None => (StatusCode::OK, "ready\n").into_response(),
@@ -40,12 +40,14 @@ pub async fn readyz_status(State(state): State<AppState>) -> Response {
 fn not_ready_reason(state: &AppState) -> Option<&'static str> {
     if state.draining() {
         Some("draining\n")
-    } else if let Some(reason) = state.spool.unwritable() {
+    } else if let Some(reason) = state.spools.unwritable() {
         Some(reason)
     } else if !state
-        .spool
-        .has_room(READY_SPOOL_HEADROOM.min(state.spool.max_bytes() / 4))
+        .spools
+        .any_has_room(|s| READY_SPOOL_HEADROOM.min(s.max_bytes() / 4))
     {
+        // One shard's spool full (its replicas down) is that shard's sites' 503, not a
+        // reason to take the collector out of the balancer (contract v5 §3).
         Some("spool full\n")
     } else if !state.settings.is_loaded() {
         Some("site settings not loaded\n")

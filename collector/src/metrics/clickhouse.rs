@@ -8,18 +8,22 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-/// Label set naming one ClickHouse replica by its URL as configured.
+/// Label set naming one ClickHouse replica by its URL as configured, and its shard.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReplicaLabel {
-    /// The replica's URL as configured in `COLLECTOR_CLICKHOUSE_URLS`.
+    /// The replica's URL as configured (`COLLECTOR_CLICKHOUSE_URLS` or `_SHARDS`).
     pub replica: String,
+    /// Its shard's name (contract v5 §3; `default` for `COLLECTOR_CLICKHOUSE_URLS`).
+    pub shard: String,
 }
 
 /// Label set naming one ClickHouse replica and how an insert into it failed.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReplicaKindLabel {
-    /// The replica's URL as configured in `COLLECTOR_CLICKHOUSE_URLS`.
+    /// The replica's URL as configured (`COLLECTOR_CLICKHOUSE_URLS` or `_SHARDS`).
     pub replica: String,
+    /// Its shard's name.
+    pub shard: String,
     /// `transient` (retried: network, timeout, 5xx, read-only, ...) or `permanent`
     /// (ClickHouse refused the data: the batch is kept aside).
     pub kind: &'static str,
@@ -101,27 +105,37 @@ impl ClickHouseMetrics {
     /// Creates the series of `replica` at 0 (inserts, both kinds of insert errors), so that a
     /// fresh or quiet collector exports every series the dashboard and the alerts query
     /// (Prometheus's instrumentation practice: initialise label values known in advance).
-    pub fn init_replica(&self, replica: &str) {
-        let label = ReplicaLabel {
-            replica: replica.to_owned(),
-        };
-        drop(self.inserts.get_or_create(&label));
+    pub fn init_replica(&self, label: &ReplicaLabel) {
+        drop(self.inserts.get_or_create(label));
         for kind in INSERT_ERROR_KINDS {
-            drop(self.insert_errors.get_or_create(&ReplicaKindLabel {
-                replica: replica.to_owned(),
-                kind,
-            }));
+            drop(self.insert_errors.get_or_create(&label.with_kind(kind)));
         }
     }
 
-    /// Counts one failed insert attempt into `replica`; `kind` is `transient` or `permanent`.
-    pub fn insert_error(&self, replica: &str, kind: &'static str) {
+    /// Counts one failed insert attempt into the replica of `label`; `kind` is `transient` or
+    /// `permanent`.
+    pub fn insert_error(&self, label: &ReplicaLabel, kind: &'static str) {
         debug_assert!(INSERT_ERROR_KINDS.contains(&kind), "unknown kind {kind:?}");
         self.insert_errors
-            .get_or_create(&ReplicaKindLabel {
-                replica: replica.to_owned(),
-                kind,
-            })
+            .get_or_create(&label.with_kind(kind))
             .inc();
+    }
+}
+
+impl ReplicaLabel {
+    /// The label of replica `replica` of shard `shard`.
+    pub fn new(shard: &str, replica: &str) -> Self {
+        ReplicaLabel {
+            replica: replica.to_owned(),
+            shard: shard.to_owned(),
+        }
+    }
+
+    fn with_kind(&self, kind: &'static str) -> ReplicaKindLabel {
+        ReplicaKindLabel {
+            replica: self.replica.clone(),
+            shard: self.shard.clone(),
+            kind,
+        }
     }
 }

@@ -34,7 +34,7 @@ pub use clickhouse::{ClickHouseMetrics, ReplicaKindLabel, ReplicaLabel, INSERT_E
 pub use http::{HttpMetrics, RouteLabel, RouteOnly, INTAKE_ROUTE, INTAKE_STATUSES};
 pub use intake::{FieldLabel, IntakeMetrics, ReasonLabel, SiteLabel};
 pub use settings::SettingsMetrics;
-pub use spool::{SpoolMetrics, NOTHING_HELD};
+pub use spool::{ShardSpool, SpoolMetrics, NOTHING_HELD};
 
 /// Label set of `collector_build_info`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -166,16 +166,14 @@ mod tests {
         m.intake.reject("invalid url");
         m.clickhouse
             .replica_state
-            .get_or_create(&ReplicaLabel {
-                replica: "http://a:8123".into(),
-            })
+            .get_or_create(&ReplicaLabel::new("a", "http://a:8123"))
             .set(2);
         let text = m.encode();
         for name in [
             "collector_measurements_accepted_total 1",
             "collector_measurements_duplicate_total 0",
             "collector_measurements_rejected_total{reason=\"invalid url\"} 1",
-            "collector_clickhouse_replica_state{replica=\"http://a:8123\"} 2",
+            "collector_clickhouse_replica_state{replica=\"http://a:8123\",shard=\"a\"} 2",
             "collector_spool_bytes 0",
             "collector_spool_records 0",
             "collector_settings_store_up 0",
@@ -196,17 +194,16 @@ mod tests {
     #[test]
     fn operations_metrics_are_exported() {
         let m = Metrics::new();
-        m.clickhouse.insert_error("http://a:8123", "permanent");
+        m.clickhouse
+            .insert_error(&ReplicaLabel::new("a", "http://a:8123"), "permanent");
         m.clickhouse
             .replica_preference
-            .get_or_create(&ReplicaLabel {
-                replica: "http://a:8123".into(),
-            })
+            .get_or_create(&ReplicaLabel::new("a", "http://a:8123"))
             .set(0);
         let text = m.encode();
         for line in [
-            "collector_clickhouse_insert_errors_total{replica=\"http://a:8123\",kind=\"permanent\"} 1",
-            "collector_clickhouse_replica_preference{replica=\"http://a:8123\"} 0",
+            "collector_clickhouse_insert_errors_total{replica=\"http://a:8123\",shard=\"a\",kind=\"permanent\"} 1",
+            "collector_clickhouse_replica_preference{replica=\"http://a:8123\",shard=\"a\"} 0",
             "collector_spool_kept_aside_rows_total 0",
             "collector_spool_max_bytes 0",
             "collector_spool_disk_full 0",
@@ -251,7 +248,8 @@ mod tests {
             crate::beacon::rejection_reasons(),
             crate::measurement::optional_fields(),
         );
-        m.clickhouse.init_replica("http://b:8123");
+        m.clickhouse
+            .init_replica(&ReplicaLabel::new("b", "http://b:8123"));
         let text = m.encode();
         let mut expected: Vec<String> =
             crate::beacon::rejection_reasons()
@@ -260,7 +258,9 @@ mod tests {
                     format!("collector_measurements_field_dropped_total{{field=\"{f}\"}} 0")
                 }))
                 .collect();
-        expected.push("collector_clickhouse_inserts_total{replica=\"http://b:8123\"} 0".into());
+        expected.push(
+            "collector_clickhouse_inserts_total{replica=\"http://b:8123\",shard=\"b\"} 0".into(),
+        );
         for status in INTAKE_STATUSES {
             expected.push(format!(
                 "collector_http_requests_total{{route=\"{INTAKE_ROUTE}\",status=\"{status}\"}} 0"
@@ -271,7 +271,7 @@ mod tests {
         ));
         for kind in INSERT_ERROR_KINDS {
             expected.push(format!(
-                "collector_clickhouse_insert_errors_total{{replica=\"http://b:8123\",kind=\"{kind}\"}} 0"
+                "collector_clickhouse_insert_errors_total{{replica=\"http://b:8123\",shard=\"b\",kind=\"{kind}\"}} 0"
             ));
         }
         for line in &expected {

@@ -105,6 +105,24 @@ pub struct Site {
     /// inserted.
     #[serde(default)]
     pub purged: bool,
+    /// The shard the site lives on (contract v5 §3): chosen once when it is added
+    /// ([`place`]) and never changed by the collector. A row of a store not yet migrated to
+    /// v5 reads as [`crate::config::DEFAULT_SHARD`], the one replica set of earlier releases.
+    #[serde(default = "default_shard")]
+    pub shard: String,
+}
+
+fn default_shard() -> String {
+    crate::config::DEFAULT_SHARD.to_owned()
+}
+
+/// The shard a new site is placed on when `sites add` names none (contract v5 §3): the one at
+/// position `cityHash64(key) mod n` of the configured shards (`names`, in their configured
+/// order, at least one), so that ClickHouse's `cityHash64` (CityHash 1.0.2) gives the same
+/// answer in SQL.
+pub fn place<'a>(key: &str, names: &[&'a str]) -> &'a str {
+    let hash = ch_cityhash102::cityhash64(key.as_bytes());
+    names[(hash % names.len() as u64) as usize]
 }
 
 /// The query parameters a site keeps unless it says otherwise: the campaign tags.
@@ -133,6 +151,7 @@ impl Site {
             page_groups: Vec::new(),
             dimensions: Vec::new(),
             purged: false,
+            shard: default_shard(),
         }
     }
 

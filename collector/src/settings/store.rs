@@ -629,12 +629,12 @@ impl SettingsStore {
         rows.iter().map(|r| site_from_json(r)).collect()
     }
 
-    /// Inserts or updates a site.
+    /// Inserts or updates a site; an existing site keeps the shard it was placed on.
     pub async fn upsert(&self, site: &Site) -> Result<(), StoreError> {
         let site = site.clone();
         self.call(|c| {
             Box::pin(async move {
-                let params: [(&(dyn ToSql + Sync), Type); 7] = [
+                let params: [(&(dyn ToSql + Sync), Type); 8] = [
                     (&site.key, Type::TEXT),
                     (&site.allowed_origins, Type::TEXT_ARRAY),
                     (&site.sample_rate, Type::FLOAT8),
@@ -642,11 +642,13 @@ impl SettingsStore {
                     (&site.keep_query, Type::TEXT_ARRAY),
                     (&site.page_groups, Type::TEXT_ARRAY),
                     (&site.dimensions, Type::TEXT_ARRAY),
+                    (&site.shard, Type::TEXT),
                 ];
-                // A site saved again is no longer erased: `purged_at` is cleared.
+                // A site saved again is no longer erased: `purged_at` is cleared. Its shard is
+                // set when the row is made and never changed here (contract v5 §3).
                 c.query_typed(
-                    "INSERT INTO sites (key, allowed_origins, sample_rate, enabled, keep_query, page_groups, dimensions)
-                     VALUES ($1, $2, $3, $4, $5, $6, $7)
+                    "INSERT INTO sites (key, allowed_origins, sample_rate, enabled, keep_query, page_groups, dimensions, shard)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
                      ON CONFLICT (key) DO UPDATE SET allowed_origins = EXCLUDED.allowed_origins,
                        sample_rate = EXCLUDED.sample_rate, enabled = EXCLUDED.enabled,
                        keep_query = EXCLUDED.keep_query, page_groups = EXCLUDED.page_groups,

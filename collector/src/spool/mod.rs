@@ -358,6 +358,8 @@ struct Shared {
     state: Mutex<State>,
     committed: watch::Sender<Position>,
     metrics: Arc<Metrics>,
+    /// This spool's own figures (its shard's), summed into the totals.
+    gauges: Arc<crate::metrics::ShardSpool>,
     /// 0 while the spool can write; else why not ([`UNWRITABLE_DISK_FULL`] or
     /// [`UNWRITABLE_IO`]).
     unwritable: AtomicU8,
@@ -378,7 +380,8 @@ impl Shared {
 
     fn set_unwritable(&self, why: u8) {
         self.unwritable.store(why, Ordering::Release);
-        self.metrics.spool.disk_full.set(i64::from(why != 0));
+        self.gauges.unwritable.store(why != 0, Ordering::Relaxed);
+        self.metrics.spool.publish_totals();
     }
 
     /// Drops segment `n` (of `len` bytes), whose file was removed, from the state.
@@ -392,17 +395,17 @@ impl Shared {
     }
 
     fn publish(&self, st: &State) {
-        self.metrics.spool.bytes.set(st.unconfirmed_bytes as i64);
-        self.metrics
-            .spool
-            .records
-            .set(st.unconfirmed_records as i64);
-        self.metrics.spool.disk_bytes.set(st.disk_bytes as i64);
-        self.metrics.spool.max_bytes.set(self.max_bytes as i64);
-        self.metrics.spool.oldest_held_since.store(
+        let g = &self.gauges;
+        let set = |a: &std::sync::atomic::AtomicI64, v: u64| a.store(v as i64, Ordering::Relaxed);
+        set(&g.bytes, st.unconfirmed_bytes);
+        set(&g.records, st.unconfirmed_records);
+        set(&g.disk_bytes, st.disk_bytes);
+        set(&g.max_bytes, self.max_bytes);
+        g.oldest_held_since.store(
             st.received.oldest().unwrap_or(crate::metrics::NOTHING_HELD),
             Ordering::Relaxed,
         );
+        self.metrics.spool.publish_totals();
     }
 }
 
@@ -494,6 +497,24 @@ pub fn open(
     layouts: Layouts,
     metrics: Arc<Metrics>,
 ) -> Result<(Spool, SpoolReader), OpenError> {
+    open_shard(
+        dir,
+        crate::config::DEFAULT_SHARD,
+        max_bytes,
+        layouts,
+        metrics,
+    )
+}
+
+/// [`open`] for the spool of shard `shard` (contract v5 §3: one spool per shard), whose
+/// figures are exported with the label `shard` beside the totals.
+pub fn open_shard(
+    dir: &Path,
+    shard: &str,
+    max_bytes: u64,
+    layouts: Layouts,
+    metrics: Arc<Metrics>,
+) -> Result<(Spool, SpoolReader), OpenError> {
     let err = |e| OpenError::Io(dir.to_owned(), e);
     let lock = lock_folder(dir)?;
     let (mut cursor_file, cursor) = Cursor::open(dir).map_err(err)?;
@@ -547,6 +568,7 @@ pub fn open(
         layouts,
         state: Mutex::new(state),
         committed,
+        gauges: metrics.spool.shard(shard),
         metrics,
         unwritable: AtomicU8::new(0),
         _lock: lock,

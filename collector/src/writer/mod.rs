@@ -120,13 +120,23 @@ pub fn jittered(min: Duration, max: Duration, attempt: u32) -> Duration {
     half + rand::thread_rng().gen_range(Duration::ZERO..=half)
 }
 
-/// Starts the writer and the replica prober on a thread of their own (named `writer`, at
-/// [`WRITER_NICE`]) with a single-threaded runtime: one probe round first, so that a replica
-/// found down or lagging at start is not written to first; then the writer until `shutdown`
-/// turns true and the drain ends ([`run`]). Join the handle to wait for the drain.
+/// One shard's part of the write path (contract v5 §3): its spool's reading side and its
+/// replicas, with their own failover, gating, batches, tokens and confirmation.
+pub struct ShardWriter {
+    /// The shard's spool, read in order.
+    pub reader: SpoolReader,
+    /// The shard's replicas.
+    pub replicas: Replicas,
+}
+
+/// Starts the writers of every shard and their replica probers on a thread of their own
+/// (named `writer`, at [`WRITER_NICE`]) with a single-threaded runtime, each shard in tasks of
+/// its own, so that a shard whose replicas hang holds back no other shard: per shard, one
+/// probe round first, so that a replica found down or lagging at start is not written to
+/// first; then the writer until `shutdown` turns true and the drain ends ([`run`]). Join the
+/// handle to wait for every shard's drain (each bounded by [`DRAIN_DEADLINE`], side by side).
 pub fn spawn(
-    reader: SpoolReader,
-    replicas: Replicas,
+    shards: Vec<ShardWriter>,
     limits: BatchLimits,
     probing: probe::Options,
     metrics: Arc<Metrics>,
@@ -141,17 +151,45 @@ pub fn spawn(
         .spawn(move || {
             crate::priority::lower_this_thread(WRITER_NICE, "writer");
             runtime.block_on(async move {
-                probe::round(&replicas, &probing, true).await;
-                // The prober has a stop of its own, sent once the writer has drained: during
-                // the drain its probes still mark a hanging replica down, which ends the
-                // insert waiting on it and fails the batch over.
-                let (stop_prober, prober_stop) = watch::channel(false);
-                let prober = tokio::spawn(probe::run(replicas.clone(), probing, prober_stop));
-                run(reader, replicas, limits, metrics, purged, shutdown).await;
-                let _ = stop_prober.send(true);
-                let _ = prober.await;
+                let tasks: Vec<_> = shards
+                    .into_iter()
+                    .map(|shard| {
+                        tokio::spawn(run_shard(
+                            shard,
+                            limits,
+                            probing.clone(),
+                            metrics.clone(),
+                            purged.clone(),
+                            shutdown.clone(),
+                        ))
+                    })
+                    .collect();
+                for task in tasks {
+                    let _ = task.await;
+                }
             });
         })
+}
+
+/// One shard's prober and writer, until its drain ends.
+async fn run_shard(
+    shard: ShardWriter,
+    limits: BatchLimits,
+    probing: probe::Options,
+    metrics: Arc<Metrics>,
+    purged: watch::Receiver<PurgedSites>,
+    shutdown: watch::Receiver<bool>,
+) {
+    let ShardWriter { reader, replicas } = shard;
+    probe::round(&replicas, &probing, true).await;
+    // The prober has a stop of its own, sent once the writer has drained: during the drain
+    // its probes still mark a hanging replica down, which ends the insert waiting on it and
+    // fails the batch over.
+    let (stop_prober, prober_stop) = watch::channel(false);
+    let prober = tokio::spawn(probe::run(replicas.clone(), probing, prober_stop));
+    run(reader, replicas, limits, metrics, purged, shutdown).await;
+    let _ = stop_prober.send(true);
+    let _ = prober.await;
 }
 
 /// Runs the writer until `shutdown` turns true; then flushes what it can within

@@ -10,6 +10,7 @@ mod contract;
 mod drain;
 mod groups;
 mod sampling;
+mod shards;
 mod writer;
 
 use std::time::Duration;

@@ -82,7 +82,7 @@ async fn holds(ch: &ClickHouse, want: &[Uuid], timeout: Duration) {
 /// `collector_clickhouse_replica_state` of `ch`: 0 down, 1 catching up, 2 healthy.
 async fn state(app: &App, ch: &ClickHouse) -> f64 {
     let series = format!(
-        "collector_clickhouse_replica_state{{replica=\"{}\"}}",
+        "collector_clickhouse_replica_state{{replica=\"{}\",shard=\"default\"}}",
         ch.url()
     );
     app.metric(&series).await
@@ -91,7 +91,7 @@ async fn state(app: &App, ch: &ClickHouse) -> f64 {
 /// `collector_clickhouse_active_replica` of `ch`: 1 when written to.
 async fn active(app: &App, ch: &ClickHouse) -> f64 {
     let series = format!(
-        "collector_clickhouse_active_replica{{replica=\"{}\"}}",
+        "collector_clickhouse_active_replica{{replica=\"{}\",shard=\"default\"}}",
         ch.url()
     );
     app.metric(&series).await
@@ -100,7 +100,7 @@ async fn active(app: &App, ch: &ClickHouse) -> f64 {
 /// `collector_clickhouse_insert_errors_total` of `ch` and `kind`.
 async fn insert_errors(app: &App, ch: &ClickHouse, kind: &str) -> f64 {
     let series = format!(
-        "collector_clickhouse_insert_errors_total{{replica=\"{}\",kind=\"{kind}\"}}",
+        "collector_clickhouse_insert_errors_total{{replica=\"{}\",shard=\"default\",kind=\"{kind}\"}}",
         ch.url()
     );
     app.metric(&series).await

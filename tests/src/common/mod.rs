@@ -1236,7 +1236,9 @@ impl Collector {
     /// 1 written to), or panics after `limit` ([`Collector::wait_metric`]).
     pub async fn wait_replica(&self, metric: &str, url: &str, value: u8, limit: Duration) {
         self.wait_metric(
-            &format!("collector_clickhouse_{metric}{{replica=\"{url}\"}} {value}"),
+            &format!(
+                "collector_clickhouse_{metric}{{replica=\"{url}\",shard=\"default\"}} {value}"
+            ),
             limit,
         )
         .await;

@@ -156,6 +156,8 @@ struct Inner {
 /// Every replica, shared by the writer and the prober.
 #[derive(Clone)]
 pub struct Replicas {
+    /// The shard's name, for the metric labels and the log.
+    shard: Arc<str>,
     urls: Arc<[String]>,
     /// Per replica: a client over a connection pool, and one that never reuses a connection.
     clients: Arc<[(clickhouse::Client, clickhouse::Client)]>,
@@ -165,11 +167,15 @@ pub struct Replicas {
 }
 
 impl Replicas {
-    /// Clients for the servers of `config` (in preference order, as its user, over http or
-    /// verified https), writing to its database. Every replica starts healthy; the first probe
-    /// round corrects that before the writer starts.
-    pub fn new(config: &crate::config::ClickHouseConfig, metrics: Arc<Metrics>) -> Self {
-        let urls: Vec<String> = config
+    /// Clients for the replicas of `shard` (in preference order, as `config`'s user, over
+    /// http or verified https), writing to `config`'s database. Every replica starts healthy;
+    /// the first probe round corrects that before the writer starts.
+    pub fn new(
+        config: &crate::config::ClickHouseConfig,
+        shard: &crate::config::ShardConfig,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        let urls: Vec<String> = shard
             .urls
             .iter()
             .map(|u| u.as_str().trim_end_matches('/').to_owned())
@@ -205,6 +211,7 @@ impl Replicas {
             })
             .collect();
         let replicas = Replicas {
+            shard: shard.name.as_str().into(),
             urls: urls.into(),
             clients: clients.into(),
             inner: Arc::new(Mutex::new(Inner {
@@ -222,7 +229,7 @@ impl Replicas {
                 .replica_preference
                 .get_or_create(&replicas.label(i))
                 .set(i as i64);
-            replicas.metrics.clickhouse.init_replica(&replicas.urls[i]);
+            replicas.metrics.clickhouse.init_replica(&replicas.label(i));
         }
         replicas.publish(&replicas.inner.lock().unwrap());
         replicas
@@ -263,10 +270,14 @@ impl Replicas {
         self.inner.lock().unwrap().active
     }
 
+    /// The metric label of replica `i`: its URL as configured and its shard.
     fn label(&self, i: usize) -> ReplicaLabel {
-        ReplicaLabel {
-            replica: self.urls[i].clone(),
-        }
+        ReplicaLabel::new(&self.shard, &self.urls[i])
+    }
+
+    /// The name of the shard these replicas are (contract v5 §3).
+    pub fn shard(&self) -> &str {
+        &self.shard
     }
 
     fn publish(&self, inner: &Inner) {
@@ -406,7 +417,7 @@ impl Replicas {
     pub fn insert_failed(&self, i: usize, cause: &str) {
         self.metrics
             .clickhouse
-            .insert_error(&self.urls[i], "transient");
+            .insert_error(&self.label(i), "transient");
         let mut inner = self.inner.lock().unwrap();
         let now = Instant::now();
         let h = &mut inner.health[i];
@@ -639,7 +650,7 @@ impl Replicas {
             Err(InsertError::Permanent(_)) => self
                 .metrics
                 .clickhouse
-                .insert_error(&self.urls[i], "permanent"),
+                .insert_error(&self.label(i), "permanent"),
         }
         result
     }

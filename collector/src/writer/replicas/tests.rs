@@ -23,7 +23,8 @@ fn replicas(n: usize) -> Replicas {
     ])
     .unwrap();
     let config = crate::config::Config::from_args(&cli.args).unwrap();
-    Replicas::new(&config.clickhouse, Arc::new(Metrics::new()))
+    let ch = &config.clickhouse;
+    Replicas::new(ch, &ch.shards[0], Arc::new(Metrics::new()))
 }
 
 #[test]

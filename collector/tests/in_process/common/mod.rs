@@ -166,6 +166,8 @@ impl App {
         let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let admin_addr = admin.local_addr().unwrap();
         let urls: Vec<String> = clickhouse.iter().map(|c| c.url()).collect();
+        // A test that names its shards gives them itself (not together with the URLs).
+        let sharded = options.iter().any(|(n, _)| *n == "--clickhouse-shards");
         let mut args: Vec<String> = vec![
             "collector".into(),
             "--listen".into(),
@@ -174,12 +176,14 @@ impl App {
             admin_addr.to_string(),
             "--spool-dir".into(),
             spool.path().display().to_string(),
-            "--clickhouse-urls".into(),
-            urls.join(","),
             // Never contacted: the site source is in memory.
             "--database-url".into(),
             "postgres://unused@127.0.0.1:9/unused".into(),
         ];
+        if !sharded {
+            args.push("--clickhouse-urls".into());
+            args.push(urls.join(","));
+        }
         let quick = QUICK
             .iter()
             .filter(|(name, _)| !options.iter().any(|(given, _)| given == name));
@@ -234,6 +238,19 @@ impl App {
             panic!("the collector failed: {e}");
         }
         self.spool
+    }
+
+    /// Waits (at most 10 s) for a collector that cannot start to end, and returns its error;
+    /// panics when it serves or does not end.
+    pub async fn failed(mut self) -> String {
+        let result = tokio::time::timeout(Duration::from_secs(10), self.task.take().unwrap())
+            .await
+            .expect("the collector ended within 10 s")
+            .expect("the collector's task did not panic");
+        match result {
+            Err(e) => e.to_string(),
+            Ok(()) => panic!("the collector started and ended without an error"),
+        }
     }
 
     /// POSTs `body` to the intake.

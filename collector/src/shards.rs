@@ -1,0 +1,187 @@
+//! The shards' spools (contract v5 §3): one spool per configured shard, so that a shard that
+//! is down fills only its own share of the disk bound and holds back only its own sites.
+//!
+//! Shard `default` (`COLLECTOR_CLICKHOUSE_URLS`, or a shard of that name in
+//! `COLLECTOR_CLICKHOUSE_SHARDS`) keeps the spool folder itself, as every release before shards
+//! did; shard `NAME` has `COLLECTOR_SPOOL_DIR/shards/NAME/`. Each is a whole spool of its own
+//! ([`crate::spool`]): segments, cursor, in-flight record, identity (so insert tokens never
+//! collide across shards), group commit and bound (`COLLECTOR_SPOOL_MAX_BYTES` divided
+//! equally among the shards). Why not one log with a cursor per shard: a shared log keeps
+//! every segment that the slowest shard has not confirmed, so one shard's outage would fill
+//! the bound for every shard; the cost of this shape is one `fdatasync` per shard and group
+//! (docs/durability.md, "Shards").
+//!
+//! A spool folder of a shard no longer configured that still holds unconfirmed measurements
+//! stops `serve` ([`open`]): nothing acknowledged is abandoned without an operator's word.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::cli::{failed, RunError};
+use crate::config::{Config, ShardConfig, DEFAULT_SHARD};
+use crate::metrics::Metrics;
+use crate::spool::{self, AppendError, Record, Spool, SpoolReader};
+
+/// The folder under the spool folder that holds the spools of shards other than `default`.
+pub const SHARDS_DIR: &str = "shards";
+
+/// The spool folder of shard `name` under `spool_dir`.
+pub fn spool_dir(spool_dir: &Path, name: &str) -> PathBuf {
+    if name == DEFAULT_SHARD {
+        spool_dir.to_owned()
+    } else {
+        spool_dir.join(SHARDS_DIR).join(name)
+    }
+}
+
+/// The appending side of every shard's spool, in the configured order. Cheap to clone.
+#[derive(Clone)]
+pub struct ShardSpools {
+    shards: Arc<[(String, Spool)]>,
+}
+
+impl ShardSpools {
+    /// The shards and their spools, in the configured order.
+    pub fn new(shards: Vec<(String, Spool)>) -> Self {
+        ShardSpools {
+            shards: shards.into(),
+        }
+    }
+
+    /// The place of shard `name`, or `None` when this collector does not know it.
+    pub fn index(&self, name: &str) -> Option<usize> {
+        self.shards.iter().position(|(n, _)| n == name)
+    }
+
+    /// The spool of the shard at `index` (from [`ShardSpools::index`]).
+    pub fn spool(&self, index: usize) -> &Spool {
+        &self.shards[index].1
+    }
+
+    /// Every shard's spool.
+    pub fn spools(&self) -> impl Iterator<Item = &Spool> {
+        self.shards.iter().map(|(_, s)| s)
+    }
+
+    /// Appends each record to its shard's spool, all at once, and waits until every one is
+    /// durable (at most about `limit`); the first refusal otherwise. A refusal may leave
+    /// another shard's record durable: those measurements are then stored, and the client's
+    /// retry (same ids) folds as a duplicate.
+    pub async fn append(
+        &self,
+        records: Vec<(usize, Record)>,
+        limit: Duration,
+    ) -> Result<(), AppendError> {
+        match records.len() {
+            0 => Ok(()),
+            1 => {
+                let (i, record) = records.into_iter().next().expect("one record");
+                self.spool(i).append(record, limit).await
+            }
+            _ => {
+                let appends = records
+                    .into_iter()
+                    .map(|(i, record)| self.spool(i).append(record, limit));
+                futures_util::future::join_all(appends)
+                    .await
+                    .into_iter()
+                    .collect()
+            }
+        }
+    }
+
+    /// Why the spools cannot write, if one cannot: they share the host's disk, so a disk that
+    /// refuses one shard's writes refuses every shard's.
+    pub fn unwritable(&self) -> Option<&'static str> {
+        self.spools().find_map(Spool::unwritable)
+    }
+
+    /// Whether some shard's spool has room for `headroom` more bytes: one shard whose spool is
+    /// full (its replicas down) costs its own sites only, not the collector's readiness.
+    pub fn any_has_room(&self, headroom: impl Fn(&Spool) -> u64) -> bool {
+        self.spools().any(|s| s.has_room(headroom(s)))
+    }
+}
+
+/// Opens the spool of every configured shard, each with an equal share of the bound, after
+/// checking that no folder of an unconfigured shard holds unconfirmed measurements. Returns
+/// the appending sides and, per shard, its configuration and reading side.
+pub fn open(
+    config: &Config,
+    metrics: &Arc<Metrics>,
+) -> Result<(ShardSpools, Vec<(ShardConfig, SpoolReader)>), RunError> {
+    let shards = &config.clickhouse.shards;
+    refuse_orphans(&config.spool.dir, shards)?;
+    let share = config.spool.max_bytes / shards.len() as u64;
+    let mut spools = Vec::with_capacity(shards.len());
+    let mut readers = Vec::with_capacity(shards.len());
+    for shard in shards {
+        let dir = spool_dir(&config.spool.dir, &shard.name);
+        let (spool, reader) = spool::open_shard(
+            &dir,
+            &shard.name,
+            share,
+            crate::measurement::LAYOUTS,
+            metrics.clone(),
+        )
+        .map_err(failed)?;
+        spools.push((shard.name.clone(), spool));
+        readers.push((shard.clone(), reader));
+    }
+    Ok((ShardSpools::new(spools), readers))
+}
+
+/// Fails naming each spool folder of a shard that is not configured (the folder itself for
+/// `default`, `shards/NAME/` for the others) while it holds measurements ClickHouse has not
+/// confirmed: they belong to sites of that shard, and only its replicas may have them.
+fn refuse_orphans(dir: &Path, shards: &[ShardConfig]) -> Result<(), RunError> {
+    let configured = |name: &str| shards.iter().any(|s| s.name == name);
+    let mut candidates: Vec<(String, PathBuf)> = Vec::new();
+    if !configured(DEFAULT_SHARD) {
+        candidates.push((DEFAULT_SHARD.to_owned(), dir.to_owned()));
+    }
+    if let Ok(entries) = std::fs::read_dir(dir.join(SHARDS_DIR)) {
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if !configured(&name) {
+                candidates.push((name, entry.path()));
+            }
+        }
+    }
+    let mut held = Vec::new();
+    for (name, folder) in candidates {
+        if !folder.join("segments").is_dir() {
+            continue;
+        }
+        let frames = spool::dump::dump(&folder, false, |_| Ok(()))
+            .map_err(|e| failed(format!("spool folder {}: {e}", folder.display())))?
+            .frames;
+        if frames > 0 {
+            held.push(format!(
+                "{} (shard {name}: {frames} unconfirmed records)",
+                folder.display()
+            ));
+        }
+    }
+    if held.is_empty() {
+        return Ok(());
+    }
+    Err(RunError::Usage(format!(
+        "the spool holds measurements of shards that COLLECTOR_CLICKHOUSE_SHARDS does not list: {}; \
+         list those shards again until their spools are empty (docs/operations.md, \"Adding a shard\")",
+        held.join(", ")
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_shard_keeps_the_spool_folder_itself() {
+        let root = Path::new("/var/spool/collector");
+        assert_eq!(spool_dir(root, "default"), root);
+        assert_eq!(spool_dir(root, "b"), root.join("shards/b"));
+    }
+}
