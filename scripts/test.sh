@@ -38,10 +38,13 @@ step "build"
 cargo build -q -p collector --bin collector
 cargo test -q --workspace --no-run
 
-# Two stacks: one shared by the tests that leave servers alone, one with three replicas that
-# the failure tests kill, freeze and restart (one test at a time).
+# Three stacks: one shared by the tests that leave servers alone, one with three replicas that
+# the failure tests kill, freeze and restart (one test at a time), and one of two shards of
+# two replicas each, with two 26.x servers as two unreplicated shards (tests/tests/shards.rs,
+# one test at a time).
 stack_dir=$(mktemp -d /tmp/collector-test-stack.XXXXXX)
 failover_dir=$(mktemp -d /tmp/collector-failover-stack.XXXXXX)
+shard_dir=$(mktemp -d /tmp/collector-shard-stack.XXXXXX)
 # A test's own stacks (target/test-stack/own-*) are stopped when the test ends; those of a run
 # that was interrupted are stopped here, at the start and at the end of this one.
 sweep_own_stacks() {
@@ -54,16 +57,19 @@ sweep_own_stacks() {
 cleanup() {
   scripts/stack.sh down "$stack_dir" --purge >/dev/null 2>&1 || true
   scripts/stack.sh down "$failover_dir" --purge >/dev/null 2>&1 || true
+  scripts/stack.sh down "$shard_dir" --purge >/dev/null 2>&1 || true
   sweep_own_stacks
 }
 trap cleanup EXIT
 sweep_own_stacks
 
-step "starting the test stacks in $stack_dir and $failover_dir"
+step "starting the test stacks in $stack_dir, $failover_dir and $shard_dir"
 scripts/stack.sh up "$stack_dir" --replicas 2 --ch26
 scripts/stack.sh up "$failover_dir" --replicas 3
+scripts/stack.sh up "$shard_dir" --shards 2 --replicas 2 --ch26 --ch26-servers 2
 export STACK_ENV="$stack_dir/stack.env"
 export FAILOVER_STACK_ENV="$failover_dir/stack.env"
+export SHARD_STACK_ENV="$shard_dir/stack.env"
 export COLLECTOR_BIN="${CARGO_TARGET_DIR:-$PWD/target}/debug/collector"
 
 # What a filtered run selects: a test file by its name, or tests by a part of their name.
