@@ -221,6 +221,19 @@ impl Config {
                 }
             },
         };
+        // Each shard's spool holds an equal share of the bound (contract v5 §3, `shards`).
+        let shards = config.clickhouse.shards.len().max(1) as u64;
+        if config.spool.max_bytes >= MIN_SPOOL_MAX_BYTES
+            && config.spool.max_bytes / shards < MIN_SPOOL_MAX_BYTES
+        {
+            p.report(
+                "SPOOL_MAX_BYTES",
+                &raw.spool_max_bytes,
+                format!(
+                    "must be at least {MIN_SPOOL_MAX_BYTES} (1 MiB) per shard: each of the {shards} shards' spools holds an equal share"
+                ),
+            );
+        }
         if p.0.is_empty() {
             Ok(config)
         } else {
@@ -750,6 +763,19 @@ mod tests {
                 "{value}: {text}"
             );
         }
+    }
+
+    #[test]
+    fn the_spool_bound_holds_a_mebibyte_per_shard() {
+        let shards = ["--clickhouse-shards", "a=http://r1:8123;b=http://r2:8123"];
+        let bound = |bytes: &str| {
+            let mut args = shards.to_vec();
+            args.extend(["--spool-max-bytes", bytes]);
+            Config::from_args(&raw(&args)).map(|c| c.spool.max_bytes)
+        };
+        assert_eq!(bound("2097152").unwrap(), 2 << 20);
+        let err = bound("1048576").unwrap_err().to_string();
+        assert!(err.contains("per shard"), "{err}");
     }
 
     #[test]

@@ -136,3 +136,69 @@ async fn a_spool_left_by_a_shard_no_longer_configured_stops_serve() {
     let error = app.failed().await;
     assert!(error.contains("shard b: 1 unconfirmed records"), "{error}");
 }
+
+#[tokio::test]
+async fn the_drain_ends_by_its_deadline_with_a_shard_hanging_and_the_restart_delivers_it() {
+    use collector::writer::probe::PROBE_TIMEOUT;
+    use collector::writer::DRAIN_DEADLINE;
+    let (a, b) = (ClickHouse::start().await, ClickHouse::start().await);
+    let app = start(&a, &b).await;
+    b.set_fault(Fault::Hang);
+    let on_a = sent(&app, "shop.a").await;
+    let on_b = sent(&app, "shop.b").await;
+    holds_exactly(&a, &[on_a], Duration::from_secs(2)).await;
+    // SIGINT: no grace. Shard b's insert hangs: the drain gives up on it at its deadline,
+    // then its prober's probe in flight ends by its timeout; a second of margin, as the
+    // single-shard drain test (writer.rs) allows.
+    let (took, spool) = app.stop(false).await;
+    let bound = DRAIN_DEADLINE + PROBE_TIMEOUT + Duration::from_secs(1);
+    assert!(
+        took >= DRAIN_DEADLINE && took <= bound,
+        "drained in {took:?}: the writer tries until {DRAIN_DEADLINE:?}, the collector ends by {bound:?}"
+    );
+    assert!(b.rows().is_empty());
+    // Restarted on the same spool with shard b answering: its measurement arrives once, and
+    // shard a's is not sent again.
+    b.set_fault(Fault::None);
+    let shards = format!("a={};b={}", a.url(), b.url());
+    let app = App::start_on(spool, sites(), &[], &[("--clickhouse-shards", &shards)]).await;
+    holds_exactly(&b, &[on_b], Duration::from_secs(10)).await;
+    assert_eq!(ids(&a), vec![on_a]);
+    app.stop(false).await;
+}
+
+#[tokio::test]
+async fn a_shard_whose_spool_share_is_full_refuses_its_own_sites_only() {
+    let (a, b) = (ClickHouse::start().await, ClickHouse::start().await);
+    let shards = format!("a={};b={}", a.url(), b.url());
+    // 2 MiB in all: 1 MiB a shard, the least the spool takes is the whole bound's minimum.
+    let app = App::start(
+        sites(),
+        &[],
+        &[
+            ("--clickhouse-shards", &shards),
+            ("--spool-max-bytes", "2097152"),
+            ("--site-rate", "0"),
+        ],
+    )
+    .await;
+    b.set_fault(Fault::Refuse);
+    // Fill shard b's share: beacons of about 1 KiB each until one is refused.
+    let mut refused = None;
+    for i in 0..5000 {
+        let (_, body) = beacon("shop.b");
+        let answer = app.send(&body).await;
+        if answer.status != 202 {
+            refused = Some((i, answer.status));
+            break;
+        }
+    }
+    let (after, status) = refused.expect("shard b's share filled within 5000 beacons");
+    assert_eq!(status, 503, "a full share is 503");
+    assert!(after > 100, "refused after {after} beacons only");
+    // Shard a's sites are still accepted, and the collector stays ready.
+    let on_a = sent(&app, "shop.a").await;
+    holds_exactly(&a, &[on_a], Duration::from_secs(2)).await;
+    assert_eq!(crate::common::get(app.admin, "/readyz").await.status, 200);
+    app.stop(false).await;
+}
