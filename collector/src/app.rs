@@ -143,7 +143,10 @@ pub async fn run(
     metrics
         .intake
         .init(beacon::rejection_reasons(), measurement::optional_fields());
-    let (spools, readers) = shards::open(&config, &metrics)?;
+    let (spools, readers) = shards::open(&config, &metrics).map_err(|e| match e {
+        shards::OpenError::Orphaned(_) => RunError::Usage(e.to_string()),
+        shards::OpenError::Spool(_) => failed(e),
+    })?;
     let countries = match &config.intake.geo_db {
         Some(path) => geo::Countries::open(path)
             .map_err(|e| RunError::Usage(format!("COLLECTOR_GEO_DB={:?}: {e}", path.display())))?,

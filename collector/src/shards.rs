@@ -18,7 +18,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::cli::{failed, RunError};
 use crate::config::{Config, ShardConfig, DEFAULT_SHARD};
 use crate::metrics::Metrics;
 use crate::spool::{self, AppendError, Record, Spool, SpoolReader};
@@ -104,13 +103,25 @@ impl ShardSpools {
     }
 }
 
+/// Why the shards' spools did not open.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// A spool folder of a shard that is not configured holds unconfirmed measurements (each
+    /// folder named, with its shard and count): a configuration to fix (exit 2).
+    #[error("the spool holds measurements of shards that COLLECTOR_CLICKHOUSE_SHARDS does not list: {}; list those shards again until their spools are empty (docs/operations.md, \"Adding a shard\")", .0.join(", "))]
+    Orphaned(Vec<String>),
+    /// A spool could not be opened or read.
+    #[error("{0}")]
+    Spool(String),
+}
+
 /// Opens the spool of every configured shard, each with an equal share of the bound, after
 /// checking that no folder of an unconfigured shard holds unconfirmed measurements. Returns
 /// the appending sides and, per shard, its configuration and reading side.
 pub fn open(
     config: &Config,
     metrics: &Arc<Metrics>,
-) -> Result<(ShardSpools, Vec<(ShardConfig, SpoolReader)>), RunError> {
+) -> Result<(ShardSpools, Vec<(ShardConfig, SpoolReader)>), OpenError> {
     let shards = &config.clickhouse.shards;
     refuse_orphans(&config.spool.dir, shards)?;
     let share = config.spool.max_bytes / shards.len() as u64;
@@ -125,7 +136,7 @@ pub fn open(
             crate::measurement::LAYOUTS,
             metrics.clone(),
         )
-        .map_err(failed)?;
+        .map_err(|e| OpenError::Spool(e.to_string()))?;
         spools.push((shard.name.clone(), spool));
         readers.push((shard.clone(), reader));
     }
@@ -135,7 +146,7 @@ pub fn open(
 /// Fails naming each spool folder of a shard that is not configured (the folder itself for
 /// `default`, `shards/NAME/` for the others) while it holds measurements ClickHouse has not
 /// confirmed: they belong to sites of that shard, and only its replicas may have them.
-fn refuse_orphans(dir: &Path, shards: &[ShardConfig]) -> Result<(), RunError> {
+fn refuse_orphans(dir: &Path, shards: &[ShardConfig]) -> Result<(), OpenError> {
     let configured = |name: &str| shards.iter().any(|s| s.name == name);
     let mut candidates: Vec<(String, PathBuf)> = Vec::new();
     if !configured(DEFAULT_SHARD) {
@@ -155,7 +166,7 @@ fn refuse_orphans(dir: &Path, shards: &[ShardConfig]) -> Result<(), RunError> {
             continue;
         }
         let frames = spool::dump::dump(&folder, false, |_| Ok(()))
-            .map_err(|e| failed(format!("spool folder {}: {e}", folder.display())))?
+            .map_err(|e| OpenError::Spool(format!("spool folder {}: {e}", folder.display())))?
             .frames;
         if frames > 0 {
             held.push(format!(
@@ -165,13 +176,10 @@ fn refuse_orphans(dir: &Path, shards: &[ShardConfig]) -> Result<(), RunError> {
         }
     }
     if held.is_empty() {
-        return Ok(());
+        Ok(())
+    } else {
+        Err(OpenError::Orphaned(held))
     }
-    Err(RunError::Usage(format!(
-        "the spool holds measurements of shards that COLLECTOR_CLICKHOUSE_SHARDS does not list: {}; \
-         list those shards again until their spools are empty (docs/operations.md, \"Adding a shard\")",
-        held.join(", ")
-    )))
 }
 
 #[cfg(test)]
