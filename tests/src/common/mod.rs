@@ -661,6 +661,19 @@ impl Collector {
         c
     }
 
+    /// Starts a collector with exactly the settings `env` (none of [`TestEnv::collector_env`]'s
+    /// added: e.g. `COLLECTOR_CLICKHOUSE_SHARDS`, which must not come with
+    /// `COLLECTOR_CLICKHOUSE_URLS`) in a spool folder of its own (`COLLECTOR_SPOOL_DIR` set
+    /// here), on free ports, registered with `diag`.
+    pub async fn start_with_env(mut env: Vec<(String, String)>, diag: Diag) -> Collector {
+        let spool = tempfile::tempdir().unwrap();
+        env.push((
+            "COLLECTOR_SPOOL_DIR".into(),
+            spool.path().to_str().unwrap().into(),
+        ));
+        Collector::start(env, spool, diag).await
+    }
+
     async fn spawn(&mut self) {
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -897,6 +910,24 @@ impl Stack {
                 return stack;
             }
             Stack::up(root().join("target/test-stack/failover"), 3, false)
+        })
+    }
+
+    /// The stack of two shards of two 18.16 replicas and two 26.x servers that
+    /// `tests/tests/shards.rs` breaks and repairs, one test at a time: the `stack.env` named by
+    /// `SHARD_STACK_ENV`. Panics, saying how to start one, when that is unset: these tests
+    /// never pass without their servers.
+    pub fn sharded() -> &'static Stack {
+        static STACK: OnceLock<Stack> = OnceLock::new();
+        STACK.get_or_init(|| {
+            Stack::from_env_file("SHARD_STACK_ENV").unwrap_or_else(|| {
+                panic!(
+                    "SHARD_STACK_ENV is not set: these tests need a stack of two shards. Start one with \
+                     `scripts/stack.sh up DIR --shards 2 --replicas 2 --ch26 --ch26-servers 2` and run \
+                     them with SHARD_STACK_ENV=DIR/stack.env (stop it after with \
+                     `scripts/stack.sh down DIR --purge`)"
+                )
+            })
         })
     }
 
