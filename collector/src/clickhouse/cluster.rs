@@ -90,7 +90,7 @@ pub async fn apply_distributed(
     }
     let columns = |table: &'static str| {
         client
-            .query("SELECT name FROM system.columns WHERE database = ? AND table = ? ORDER BY position")
+            .query("SELECT name FROM system.columns WHERE database = ? AND table = ?")
             .bind(database)
             .bind(table)
             .fetch_all::<String>()
@@ -107,14 +107,19 @@ pub async fn apply_distributed(
             .await
             .map_err(chain)?;
     }
-    client
-        .query(&format!(
-            "CREATE TABLE IF NOT EXISTS {database}.{DISTRIBUTED_TABLE} AS {database}.measurements \
-             ENGINE = Distributed({cluster}, {database}, measurements)"
-        ))
-        .execute()
+    let mut create = client.query(&format!(
+        "CREATE TABLE IF NOT EXISTS {database}.{DISTRIBUTED_TABLE} AS {database}.measurements \
+         ENGINE = Distributed({cluster}, {database}, measurements)"
+    ));
+    // 18.16 copies the LowCardinality columns only with the setting the local table needed.
+    if super::schema::knows_low_cardinality_setting(client)
         .await
-        .map_err(chain)
+        .map_err(chain)?
+    {
+        let (name, value) = super::schema::LOW_CARDINALITY;
+        create = create.with_setting(name, value);
+    }
+    create.execute().await.map_err(chain)
 }
 
 #[cfg(test)]

@@ -67,10 +67,10 @@ const V2_COLUMN: &str = "page_view_at";
 /// experimental then). Current releases no longer know it and refuse a query that sets it
 /// (26.9: `Code: 115 ... Unknown setting 'allow_experimental_low_cardinality_type'`), so it
 /// is set only where `system.settings` lists it.
-const LOW_CARDINALITY: (&str, &str) = ("allow_experimental_low_cardinality_type", "1");
+pub(crate) const LOW_CARDINALITY: (&str, &str) = ("allow_experimental_low_cardinality_type", "1");
 
 /// Whether the server knows [`LOW_CARDINALITY`]'s setting.
-async fn knows_low_cardinality_setting(
+pub(crate) async fn knows_low_cardinality_setting(
     client: &clickhouse::Client,
 ) -> Result<bool, clickhouse::error::Error> {
     let n = client
