@@ -4,9 +4,11 @@
 //! rows.
 
 use super::{cli_store, RunError};
-use crate::clickhouse::cluster::{apply_distributed, Expected, DISTRIBUTED_TABLE};
+use crate::clickhouse::cluster::{
+    apply_distributed, DistributedError, Expected, DISTRIBUTED_TABLE,
+};
 use crate::clickhouse::schema::{apply_clickhouse, copy_v1, SchemaError, V1_TABLE};
-use crate::config::{Config, TableForm};
+use crate::config::{Config, TableForm, DEFAULT_SHARD};
 
 /// PostgreSQL schema files, in order.
 pub const POSTGRES: &[(&str, &str)] = &[
@@ -53,8 +55,14 @@ pub async fn run(config: &Config) -> Result<(), RunError> {
         Ok(()) => println!("postgres: schema applied"),
         Err(e) => eprintln!("collector: {e}"),
     }
+    // One shard from COLLECTOR_CLICKHOUSE_URLS, as before shards: its servers need no cluster
+    // (a single 26.x server has none, and a cluster of an earlier deployment may list more
+    // servers than a collector writes to); measurements_all is made where one matches, and a
+    // mismatch is said, not fatal. With COLLECTOR_CLICKHOUSE_SHARDS it is fatal.
+    let one_default_shard = matches!(&config.clickhouse.shards[..], [s] if s.name == DEFAULT_SHARD);
     let mut any_applied = false;
     let mut cluster_differs = Vec::new();
+    let mut distributed_failed = Vec::new();
     let mut copies = Vec::new();
     for (position, shard) in config.clickhouse.shards.iter().enumerate() {
         let applied = apply_shard(config, shard).await;
@@ -72,9 +80,15 @@ pub async fn run(config: &Config) -> Result<(), RunError> {
             let cluster = &config.clickhouse.cluster;
             match apply_distributed(client, &config.clickhouse.database, cluster, &expected).await {
                 Ok(()) => println!("clickhouse {url}: {DISTRIBUTED_TABLE} over cluster {cluster}"),
+                Err(e) if one_default_shard && !matches!(e, DistributedError::Failed(_)) => println!(
+                    "clickhouse {url}: no {DISTRIBUTED_TABLE} ({e}); one shard needs none: read measurements"
+                ),
                 Err(e) => {
                     eprintln!("collector: clickhouse {url}: no {DISTRIBUTED_TABLE}: {e}");
-                    cluster_differs.push(url.clone());
+                    match e {
+                        DistributedError::Failed(_) => distributed_failed.push(url.clone()),
+                        _ => cluster_differs.push(url.clone()),
+                    }
                 }
             }
         }
@@ -98,6 +112,12 @@ pub async fn run(config: &Config) -> Result<(), RunError> {
             "the cluster {} of {} does not list the configured shards (see above): fix remote_servers or COLLECTOR_CLICKHOUSE_CLUSTER",
             config.clickhouse.cluster,
             cluster_differs.join(", ")
+        )));
+    }
+    if !distributed_failed.is_empty() {
+        return Err(RunError::Failed(format!(
+            "{DISTRIBUTED_TABLE} not made on {} (see above; run migrate again)",
+            distributed_failed.join(", ")
         )));
     }
     Ok(())

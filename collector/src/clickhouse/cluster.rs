@@ -69,6 +69,20 @@ pub fn difference(cluster: &str, members: &[Member], expected: &Expected) -> Opt
     None
 }
 
+/// Why `measurements_all` was not made on a server.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DistributedError {
+    /// The server's cluster does not list the configured shards ([`difference`]).
+    #[error("{0}")]
+    Differs(String),
+    /// The server defines no such cluster at all.
+    #[error("this server's remote_servers has no cluster {0} (COLLECTOR_CLICKHOUSE_CLUSTER)")]
+    NoCluster(String),
+    /// ClickHouse refused or did not answer (its message).
+    #[error("{0}")]
+    Failed(String),
+}
+
 /// Checks the cluster on the server behind `client` and, when it matches, creates (or, after
 /// the local table gained columns, makes anew) `database.measurements_all`. Errors: the
 /// difference found ([`difference`]), or ClickHouse's message.
@@ -77,16 +91,19 @@ pub async fn apply_distributed(
     database: &str,
     cluster: &str,
     expected: &Expected,
-) -> Result<(), String> {
-    let chain = |e: clickhouse::error::Error| crate::logging::chain(&e);
+) -> Result<(), DistributedError> {
+    let chain = |e: clickhouse::error::Error| DistributedError::Failed(crate::logging::chain(&e));
     let members = client
         .query("SELECT shard_num, is_local FROM system.clusters WHERE cluster = ?")
         .bind(cluster)
         .fetch_all::<Member>()
         .await
         .map_err(chain)?;
+    if members.is_empty() {
+        return Err(DistributedError::NoCluster(cluster.to_owned()));
+    }
     if let Some(diff) = difference(cluster, &members, expected) {
-        return Err(diff);
+        return Err(DistributedError::Differs(diff));
     }
     let columns = |table: &'static str| {
         client
