@@ -280,32 +280,33 @@ fn start_writer(
     shutdown: watch::Receiver<bool>,
 ) -> Result<std::thread::JoinHandle<()>, RunError> {
     let ch = &config.clickhouse;
-    let shards = readers
-        .into_iter()
-        .map(|(shard, reader)| writer::ShardWriter {
-            reader,
-            replicas: writer::Replicas::new(ch, &shard, metrics.clone()),
-        })
-        .collect();
     let batch_limits = writer::BatchLimits {
         max_rows: ch.batch_max_rows,
         max_bytes: ch.batch_max_bytes,
         max_age: ch.batch_max_age,
     };
-    let probing = writer::probe::Options {
-        database: ch.database.clone(),
-        max_delay: ch.catchup_max_delay,
-        form: ch.table_form,
-    };
-    writer::spawn(
-        shards,
-        batch_limits,
-        probing,
-        metrics.clone(),
-        purged,
-        shutdown,
-    )
-    .map_err(|e| failed(format!("cannot start the writer thread: {e}")))
+    let shards = readers
+        .into_iter()
+        .enumerate()
+        .map(|(position, (shard, reader))| {
+            let expected = crate::clickhouse::cluster::Expected {
+                shard: position,
+                replicas: ch.shards.iter().map(|s| s.urls.len()).collect(),
+            };
+            writer::ShardWriter {
+                reader,
+                replicas: writer::Replicas::new(ch, &shard, metrics.clone()),
+                probing: writer::probe::Options {
+                    database: ch.database.clone(),
+                    max_delay: ch.catchup_max_delay,
+                    form: ch.table_form,
+                    distributed: ch.sharded().then(|| (ch.cluster.clone(), expected)),
+                },
+            }
+        })
+        .collect();
+    writer::spawn(shards, batch_limits, metrics.clone(), purged, shutdown)
+        .map_err(|e| failed(format!("cannot start the writer thread: {e}")))
 }
 
 /// Applies the retention (`COLLECTOR_RETENTION`, [`cli::retention`]) at start and every

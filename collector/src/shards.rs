@@ -34,6 +34,27 @@ pub fn spool_dir(spool_dir: &Path, name: &str) -> PathBuf {
     }
 }
 
+/// Every spool folder under `spool_dir` that exists, with its shard's name: the folder itself
+/// as `default` when it holds a spool (`segments/` or `kept-aside/`), and each
+/// `shards/NAME/`, configured or not, so that what an earlier configuration left is found too
+/// (retention, `sites purge`, `spool dump`, [`open`]'s check). Sorted by name.
+pub fn spool_dirs(spool_dir: &Path) -> Vec<(String, PathBuf)> {
+    let mut dirs = Vec::new();
+    if spool_dir.join("segments").is_dir() || spool_dir.join("kept-aside").is_dir() {
+        dirs.push((DEFAULT_SHARD.to_owned(), spool_dir.to_owned()));
+    }
+    if let Ok(entries) = std::fs::read_dir(spool_dir.join(SHARDS_DIR)) {
+        for entry in entries.flatten() {
+            if entry.path().is_dir() {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                dirs.push((name, entry.path()));
+            }
+        }
+    }
+    dirs.sort();
+    dirs
+}
+
 /// The appending side of every shard's spool, in the configured order. Cheap to clone.
 #[derive(Clone)]
 pub struct ShardSpools {
@@ -64,29 +85,35 @@ impl ShardSpools {
     }
 
     /// Appends each record to its shard's spool, all at once, and waits until every one is
-    /// durable (at most about `limit`); the first refusal otherwise. A refusal may leave
-    /// another shard's record durable: those measurements are then stored, and the client's
-    /// retry (same ids) folds as a duplicate.
+    /// durable (at most about `limit`). Errors: the first refusal, with the shards whose
+    /// record did become durable (their measurements are stored: the caller counts them as
+    /// such, so that the client's retry folds them as duplicates instead of storing them
+    /// again).
     pub async fn append(
         &self,
         records: Vec<(usize, Record)>,
         limit: Duration,
-    ) -> Result<(), AppendError> {
-        match records.len() {
-            0 => Ok(()),
-            1 => {
-                let (i, record) = records.into_iter().next().expect("one record");
-                self.spool(i).append(record, limit).await
-            }
-            _ => {
-                let appends = records
-                    .into_iter()
-                    .map(|(i, record)| self.spool(i).append(record, limit));
-                futures_util::future::join_all(appends)
-                    .await
-                    .into_iter()
-                    .collect()
-            }
+    ) -> Result<(), (AppendError, Vec<usize>)> {
+        if let [(i, _)] = records[..] {
+            let (_, record) = records.into_iter().next().expect("one record");
+            return self
+                .spool(i)
+                .append(record, limit)
+                .await
+                .map_err(|e| (e, Vec::new()));
+        }
+        let appends = records
+            .into_iter()
+            .map(|(i, record)| async move { (i, self.spool(i).append(record, limit).await) });
+        let outcomes = futures_util::future::join_all(appends).await;
+        let durable: Vec<usize> = outcomes
+            .iter()
+            .filter(|(_, r)| r.is_ok())
+            .map(|&(i, _)| i)
+            .collect();
+        match outcomes.into_iter().find_map(|(_, r)| r.err()) {
+            None => Ok(()),
+            Some(e) => Err((e, durable)),
         }
     }
 
@@ -148,18 +175,9 @@ pub fn open(
 /// confirmed: they belong to sites of that shard, and only its replicas may have them.
 fn refuse_orphans(dir: &Path, shards: &[ShardConfig]) -> Result<(), OpenError> {
     let configured = |name: &str| shards.iter().any(|s| s.name == name);
-    let mut candidates: Vec<(String, PathBuf)> = Vec::new();
-    if !configured(DEFAULT_SHARD) {
-        candidates.push((DEFAULT_SHARD.to_owned(), dir.to_owned()));
-    }
-    if let Ok(entries) = std::fs::read_dir(dir.join(SHARDS_DIR)) {
-        for entry in entries.flatten() {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            if !configured(&name) {
-                candidates.push((name, entry.path()));
-            }
-        }
-    }
+    let candidates = spool_dirs(dir)
+        .into_iter()
+        .filter(|(name, _)| !configured(name));
     let mut held = Vec::new();
     for (name, folder) in candidates {
         if !folder.join("segments").is_dir() {
@@ -185,6 +203,20 @@ fn refuse_orphans(dir: &Path, shards: &[ShardConfig]) -> Result<(), OpenError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_spool_folder_is_found_configured_or_not() {
+        let root = tempfile::tempdir().unwrap();
+        assert!(spool_dirs(root.path()).is_empty());
+        for dir in ["kept-aside", "shards/b/segments", "shards/a/kept-aside"] {
+            std::fs::create_dir_all(root.path().join(dir)).unwrap();
+        }
+        let names: Vec<String> = spool_dirs(root.path())
+            .into_iter()
+            .map(|(n, _)| n)
+            .collect();
+        assert_eq!(names, ["a", "b", "default"]);
+    }
 
     #[test]
     fn the_default_shard_keeps_the_spool_folder_itself() {

@@ -62,6 +62,10 @@ pub enum SpoolCommand {
         /// Also the confirmed ones still on disk.
         #[arg(long)]
         all: bool,
+        /// Only this shard's spool (the folder itself for `default`, `shards/NAME/` for the
+        /// others); without it, every spool folder found, of a shard configured or not.
+        #[arg(long)]
+        shard: Option<String>,
     },
 }
 

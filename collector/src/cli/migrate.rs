@@ -8,7 +8,7 @@ use crate::clickhouse::cluster::{
     apply_distributed, DistributedError, Expected, DISTRIBUTED_TABLE,
 };
 use crate::clickhouse::schema::{apply_clickhouse, copy_v1, SchemaError, V1_TABLE};
-use crate::config::{Config, TableForm, DEFAULT_SHARD};
+use crate::config::{Config, TableForm};
 
 /// PostgreSQL schema files, in order.
 pub const POSTGRES: &[(&str, &str)] = &[
@@ -59,7 +59,7 @@ pub async fn run(config: &Config) -> Result<(), RunError> {
     // (a single 26.x server has none, and a cluster of an earlier deployment may list more
     // servers than a collector writes to); measurements_all is made where one matches, and a
     // mismatch is said, not fatal. With COLLECTOR_CLICKHOUSE_SHARDS it is fatal.
-    let one_default_shard = matches!(&config.clickhouse.shards[..], [s] if s.name == DEFAULT_SHARD);
+    let one_default_shard = !config.clickhouse.sharded();
     let mut any_applied = false;
     let mut cluster_differs = Vec::new();
     let mut distributed_failed = Vec::new();

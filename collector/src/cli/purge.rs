@@ -9,8 +9,8 @@
 //! 3. on every ClickHouse server of `COLLECTOR_CLICKHOUSE_URLS`, the site's rows are deleted
 //!    from `measurements` and from a v1 table moved aside, and the deletion waited for
 //!    ([`crate::clickhouse::erase::delete_site`]);
-//! 4. its kept-aside records on this host are deleted from every shard's spool folder's
-//!    `kept-aside/` ([`crate::shards::spool_dir`]).
+//! 4. its kept-aside records on this host are deleted from every spool folder's `kept-aside/`
+//!    ([`crate::shards::spool_dirs`]: of every shard, configured or not).
 //!
 //! A server that cannot be reached is named on stderr and the command exits 1: running it
 //! again finishes the job (each step is idempotent).
@@ -61,8 +61,8 @@ pub async fn run(config: &Config, store: &SettingsStore, key: &str) -> Result<()
         }
     }
     let mut kept = 0;
-    for shard in &config.clickhouse.shards {
-        let dir = crate::shards::spool_dir(&config.spool.dir, &shard.name);
+    // Every spool folder, of a shard configured or not (one an earlier configuration left).
+    for (_, dir) in crate::shards::spool_dirs(&config.spool.dir) {
         kept += erase_kept_aside(&dir.join("kept-aside"), key)
             .map_err(|e| failed(format!("kept-aside records in {}: {e}", dir.display())))?;
     }

@@ -119,28 +119,32 @@ pub async fn run(config: &Config, args: ReportArgs) -> Result<(), RunError> {
     Ok(())
 }
 
-/// The shard the site lives on (contract v5 §3): the one configured shard, or, with several,
-/// the one its settings name.
+/// The shard the site lives on (contract v5 §3), as its settings name it: a shard this
+/// configuration does not list is an error (a shell without `COLLECTOR_CLICKHOUSE_SHARDS`
+/// would read the wrong servers). With one configured shard, and the settings store
+/// unreachable or without the site (rows written by other means), that shard, as before
+/// shards.
 async fn shard_of<'c>(
     config: &'c Config,
     site: &str,
 ) -> Result<&'c crate::config::ShardConfig, ReportError> {
-    let shards = &config.clickhouse.shards;
-    if let [only] = &shards[..] {
-        return Ok(only);
-    }
     let err = |why: String| ReportError::Shard {
         site: site.to_owned(),
         why,
     };
-    let store = super::cli_store(config).map_err(|e| err(e.to_string()))?;
-    let found = store.fetch(site).await.map_err(|e| err(e.to_string()))?;
-    let name = found
-        .ok_or_else(|| err("no such site in the settings store".into()))?
-        .shard;
+    let found = match super::cli_store(config) {
+        Ok(store) => store.fetch(site).await.map_err(|e| e.to_string()),
+        Err(e) => Err(e.to_string()),
+    };
+    let name = match (found, &config.clickhouse.shards[..]) {
+        (Ok(Some(settings)), _) => settings.shard,
+        (Ok(None) | Err(_), [only]) => return Ok(only),
+        (Ok(None), _) => return Err(err("no such site in the settings store".into())),
+        (Err(e), _) => return Err(err(e)),
+    };
     config.clickhouse.shard(&name).ok_or_else(|| {
         err(format!(
-            "shard {name} is not in COLLECTOR_CLICKHOUSE_SHARDS"
+            "shard {name} is not one this configuration lists (COLLECTOR_CLICKHOUSE_SHARDS)"
         ))
     })
 }

@@ -76,12 +76,11 @@ pub async fn run_once(
             }
         }
     }
-    for shard in &config.clickhouse.shards {
-        let dir = crate::shards::spool_dir(&config.spool.dir, &shard.name);
+    // Every spool folder, of a shard configured or not: kept-aside files outlive no retention.
+    for (shard, dir) in crate::shards::spool_dirs(&config.spool.dir) {
         match crate::spool::expire_kept_aside(&dir, retention) {
             Ok(n) => done(format!(
-                "kept-aside of shard {}: {n} files older than the retention deleted",
-                shard.name
+                "kept-aside of shard {shard}: {n} files older than the retention deleted"
             )),
             Err(e) => problem(format!("kept-aside files in {}: {e}", dir.display())),
         }

@@ -335,6 +335,12 @@ impl ClickHouseConfig {
         self.shards.iter().flat_map(|s| s.urls.iter())
     }
 
+    /// Whether the shards were named (`COLLECTOR_CLICKHOUSE_SHARDS`), rather than the one
+    /// shard `default` of `COLLECTOR_CLICKHOUSE_URLS`, whose servers need no cluster.
+    pub fn sharded(&self) -> bool {
+        !matches!(&self.shards[..], [s] if s.name == DEFAULT_SHARD)
+    }
+
     /// The shard named `name`.
     pub fn shard(&self, name: &str) -> Option<&ShardConfig> {
         self.shards.iter().find(|s| s.name == name)

@@ -224,10 +224,19 @@ async fn accept(
     shed_loud(state, &valid, &placement)?;
     check_rates(state, client, headers.contains_key(header::ORIGIN), &valid)?;
     let (to_store, guards) = claim(state, valid, &mut report).await;
-    append(state, &to_store, &placement).await?;
-    for guard in guards {
-        guard.commit();
+    let appended = append(state, &to_store, &placement).await;
+    // What became durable is claimed for good, on a refusal too (another shard's part of a
+    // request that spans shards): the client's retry then folds it as a duplicate.
+    for (i, guard) in guards {
+        let shard = shard_of(&placement, &to_store[i]);
+        if appended
+            .as_ref()
+            .map_or_else(|(_, durable)| durable.contains(&shard), |()| true)
+        {
+            guard.commit();
+        }
     }
+    appended.map_err(|(e, _)| e)?;
     report.accepted = to_store.len();
     Ok(report)
 }
@@ -616,13 +625,13 @@ fn check_rates(
 
 /// Dedup claim: claims each id in the dedup window; within one request a repeated id is a
 /// duplicate of the first. Returns the measurements to store and the claims to commit once
-/// they are durable; the dropped fields and skewed clocks of the kept measurements go to the
+/// they are durable, each with the place of its measurement; the dropped fields and skewed clocks of the kept measurements go to the
 /// report.
 async fn claim<'a>(
     state: &AppState,
     valid: Vec<(usize, Valid<'a>)>,
     report: &mut Accepted,
-) -> (Vec<Measurement<'a>>, Vec<ClaimGuard>) {
+) -> (Vec<Measurement<'a>>, Vec<(usize, ClaimGuard)>) {
     let mut guards = Vec::with_capacity(valid.len());
     let mut to_store = Vec::with_capacity(valid.len());
     let mut seen = HashSet::with_capacity(valid.len());
@@ -640,7 +649,7 @@ async fn claim<'a>(
         }
         match state.dedup.claim(v.measurement.id) {
             Claim::New(guard) => {
-                guards.push(guard);
+                guards.push((to_store.len(), guard));
                 to_store.push(v.measurement);
             }
             Claim::Duplicate => report.duplicates += 1,
@@ -663,22 +672,15 @@ async fn append(
     state: &AppState,
     to_store: &[Measurement<'_>],
     placement: &Placement,
-) -> Result<(), IntakeError> {
+) -> Result<(), (IntakeError, Vec<usize>)> {
     if to_store.is_empty() {
         return Ok(());
     }
-    let shard_of = |m: &Measurement<'_>| {
-        placement
-            .iter()
-            .find(|(key, _)| **key == *m.site)
-            .map(|&(_, i)| i)
-            .expect("every stored measurement's site was placed")
-    };
-    let first = shard_of(&to_store[0]);
-    let records = if to_store.iter().all(|m| shard_of(m) == first) {
+    let first = shard_of(placement, &to_store[0]);
+    let records = if to_store.iter().all(|m| shard_of(placement, m) == first) {
         vec![(first, measurement::encode(to_store))]
     } else {
-        let mut shards: Vec<usize> = to_store.iter().map(shard_of).collect();
+        let mut shards: Vec<usize> = to_store.iter().map(|m| shard_of(placement, m)).collect();
         shards.sort_unstable();
         shards.dedup();
         shards
@@ -686,7 +688,7 @@ async fn append(
             .map(|i| {
                 let rows: Vec<Measurement<'_>> = to_store
                     .iter()
-                    .filter(|m| shard_of(m) == i)
+                    .filter(|m| shard_of(placement, m) == i)
                     .cloned()
                     .collect();
                 (i, measurement::encode(&rows))
@@ -703,7 +705,16 @@ async fn append(
         .spools
         .append(records, APPEND_TIMEOUT)
         .await
-        .map_err(append_refused)
+        .map_err(|(e, durable)| (append_refused(e), durable))
+}
+
+/// The place of the shard's spool a stored measurement goes to.
+fn shard_of(placement: &Placement, m: &Measurement<'_>) -> usize {
+    placement
+        .iter()
+        .find(|(key, _)| **key == *m.site)
+        .map(|&(_, i)| i)
+        .expect("every stored measurement's site was placed")
 }
 
 /// The 503 for a refused append; a full open group is overload, and shed.

@@ -664,4 +664,24 @@ mod tests {
         assert_eq!(normalise_origin("ftp://x"), None);
         assert_eq!(normalise_origin("shop.example"), None);
     }
+
+    #[test]
+    fn placement_is_clickhouses_city_hash_64_mod_n() {
+        // `SELECT cityHash64(k)` on ClickHouse 18.16 and 26.9 (the same answers on both).
+        let server = [
+            ("shop", 15408619487905491346u64),
+            ("demo", 3896638502514342264),
+            ("bench-01", 740066648267614537),
+            ("", 11160318154034397263),
+            (
+                "a-very-long-site-key-with-more-than-sixty-four-bytes.example.com-0123456789",
+                7955018348748316481,
+            ),
+        ];
+        for (key, hash) in server {
+            assert_eq!(ch_cityhash102::cityhash64(key.as_bytes()), hash, "{key:?}");
+            let names = ["a", "b", "c"];
+            assert_eq!(place(key, &names), names[(hash % 3) as usize], "{key:?}");
+        }
+    }
 }

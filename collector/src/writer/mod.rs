@@ -127,6 +127,8 @@ pub struct ShardWriter {
     pub reader: SpoolReader,
     /// The shard's replicas.
     pub replicas: Replicas,
+    /// How its replicas are probed (and given the schema).
+    pub probing: probe::Options,
 }
 
 /// Starts the writers of every shard and their replica probers on a thread of their own
@@ -138,7 +140,6 @@ pub struct ShardWriter {
 pub fn spawn(
     shards: Vec<ShardWriter>,
     limits: BatchLimits,
-    probing: probe::Options,
     metrics: Arc<Metrics>,
     purged: watch::Receiver<PurgedSites>,
     shutdown: watch::Receiver<bool>,
@@ -157,7 +158,6 @@ pub fn spawn(
                         tokio::spawn(run_shard(
                             shard,
                             limits,
-                            probing.clone(),
                             metrics.clone(),
                             purged.clone(),
                             shutdown.clone(),
@@ -175,12 +175,15 @@ pub fn spawn(
 async fn run_shard(
     shard: ShardWriter,
     limits: BatchLimits,
-    probing: probe::Options,
     metrics: Arc<Metrics>,
     purged: watch::Receiver<PurgedSites>,
     shutdown: watch::Receiver<bool>,
 ) {
-    let ShardWriter { reader, replicas } = shard;
+    let ShardWriter {
+        reader,
+        replicas,
+        probing,
+    } = shard;
     probe::round(&replicas, &probing, true).await;
     // The prober has a stop of its own, sent once the writer has drained: during the drain
     // its probes still mark a hanging replica down, which ends the insert waiting on it and

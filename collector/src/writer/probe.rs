@@ -155,7 +155,26 @@ async fn apply_schema(replicas: &Replicas, i: usize, options: &Options) {
             if applied.moved_v1_aside {
                 tracing::warn!(replica = %replicas.url(i), "clickhouse: moved the v1 measurements table aside to measurements_v1 and created v2; run `collector migrate` to copy its rows");
             }
-            tracing::info!(replica = %replicas.url(i), "clickhouse: applied the schema to a replica that lacked it; not written to until it has caught up")
+            tracing::info!(replica = %replicas.url(i), "clickhouse: applied the schema to a replica that lacked it; not written to until it has caught up");
+            if let Some((cluster, expected)) = &options.distributed {
+                let made = crate::clickhouse::cluster::apply_distributed(
+                    &client,
+                    &options.database,
+                    cluster,
+                    expected,
+                );
+                match tokio::time::timeout(SCHEMA_TIMEOUT, made).await {
+                    Ok(Ok(())) => {
+                        tracing::info!(replica = %replicas.url(i), "clickhouse: made measurements_all on it")
+                    }
+                    Ok(Err(e)) => {
+                        tracing::warn!(replica = %replicas.url(i), error = %e, "clickhouse: no measurements_all on it (collector migrate says why)")
+                    }
+                    Err(_) => {
+                        tracing::warn!(replica = %replicas.url(i), "clickhouse: making measurements_all timed out")
+                    }
+                }
+            }
         }
         Ok(Err(e)) => {
             crate::logging::warn_limited(
@@ -181,6 +200,10 @@ pub struct Options {
     pub max_delay: Duration,
     /// The form a replica found without the table gets it in.
     pub form: crate::config::TableForm,
+    /// With several shards (contract v5 §3): the cluster and where this shard stands in it,
+    /// so that a replica given the table also gets `measurements_all`
+    /// ([`crate::clickhouse::cluster`]) when its cluster matches.
+    pub distributed: Option<(String, crate::clickhouse::cluster::Expected)>,
 }
 
 /// One round over every replica, probed concurrently. `initial` trusts a single result.

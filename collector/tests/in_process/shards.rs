@@ -200,5 +200,20 @@ async fn a_shard_whose_spool_share_is_full_refuses_its_own_sites_only() {
     let on_a = sent(&app, "shop.a").await;
     holds_exactly(&a, &[on_a], Duration::from_secs(2)).await;
     assert_eq!(crate::common::get(app.admin, "/readyz").await.status, 200);
+    // A request of both shards' sites: 503 while b is full, but a's part became durable; its
+    // retries (the same ids) fold it as a duplicate: stored once, not once per retry.
+    let (mixed_a, one) = beacon("shop.a");
+    let (_, two) = beacon("shop.b");
+    let body = Value::Array(vec![one, two]);
+    for _ in 0..3 {
+        assert_eq!(app.send(&body).await.status, 503);
+    }
+    let drained = r#"collector_spool_records{shard="a"}"#;
+    let what = format!("{drained} is 0");
+    wait_until(&what, Duration::from_secs(5), || async {
+        app.metric(drained).await == 0.0
+    })
+    .await;
+    holds_exactly(&a, &[on_a, mixed_a], Duration::from_secs(2)).await;
     app.stop(false).await;
 }
