@@ -31,12 +31,14 @@ pub const LOOPBACK: [&str; 2] = ["::1", "127.0.0.1"];
 /// - `ALTER DELETE`: `sites purge` and `retention` where a table has no TTL (`DROP PARTITION`);
 /// - `ALTER MODIFY TTL`: `retention` (the table's TTL follows `COLLECTOR_RETENTION`);
 /// - `DROP TABLE`: `migrate` moving a v1 table aside (`RENAME` needs it on the old name);
-/// - `SELECT` on five system tables, which 26.x shows only with a grant (measured on
+/// - `SELECT` on six system tables, which 26.x shows only with a grant (measured on
 ///   26.9.2.1): `replicas` (the prober), `mutations` (`sites purge` waits for its deletions),
-///   `parts` (retention by partition), `macros` and `merge_tree_settings` (`migrate`).
+///   `parts` (retention by partition), `macros` and `merge_tree_settings` (`migrate`), and
+///   `clusters` (`migrate` checks the cluster `measurements_all` reads over, contract v5 §3);
+/// - `TABLE ENGINE ON Distributed`: `migrate` makes `measurements_all`.
 ///
 /// No user management, no `SYSTEM`, no other database.
-pub const COLLECTOR_GRANTS: [&str; 8] = [
+pub const COLLECTOR_GRANTS: [&str; 10] = [
     "GRANT SELECT, INSERT, CREATE DATABASE, CREATE TABLE, ALTER ADD COLUMN, ALTER DELETE, \
      ALTER MODIFY TTL, DROP TABLE ON collector.*",
     "GRANT TABLE ENGINE ON ReplicatedReplacingMergeTree",
@@ -46,6 +48,8 @@ pub const COLLECTOR_GRANTS: [&str; 8] = [
     "GRANT SELECT ON system.parts",
     "GRANT SELECT ON system.macros",
     "GRANT SELECT ON system.merge_tree_settings",
+    "GRANT SELECT ON system.clusters",
+    "GRANT TABLE ENGINE ON Distributed",
 ];
 
 /// The rights of the dashboards' user (Grafana's ClickHouse data source): reading the

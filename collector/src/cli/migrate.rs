@@ -56,9 +56,10 @@ pub async fn run(config: &Config) -> Result<(), RunError> {
         Err(e) => eprintln!("collector: {e}"),
     }
     // One shard from COLLECTOR_CLICKHOUSE_URLS, as before shards: its servers need no cluster
-    // (a single 26.x server has none, and a cluster of an earlier deployment may list more
-    // servers than a collector writes to); measurements_all is made where one matches, and a
-    // mismatch is said, not fatal. With COLLECTOR_CLICKHOUSE_SHARDS it is fatal.
+    // (a single 26.x server has none, a cluster of an earlier deployment may list more
+    // servers than a collector writes to, and its user may not read system.clusters);
+    // measurements_all is made where one matches, and what stops it is said, not fatal. With
+    // COLLECTOR_CLICKHOUSE_SHARDS it is fatal.
     let one_default_shard = !config.clickhouse.sharded();
     let mut any_applied = false;
     let mut cluster_differs = Vec::new();
@@ -80,7 +81,7 @@ pub async fn run(config: &Config) -> Result<(), RunError> {
             let cluster = &config.clickhouse.cluster;
             match apply_distributed(client, &config.clickhouse.database, cluster, &expected).await {
                 Ok(()) => println!("clickhouse {url}: {DISTRIBUTED_TABLE} over cluster {cluster}"),
-                Err(e) if one_default_shard && !matches!(e, DistributedError::Failed(_)) => println!(
+                Err(e) if one_default_shard => println!(
                     "clickhouse {url}: no {DISTRIBUTED_TABLE} ({e}); one shard needs none: read measurements"
                 ),
                 Err(e) => {
