@@ -366,7 +366,7 @@ mod tests {
         assert!(xml.contains("<dashboard>\n            <password from_env=\"PW\"/>"));
         assert_eq!(xml.matches("<ip>127.0.0.1</ip>").count(), 2);
         assert!(xml.contains("<ip>10.0.0.0/8</ip>\n            </networks>\n            <profile>dashboard</profile>"));
-        assert_eq!(xml.matches("<query>GRANT").count(), 9);
+        assert_eq!(xml.matches("<query>GRANT").count(), 11);
         assert!(xml.contains(
             "<max_execution_time>\n                    <max>600</max>\n                    \
              <changeable_in_readonly/>"
