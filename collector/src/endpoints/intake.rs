@@ -625,8 +625,8 @@ fn check_rates(
 
 /// Dedup claim: claims each id in the dedup window; within one request a repeated id is a
 /// duplicate of the first. Returns the measurements to store and the claims to commit once
-/// they are durable, each with the place of its measurement; the dropped fields and skewed clocks of the kept measurements go to the
-/// report.
+/// they are durable, each with the place of its measurement; the dropped fields and skewed
+/// clocks of the kept measurements go to the report.
 async fn claim<'a>(
     state: &AppState,
     valid: Vec<(usize, Valid<'a>)>,
