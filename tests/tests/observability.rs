@@ -806,8 +806,19 @@ async fn prometheus_scrapes_the_collector_and_alerts_on_no_healthy_replica() {
     eprintln!("CollectorNoHealthyReplica fired {to_fire:?} after the replicas were stopped");
 
     // The measurement sent meanwhile is late, and says so through Prometheus ...
+    // The total (no shard label) and the one shard's series (`default`) say the same.
     let late = prom
-        .wait_query("collector_spool_oldest_record_age_seconds > 30", SERIES)
+        .wait_query(
+            "collector_spool_oldest_record_age_seconds{shard=\"\"} > 30",
+            SERIES,
+        )
+        .await;
+    assert_eq!(late.len(), 1, "{late:?}");
+    let late = prom
+        .wait_query(
+            "collector_spool_oldest_record_age_seconds{shard=\"default\"} > 30",
+            SERIES,
+        )
         .await;
     assert_eq!(late.len(), 1, "{late:?}");
     // ... and after a restart, from what the spool holds: the oldest record held is m1, or
