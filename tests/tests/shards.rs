@@ -166,6 +166,23 @@ struct Sent {
     at: Instant,
 }
 
+/// POSTs `body` (JSON) to the collector at `url` with a browser's Origin and User-Agent: the
+/// answer's status (0: no answer) and its body.
+async fn send(url: &str, body: String) -> (u16, String) {
+    let answer = http()
+        .post(format!("{url}/api/v1/measurements"))
+        .header("content-type", "application/json")
+        .header("origin", "https://shop.example")
+        .header("user-agent", UA)
+        .body(body)
+        .send()
+        .await;
+    match answer {
+        Ok(r) => (r.status().as_u16(), r.text().await.unwrap_or_default()),
+        Err(e) => (0, format!("{e:?}")),
+    }
+}
+
 /// POSTs one fresh beacon of `site` to the collector at `url` (with a browser's Origin and
 /// User-Agent), `lcp_ms` in it when given.
 async fn post(url: &str, site: &str, lcp_ms: Option<f64>) -> Sent {
@@ -173,21 +190,32 @@ async fn post(url: &str, site: &str, lcp_ms: Option<f64>) -> Sent {
     if let Some(lcp) = lcp_ms {
         m["lcp_ms"] = lcp.into();
     }
-    let answer = http()
-        .post(format!("{url}/api/v1/measurements"))
-        .header("content-type", "application/json")
-        .header("origin", "https://shop.example")
-        .header("user-agent", UA)
-        .body(m.to_string())
-        .send()
-        .await;
-    let status = answer.map_or(0, |r| r.status().as_u16());
+    let (status, _) = send(url, m.to_string()).await;
     Sent {
         id,
         site: site.into(),
         status,
         at: Instant::now(),
     }
+}
+
+/// POSTs one request holding a fresh measurement of each of `sites` (a JSON array): one
+/// [`Sent`] per measurement, each with the request's status, and the answer's body.
+async fn post_array(url: &str, sites: &[&str]) -> (Vec<Sent>, String) {
+    let (ids, items): (Vec<String>, Vec<Value>) = sites.iter().map(|s| measurement(s)).unzip();
+    let (status, body) = send(url, Value::Array(items).to_string()).await;
+    let at = Instant::now();
+    let sent = ids
+        .into_iter()
+        .zip(sites)
+        .map(|(id, site)| Sent {
+            id,
+            site: (*site).into(),
+            status,
+            at,
+        })
+        .collect();
+    (sent, body)
 }
 
 /// A steady load: one beacon every `every`, cycling over `sites` and, after each round of
@@ -221,6 +249,42 @@ fn statuses(log: &[Sent]) -> std::collections::BTreeMap<u16, usize> {
         *m.entry(s.status).or_default() += 1;
     }
     m
+}
+
+/// A [`steady`] load and what it was answered.
+struct Load {
+    stop: Arc<AtomicBool>,
+    log: Arc<StdMutex<Vec<Sent>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Load {
+    fn start(urls: Vec<String>, sites: &[&str], every: Duration) -> Load {
+        let stop = Arc::new(AtomicBool::new(false));
+        let log = Arc::new(StdMutex::new(Vec::new()));
+        let sites = sites.iter().map(|s| (*s).to_owned()).collect();
+        let task = steady(urls, sites, every, stop.clone(), log.clone());
+        Load { stop, log, task }
+    }
+
+    /// The ids of `site` acknowledged (202) so far.
+    fn acked(&self, site: &str) -> Vec<String> {
+        self.log
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|x| x.status == 202 && x.site == site)
+            .map(|x| x.id.clone())
+            .collect()
+    }
+
+    /// Stops it: every beacon sent, with its answer.
+    async fn stop(self) -> Vec<Sent> {
+        self.stop.store(true, Ordering::SeqCst);
+        self.task.await.unwrap();
+        let log = self.log.lock().unwrap().clone();
+        log
+    }
 }
 
 /// `id -> (site, count)` of the test's table on `url`, under FINAL.
@@ -294,7 +358,8 @@ fn blocking<T>(what: &str, f: impl FnOnce() -> stack::Result<T>) -> T {
     tokio::task::block_in_place(f).unwrap_or_else(|e| panic!("{what}: {e}"))
 }
 
-/// Kill, stop or start server `i` of the stack, logging when.
+/// Kill, stop, start, freeze (SIGSTOP) or thaw (SIGCONT) server `i` of the stack, logging
+/// when.
 fn act(stack: &Stack, t0: Instant, action: &str, i: usize) {
     let r = stack.replica(i);
     let what = format!("{action} ClickHouse server {i} (shard {})", r.shard());
@@ -302,9 +367,77 @@ fn act(stack: &Stack, t0: Instant, action: &str, i: usize) {
         "kill" => blocking(&what, || r.kill()),
         "stop" => blocking(&what, || r.stop()),
         "start" => blocking(&what, || r.start()),
+        "freeze" => blocking(&what, || r.freeze()),
+        "thaw" => blocking(&what, || r.thaw()),
         other => panic!("{other}"),
     }
     eprintln!("{:>6.1} s: {what} done", t0.elapsed().as_secs_f64());
+}
+
+async fn pause(seconds: u64) {
+    tokio::time::sleep(Duration::from_secs(seconds)).await;
+}
+
+/// Registers each `(site, shard)` with `sites add --shard`.
+fn add_sites(env: &TestEnv<'_>, shards: &str, sites: &[(&str, &str)]) {
+    for (key, shard) in sites {
+        cli(
+            env,
+            shards,
+            &[],
+            &["sites", "add", "--key", key, "--shard", shard],
+        )
+        .success();
+    }
+}
+
+/// Waits (at most [`REACTIVATION`], as [`Stack::restore`] does) until every server of `urls`
+/// (the replicas of one shard) answers within 3 s and sees the test's table as
+/// [`Stack::restore`] waits for it (not read-only, its ZooKeeper session not expired) and, from
+/// its own session, every replica of the table active: when that was first seen. The active
+/// replicas are what tells a live session from one whose expiry the server has not noticed
+/// yet: just after a thaw, an 18.16 server showed neither flag set and then, seconds later, its
+/// session expired (seen in this test's first run); a frozen replica's `is_active` node is gone
+/// with its expired session and comes back only once its table is re-initialized, and a
+/// server whose own session is dead reads 0 replicas.
+async fn wait_writable(env: &TestEnv<'_>, urls: &[String]) -> Instant {
+    let sql = format!(
+        "SELECT is_readonly, is_session_expired, total_replicas, active_replicas FROM system.replicas \
+         WHERE database = '{}' AND table = 'measurements'",
+        env.db
+    );
+    let live = |r: &Value| {
+        let n = |c: &str| as_i64(col(r, c)).unwrap_or(-1);
+        n("is_readonly") == 0
+            && n("is_session_expired") == 0
+            && n("total_replicas") == urls.len() as i64
+            && n("active_replicas") == urls.len() as i64
+    };
+    wait_until(
+        &env.diag,
+        &format!("{urls:?} answering, the test's table writable and every replica active"),
+        REACTIVATION,
+        Duration::from_millis(250),
+        || async {
+            let mut not_yet = Vec::new();
+            for url in urls {
+                let answer =
+                    tokio::time::timeout(Duration::from_secs(3), clickhouse_query(url, &sql));
+                match answer.await {
+                    Ok(Ok(rows)) if rows.len() == 1 && live(&rows[0]) => {}
+                    Ok(Ok(rows)) => not_yet.push(format!("{url}: {rows:?}")),
+                    Ok(Err(e)) => not_yet.push(format!("{url}: {e}")),
+                    Err(_) => not_yet.push(format!("{url}: no answer within 3 s")),
+                }
+            }
+            if not_yet.is_empty() {
+                Ok(Instant::now())
+            } else {
+                Err(not_yet.join("; "))
+            }
+        },
+    )
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -385,56 +518,21 @@ async fn each_site_is_stored_on_its_own_shard_once_through_two_collectors_while_
     let shards = shards_of(stack);
     let s = setting(&shards);
     cli(&env, &s, &[], &["migrate"]).success();
-    cli(
-        &env,
-        &s,
-        &[],
-        &["sites", "add", "--key", "s.a", "--shard", "shard1"],
-    )
-    .success();
-    cli(
-        &env,
-        &s,
-        &[],
-        &["sites", "add", "--key", "s.b", "--shard", "shard2"],
-    )
-    .success();
+    add_sites(&env, &s, &[("s.a", "shard1"), ("s.b", "shard2")]);
     let c1 = Collector::start_with_env(settings(&env, &s, &[]), env.diag.clone()).await;
     let c2 = Collector::start_with_env(settings(&env, &s, &[]), env.diag.clone()).await;
-    let (one, two) = (servers_of(stack, 1), servers_of(stack, 2));
-
-    let (stop, log) = (
-        Arc::new(AtomicBool::new(false)),
-        Arc::new(StdMutex::new(Vec::new())),
-    );
     // 12.5 beacons a second, alternating sites and collectors.
-    let load = steady(
+    let load = Load::start(
         vec![c1.url.clone(), c2.url.clone()],
-        vec!["s.a".into(), "s.b".into()],
+        &["s.a", "s.b"],
         Duration::from_millis(80),
-        stop.clone(),
-        log.clone(),
     );
     let t0 = Instant::now();
-    let pause = |s: u64| tokio::time::sleep(Duration::from_secs(s));
     pause(3).await;
-    act(stack, t0, "kill", one[0]);
-    pause(4).await;
-    act(stack, t0, "start", one[0]);
-    pause(2).await;
-    act(stack, t0, "kill", two[0]);
-    pause(4).await;
-    act(stack, t0, "start", two[0]);
-    pause(2).await;
-    act(stack, t0, "kill", two[0]);
-    act(stack, t0, "kill", two[1]);
-    pause(5).await;
-    act(stack, t0, "start", two[0]);
-    act(stack, t0, "start", two[1]);
-    pause(3).await;
-    stop.store(true, Ordering::SeqCst);
-    load.await.unwrap();
-    let log = log.lock().unwrap().clone();
+    for shard in 1..=2 {
+        kill_each_then_both(stack, t0, &servers_of(stack, shard)).await;
+    }
+    let log = load.stop().await;
     let acked = log.iter().filter(|s| s.status == 202).count();
     println!(
         "sent {} beacons in {:.1} s, answers {:?}",
@@ -458,6 +556,25 @@ async fn each_site_is_stored_on_its_own_shard_once_through_two_collectors_while_
     );
 }
 
+/// A shard's faults, under whatever load runs: its first replica killed (4 s) and started
+/// again, then its second, then both together (5 s) and both started.
+async fn kill_each_then_both(stack: &Stack, t0: Instant, servers: &[usize]) {
+    for &i in servers {
+        act(stack, t0, "kill", i);
+        pause(4).await;
+        act(stack, t0, "start", i);
+        pause(2).await;
+    }
+    for &i in servers {
+        act(stack, t0, "kill", i);
+    }
+    pause(5).await;
+    for &i in servers {
+        act(stack, t0, "start", i);
+    }
+    pause(3).await;
+}
+
 /// The `p`-quantile (0..1) of `v` (sorted here): the value at rank ⌈p·n⌉.
 fn quantile(v: &mut [Duration], p: f64) -> Duration {
     assert!(!v.is_empty(), "no delays measured");
@@ -466,136 +583,192 @@ fn quantile(v: &mut [Duration], p: f64) -> Duration {
     v[rank - 1]
 }
 
+/// A shard failing under load: site `s.a` on shard1 and `s.b` on shard2, one collector, 10
+/// beacons a second per site, and shard1's visibility watched.
+struct Scenario<'a> {
+    env: &'a TestEnv<'static>,
+    shards: Shards,
+    _collector: Collector,
+    load: Load,
+    watch: Visibility,
+    t0: Instant,
+}
+
+impl<'a> Scenario<'a> {
+    async fn start(stack: &Stack, env: &'a TestEnv<'static>) -> Scenario<'a> {
+        let shards = shards_of(stack);
+        let s = setting(&shards);
+        cli(env, &s, &[], &["migrate"]).success();
+        add_sites(env, &s, &[("s.a", "shard1"), ("s.b", "shard2")]);
+        let c = Collector::start_with_env(settings(env, &s, &[]), env.diag.clone()).await;
+        let load = Load::start(
+            vec![c.url.clone()],
+            &["s.a", "s.b"],
+            Duration::from_millis(50),
+        );
+        // Shard1's visibility: every 200 ms, which of its acknowledged ids not yet seen are
+        // visible on its first replica (the one the collector writes to).
+        let watch = Visibility::start(
+            shards[0].1[0].clone(),
+            env.db.clone(),
+            load.log.clone(),
+            "s.a",
+        );
+        Scenario {
+            env,
+            shards,
+            _collector: c,
+            load,
+            watch,
+            t0: Instant::now(),
+        }
+    }
+
+    /// Waits (at most 30 s, polled every 250 ms) until every id of `s.b` acknowledged so far
+    /// is stored on one of shard2's replicas, none twice under FINAL: their number, and when.
+    async fn wait_held(&self, since: &str) -> (usize, Instant) {
+        let held = self.load.acked("s.b");
+        let (urls, db) = (&self.shards[1].1, &self.env.db);
+        let what = format!(
+            "{} acknowledged ids of s.b stored on shard2 within 30 s of {since}",
+            held.len()
+        );
+        let at = wait_until(
+            &self.env.diag,
+            &what,
+            Duration::from_secs(30),
+            Duration::from_millis(250),
+            || async {
+                let mut found = std::collections::HashSet::new();
+                for url in urls {
+                    let rows = stored(url, db).await.map_err(|e| format!("{url}: {e}"))?;
+                    for (id, (site, n)) in rows {
+                        assert_eq!(n, 1, "{url} holds id {id} of {site} {n} times under FINAL");
+                        found.insert(id);
+                    }
+                }
+                let missing = held.iter().filter(|id| !found.contains(*id)).count();
+                if missing == 0 {
+                    Ok(Instant::now())
+                } else {
+                    Err(format!("{missing} of {} missing", held.len()))
+                }
+            },
+        )
+        .await;
+        (held.len(), at)
+    }
+
+    /// Goes on 3 s more, stops the load, prints the answers and shard1's delays (202 to
+    /// visible on its first replica) over the run and over the ids acknowledged within
+    /// `during`, and checks: no 5xx, at least `min` ids of shard1 measured within `during`,
+    /// a p99 of at most 2 s over both; then that every acknowledged id is once on every
+    /// replica of its site's shard only (within [`SETTLE`]).
+    async fn finish(self, during: (Instant, Instant), what: &str, min: usize) {
+        pause(3).await;
+        let log = self.load.stop().await;
+        let delays = self.watch.finish(&self.env.diag, &log).await;
+        let answers = statuses(&log);
+        println!(
+            "answers {answers:?} to {} beacons over {:.1} s",
+            log.len(),
+            self.t0.elapsed().as_secs_f64()
+        );
+        let mut inside: Vec<Duration> = delays
+            .iter()
+            .filter(|(at, _)| *at >= during.0 && *at <= during.1)
+            .map(|(_, d)| *d)
+            .collect();
+        let mut all: Vec<Duration> = delays.iter().map(|(_, d)| *d).collect();
+        let (n_all, n_in) = (all.len(), inside.len());
+        assert!(n_in >= min, "shard1 ids measured {what}: {n_in}");
+        let (p99, max) = (quantile(&mut all, 0.99), *all.last().unwrap());
+        let (p99_in, max_in) = (quantile(&mut inside, 0.99), *inside.last().unwrap());
+        println!(
+            "shard1 (s.a) 202-to-visible delay, polled every 200 ms: p99 {p99:?} (max {max:?}) over {n_all} ids; \
+             p99 {p99_in:?} (max {max_in:?}) over the {n_in} ids acknowledged {what} ({:?})",
+            during.1 - during.0
+        );
+        let fives: usize = answers
+            .iter()
+            .filter(|(s, _)| **s >= 500)
+            .map(|(_, n)| n)
+            .sum();
+        assert_eq!(fives, 0, "no 5xx while the spool has room: {answers:?}");
+        // The bound: 2 s; the polling adds up to 0.2 s and a query's time, included in it.
+        assert!(
+            p99 <= Duration::from_secs(2),
+            "p99 {p99:?} of shard1's delay"
+        );
+        assert!(p99_in <= Duration::from_secs(2), "p99 {p99_in:?} {what}");
+        let home = HashMap::from([("s.a", 0), ("s.b", 1)]);
+        let start = Instant::now();
+        wait_placed(self.env, &self.shards, &home, &log, SETTLE).await;
+        println!(
+            "every acknowledged id once on both replicas of its shard only, {:.1} s after the load",
+            start.elapsed().as_secs_f64()
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shard_down_for_60s_holds_back_only_its_own_sites() {
     let (_turn, stack, env) = take_turn().await;
-    let shards = shards_of(stack);
-    let s = setting(&shards);
-    cli(&env, &s, &[], &["migrate"]).success();
-    cli(
-        &env,
-        &s,
-        &[],
-        &["sites", "add", "--key", "s.a", "--shard", "shard1"],
-    )
-    .success();
-    cli(
-        &env,
-        &s,
-        &[],
-        &["sites", "add", "--key", "s.b", "--shard", "shard2"],
-    )
-    .success();
-    let c = Collector::start_with_env(settings(&env, &s, &[]), env.diag.clone()).await;
+    let run = Scenario::start(stack, &env).await;
     let two = servers_of(stack, 2);
-
-    let (stop, log) = (
-        Arc::new(AtomicBool::new(false)),
-        Arc::new(StdMutex::new(Vec::new())),
-    );
-    // 10 beacons a second per site.
-    let load = steady(
-        vec![c.url.clone()],
-        vec!["s.a".into(), "s.b".into()],
-        Duration::from_millis(50),
-        stop.clone(),
-        log.clone(),
-    );
-    // Shard1's visibility: every 200 ms, which of its acknowledged ids not yet seen are
-    // visible on its first replica (the one the collector writes to).
-    let watch = Visibility::start(shards[0].1[0].clone(), env.db.clone(), log.clone(), "s.a");
-    let t0 = Instant::now();
-    tokio::time::sleep(Duration::from_secs(10)).await;
+    pause(10).await;
     for &i in &two {
-        act(stack, t0, "stop", i);
+        act(stack, run.t0, "stop", i);
     }
     let down = Instant::now();
-    tokio::time::sleep(Duration::from_secs(60)).await;
+    pause(60).await;
     for &i in &two {
-        act(stack, t0, "start", i);
+        act(stack, run.t0, "start", i);
     }
+    // Started: both answer and their tables are writable (`Replica::start` waits for it).
     let back = Instant::now();
-    let outage = back - down;
     // Shard2's ids acknowledged so far: all stored once within 30 s (±0.25 s, the polling).
-    let held: Vec<String> = log
-        .lock()
-        .unwrap()
-        .iter()
-        .filter(|x| x.status == 202 && x.site == "s.b")
-        .map(|x| x.id.clone())
-        .collect();
-    let url2 = shards[1].1[0].clone();
-    let db = env.db.clone();
-    let delivered = wait_until(
-        &env.diag,
-        &format!(
-            "{} acknowledged ids of s.b stored once on {url2} within 30 s of shard2's return",
-            held.len()
-        ),
-        Duration::from_secs(30),
-        Duration::from_millis(250),
-        || async {
-            let rows = stored(&url2, &db).await?;
-            let missing = held.iter().filter(|id| !rows.contains_key(*id)).count();
-            if missing == 0 {
-                Ok(back.elapsed())
-            } else {
-                Err(format!("{missing} of {} missing", held.len()))
-            }
-        },
-    )
-    .await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    stop.store(true, Ordering::SeqCst);
-    load.await.unwrap();
-    let log = log.lock().unwrap().clone();
-    let delays = watch.finish(&env.diag, &log).await;
+    let (held, delivered) = run.wait_held("shard2's return").await;
+    println!(
+        "shard2 (s.b): {held} ids held back over the {:?} outage, all stored {:?} after both replicas answered again",
+        back - down,
+        delivered - back
+    );
+    run.finish((down, back), "while shard2 was down", 300).await;
+}
 
-    let answers = statuses(&log);
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_frozen_for_15s_holds_back_only_its_own_sites() {
+    let (_turn, stack, env) = take_turn().await;
+    let run = Scenario::start(stack, &env).await;
+    let two = servers_of(stack, 2);
+    pause(10).await;
+    // SIGSTOP: both of shard2's servers hang with their sockets open.
+    for &i in &two {
+        act(stack, run.t0, "freeze", i);
+    }
+    let frozen = Instant::now();
+    pause(15).await;
+    for &i in &two {
+        act(stack, run.t0, "thaw", i);
+    }
+    let thawed = Instant::now();
+    // Frozen past the stack's ZooKeeper session timeout (10 s), an 18.16 replica may find its
+    // session expired and keep its tables read-only for a while after the thaw (up to
+    // REACTIVATION, as Stack::restore waits): the 30 s bound counts from the moment both of
+    // shard2's servers answer and are writable again.
+    let writable = wait_writable(&env, &run.shards[1].1).await;
+    let (held, delivered) = run.wait_held("shard2 answering and writable again").await;
     println!(
-        "answers {answers:?} to {} beacons over {:.1} s",
-        log.len(),
-        t0.elapsed().as_secs_f64()
+        "shard2 (s.b): frozen {:?}; both replicas answering and writable {:?} after the thaw; the {held} ids \
+         acknowledged by then found all stored {:?} after that (polled every 250 ms; {:?} after the thaw)",
+        thawed - frozen,
+        writable - thawed,
+        delivered.saturating_duration_since(writable),
+        delivered - thawed
     );
-    let during: Vec<Duration> = delays
-        .iter()
-        .filter(|(at, _)| *at >= down && *at <= back)
-        .map(|(_, d)| *d)
-        .collect();
-    let mut all: Vec<Duration> = delays.iter().map(|(_, d)| *d).collect();
-    let n_all = all.len();
-    let (p99, max) = (quantile(&mut all, 0.99), *all.last().unwrap());
-    let n_during = during.len();
-    let p99_during = quantile(&mut during.clone(), 0.99);
-    println!(
-        "shard1 (s.a) 202-to-visible delay, polled every 200 ms: p99 {p99:?} (max {max:?}) over {n_all} ids; \
-         p99 {p99_during:?} over the {n_during} ids acknowledged while shard2 was down ({outage:?})"
-    );
-    println!(
-        "shard2 (s.b): {} ids held back, all stored {delivered:?} after both replicas answered again",
-        held.len()
-    );
-    let fives: usize = answers
-        .iter()
-        .filter(|(s, _)| **s >= 500)
-        .map(|(_, n)| n)
-        .sum();
-    assert_eq!(fives, 0, "no 5xx while the spool has room: {answers:?}");
-    assert!(
-        n_during >= 300,
-        "shard1 ids measured during the outage: {n_during}"
-    );
-    // The bound: 2 s; the polling adds up to 0.2 s and a query's time, included in it.
-    assert!(
-        p99 <= Duration::from_secs(2),
-        "p99 {p99:?} of shard1's delay"
-    );
-    assert!(
-        p99_during <= Duration::from_secs(2),
-        "p99 {p99_during:?} during the outage"
-    );
-    let home = HashMap::from([("s.a", 0), ("s.b", 1)]);
-    wait_placed(&env, &shards, &home, &log, SETTLE).await;
+    run.finish((frozen, thawed), "while shard2 was frozen", 100)
+        .await;
 }
 
 /// Per acknowledged id of one site, how long after its 202 it became visible on one server.
@@ -679,33 +852,102 @@ async fn adding_a_third_shard_moves_no_site() {
     }
     let before = site_shards(&env, &two);
     println!("placed by hash over two shards: {before:?}");
-    for k in &keys {
-        let shard = before
+    placed_by_hash(&shards, &keys, &before).await;
+    let position = |name: &str| shards.iter().position(|(n, _)| n == name).unwrap();
+    let mut home: HashMap<&str, usize> = keys
+        .iter()
+        .map(|k| (k.as_str(), position(&before[k])))
+        .collect();
+    let mut sites: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let mut log = Vec::new();
+    through_a_collector(&env, &shards, &home, &sites, &mut log).await;
+
+    // A third shard: the first 26.x server, its table made by migrate as one default shard
+    // in the single-server form.
+    let ch26 = stack_value(stack, "CH26_1_URL");
+    env.cli_with(
+        &[
+            ("COLLECTOR_CLICKHOUSE_URLS", ch26.as_str()),
+            ("COLLECTOR_CLICKHOUSE_TABLE_FORM", "single"),
+        ],
+        &["migrate"],
+    )
+    .success();
+    let mut shards3 = shards.clone();
+    shards3.push(("shard3".into(), vec![ch26.clone()]));
+    sites_stay_put(&env, &setting(&shards3), &keys, &before);
+    home.insert("new-3", 2);
+    sites.push("new-3");
+    through_a_collector(&env, &shards3, &home, &sites, &mut log).await;
+    let rows = env_query(
+        &ch26,
+        &format!(
+            "SELECT countIf(site = 'new-3') AS mine, countIf(site != 'new-3') AS others FROM {}.measurements",
+            env.db
+        ),
+    )
+    .await;
+    let acked3 = log.iter().filter(|x| x.site == "new-3").count() as i64;
+    println!("shard3 ({ch26}): {rows:?}");
+    assert_eq!(
+        as_i64(col(&rows[0], "others")),
+        Some(0),
+        "no row of an older site on shard3"
+    );
+    assert_eq!(
+        as_i64(col(&rows[0], "mine")),
+        Some(acked3),
+        "new-3's rows on shard3"
+    );
+}
+
+/// Each of `keys`, added without `--shard` over two shards, is on the shard at position
+/// `cityHash64(key) % 2` of the list, as a shard1 server computes it; and both shards hold
+/// some.
+async fn placed_by_hash(shards: &Shards, keys: &[String], placed: &HashMap<String, String>) {
+    let url = &shards[0].1[0];
+    let mut counts = vec![0; shards.len()];
+    for k in keys {
+        let sql = format!("SELECT cityHash64('{k}') % {} AS p", shards.len());
+        let p = as_i64(col(&env_query(url, &sql).await[0], "p")).unwrap() as usize;
+        let shard = placed
             .get(k)
-            .unwrap_or_else(|| panic!("{k} not listed: {before:?}"));
-        assert!(shard == "shard1" || shard == "shard2", "{k}: {shard}");
+            .unwrap_or_else(|| panic!("{k} not listed: {placed:?}"));
+        assert_eq!(*shard, shards[p].0, "{k}: cityHash64 % 2 = {p} on {url}");
+        counts[p] += 1;
     }
-    // A third shard (one server: the settings are what this test checks).
-    let three = format!("{two};shard3={}", stack_value(stack, "CH26_1_URL"));
-    let after = site_shards(&env, &three);
-    assert_eq!(after, before, "the shards listed once shard3 is configured");
+    println!("sites per shard by cityHash64 % 2 on {url}: {counts:?}");
+    assert!(
+        counts.iter().all(|&n| n >= 1),
+        "each shard holds at least one of the sites: {counts:?}"
+    );
+}
+
+/// With a third shard configured (`three`): every site listed on its old shard, also after
+/// being added again without `--shard`; `new-3` added on shard3; moving an existing site
+/// refused, naming its shard.
+fn sites_stay_put(
+    env: &TestEnv<'_>,
+    three: &str,
+    keys: &[String],
+    before: &HashMap<String, String>,
+) {
+    let after = site_shards(env, three);
+    assert_eq!(
+        &after, before,
+        "the shards listed once shard3 is configured"
+    );
     // Added again without --shard: still where it was (hash mod 3 may say otherwise).
-    for k in &keys {
-        cli(&env, &three, &[], &["sites", "add", "--key", k]).success();
+    for k in keys {
+        cli(env, three, &[], &["sites", "add", "--key", k]).success();
     }
     assert_eq!(
-        site_shards(&env, &three),
+        &site_shards(env, three),
         before,
         "sites added again without --shard"
     );
-    cli(
-        &env,
-        &three,
-        &[],
-        &["sites", "add", "--key", "new-3", "--shard", "shard3"],
-    )
-    .success();
-    let now = site_shards(&env, &three);
+    add_sites(env, three, &[("new-3", "shard3")]);
+    let now = site_shards(env, three);
     assert_eq!(
         now.get("new-3").map(String::as_str),
         Some("shard3"),
@@ -714,8 +956,8 @@ async fn adding_a_third_shard_moves_no_site() {
     // An existing site is not moved by sites add.
     let k = &keys[0];
     let out = cli(
-        &env,
-        &three,
+        env,
+        three,
         &[],
         &["sites", "add", "--key", k, "--shard", "shard3"],
     );
@@ -731,9 +973,77 @@ async fn adding_a_third_shard_moves_no_site() {
         "{}",
         out.stderr
     );
-    let mut now = site_shards(&env, &three);
+    let mut now = site_shards(env, three);
     now.remove("new-3");
-    assert_eq!(now, before, "nothing changed by the refused move");
+    assert_eq!(&now, before, "nothing changed by the refused move");
+}
+
+/// Starts a collector on `shards`, posts 3 beacons of each of `sites` (each answered 202,
+/// added to `log`), waits (at most 30 s) until every id of `log` is once on every replica of
+/// its site's shard (`home`) and on no other shard ([`wait_placed`]), and stops the collector
+/// (SIGTERM).
+async fn through_a_collector(
+    env: &TestEnv<'_>,
+    shards: &Shards,
+    home: &HashMap<&str, usize>,
+    sites: &[&str],
+    log: &mut Vec<Sent>,
+) {
+    let settings = settings(env, &setting(shards), &[]);
+    let mut c = Collector::start_with_env(settings, env.diag.clone()).await;
+    let mut sent = Vec::new();
+    for _ in 0..3 {
+        for site in sites {
+            sent.push(post(&c.url, site, None).await);
+        }
+    }
+    assert!(
+        sent.iter().all(|x| x.status == 202),
+        "{:?}",
+        statuses(&sent)
+    );
+    log.extend(sent);
+    let start = Instant::now();
+    wait_placed(env, shards, home, log, Duration::from_secs(30)).await;
+    println!(
+        "{} shards: {} beacons of {} sites stored, each on its site's shard only, {:.1} s after the last 202 ({} in all)",
+        shards.len(),
+        3 * sites.len(),
+        sites.len(),
+        start.elapsed().as_secs_f64(),
+        log.len()
+    );
+    c.signal("TERM");
+    let exit = c.wait_exit(Duration::from_secs(30)).await;
+    assert!(
+        exit.is_some_and(|e| e.success()),
+        "the collector drains on SIGTERM: {exit:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_mixing_sites_of_two_shards_stores_each_on_its_own() {
+    let (_turn, stack, env) = take_turn().await;
+    let shards = shards_of(stack);
+    let s = setting(&shards);
+    cli(&env, &s, &[], &["migrate"]).success();
+    add_sites(&env, &s, &[("m.a", "shard1"), ("m.b", "shard2")]);
+    let c = Collector::start_with_env(settings(&env, &s, &[]), env.diag.clone()).await;
+    let mut log = Vec::new();
+    for _ in 0..10 {
+        let (sent, body) = post_array(&c.url, &["m.a", "m.b"]).await;
+        assert_eq!(sent[0].status, 202, "{body}");
+        let answer: Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"));
+        assert_eq!(as_i64(field(&answer, "accepted")), Some(2), "{body}");
+        log.extend(sent);
+    }
+    let home = HashMap::from([("m.a", 0), ("m.b", 1)]);
+    let start = Instant::now();
+    wait_placed(&env, &shards, &home, &log, Duration::from_secs(30)).await;
+    println!(
+        "10 requests of [m.a, m.b]: each of the 20 measurements once on both replicas of its own shard only, {:.1} s after the last 202",
+        start.elapsed().as_secs_f64()
+    );
 }
 
 /// The report of `site`, in JSON; panics unless it exits 0.
@@ -775,20 +1085,7 @@ async fn report_and_a_fleet_query_agree_with_the_sites_shard() {
     let shards = shards_of(stack);
     let s = setting(&shards);
     cli(&env, &s, &[], &["migrate"]).success();
-    cli(
-        &env,
-        &s,
-        &[],
-        &["sites", "add", "--key", "rep.a", "--shard", "shard1"],
-    )
-    .success();
-    cli(
-        &env,
-        &s,
-        &[],
-        &["sites", "add", "--key", "rep.b", "--shard", "shard2"],
-    )
-    .success();
+    add_sites(&env, &s, &[("rep.a", "shard1"), ("rep.b", "shard2")]);
     let c = Collector::start_with_env(settings(&env, &s, &[]), env.diag.clone()).await;
     let mut log = Vec::new();
     for i in 0..30 {
