@@ -738,7 +738,7 @@ async fn a_shard_down_for_60s_holds_back_only_its_own_sites() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_shard_frozen_for_15s_holds_back_only_its_own_sites() {
+async fn a_shard_frozen_for_6s_holds_back_only_its_own_sites() {
     let (_turn, stack, env) = take_turn().await;
     let run = Scenario::start(stack, &env).await;
     let two = servers_of(stack, 2);
@@ -748,15 +748,18 @@ async fn a_shard_frozen_for_15s_holds_back_only_its_own_sites() {
         act(stack, run.t0, "freeze", i);
     }
     let frozen = Instant::now();
-    pause(15).await;
+    // Shorter than the stack's ZooKeeper session timeout (10 s) less a heartbeat interval
+    // (a third of it): the sessions live, so the thawed replicas write again at once. (Frozen
+    // for 15 s, a replica was once read-only for 80 s after the thaw, its session expired:
+    // the failover tests cover that path on their own stack.)
+    pause(6).await;
     for &i in &two {
         act(stack, run.t0, "thaw", i);
     }
     let thawed = Instant::now();
-    // Frozen past the stack's ZooKeeper session timeout (10 s), an 18.16 replica may find its
-    // session expired and keep its tables read-only for a while after the thaw (up to
-    // REACTIVATION, as Stack::restore waits): the 30 s bound counts from the moment both of
-    // shard2's servers answer and are writable again.
+    // Should a session still expire (a loaded machine), an 18.16 replica keeps its tables
+    // read-only for a while after the thaw (up to REACTIVATION, as Stack::restore waits): the
+    // 30 s bound counts from the moment both of shard2's servers answer and are writable again.
     let writable = wait_writable(&env, &run.shards[1].1).await;
     let (held, delivered) = run.wait_held("shard2 answering and writable again").await;
     println!(
@@ -767,7 +770,8 @@ async fn a_shard_frozen_for_15s_holds_back_only_its_own_sites() {
         delivered.saturating_duration_since(writable),
         delivered - thawed
     );
-    run.finish((frozen, thawed), "while shard2 was frozen", 100)
+    // 10 beacons a second for shard1's site over 6 s: at least 40 of them measured.
+    run.finish((frozen, thawed), "while shard2 was frozen", 40)
         .await;
 }
 
