@@ -22,6 +22,7 @@ pub mod report;
 pub mod results;
 pub mod run;
 pub mod servers;
+pub mod shards;
 pub mod steps;
 pub mod storage;
 pub mod tools;
@@ -44,6 +45,9 @@ pub enum Mode {
     /// The read side: docs/queries.md's queries on v1's and v2's layouts, on 18.16 and on
     /// 26.x, and the user-agent derivation's cost; writes its sections.
     Storage,
+    /// One shard against two: the single-beacon rate of one release build writing to one
+    /// shard and to two, interleaved; writes its section.
+    Shards,
 }
 
 /// The lengths and sizes of a mode's steps.
@@ -79,6 +83,7 @@ impl Plan {
         let (tp_secs, tp_conns, lat_secs, soak_secs, probes, idle_conns, profile_secs, warmup_secs) =
             match mode {
                 Mode::Ablation => (15, vec![64, 256], 20, 0, 0, 0, 10, 3),
+                Mode::Shards => (15, vec![64], 0, 0, 0, 0, 0, 3),
                 Mode::Full | Mode::Storage => (20, vec![16, 64, 256], 30, 300, 200, 10_000, 15, 5),
                 Mode::Quick => (3, vec![32], 5, 15, 10, 200, 0, 1),
             };

@@ -18,6 +18,10 @@ struct Args {
     /// The read side: docs/queries.md's queries, v1's layout against v2's (about 15 minutes).
     #[arg(long)]
     storage: bool,
+    /// One shard against two: the single-beacon rate of the release build writing to one
+    /// ClickHouse shard and to two (about 4 minutes plus the release build).
+    #[arg(long, conflicts_with_all = ["quick", "ablation", "storage"])]
+    shards: bool,
     /// With --storage: rows generated (default 10,000,000; fewer for a smoke run, which
     /// then leaves docs/ alone).
     #[arg(long, requires = "storage")]
@@ -26,10 +30,11 @@ struct Args {
 
 fn main() {
     let args = Args::parse();
-    let mode = match (args.quick, args.ablation, args.storage) {
-        (true, _, _) => bench::Mode::Quick,
-        (_, true, _) => bench::Mode::Ablation,
-        (_, _, true) => bench::Mode::Storage,
+    let mode = match (args.quick, args.ablation, args.storage, args.shards) {
+        (true, ..) => bench::Mode::Quick,
+        (_, true, ..) => bench::Mode::Ablation,
+        (_, _, true, _) => bench::Mode::Storage,
+        (.., true) => bench::Mode::Shards,
         _ => bench::Mode::Full,
     };
     if let Err(e) = bench::main_run(mode, args.rows) {

@@ -31,7 +31,8 @@ pub struct Collector {
 
 impl Collector {
     /// Starts `bin serve` on `port`/`admin` with the benchmark's settings, spool `spool`,
-    /// `extra` settings on top, and waits (60 s) for `/readyz`.
+    /// `extra` settings on top (they win; `COLLECTOR_CLICKHOUSE_SHARDS` there replaces the
+    /// stack's URLs), and waits (60 s) for `/readyz`.
     pub fn start(
         bin: &Path,
         ports: (u16, u16),
@@ -43,17 +44,24 @@ impl Collector {
         let (port, admin) = ports;
         let mut cmd = Command::new("taskset");
         cmd.args(["-c", "0"]).arg(bin).arg("serve");
-        cmd.envs(extra.iter().copied())
-            .env("COLLECTOR_LISTEN", format!("127.0.0.1:{port}"))
+        // `extra` may name the shards instead (not together with the URLs).
+        if !extra
+            .iter()
+            .any(|(k, _)| *k == "COLLECTOR_CLICKHOUSE_SHARDS")
+        {
+            cmd.env("COLLECTOR_CLICKHOUSE_URLS", &backends.clickhouse_urls);
+        }
+        cmd.env("COLLECTOR_LISTEN", format!("127.0.0.1:{port}"))
             .env("COLLECTOR_ADMIN_LISTEN", format!("127.0.0.1:{admin}"))
             .env("COLLECTOR_DATABASE_URL", &backends.database_url)
-            .env("COLLECTOR_CLICKHOUSE_URLS", &backends.clickhouse_urls)
             .env("COLLECTOR_CLICKHOUSE_DATABASE", "collector")
             .env("COLLECTOR_SPOOL_DIR", spool)
             .env("COLLECTOR_SPOOL_MAX_BYTES", "8589934592")
             .env("COLLECTOR_CLIENT_RATE", "0")
             .env("COLLECTOR_SITE_RATE", "0")
             .env("COLLECTOR_DRAIN_GRACE", "0s");
+        // Last: `extra` wins over the settings above.
+        cmd.envs(extra.iter().copied());
         let proc = Proc::spawn("the collector", cmd, log)?;
         let ready = format!("http://127.0.0.1:{port}/readyz");
         if !wait_until(Duration::from_secs(60), || http_status(&ready) == Some(200)) {

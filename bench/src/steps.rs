@@ -35,8 +35,13 @@ pub fn run(b: &mut Bench) -> Result<()> {
         note(&format!("{name} {:.1} req/s, {} errors", w.rps(), w.errors));
     }
     collector.wait_drained()?;
-    if b.plan.mode == Mode::Ablation {
-        return crate::ablation::run(b, collector, nginx);
+    match b.plan.mode {
+        Mode::Ablation => return crate::ablation::run(b, collector, nginx),
+        Mode::Shards => {
+            nginx.stop();
+            return crate::shards::run(b, collector);
+        }
+        _ => {}
     }
     let best = throughput(b, &collector, &nginx)?;
     if b.plan.profile_secs > 0 {
