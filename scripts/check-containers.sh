@@ -46,7 +46,9 @@ if [[ ${1:-} == --engine ]]; then
     install_missing podman runc debootstrap docker-compose
     scripts/stack.sh install
     # --nocapture: what a passing check saw too (timings, sizes, counts).
-    exec cargo test -p collector-tests --test containers_engine -- --ignored --test-threads=1 --nocapture
+    # --workspace: the dependencies' features as scripts/test.sh's build has them (with -p alone
+    # cargo would build every dependency again, for a feature set of this package only).
+    exec cargo test --workspace --test containers_engine -- --ignored --test-threads=1 --nocapture
 fi
 install_missing docker-compose caddy postgresql-15
-exec cargo test -p collector-tests --test integration -- containers::
+exec cargo test --workspace --test integration -- containers::

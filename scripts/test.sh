@@ -54,7 +54,11 @@ if [[ $# -eq 1 && -f tests/tests/$1.rs ]]; then
 fi
 
 step "build"
-cargo build -q -p collector --bin collector -p collector-stack --bin stack
+# Every target of the workspace in one build: the binaries (the collector the tests run, the
+# stack binary of scripts/stack.sh) with the features the test build has, so that each
+# dependency is compiled once (`-p collector` alone, or a plain `cargo build`, resolves other
+# features: tokio's test-util, hyper's client, and compiles the dependency graph again).
+cargo build -q --workspace --all-targets
 cargo test -q --workspace --no-run
 
 # Three stacks: one shared by the tests that leave servers alone, one with three replicas that
