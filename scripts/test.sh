@@ -125,11 +125,15 @@ if [[ $# -gt 0 ]]; then
   exit 0
 fi
 
-# The image checks (podman: scripts/check-containers.sh --engine, the #[ignore]d tests of
-# tests/tests/containers_engine.rs, one at a time) run beside the tests that wait: they build
-# the image (a release build in the container) and run it against a loopback stack of their
-# own. The tests that measure time (group `timing`) run after them, as today beside one other
-# test of their kind only.
+# First the tests that measure time (group `timing`, two at a time), with nothing beside them:
+# their tolerances are stated for two tests at a time. Then the rest, many at once, and beside
+# them the image checks (podman: scripts/check-containers.sh --engine, the #[ignore]d tests of
+# tests/tests/containers_engine.rs, one at a time), which build the image (a release build in
+# the container, at nice 10) and run it against a loopback stack of their own. Last, the
+# intake tests on 26.x: the closing line is nextest's summary.
+step "the tests that measure time (group timing), two at a time with nothing beside them"
+"${nextest[@]}" -E 'group(timing)' || failed+=("the timing tests")
+
 image_log=$(mktemp /tmp/collector-test-image.XXXXXX)
 logs+=("$image_log")
 step "container image and compose services on podman (in the background, log: $image_log)"
@@ -139,10 +143,6 @@ image_pid=$!
 step "tests (all but the timing group), beside the image checks"
 "${nextest[@]}" -E 'not group(timing)' || failed+=("the tests")
 
-step "the contract's intake tests again, on the ClickHouse 26.x server (single-server form)"
-TEST_CLICKHOUSE=ch26 "${nextest[@]}" -E 'binary_id(collector-tests::integration) & test(/^intake::/)' ||
-  failed+=("the intake tests on 26.x")
-
 step "container image and compose services on podman: tests/tests/containers_engine.rs"
 image_rc=0
 wait "$image_pid" || image_rc=$?
@@ -150,11 +150,11 @@ image_pid=
 cat "$image_log"
 ((image_rc == 0)) || failed+=("the image checks (scripts/check-containers.sh --engine, exit $image_rc)")
 
-step "the tests that measure time (group timing), with the image checks done"
-if "${nextest[@]}" -E 'group(timing)'; then
+step "the contract's intake tests again, on the ClickHouse 26.x server (single-server form)"
+if TEST_CLICKHOUSE=ch26 "${nextest[@]}" -E 'binary_id(collector-tests::integration) & test(/^intake::/)'; then
   [[ ${#failed[@]} -eq 0 ]] || { echo "failed: ${failed[*]}" >&2; exit 1; }
 else
-  failed+=("the timing tests")
+  failed+=("the intake tests on 26.x")
   echo "failed: ${failed[*]}" >&2
   exit 1
 fi
