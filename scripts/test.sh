@@ -5,9 +5,13 @@
 #
 #   scripts/test.sh            everything
 #   scripts/test.sh NAME       the checks and builds, then: when tests/tests/NAME.rs exists,
-#                              every test of that file; else only the tests (unit and
-#                              integration) whose function name contains NAME. No image
-#                              checks; fails when nothing matched.
+#                              every test of that file (`NAME::*` of the integration binary);
+#                              else only the tests (unit and integration) whose name contains
+#                              NAME. Starts only the stacks those need; no image checks; fails
+#                              when nothing matched.
+#
+# The tests run under cargo-nextest (.config/nextest.toml, profile `ci`): each test a process
+# of its own, more at once than cores, test groups keeping apart what shares a stack it breaks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,16 +30,35 @@ step "format and lint"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -q -- -D warnings
 
-step "container files (no engine needed): tests/tests/containers.rs"
-scripts/check-containers.sh
-
 step "alerting rules (promtool: deploy/prometheus)"
 promtool check config deploy/prometheus/prometheus.yml
 promtool check rules deploy/prometheus/alerts.yml
 for t in deploy/prometheus/*test*.yml; do promtool test rules "$t"; done
 
+
+# What a filtered run selects: a test file by its name (the module NAME of the integration
+# binary), or tests by a part of their name. The stacks it starts: those the selection uses.
+filter=()
+files=(tests/tests/*.rs)
+if [[ $# -eq 1 && -f tests/tests/$1.rs ]]; then
+  filter=(-E "binary_id(collector-tests::integration) & test(/^$1::/)")
+  files=("tests/tests/$1.rs")
+elif [[ $# -gt 0 ]]; then
+  for a in "$@"; do filter+=(-E "test($a)"); done
+fi
+uses() { grep -lqE "$1" "${files[@]}"; }
+want_failover=1 want_shards=1
+if [[ $# -eq 1 && -f tests/tests/$1.rs ]]; then
+  uses 'Stack::failover\(\)' || want_failover=0
+  uses 'Stack::sharded\(\)' || want_shards=0
+fi
+
 step "build"
-cargo build -q -p collector --bin collector
+# Every target of the workspace in one build: the binaries (the collector the tests run, the
+# stack binary of scripts/stack.sh) with the features the test build has, so that each
+# dependency is compiled once (`-p collector` alone, or a plain `cargo build`, resolves other
+# features: tokio's test-util, hyper's client, and compiles the dependency graph again).
+cargo build -q --workspace --all-targets
 cargo test -q --workspace --no-run
 
 # Three stacks: one shared by the tests that leave servers alone, one with three replicas that
@@ -54,56 +77,84 @@ sweep_own_stacks() {
   done
   return 0
 }
+image_pid=
+logs=()
 cleanup() {
+  if [[ -n $image_pid ]] && kill -0 "$image_pid" 2>/dev/null; then
+    kill -- -"$image_pid" 2>/dev/null || kill "$image_pid" 2>/dev/null || true
+    wait "$image_pid" 2>/dev/null || true
+  fi
   scripts/stack.sh down "$stack_dir" --purge >/dev/null 2>&1 || true
   scripts/stack.sh down "$failover_dir" --purge >/dev/null 2>&1 || true
   scripts/stack.sh down "$shard_dir" --purge >/dev/null 2>&1 || true
   sweep_own_stacks
+  rm -f "${logs[@]}"
 }
 trap cleanup EXIT
 sweep_own_stacks
 
-step "starting the test stacks in $stack_dir, $failover_dir and $shard_dir"
-scripts/stack.sh up "$stack_dir" --replicas 2 --ch26
-scripts/stack.sh up "$failover_dir" --replicas 3
-scripts/stack.sh up "$shard_dir" --shards 2 --replicas 2 --ch26 --ch26-servers 2
+# The stacks start side by side (their ports come from one machine-wide allocator).
+step "starting the test stacks: $stack_dir$( ((want_failover)) && echo ", $failover_dir")$( ((want_shards)) && echo ", $shard_dir")"
+up_pids=()
+scripts/stack.sh up "$stack_dir" --replicas 2 --ch26 & up_pids+=($!)
+if ((want_failover)); then scripts/stack.sh up "$failover_dir" --replicas 3 & up_pids+=($!); fi
+if ((want_shards)); then
+  scripts/stack.sh up "$shard_dir" --shards 2 --replicas 2 --ch26 --ch26-servers 2 & up_pids+=($!)
+fi
+for p in "${up_pids[@]}"; do wait "$p"; done
 export STACK_ENV="$stack_dir/stack.env"
-export FAILOVER_STACK_ENV="$failover_dir/stack.env"
-export SHARD_STACK_ENV="$shard_dir/stack.env"
+((want_failover)) && export FAILOVER_STACK_ENV="$failover_dir/stack.env"
+((want_shards)) && export SHARD_STACK_ENV="$shard_dir/stack.env"
 export COLLECTOR_BIN="${CARGO_TARGET_DIR:-$PWD/target}/debug/collector"
 
-# What a filtered run selects: a test file by its name, or tests by a part of their name.
-select=(--workspace)
-filter=("$@")
-if [[ $# -eq 1 && -f tests/tests/$1.rs ]]; then
-  select=(-p collector-tests --test "$1")
-  filter=()
-fi
-log=$(mktemp /tmp/collector-test-log.XXXXXX)
-trap 'cleanup; rm -f "$log"' EXIT
-
-step "tests"
-# Two test threads: the machine has two cores and every test runs real servers.
-# --no-fail-fast: one run names every failing test file, not only the first.
-cargo test --no-fail-fast "${select[@]}" -- --test-threads=2 "${filter[@]}" 2>&1 | tee "$log"
-
-if [[ $# -eq 0 || ${select[*]} == *"--test intake"* || ${#filter[@]} -gt 0 ]]; then
-  step "the contract's intake tests again, on the ClickHouse 26.x server (single-server form)"
-  TEST_CLICKHOUSE=ch26 cargo test -q -p collector-tests --test intake -- --test-threads=2 "${filter[@]}" 2>&1 | tee -a "$log"
-fi
-
-if [[ $# -gt 0 ]] && ! grep -qE '^test result: ok\. [1-9][0-9]* passed' "$log"; then
-  echo "no test matched: $* (a test file under tests/tests/, or a part of a test function's name)" >&2
-  exit 1
-fi
+nextest=(cargo nextest run --profile ci --workspace --no-fail-fast --cargo-quiet)
+failed=()
 
 if [[ $# -gt 0 ]]; then
+  step "tests"
+  "${nextest[@]}" "${filter[@]}" || failed+=("the tests")
+  # The intake tests again on the 26.x server, when the selection holds some of them.
+  if [[ ${filter[*]} == *"^intake::"* ]] || { [[ $# -gt 0 && ! -f tests/tests/$1.rs ]] &&
+    grep -qE "$(printf '%s|' "$@" | sed 's/|$//')" tests/tests/intake.rs; }; then
+    step "the contract's intake tests again, on the ClickHouse 26.x server (single-server form)"
+    TEST_CLICKHOUSE=ch26 "${nextest[@]}" --no-tests=pass -E "binary_id(collector-tests::integration) & test(/^intake::/)" "${filter[@]}" ||
+      failed+=("the intake tests on 26.x")
+  fi
+  if [[ ${#failed[@]} -gt 0 ]]; then echo "failed: ${failed[*]}" >&2; exit 1; fi
   echo "(a filtered run: the image checks are skipped; scripts/check-containers.sh --engine runs them)"
   exit 0
 fi
 
+# First the tests that measure time (group `timing`, two at a time), with nothing beside them:
+# their tolerances are stated for two tests at a time. Then the rest, many at once, and beside
+# them the image checks (podman: scripts/check-containers.sh --engine, the #[ignore]d tests of
+# tests/tests/containers_engine.rs, one at a time), which build the image (a release build in
+# the container, at nice 10) and run it against a loopback stack of their own. Last, the
+# intake tests on 26.x: the closing line is nextest's summary.
+step "the tests that measure time (group timing), two at a time with nothing beside them"
+"${nextest[@]}" -E 'group(timing)' || failed+=("the timing tests")
+
+image_log=$(mktemp /tmp/collector-test-image.XXXXXX)
+logs+=("$image_log")
+step "container image and compose services on podman (in the background, log: $image_log)"
+setsid scripts/check-containers.sh --engine >"$image_log" 2>&1 &
+image_pid=$!
+
+step "tests (all but the timing group), beside the image checks"
+"${nextest[@]}" -E 'not group(timing)' || failed+=("the tests")
+
 step "container image and compose services on podman: tests/tests/containers_engine.rs"
-# Builds the Dockerfile with podman (base images made locally, cached) and runs it against
-# its own loopback stack; fails where podman cannot run containers. Those tests are
-# #[ignore]d: the run above leaves them out, and this one runs them alone, one at a time.
-scripts/check-containers.sh --engine
+image_rc=0
+wait "$image_pid" || image_rc=$?
+image_pid=
+cat "$image_log"
+((image_rc == 0)) || failed+=("the image checks (scripts/check-containers.sh --engine, exit $image_rc)")
+
+step "the contract's intake tests again, on the ClickHouse 26.x server (single-server form)"
+if TEST_CLICKHOUSE=ch26 "${nextest[@]}" -E 'binary_id(collector-tests::integration) & test(/^intake::/)'; then
+  [[ ${#failed[@]} -eq 0 ]] || { echo "failed: ${failed[*]}" >&2; exit 1; }
+else
+  failed+=("the intake tests on 26.x")
+  echo "failed: ${failed[*]}" >&2
+  exit 1
+fi

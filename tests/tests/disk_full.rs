@@ -17,9 +17,6 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::*;
-use tokio::sync::Mutex;
-
-static SERIAL: Mutex<()> = Mutex::const_new(());
 
 /// Size of the tmpfs under the spool.
 const TMPFS_SIZE: &str = "256k";
@@ -188,7 +185,7 @@ fn assert_not_full(c: &Collector, spool: &Path, before: &[(PathBuf, u64)]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_disk_turns_not_ready_and_recovers_by_itself_also_across_a_restart() {
-    let _turn = SERIAL.lock().await;
+    let _turn = FAILOVER_TURN.lock().await;
     let tmpfs = Tmpfs::mount(TMPFS_SIZE);
     let stack = Stack::failover();
     stack.restore().await;

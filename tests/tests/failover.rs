@@ -1,7 +1,8 @@
 //! Nothing lost: 202 means durable, through killed, frozen, lagging and insert-refusing
 //! ClickHouse replicas, a killed collector and a full spool. Real ZooKeeper and three real ClickHouse replicas.
 //!
-//! The tests share one three-replica stack and take turns (`SERIAL`); each starts by repairing
+//! The tests share one three-replica stack and take turns (`FAILOVER_TURN`, and the test
+//! group `failover-stack` under nextest); each starts by repairing
 //! the stack and uses its own databases.
 
 use collector_tests::common;
@@ -9,9 +10,6 @@ use collector_tests::common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use tokio::sync::Mutex;
-
-static SERIAL: Mutex<()> = Mutex::const_new(());
 
 /// Beacon interval of the steady stream: 50 per second.
 const EVERY: Duration = Duration::from_millis(20);
@@ -39,14 +37,14 @@ async fn setup<'a>(stack: &'a Stack) -> TestEnv<'a> {
     TestEnv::new(stack).await
 }
 
-/// Waits for this test's turn on the failover stack ([`SERIAL`]), then repairs the stack
+/// Waits for this test's turn on the failover stack ([`FAILOVER_TURN`]), then repairs the stack
 /// ([`setup`]) and gives the turn (hold it to the end), the stack and the test's databases.
 async fn take_turn() -> (
     tokio::sync::MutexGuard<'static, ()>,
     &'static Stack,
     TestEnv<'static>,
 ) {
-    let turn = SERIAL.lock().await;
+    let turn = FAILOVER_TURN.lock().await;
     let stack = Stack::failover();
     let env = setup(stack).await;
     (turn, stack, env)

@@ -12,10 +12,6 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use serde_json::{json, Value};
-use tokio::sync::Mutex;
-
-/// The tests that stop a replica of the failover stack take turns.
-static SERIAL: Mutex<()> = Mutex::const_new(());
 
 const VISIBLE: Duration = Duration::from_secs(30);
 
@@ -473,7 +469,7 @@ async fn purge_erases(env: TestEnv<'_>, unreachable: Option<usize>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn purge_erases_a_site_on_every_replica_one_of_them_down_for_the_first_run() {
-    let _turn = SERIAL.lock().await;
+    let _turn = FAILOVER_TURN.lock().await;
     let stack = Stack::failover();
     stack.restore().await;
     purge_erases(TestEnv::new(stack).await, Some(3)).await;

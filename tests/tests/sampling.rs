@@ -620,8 +620,8 @@ async fn a_site_four_times_over_its_budget_is_sampled_and_its_numbers_stay_true(
 /// test's own) with two collectors, the preferred one SIGKILLed 30 s into the spike: the
 /// fallback, which saw none of the spike, meets it on its own and stores what it is sent;
 /// the killed one is restarted after the spike and delivers what it held. Not in CI (six
-/// minutes; the note quotes it): `cargo test -p collector-tests --test sampling --
-/// --ignored --nocapture`.
+/// minutes; the note quotes it): `cargo test -p collector-tests --test integration --
+/// sampling:: --ignored --nocapture`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore]
 async fn two_collectors_behind_the_shipped_edge_keep_the_numbers_true_through_a_failover() {

@@ -6,7 +6,7 @@
 //! `200`) comes from the test-only stand-in of `common::standin`, an HTTP proxy in front of a
 //! real replica whose doc comment cites the ClickHouse documentation for each behaviour.
 //!
-//! Tests that stop a replica use the failover stack (one at a time, `SERIAL`); the others use
+//! Tests that stop a replica use the failover stack (one at a time: `FAILOVER_TURN`); the others use
 //! the shared stack and leave its servers alone.
 
 use collector_tests::common;
@@ -15,9 +15,6 @@ use std::time::{Duration, Instant};
 
 use common::standin::{InsertMode, StandIn, TokenMemory};
 use common::*;
-use tokio::sync::Mutex;
-
-static SERIAL: Mutex<()> = Mutex::const_new(());
 
 /// How long acknowledged rows may take to appear.
 const STORED: Duration = Duration::from_secs(60);
@@ -338,7 +335,7 @@ async fn count_or_refusal(url: &str, sql: &str) -> Result<i64, String> {
 /// writes to it while it lacks the table, and when it returns it gets the table and every row.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrate_with_a_replica_down_and_the_replica_gets_the_table_when_it_returns() {
-    let _turn = SERIAL.lock().await;
+    let _turn = FAILOVER_TURN.lock().await;
     let stack = Stack::failover();
     stack.restore().await;
     let urls = stack.clickhouse_urls();

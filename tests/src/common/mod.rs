@@ -900,6 +900,14 @@ pub fn now_ms() -> i64 {
         .as_millis() as i64
 }
 
+/// The turn on the failover stack ([`Stack::failover`]): every test that uses it holds this
+/// for its whole run, so that one test at a time breaks and repairs it. It serialises the tests
+/// of one process (`cargo test`: every real-server test is in the one `integration` binary);
+/// under `cargo nextest`, where each test is a process of its own, the test group
+/// `failover-stack` of `.config/nextest.toml` does (max-threads 1), and a test that takes this
+/// turn must be in that group's filter.
+pub static FAILOVER_TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 impl Stack {
     /// The stack with three replicas that failure tests break and repair, one test at a time
     /// (found through `FAILOVER_STACK_ENV`, or started under `target/test-stack/failover`).
