@@ -38,7 +38,7 @@ if [[ -x $out/collector && -x $out/stack ]]; then
   echo "building the collector and the stack binary if their sources changed (cargo profile demo)..."
 else
   echo "building the collector and the stack binary (cargo profile demo; the first time: about" \
-    "3 minutes on two idle cores, longer on a busy machine)..."
+    "4 minutes on two idle cores, longer on a busy machine)..."
 fi
 cargo build --profile demo -p collector --bin collector -p collector-stack --bin stack
 bin="$out/collector"

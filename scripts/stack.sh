@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # scripts/stack.sh - the throw-away server stack of the tests and the demo on loopback:
-# PostgreSQL 15, a standalone ZooKeeper, N ClickHouse 18.16 servers that are replicas of one
-# shard (Debian's), and on request one ClickHouse 26.x server (PyPI's chdb-core). The servers
+# PostgreSQL 15, a standalone ZooKeeper, S shards of N ClickHouse 18.16 replicas each (Debian's;
+# one shard unless --shards), and on request K ClickHouse 26.x servers (PyPI's chdb-core; one
+# unless --ch26-servers, each an unreplicated shard of the cluster collector26). The servers
 # are run by the Rust crate stack/ (collector-stack: its library for the tests, its `stack`
 # binary for people); this script installs what they need and hands every other subcommand to
 # that binary (built on first use, about 30 s).

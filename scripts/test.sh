@@ -22,6 +22,11 @@ if [[ $# -eq 1 && $1 == containers_engine ]]; then
     "scripts/check-containers.sh --engine" >&2
   exit 2
 fi
+if [[ $# -eq 1 && $1 == integration ]]; then
+  echo "integration.rs only lists the test files: name one of them (scripts/test.sh intake)," \
+    "or run scripts/test.sh with no argument for all" >&2
+  exit 2
+fi
 
 step "installing what is missing"
 scripts/stack.sh install

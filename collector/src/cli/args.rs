@@ -55,9 +55,9 @@ pub enum Command {
 /// `collector spool ...`.
 #[derive(Debug, Subcommand)]
 pub enum SpoolCommand {
-    /// Print the measurements the spool holds that ClickHouse has not confirmed, one JSON
-    /// line each (`{"segment":N,"offset":N,"row":{...}}`), and a summary on stderr. Reads
-    /// without the folder's lock: safe beside a running collector.
+    /// Print the measurements the spools hold that ClickHouse has not confirmed, one JSON
+    /// line each (`{"shard":S,"segment":N,"offset":N,"row":{...}}`), and a summary per spool
+    /// on stderr. Reads without the folders' locks: safe beside a running collector.
     Dump {
         /// Also the confirmed ones still on disk.
         #[arg(long)]
