@@ -407,16 +407,23 @@ const WRITER_RIGHTS: [&str; 8] = [
     "DROP TABLE",
 ];
 const READER_RIGHTS: [&str; 1] = ["SELECT"];
-/// System tables the collector reads that ClickHouse 26.x shows only with a grant.
-const WRITER_SYSTEM_TABLES: [&str; 5] = [
+/// System tables the collector reads that ClickHouse 26.x shows only with a grant
+/// (`system.clusters`: `migrate` checks the cluster `measurements_all` reads over).
+const WRITER_SYSTEM_TABLES: [&str; 6] = [
     "system.replicas",
     "system.mutations",
     "system.parts",
     "system.macros",
     "system.merge_tree_settings",
+    "system.clusters",
 ];
-/// The engines of the measurements table: 26.x creates a table only with TABLE ENGINE.
-const WRITER_ENGINES: [&str; 2] = ["ReplicatedReplacingMergeTree", "ReplacingMergeTree"];
+/// The engines of the collector's tables: 26.x creates a table only with TABLE ENGINE
+/// (`Distributed`: `measurements_all`, contract v5 §3).
+const WRITER_ENGINES: [&str; 3] = [
+    "ReplicatedReplacingMergeTree",
+    "ReplacingMergeTree",
+    "Distributed",
+];
 
 fn default_user_problems(users: roxmltree::Node) -> Vec<String> {
     let Some(default) = find(users, "default") else {
