@@ -46,10 +46,11 @@ impl ClientIpHeader {
     }
 }
 
-/// The prefixes `client` counts under, each with its share of a per-client cap (as [`crate::sampling::client_cap`]): its subscriber's
-/// (an IPv4 address; an IPv6 /64, RFC 6177: a home, a site or a phone is given at least a /64)
-/// at 1, and the wider blocks an operator or a tunnel broker hands out (an IPv4 /24; an IPv6
-/// /48 and /32) at 10 and 100.
+/// The prefixes `client` counts under, each with its share: its subscriber's (an IPv4
+/// address; an IPv6 /64, RFC 6177: a home, a site or a phone is given at least a /64) at 1 (of
+/// a client's cap, [`crate::sampling::client_cap`]), and the wider blocks an operator or a
+/// tunnel broker hands out (an IPv4 /24; an IPv6 /48 and /32) at 10 and 100 (of a block's,
+/// [`crate::sampling::block_cap`]).
 pub fn prefixes(client: IpAddr) -> [(u8, IpAddr, f32); 3] {
     let v6 = |ip: std::net::Ipv6Addr, bits: u32| {
         IpAddr::V6(std::net::Ipv6Addr::from(

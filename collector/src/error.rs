@@ -43,6 +43,10 @@ pub enum IntakeError {
     /// 429: a site or client over its rate.
     #[error("rate limit exceeded")]
     RateLimited(Duration),
+    /// 429: the site is over its budget and this client sent beyond its share of it (contract
+    /// v5 §2, [`crate::limits::shares`]).
+    #[error("rate limit exceeded: this client sent beyond its share of the site's budget")]
+    OverShare(Duration),
     /// 429: a never-seen site key while the first fetches of never-seen keys are over their
     /// budget ([`crate::settings::FIRST_FETCH_RATE`] per second): load shed because of the
     /// keys sent, not an outage.
@@ -82,9 +86,9 @@ impl IntakeError {
             IntakeError::UnknownSite(_) | IntakeError::OriginNotAllowed(_) => StatusCode::FORBIDDEN,
             IntakeError::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             IntakeError::UnsupportedMedia(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            IntakeError::RateLimited(_) | IntakeError::SiteLookupLimited(_) => {
-                StatusCode::TOO_MANY_REQUESTS
-            }
+            IntakeError::RateLimited(_)
+            | IntakeError::OverShare(_)
+            | IntakeError::SiteLookupLimited(_) => StatusCode::TOO_MANY_REQUESTS,
             IntakeError::Overloaded(_)
             | IntakeError::Unavailable(..)
             | IntakeError::UnknownShard(..) => StatusCode::SERVICE_UNAVAILABLE,
@@ -101,6 +105,7 @@ impl IntakeError {
             IntakeError::TooLarge => "too_large",
             IntakeError::UnsupportedMedia(_) => "unsupported_media",
             IntakeError::RateLimited(_) => "rate_limited",
+            IntakeError::OverShare(_) => "over_share",
             IntakeError::SiteLookupLimited(_) => "site_lookup_limited",
             IntakeError::Overloaded(_) => "overloaded",
             IntakeError::Unavailable(..) => "unavailable",
@@ -134,6 +139,7 @@ impl IntoResponse for IntakeError {
         let status = self.status();
         let retry_after = match &self {
             IntakeError::RateLimited(d)
+            | IntakeError::OverShare(d)
             | IntakeError::SiteLookupLimited(d)
             | IntakeError::Overloaded(d)
             | IntakeError::Unavailable(_, d)

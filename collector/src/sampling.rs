@@ -13,17 +13,22 @@
 //! counts twice, which errs toward a lower rate, never toward a wrong weight.
 //!
 //! **Who may move it.** `Origin` is not a trust boundary: anyone can send beacons that carry a
-//! shop's `Origin`. So each *subscriber* (an IPv4 address, an IPv6 /64; see [`crate::client_ip::prefixes`]) counts
-//! at most [`client_cap`] page views per site and tick toward the demand, however many beacons
-//! it sends and whatever rate they claim, and so does each wider block (an IPv4 /24, an IPv6
-//! /48 and /32) at 10 and 100 times that: a flood from a few addresses, or from one /64 or one
+//! shop's `Origin`. So each *client* (an IPv4 address, an IPv6 /64; see
+//! [`crate::client_ip::prefixes`]) counts at most [`client_cap`] page views per site and tick
+//! toward the demand (2, contract v5: a person does not load pages faster), however many
+//! beacons it sends and whatever rate they claim, and so does each wider block (an IPv4 /24, an
+//! IPv6 /48 and /32) at 10 and 100 times [`block_cap`] (200 and 2,000 a second): a flood from a
+//! few addresses, or from one /64 or one
 //! tunnel broker's /48, cannot lower a shop's rate (found by two adversarial reviews: a
 //! forged-`Origin` flood from one address drove a site to 0.01 in 14 s, its rows then weighing
 //! 100 each; then the same from the 2^64 addresses of one IPv6 /64). The cap is
 //! `max(CLIENT_DEMAND_MAX, 1 / served)`: one beacon at the rate in force always counts in full,
-//! so a site far over its budget is measured right; and a flood needs about
-//! `HEADROOM × budget / (r × cap)` subscribers to bring a quiet site to `r`: 90 to begin to move
-//! it at the default budget of 2,000/s, 180 to halve it, and 1,800 (in at least 180 blocks) to
+//! so a site far over its budget is measured right (where the contract says "at most 2", this
+//! is the one exception: a beacon drawn at rate `r` stands for `1 / r` page views of the site's
+//! visitors, and counting it as 2 would keep a site 100 times over its budget at about 0.07
+//! instead of 0.01, its excess refused); and a flood needs about
+//! `HEADROOM × budget / (r × cap)` clients to bring a quiet site to `r`: 900 to begin to move
+//! it at the default budget of 2,000/s, 1,800 to halve it or (in at least 180 blocks) to
 //! bring it to [`MIN_RATE`]. The counts live in a count-min sketch of [`CLIENT_CELLS`] cells in
 //! two rows, keyed by a per-process random hash of site and prefix and cleared every tick:
 //! bounded memory (2 MiB), no address kept, and a collision only makes a client count less.
@@ -94,11 +99,15 @@ pub const NEAR: f64 = 0.5;
 /// behind the edge, with the preferred collector killed in a spike at four times the budget,
 /// 6,220 of 24,166 page views got 429 twice and were lost).
 pub const WARMUP: Duration = Duration::from_secs(10);
-/// The least number of page views one subscriber (an IPv4 address, an IPv6 /64) counts per
+/// The least number of page views one client (an IPv4 address, an IPv6 /64) counts per
 /// site and [`TICK`] toward the site's demand ([`client_cap`]; see the module doc, "Who may move
-/// it"). A visitor makes a page view every few seconds at most; 20 a second is a corporate
-/// network or a carrier's shared address full of one shop's visitors, or a flood.
-pub const CLIENT_DEMAND_MAX: f32 = 20.0;
+/// it"): 2 (contract v5 §2: "a client counts for at most 2 page views a second toward the
+/// demand that lowers the site's rate (a person does not load pages faster)").
+pub const CLIENT_DEMAND_MAX: f32 = 2.0;
+/// What the wider blocks' caps are counted from ([`block_cap`]): an IPv4 /24 and an IPv6 /48
+/// count 10 times it, an IPv6 /32 100 times ([`crate::client_ip::prefixes`]): 200 and 2,000
+/// page views a second, a carrier's or a company's many visitors.
+pub const BLOCK_DEMAND_BASE: f32 = 20.0;
 /// Cells per row of the per-prefix count (two rows; `f32` each): 2 MiB in all, about 95 % of a
 /// quiet shop's visitors still counted when 64,000 prefixes fill cells in one tick.
 pub const CLIENT_CELLS: usize = 1 << 18;
@@ -107,6 +116,12 @@ pub const CLIENT_CELLS: usize = 1 << 18;
 /// [`CLIENT_DEMAND_MAX`] and at least one beacon at that rate (`1 / served` page views).
 pub fn client_cap(served: f64) -> f32 {
     CLIENT_DEMAND_MAX.max((1.0 / served.max(MIN_RATE)) as f32)
+}
+
+/// What a wider block's share 1 stands for at `served` ([`crate::client_ip::prefixes`] gives
+/// each block's share): at least [`BLOCK_DEMAND_BASE`] and at least one beacon at that rate.
+pub fn block_cap(served: f64) -> f32 {
+    BLOCK_DEMAND_BASE.max((1.0 / served.max(MIN_RATE)) as f32)
 }
 
 /// How far back the rates answered count for a beacon's `sample_rate` (contract v4: ten
@@ -143,9 +158,10 @@ impl ClientCounts {
         }
     }
 
-    /// Counts `views` page views of `client` for `site`, each prefix of it ([`crate::client_ip::prefixes`]) at
-    /// most its share of `cap`; returns how many count: the least that any prefix has left.
-    fn admit(&mut self, site: &str, client: IpAddr, views: f32, cap: f32) -> f32 {
+    /// Counts `views` page views of `client` for `site`: the client itself at most `cap`, each
+    /// wider block of it ([`crate::client_ip::prefixes`]) at most its share of `block`; returns
+    /// how many count: the least that any prefix has left.
+    fn admit(&mut self, site: &str, client: IpAddr, views: f32, cap: f32, block: f32) -> f32 {
         use std::hash::BuildHasher;
         let levels = crate::client_ip::prefixes(client);
         let mut cells = [[0usize; 2]; 3];
@@ -157,7 +173,8 @@ impl ClientCounts {
                 ((hash >> 32) as usize) % CLIENT_CELLS,
             ];
             let used = self.rows[0][cell[0]].min(self.rows[1][cell[1]]);
-            counted = counted.min(cap * share - used);
+            let limit = if share == 1.0 { cap } else { block * share };
+            counted = counted.min(limit - used);
         }
         let counted = counted.max(0.0);
         // An IPv4 client's third level repeats its second: counted once.
@@ -271,11 +288,11 @@ impl Sampler {
         // The sites' lock, then the counts' (as the tick takes them): a tick never clears the
         // counts between a view's admission and its window.
         self.with(site, configured, |s| {
-            let cap = client_cap(s.served);
+            let (cap, block) = (client_cap(s.served), block_cap(s.served));
             let mut clients = inner.clients.lock().unwrap();
             let views: f32 = rates
                 .into_iter()
-                .map(|r| clients.admit(site, client, (1.0 / r.max(MIN_RATE)) as f32, cap))
+                .map(|r| clients.admit(site, client, (1.0 / r.max(MIN_RATE)) as f32, cap, block))
                 .sum();
             s.window += f64::from(views);
             s.last_seen = now;
@@ -597,60 +614,74 @@ mod tests {
             }
             tokio::time::sleep(TICK).await;
         }
-        assert_eq!(s.served("shop", 1.0), 1.0, "4 addresses count 80 a second");
+        assert_eq!(s.served("shop", 1.0), 1.0, "4 addresses count 8 a second");
         assert_eq!(
             s.settle("shop", 1.0, Some(MIN_RATE)),
             1.0,
             "nothing lower served"
         );
-        // From 40 addresses (800 a second counted), the rate follows what they may count,
-        // not what they claim: about 180 / 800, never the floor.
+        // From 150 addresses (300 a second counted), the rate follows what they may count,
+        // not what they claim: about 180 / 300, never the floor.
         for _ in 0..60 {
             for i in 0..1000 {
                 let claimed = s.settle("shop", 1.0, Some(MIN_RATE));
-                s.observe("shop", 1.0, visitor(i % 40), [claimed]);
+                s.observe("shop", 1.0, visitor(i % 150), [claimed]);
             }
             tokio::time::sleep(TICK).await;
         }
         let rate = s.served("shop", 1.0);
-        assert!((0.2..0.25).contains(&rate), "{rate}");
+        assert!((0.55..0.65).contains(&rate), "{rate}");
     }
 
     #[test]
     fn a_client_counts_at_most_its_share_per_tick_and_so_does_its_block() {
         let mut counts = ClientCounts::new();
-        let cap = CLIENT_DEMAND_MAX;
+        let (cap, block) = (client_cap(1.0), block_cap(1.0));
+        assert_eq!((cap, block), (CLIENT_DEMAND_MAX, BLOCK_DEMAND_BASE));
         let v4 = |i: u8| IpAddr::from([192, 0, 2, i]);
         let a = v4(1);
-        assert_eq!(counts.admit("s", a, 15.0, cap), 15.0);
-        assert_eq!(counts.admit("s", a, 15.0, cap), 5.0, "the rest of the 20");
-        assert_eq!(counts.admit("s", a, 1.0, cap), 0.0);
-        assert_eq!(counts.admit("t", a, 1.0, cap), 1.0, "per site");
-        assert_eq!(counts.admit("s", v4(2), 1.0, cap), 1.0, "per address");
-        // The /24 of 192.0.2.1: 200 in all (20 used by it, 1 by 192.0.2.2).
-        let block: f32 = (3..20).map(|i| counts.admit("s", v4(i), 20.0, cap)).sum();
-        assert_eq!(block, 179.0, "an IPv4 /24 counts ten subscribers' worth");
-        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
-        assert_eq!(counts.admit("s", ip("2001:db8:1:2::1"), 20.0, cap), 20.0);
+        assert_eq!(counts.admit("s", a, 1.5, cap, block), 1.5);
         assert_eq!(
-            counts.admit("s", ip("2001:db8:1:2:ffff::9"), 1.0, cap),
+            counts.admit("s", a, 1.5, cap, block),
+            0.5,
+            "the rest of the 2"
+        );
+        assert_eq!(counts.admit("s", a, 1.0, cap, block), 0.0);
+        assert_eq!(counts.admit("t", a, 1.0, cap, block), 1.0, "per site");
+        assert_eq!(
+            counts.admit("s", v4(2), 1.0, cap, block),
+            1.0,
+            "per address"
+        );
+        // The /24 of 192.0.2.1: 200 in all (2 used by it, 1 by 192.0.2.2).
+        let in_block: f32 = (3..=255)
+            .map(|i| counts.admit("s", v4(i), 20.0, cap, block))
+            .sum();
+        assert_eq!(in_block, 197.0, "an IPv4 /24 counts 200 a second");
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        assert_eq!(
+            counts.admit("s", ip("2001:db8:1:2::1"), 20.0, cap, block),
+            2.0
+        );
+        assert_eq!(
+            counts.admit("s", ip("2001:db8:1:2:ffff::9"), 1.0, cap, block),
             0.0,
-            "one /64 is one subscriber"
+            "one /64 is one client"
         );
         // Every /64 of one /48: 200 in all.
-        let tunnel: f32 = (0..100u16)
-            .map(|i| counts.admit("s", ip(&format!("2001:db8:1:{i:x}::1")), 20.0, cap))
+        let tunnel: f32 = (0..200u16)
+            .map(|i| counts.admit("s", ip(&format!("2001:db8:1:{i:x}::1")), 20.0, cap, block))
             .sum();
-        assert_eq!(tunnel, 200.0 - 20.0, "a /48 counts ten subscribers' worth");
+        assert_eq!(tunnel, 200.0 - 2.0, "a /48 counts 200 a second");
         assert_eq!(
-            counts.admit("s", ip("2001:db8:2::1"), 20.0, cap),
-            20.0,
+            counts.admit("s", ip("2001:db8:2::1"), 20.0, cap, block),
+            2.0,
             "another /48"
         );
         counts.clear();
-        assert_eq!(counts.admit("s", a, 1.0, cap), 1.0, "a new tick");
+        assert_eq!(counts.admit("s", a, 1.0, cap, block), 1.0, "a new tick");
         assert_eq!(
-            counts.admit("s", visitor(9), 100.0, client_cap(0.01)),
+            counts.admit("s", visitor(9), 100.0, client_cap(0.01), block_cap(0.01)),
             100.0,
             "one beacon at the rate in force counts in full"
         );

@@ -1262,3 +1262,117 @@ async fn a_client_cannot_choose_its_address_behind_a_trusted_proxy() {
         "every 429 counted, and no other"
     );
 }
+
+/// Issue 52, 1 (contract v5 §2, "A site's budget is shared among its clients"): one client
+/// floods a site at ten times its budget (`COLLECTOR_SITE_RATE` 40/s: 8 requests a second of
+/// 50 beacons each, 400/s) with the shop's `Origin`, beside 20 visitors at a beacon a second
+/// each, all named by a trusted proxy's `X-Forwarded-For`. The visitors keep at least 99 % of
+/// their page views (answered 202 and stored), the flood is answered 429 beyond its share (at
+/// most the site's budget over its run gets through, and its requests of 50 never fit a share
+/// of 40 among 21 clients), and the site's rate is not lowered: the flood counts for at most 2
+/// page views a second toward the demand (`sampling::CLIENT_DEMAND_MAX`), the visitors' 20 and
+/// its 2 are under 90 % of the budget.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_client_flooding_a_site_takes_only_its_share_of_the_budget() {
+    let env = TestEnv::new(Stack::shared()).await;
+    env.add_site("shared", &["--origin", "https://shop.example"]);
+    let c = env
+        .collector(&[
+            ("COLLECTOR_SITE_RATE", "40"),
+            ("COLLECTOR_TRUSTED_PROXIES", "127.0.0.1/32,::1/128"),
+        ])
+        .await;
+    let url = format!("{}/api/v1/measurements", c.url);
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let length = Duration::from_secs(15);
+    let (flooder, flood_url) = (http.clone(), url.clone());
+    let flood = tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_millis(125));
+        let headers = [
+            ("origin", "https://shop.example".to_owned()),
+            ("x-forwarded-for", "198.51.100.7".to_owned()),
+        ];
+        let mut statuses = std::collections::BTreeMap::<u16, usize>::new();
+        let start = Instant::now();
+        while start.elapsed() < length {
+            tick.tick().await;
+            let batch: Vec<Value> = (0..50)
+                .map(|_| beacon_on("shared", "https://shop.example/p/flood").1)
+                .collect();
+            let status = post_status(&flooder, &flood_url, &json!(batch), &headers).await;
+            *statuses.entry(status).or_default() += 1;
+        }
+        (statuses, start.elapsed())
+    });
+    // A late tick is not made up by a burst: a visitor's beacons stay about a second apart.
+    let mut tick = tokio::time::interval(Duration::from_millis(50));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut visits = Vec::new();
+    let start = Instant::now();
+    let mut k = 0usize;
+    while start.elapsed() < length {
+        tick.tick().await;
+        let headers = vec![
+            ("origin", "https://shop.example".to_owned()),
+            ("x-forwarded-for", format!("192.0.2.{}", k % 20 + 1)),
+        ];
+        k += 1;
+        let (client, url) = (http.clone(), url.clone());
+        let (id, m) = beacon_on("shared", "https://shop.example/p/visit");
+        visits.push(tokio::spawn(async move {
+            (id, post_status(&client, &url, &m, &headers).await)
+        }));
+    }
+    let mut acked = Vec::new();
+    let mut visitor_statuses = std::collections::BTreeMap::<u16, usize>::new();
+    let sent = visits.len();
+    for v in visits {
+        let (id, status) = v.await.unwrap();
+        *visitor_statuses.entry(status).or_default() += 1;
+        if status == 202 {
+            acked.push(id);
+        }
+    }
+    let (flood_statuses, flood_for) = flood.await.unwrap();
+    let flood_sent: usize = flood_statuses.values().sum();
+    println!(
+        "flood: {flood_sent} requests of 50 in {flood_for:?}, answers {flood_statuses:?}; \
+         visitors: {sent} sent, answers {visitor_statuses:?}"
+    );
+    assert!(sent >= 250, "the visitors sent {sent} only");
+    assert!(
+        acked.len() * 100 >= sent * 99,
+        "at least 99 % of the visitors' page views answered 202: {} of {sent} ({visitor_statuses:?})",
+        acked.len()
+    );
+    let stored = env.wait_rows(&acked, VISIBLE).await;
+    assert_eq!(stored.len(), acked.len(), "every acknowledged visit stored");
+    let flood_acked = flood_statuses.get(&202).copied().unwrap_or(0);
+    assert_eq!(
+        flood_acked, 0,
+        "a request of 50 is beyond the flooder's share: {flood_statuses:?}"
+    );
+    assert_eq!(
+        flood_statuses.get(&429).copied().unwrap_or(0),
+        flood_sent,
+        "{flood_statuses:?}"
+    );
+    let over_share = c.metric("collector_http_over_share_total").await;
+    assert_eq!(over_share, flood_sent as f64, "every flood request counted");
+    let answer: Value = http
+        .get(format!("{}/api/v1/sites/shared", c.url))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        answer["sample_rate"],
+        json!(1.0),
+        "the flood lowered the rate: {answer}"
+    );
+}

@@ -43,8 +43,13 @@ fn spike() -> f64 {
 const QUIET: f64 = 5.0;
 const CALM_BEFORE: Duration = Duration::from_secs(20);
 const SPIKE_FOR: Duration = Duration::from_secs(120);
-/// The emulated browsers of each site; a page view is one browser's.
-const BROWSERS: usize = 200;
+/// The emulated browsers of each site, a page view one browser's in turn: 200, or as many as
+/// keep each at 1 page view a second in the spike (four times the budget): a client counts for
+/// at most 2 a second toward the demand and takes at least 2 a second of the budget
+/// (`sampling::CLIENT_DEMAND_MAX`, `limits::shares::MIN_SHARE`), as a person does.
+fn browser_count() -> usize {
+    (4 * budget() as usize).max(200)
+}
 
 /// splitmix64 (Steele, Lea, Flood 2014): a seeded stream, so a run's page views are the same
 /// every time.
@@ -95,7 +100,7 @@ struct Tally {
 
 /// Browser `b`'s address: an IPv6 documentation address (RFC 3849, 2001:db8::/32) of a /48 of
 /// its own, never sent to: it only names the client in `X-Forwarded-For`, as an edge would.
-/// Each /48 and /64 counts 200 and 20 page views a second, the whole /32 2,000
+/// Each /48 and /64 counts 200 and 2 page views a second, the whole /32 2,000
 /// (`client_ip::prefixes`): room for the spike at the budget of 200 too.
 fn visitor(b: usize) -> String {
     format!("2001:db8:{:x}::1", b + 1)
@@ -286,11 +291,12 @@ impl Load {
                         spiked.push(lcp);
                     }
                     let path = format!("/{phase}/p{}", n % 50);
-                    views.spawn(
-                        browsers
-                            .clone()
-                            .page_view(n as usize % BROWSERS, draw, lcp, path),
-                    );
+                    views.spawn(browsers.clone().page_view(
+                        n as usize % browser_count(),
+                        draw,
+                        lcp,
+                        path,
+                    ));
                 }
                 while views.try_join_next().is_some() {}
             }
@@ -345,7 +351,7 @@ impl Target {
             base: self.base.clone(),
             site: site.to_owned(),
             origin: format!("https://{site}.example"),
-            cache: (0..BROWSERS).map(|_| Mutex::new(None)).collect(),
+            cache: (0..browser_count()).map(|_| Mutex::new(None)).collect(),
             tally: tally.clone(),
         })
     }

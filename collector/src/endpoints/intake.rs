@@ -267,6 +267,10 @@ fn count(metrics: &Metrics, outcome: &Result<Accepted, IntakeError>) {
         Err(IntakeError::RateLimited(_)) => {
             metrics.http.rate_limited.inc();
         }
+        Err(IntakeError::OverShare(_)) => {
+            metrics.http.rate_limited.inc();
+            metrics.http.over_share.inc();
+        }
         Err(IntakeError::Overloaded(_)) => {
             metrics.http.shed.inc();
         }
@@ -596,7 +600,10 @@ fn shed_loud(
 
 /// Rates: per-site rates, counted in measurements (a request without `Origin` against its
 /// site's budget for such requests, see [`crate::limits`]), and, when `COLLECTOR_CLIENT_RATE`
-/// is on, one request per site for this client. Over either: 429.
+/// is on, one request per site for this client. Over either: 429. A browser's request (with
+/// `Origin`) first meets its client's share of the site's budget
+/// ([`crate::limits::shares`]): beyond it while the site is over its budget, 429 without
+/// spending the site's budget.
 fn check_rates(
     state: &AppState,
     client: IpAddr,
@@ -607,9 +614,15 @@ fn check_rates(
     for (_, v) in valid {
         *per_site.entry(&*v.measurement.site).or_default() += 1;
     }
-    let client = state.limits.client_rate_on().then_some(client);
+    let rated = state.limits.client_rate_on().then_some(client);
     for (site, n) in per_site {
-        if let Some(client) = client {
+        if with_origin {
+            state
+                .limits
+                .check_share(site, client, n)
+                .map_err(IntakeError::OverShare)?;
+        }
+        if let Some(client) = rated {
             state
                 .limits
                 .check_client(site, client)

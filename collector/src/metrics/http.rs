@@ -41,6 +41,10 @@ pub struct HttpMetrics {
     pub shed: Counter,
     /// `collector_http_rate_limited_total`: requests answered 429.
     pub rate_limited: Counter,
+    /// `collector_http_over_share_total`: of those, requests refused as a client's
+    /// measurements beyond its share of a site's budget (contract v5 §2;
+    /// [`crate::limits::shares`]).
+    pub over_share: Counter,
     /// `collector_http_open_connections`: connections open now.
     pub open_connections: Gauge<i64, AtomicI64>,
     /// `collector_http_connections_refused_total`: connections closed at accept (limit).
@@ -57,6 +61,7 @@ impl HttpMetrics {
             }),
             shed: Counter::default(),
             rate_limited: Counter::default(),
+            over_share: Counter::default(),
             open_connections: Gauge::default(),
             connections_refused: Counter::default(),
         };
@@ -79,6 +84,11 @@ impl HttpMetrics {
             "collector_http_rate_limited",
             "Requests answered 429",
             m.rate_limited.clone(),
+        );
+        r.register(
+            "collector_http_over_share",
+            "Requests answered 429 because their client sent beyond its share of a site's budget",
+            m.over_share.clone(),
         );
         r.register(
             "collector_http_open_connections",

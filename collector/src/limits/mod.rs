@@ -14,6 +14,11 @@
 //!   on every beacon's POST, so a flood without it is not the shop's visitors, and it must not
 //!   use up their budget.
 //!
+//! - **Per client, within a site's budget** ([`shares`], contract v5 §2): while a site is over
+//!   its budget, a client's measurements beyond its share of it are refused first (429), so
+//!   that one client sending far more than a visitor cannot take the budget from the site's
+//!   visitors. On whenever the per-site rate is.
+//!
 //! Rates use the GCRA limiters of the `governor` crate. Their per-key state is pruned every
 //! [`PRUNE_INTERVAL`] so that it stays bounded by the keys seen recently.
 
@@ -25,6 +30,10 @@ use std::time::Duration;
 use governor::clock::{Clock, DefaultClock};
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
+
+pub mod shares;
+
+use shares::ClientShares;
 
 /// The share of a site's rate that its requests without `Origin` may use: a tenth.
 pub const ORIGIN_LESS_SHARE: u32 = 10;
@@ -43,6 +52,10 @@ pub struct Limits {
     sites: Option<Arc<DefaultKeyedRateLimiter<String>>>,
     /// The sites' budgets for requests without `Origin`.
     origin_less: Option<Arc<DefaultKeyedRateLimiter<String>>>,
+    /// Each site's clients' shares of its budget (`None` with the per-site rate off).
+    shares: Option<Arc<ClientShares>>,
+    /// `COLLECTOR_SITE_RATE`.
+    site_rate: u32,
     in_flight: Arc<Semaphore>,
     /// `COLLECTOR_MAX_IN_FLIGHT`.
     max_in_flight: usize,
@@ -67,6 +80,8 @@ impl Limits {
             origin_less: (site_rate > 0)
                 .then(|| limiter((site_rate / ORIGIN_LESS_SHARE).max(1)))
                 .flatten(),
+            shares: (site_rate > 0).then(|| Arc::new(ClientShares::default())),
+            site_rate,
             in_flight: Arc::new(Semaphore::new(max_in_flight.max(1))),
             max_in_flight: max_in_flight.max(1),
         }
@@ -100,6 +115,16 @@ impl Limits {
         limiter
             .check_key(&(site.to_owned(), crate::client_ip::prefixes(client)[0].1))
             .map_err(|not_until| not_until.wait_time_from(DefaultClock::default().now()))
+    }
+
+    /// Counts `n` measurements of `client` for `site` against the client's share of the site's
+    /// budget ([`shares`]); `Err(wait)` when the site is over its budget and the client beyond
+    /// its share. Always `Ok` with the per-site rate off.
+    pub fn check_share(&self, site: &str, client: IpAddr, n: u32) -> Result<(), Duration> {
+        match &self.shares {
+            Some(shares) if !shares.admit(site, client, n, self.site_rate) => Err(shares::WINDOW),
+            _ => Ok(()),
+        }
     }
 
     /// Counts `n` measurements of `site` against its budget, or, for a request without
