@@ -84,8 +84,24 @@ pub fn client_ip(
     trusted: &[IpNet],
     header: ClientIpHeader,
 ) -> IpAddr {
+    client_ip_for(peer, headers, trusted, &[], header)
+}
+
+/// The client address of a site's measurement (contract v5 §1): as [`client_ip`], walking the
+/// header from the right, a hop believed when it is in `global` (`COLLECTOR_TRUSTED_PROXIES`,
+/// the operator's edge) or in `site` (the shop's own proxies, `--trusted-proxy`), so that a
+/// chain of both (the edge, then the shop's proxy) names the visitor, and a shop's proxy names
+/// nobody for another shop.
+pub fn client_ip_for(
+    peer: IpAddr,
+    headers: &HeaderMap,
+    global: &[IpNet],
+    site: &[IpNet],
+    header: ClientIpHeader,
+) -> IpAddr {
+    let trusted = |ip: IpAddr| is_trusted(ip, global) || is_trusted(ip, site);
     let peer = peer.to_canonical();
-    if trusted.is_empty() || !is_trusted(peer, trusted) {
+    if !trusted(peer) {
         return peer;
     }
     if !headers.contains_key(header.name()) {
@@ -113,7 +129,7 @@ pub fn client_ip(
         match hop {
             Some(ip) => {
                 client = ip;
-                if !is_trusted(ip, trusted) {
+                if !trusted(ip) {
                     break;
                 }
             }
@@ -178,6 +194,34 @@ mod tests {
             h.append(*k, HeaderValue::from_str(v).unwrap());
         }
         h
+    }
+
+    /// Contract v5 §1: the operator's edge (global) then a shop's proxy (its site's list):
+    /// for that shop the chain names the visitor; for another shop the shop's proxy is the
+    /// client, whatever it says; and a shop's proxy alone, in front of nothing the operator
+    /// trusts, is believed for its own shop only.
+    #[test]
+    fn a_shops_proxy_is_believed_for_its_own_site_only() {
+        let (edge, shop) = (nets(&["127.0.0.1/32"]), nets(&["198.51.100.0/24"]));
+        let chain = headers(&[("x-forwarded-for", "192.0.2.9, 198.51.100.5")]);
+        let peer = ip("127.0.0.1");
+        assert_eq!(
+            client_ip_for(peer, &chain, &edge, &shop, XFF),
+            ip("192.0.2.9")
+        );
+        assert_eq!(
+            client_ip_for(peer, &chain, &edge, &[], XFF),
+            ip("198.51.100.5")
+        );
+        assert_eq!(client_ip(peer, &chain, &edge, XFF), ip("198.51.100.5"));
+        let direct = headers(&[("x-forwarded-for", "192.0.2.9")]);
+        let proxy = ip("198.51.100.5");
+        assert_eq!(
+            client_ip_for(proxy, &direct, &[], &shop, XFF),
+            ip("192.0.2.9")
+        );
+        assert_eq!(client_ip_for(proxy, &direct, &[], &[], XFF), proxy);
+        assert_eq!(client_ip_for(proxy, &direct, &edge, &[], XFF), proxy);
     }
 
     fn ip(s: &str) -> IpAddr {

@@ -303,6 +303,72 @@ async fn the_country_comes_from_the_database_and_a_replaced_file_is_used() {
     );
 }
 
+/// Issue 52, 2 (contract v5 §1): a shop's own proxy (`sites update --trusted-proxy`) is
+/// believed for that shop's beacons only. Behind the operator's edge (loopback, the global
+/// list), a request whose `X-Forwarded-For` is `visitor, shop proxy` names the visitor for the
+/// shop that trusts the proxy (the visitor's country stored) and the proxy for another shop
+/// (its country), also when one batch holds both shops' beacons.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shops_own_proxy_names_the_client_of_its_own_beacons_only() {
+    let env = TestEnv::new(Stack::shared()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("countries.mmdb");
+    geo_db(&db, "geolite2", &["192.0.2.0/24=FR", "198.51.100.0/24=BR"]);
+    env.add_site("proxied", &[]);
+    env.add_site("other", &[]);
+    let update = env.cli(&[
+        "sites",
+        "update",
+        "proxied",
+        "--trusted-proxy",
+        "198.51.100.0/24",
+    ]);
+    update.success();
+    let list = env.cli(&["sites", "list"]);
+    assert!(
+        list.stdout.contains("trusted_proxies=198.51.100.0/24"),
+        "{}",
+        list.stdout
+    );
+    let bad = env.cli(&[
+        "sites",
+        "update",
+        "proxied",
+        "--trusted-proxy",
+        "198.51.100.0/33",
+    ]);
+    assert_eq!(bad.code, 2, "{}", bad.stderr);
+    let c = env
+        .collector(&[
+            ("COLLECTOR_GEO_DB", db.to_str().unwrap()),
+            ("COLLECTOR_TRUSTED_PROXIES", "127.0.0.1/32"),
+        ])
+        .await;
+    let ids: Vec<String> = (0..2).map(|_| uuid::Uuid::new_v4().to_string()).collect();
+    let batch = json!([
+        beacon("proxied", &ids[0], json!({})),
+        beacon("other", &ids[1], json!({})),
+    ]);
+    let headers = [
+        ("content-type", "application/json"),
+        ("x-forwarded-for", "192.0.2.9, 198.51.100.5"),
+    ];
+    let (status, answer, _) = c.post(batch.to_string(), &headers).await;
+    assert_eq!(status, 202, "{answer}");
+    env.wait_rows(&ids, VISIBLE).await;
+    let country = |v: Value| col(&v, "country").as_str().unwrap().to_owned();
+    assert_eq!(
+        country(stored(&env, &ids[0], "country").await),
+        "FR",
+        "the shop's proxy names its visitor"
+    );
+    assert_eq!(
+        country(stored(&env, &ids[1], "country").await),
+        "BR",
+        "for another shop the proxy is the client"
+    );
+}
+
 /// Rows of `site` by `page_view_at`, inserted straight into ClickHouse (old ones cannot come
 /// through intake).
 async fn insert_rows_at(env: &TestEnv<'_>, site: &str, times: &[&str]) {

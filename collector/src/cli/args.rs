@@ -147,4 +147,9 @@ pub struct SiteLists {
     /// `--dimension ''` clears them.
     #[arg(long = "dimension")]
     pub dimensions: Option<Vec<String>>,
+    /// The shop's own reverse proxy, a CIDR or an address, whose client-address header
+    /// (`COLLECTOR_CLIENT_IP_HEADER`) is believed for this site's beacons only (contract v5
+    /// §1); repeat for several, at most 16. `--trusted-proxy ''` clears them.
+    #[arg(long = "trusted-proxy")]
+    pub trusted_proxies: Option<Vec<String>>,
 }

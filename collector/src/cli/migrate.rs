@@ -24,6 +24,10 @@ pub const POSTGRES: &[(&str, &str)] = &[
         "003_sites_shard.sql",
         include_str!("../../../schema/postgres/003_sites_shard.sql"),
     ),
+    (
+        "004_sites_trusted_proxies.sql",
+        include_str!("../../../schema/postgres/004_sites_trusted_proxies.sql"),
+    ),
 ];
 
 /// Bound on applying the schema to one ClickHouse replica (a hung replica must not hold a

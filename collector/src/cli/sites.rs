@@ -104,7 +104,7 @@ fn describe(s: &Site) -> String {
         }
     };
     format!(
-        "{}\t{}\tsample_rate={}\torigins={}\tkeep_query={}\tpage_groups={}\tdimensions={}\tshard={}",
+        "{}\t{}\tsample_rate={}\torigins={}\tkeep_query={}\tpage_groups={}\tdimensions={}\tshard={}\ttrusted_proxies={}",
         s.key,
         if s.purged {
             "purged"
@@ -119,6 +119,7 @@ fn describe(s: &Site) -> String {
         list(&s.page_groups, "(none)"),
         list(&s.dimensions, "(none)"),
         s.shard,
+        list(&s.trusted_proxies, "(none)"),
     )
 }
 
@@ -187,6 +188,13 @@ fn apply_lists(site: &mut Site, lists: SiteLists) -> Result<(), RunError> {
             .map_err(|e| usage("dimension", &dimensions.join(","), e))?;
         site.dimensions = dimensions;
     }
+    if let Some(proxies) = lists.trusted_proxies {
+        let proxies: Vec<String> = proxies.into_iter().filter(|p| !p.is_empty()).collect();
+        let nets = settings::check_trusted_proxies(&proxies)
+            .map_err(|e| usage("trusted-proxy", &proxies.join(","), e))?;
+        // Stored as parsed: `203.0.113.7` as `203.0.113.7/32`.
+        site.trusted_proxies = nets.iter().map(ToString::to_string).collect();
+    }
     Ok(())
 }
 
@@ -218,7 +226,34 @@ mod tests {
             page_groups: groups.map(|g| g.iter().map(|s| s.to_string()).collect()),
             page_groups_preset: preset.map(str::to_owned),
             dimensions: None,
+            trusted_proxies: None,
         }
+    }
+
+    #[test]
+    fn trusted_proxies_are_stored_as_networks_and_checked() {
+        let mut site = Site::new("s");
+        let with = |p: &[&str]| SiteLists {
+            trusted_proxies: Some(p.iter().map(|s| s.to_string()).collect()),
+            ..lists(None, None)
+        };
+        apply_lists(&mut site, with(&["203.0.113.7", "2001:db8::/48"])).unwrap();
+        assert_eq!(site.trusted_proxies, ["203.0.113.7/32", "2001:db8::/48"]);
+        let bad = apply_lists(&mut site, with(&["203.0.113.0/33"])).unwrap_err();
+        assert!(
+            matches!(&bad, RunError::Usage(m) if m.contains("--trusted-proxy")),
+            "{bad:?}"
+        );
+        let many: Vec<String> = (0..17).map(|i| format!("203.0.113.{i}")).collect();
+        let many: Vec<&str> = many.iter().map(String::as_str).collect();
+        assert!(apply_lists(&mut site, with(&many)).is_err(), "at most 16");
+        assert_eq!(
+            site.trusted_proxies.len(),
+            2,
+            "a refused list changes nothing"
+        );
+        apply_lists(&mut site, with(&[""])).unwrap();
+        assert!(site.trusted_proxies.is_empty(), "'' clears them");
     }
 
     #[test]

@@ -18,6 +18,8 @@ use url::Url;
 pub mod args;
 mod values;
 
+pub use values::cidrs;
+
 pub use args::*;
 use values::Problems;
 pub use values::{is_identifier, Secret, MAX_DURATION};

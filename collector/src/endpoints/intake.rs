@@ -220,9 +220,15 @@ async fn accept(
         country: &country,
     };
     let valid = validate(&text, &found, &mut report)?;
-    let (valid, placement) = judge_sites(state, headers, client, valid, &mut report).await?;
+    let request = Request {
+        peer,
+        headers,
+        client,
+    };
+    let (valid, placement, clients) = judge_sites(state, &request, valid, &mut report).await?;
     shed_loud(state, &valid, &placement)?;
-    check_rates(state, client, headers.contains_key(header::ORIGIN), &valid)?;
+    let with_origin = headers.contains_key(header::ORIGIN);
+    check_rates(state, client, &clients, with_origin, &valid)?;
     let (to_store, guards) = claim(state, valid, &mut report).await;
     let appended = append(state, &to_store, &placement).await;
     // What became durable is claimed for good, on a refusal too (another shard's part of a
@@ -443,14 +449,17 @@ fn validate<'a>(
 /// listing every rejection.
 async fn judge_sites<'a>(
     state: &AppState,
-    headers: &HeaderMap,
-    client: IpAddr,
+    request: &Request<'_>,
     valid: Vec<(usize, Valid<'a>)>,
     report: &mut Accepted,
-) -> Result<(Vec<(usize, Valid<'a>)>, Placement), IntakeError> {
-    let origin = headers.get(header::ORIGIN).and_then(|v| v.to_str().ok());
+) -> Result<(Vec<(usize, Valid<'a>)>, Placement, SiteClients), IntakeError> {
+    let origin = request
+        .headers
+        .get(header::ORIGIN)
+        .and_then(|v| v.to_str().ok());
     let sites = lookup_sites(state, origin, &valid).await?;
     let placement = place(state, &sites, valid.len())?;
+    let clients = site_clients(state, request, &sites);
     let mut kept = Vec::with_capacity(valid.len());
     for (index, mut v) in valid {
         match &sites[&*v.measurement.site] {
@@ -460,6 +469,11 @@ async fn judge_sites<'a>(
             }),
             Some(site) => {
                 let m = &mut v.measurement;
+                let client = client_of(&clients, &site.key, request.client);
+                if client != request.client {
+                    // Named by the shop's own proxy: its country, not the proxy's.
+                    m.country = Label(Cow::Owned(state.countries.country(client)));
+                }
                 let sent = (m.sample_rate >= 0.0).then_some(m.sample_rate);
                 m.sample_rate = state.sampler.settle(&site.key, site.sample_rate, sent);
                 // Only browsers' beacons (they send Origin on every POST) count toward the
@@ -484,7 +498,52 @@ async fn judge_sites<'a>(
         let rejected = std::mem::take(&mut report.rejected);
         return Err(IntakeError::UnknownSite(rejected));
     }
-    Ok((kept, placement))
+    Ok((kept, placement, clients))
+}
+
+/// What intake knows of a request before any site: the peer, the headers, and the client the
+/// global trusted proxies name ([`crate::client_ip::client_ip`]).
+struct Request<'h> {
+    peer: IpAddr,
+    headers: &'h HeaderMap,
+    client: IpAddr,
+}
+
+/// The client of each known site of a request whose own trusted proxies name another one than
+/// the global list does (contract v5 §1: a shop's proxy is believed for that shop's beacons
+/// only); a site absent here has the request's client.
+type SiteClients = Vec<(String, IpAddr)>;
+
+fn site_clients(
+    state: &AppState,
+    request: &Request<'_>,
+    sites: &HashMap<String, Option<Arc<LoadedSite>>>,
+) -> SiteClients {
+    let mut clients = SiteClients::new();
+    for site in sites.values().flatten() {
+        if site.trusted_proxies.is_empty() {
+            continue;
+        }
+        let client = crate::client_ip::client_ip_for(
+            request.peer,
+            request.headers,
+            &state.trusted_proxies,
+            &site.trusted_proxies,
+            state.client_ip_header,
+        );
+        if client != request.client {
+            clients.push((site.key.clone(), client));
+        }
+    }
+    clients
+}
+
+/// The client of `site`'s measurements: its own ([`SiteClients`]) or the request's.
+fn client_of(clients: &SiteClients, site: &str, request: IpAddr) -> IpAddr {
+    clients
+        .iter()
+        .find(|(key, _)| key == site)
+        .map_or(request, |(_, ip)| *ip)
 }
 
 /// Each known site of a request and the place of its shard's spool
@@ -606,7 +665,8 @@ fn shed_loud(
 /// spending the site's budget.
 fn check_rates(
     state: &AppState,
-    client: IpAddr,
+    request: IpAddr,
+    clients: &SiteClients,
     with_origin: bool,
     valid: &[(usize, Valid<'_>)],
 ) -> Result<(), IntakeError> {
@@ -614,15 +674,15 @@ fn check_rates(
     for (_, v) in valid {
         *per_site.entry(&*v.measurement.site).or_default() += 1;
     }
-    let rated = state.limits.client_rate_on().then_some(client);
     for (site, n) in per_site {
+        let client = client_of(clients, site, request);
         if with_origin {
             state
                 .limits
                 .check_share(site, client, n)
                 .map_err(IntakeError::OverShare)?;
         }
-        if let Some(client) = rated {
+        if state.limits.client_rate_on() {
             state
                 .limits
                 .check_client(site, client)

@@ -38,6 +38,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
+use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{watch, Semaphore};
 // The runtime's clock, so that tests can pause and advance it.
@@ -110,6 +111,11 @@ pub struct Site {
     /// v5 reads as [`crate::config::DEFAULT_SHARD`], the one replica set of earlier releases.
     #[serde(default = "default_shard")]
     pub shard: String,
+    /// The shop's own reverse proxies (contract v5 §1, `--trusted-proxy`): CIDRs whose
+    /// client-address header is believed for this site's measurements only, at most
+    /// [`MAX_TRUSTED_PROXIES`]. A row of a store not yet migrated to v5 reads as none.
+    #[serde(default)]
+    pub trusted_proxies: Vec<String>,
 }
 
 fn default_shard() -> String {
@@ -152,6 +158,7 @@ impl Site {
             dimensions: Vec::new(),
             purged: false,
             shard: default_shard(),
+            trusted_proxies: Vec::new(),
         }
     }
 
@@ -225,6 +232,18 @@ pub fn normalise_origin(s: &str) -> Option<String> {
     bare.then(|| url.origin().ascii_serialization())
 }
 
+/// Most `--trusted-proxy` CIDRs a site lists.
+pub const MAX_TRUSTED_PROXIES: usize = 16;
+
+/// A site's `--trusted-proxy` values as networks: at most [`MAX_TRUSTED_PROXIES`], each a CIDR
+/// (`203.0.113.0/24`) or one address; `Err` names the first that is not.
+pub fn check_trusted_proxies(values: &[String]) -> Result<Vec<IpNet>, String> {
+    if values.len() > MAX_TRUSTED_PROXIES {
+        return Err(format!("at most {MAX_TRUSTED_PROXIES} trusted proxies"));
+    }
+    crate::config::cidrs(&values.join(","))
+}
+
 /// Most dimension names a site declares (contract v4 §2).
 pub const MAX_DIMENSIONS: usize = 5;
 /// Longest dimension name, in bytes (contract v4 §2).
@@ -278,6 +297,9 @@ pub struct LoadedSite {
     pub site: Site,
     /// Its page-group rules, compiled.
     pub page_groups: PageGroups,
+    /// Its own trusted proxies, parsed (contract v5 §1); a value that does not parse (a row
+    /// written by hand) is left out, with a warning.
+    pub trusted_proxies: Vec<IpNet>,
 }
 
 impl LoadedSite {
@@ -294,7 +316,22 @@ impl LoadedSite {
                  `collector sites update --page-group ...` rewrites them"
             );
         }
-        LoadedSite { page_groups, site }
+        let trusted_proxies = site
+            .trusted_proxies
+            .iter()
+            .filter_map(|p| match check_trusted_proxies(std::slice::from_ref(p)) {
+                Ok(nets) => nets.into_iter().next(),
+                Err(e) => {
+                    tracing::warn!(site = %site.key, error = %e, "settings: a trusted proxy left out");
+                    None
+                }
+            })
+            .collect();
+        LoadedSite {
+            page_groups,
+            trusted_proxies,
+            site,
+        }
     }
 }
 

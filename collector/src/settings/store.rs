@@ -634,7 +634,7 @@ impl SettingsStore {
         let site = site.clone();
         self.call(|c| {
             Box::pin(async move {
-                let params: [(&(dyn ToSql + Sync), Type); 8] = [
+                let params: [(&(dyn ToSql + Sync), Type); 9] = [
                     (&site.key, Type::TEXT),
                     (&site.allowed_origins, Type::TEXT_ARRAY),
                     (&site.sample_rate, Type::FLOAT8),
@@ -643,16 +643,18 @@ impl SettingsStore {
                     (&site.page_groups, Type::TEXT_ARRAY),
                     (&site.dimensions, Type::TEXT_ARRAY),
                     (&site.shard, Type::TEXT),
+                    (&site.trusted_proxies, Type::TEXT_ARRAY),
                 ];
                 // A site saved again is no longer erased: `purged_at` is cleared. Its shard is
                 // set when the row is made and never changed here (contract v5 §3).
                 c.query_typed(
-                    "INSERT INTO sites (key, allowed_origins, sample_rate, enabled, keep_query, page_groups, dimensions, shard)
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+                    "INSERT INTO sites (key, allowed_origins, sample_rate, enabled, keep_query, page_groups, dimensions, shard, trusted_proxies)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
                      ON CONFLICT (key) DO UPDATE SET allowed_origins = EXCLUDED.allowed_origins,
                        sample_rate = EXCLUDED.sample_rate, enabled = EXCLUDED.enabled,
                        keep_query = EXCLUDED.keep_query, page_groups = EXCLUDED.page_groups,
-                       dimensions = EXCLUDED.dimensions, purged_at = NULL, updated_at = now()",
+                       dimensions = EXCLUDED.dimensions, trusted_proxies = EXCLUDED.trusted_proxies,
+                       purged_at = NULL, updated_at = now()",
                     &params,
                 )
                 .await
