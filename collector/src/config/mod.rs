@@ -305,16 +305,39 @@ impl IntakeConfig {
     }
 }
 
+/// Checks `COLLECTOR_DATABASE_URL` as libpq would take it (contract v4 §3): it parses, its
+/// `sslrootcert` reads, its password is no placeholder ([`values::not_placeholder`]), and
+/// `sslmode=verify-full` has a host name to verify (a `hostaddr` without `host` has none;
+/// libpq refuses it, and so does the collector rather than connect unverified). Errors never
+/// hold the URL.
+fn check_database_url(url: &str) -> Result<(), String> {
+    let (rest, ssl) = crate::tls::libpq::split(url)?;
+    let config = rest
+        .parse::<tokio_postgres::Config>()
+        .map_err(|e| e.to_string())?;
+    let unnamed = config.get_hosts().len() < config.get_hostaddrs().len();
+    if ssl.mode == crate::tls::libpq::SslMode::VerifyFull && unnamed {
+        return Err(
+            "sslmode=verify-full with a hostaddr but no host: no name to verify the \
+                    server's certificate against (libpq refuses it too); add host=NAME"
+                .into(),
+        );
+    }
+    if let Some(password) = config.get_password() {
+        values::not_placeholder(&String::from_utf8_lossy(password))?;
+    }
+    ssl.client_config().map(|_| ())
+}
+
 impl SiteSettingsConfig {
     fn read(raw: &RawArgs, p: &mut Problems) -> SiteSettingsConfig {
         p.required("DATABASE_URL", &raw.database_url);
         // Never echoed: the string may hold a password.
-        let parsed = crate::tls::libpq::split(&raw.database_url).and_then(|(rest, ssl)| {
-            rest.parse::<tokio_postgres::Config>()
-                .map_err(|e| e.to_string())?;
-            ssl.client_config().map(|_| ())
-        });
-        p.check("DATABASE_URL", "<hidden>", parsed);
+        p.check(
+            "DATABASE_URL",
+            "<hidden>",
+            check_database_url(&raw.database_url),
+        );
         let password = Some(raw.database_password_file.trim())
             .filter(|f| !f.is_empty())
             .and_then(|f| p.check("DATABASE_PASSWORD_FILE", f, values::secret_file(f)));
@@ -618,6 +641,46 @@ mod tests {
         assert_eq!(err.0.len(), 1);
         assert!(err.0[0].contains("credentials"), "{err:?}");
         assert!(!err.0[0].contains("secret"), "{err:?}");
+    }
+
+    /// Issue 52, 5: a placeholder password from deploy/env.example, in a file or in the
+    /// database URL, stops the start (exit 2) without being shown; `verify-full` with a
+    /// `hostaddr` and no host name is refused, as libpq refuses it.
+    #[test]
+    fn placeholder_passwords_and_unverifiable_tls_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("pw");
+        std::fs::write(&file, "Change-Me-clickhouse-collector\n").unwrap();
+        let err = Config::from_args(&raw(&[
+            "--clickhouse-password-file",
+            file.to_str().unwrap(),
+            "--database-url",
+            "postgres://collector:change-me-collector@db:5432/collector",
+        ]))
+        .unwrap_err();
+        assert_eq!(err.0.len(), 2, "{err}");
+        assert!(err.0.iter().all(|e| e.contains("placeholder")), "{err}");
+        assert!(
+            !err.to_string().to_lowercase().contains("me-collector"),
+            "{err}"
+        );
+        for url in [
+            "hostaddr=192.0.2.10 port=5432 user=c dbname=c sslmode=verify-full",
+            "postgres://c@/c?hostaddr=192.0.2.10&sslmode=verify-full",
+        ] {
+            let err = Config::from_args(&raw(&["--database-url", url])).unwrap_err();
+            assert!(err.0[0].contains("verify-full"), "{url}: {err}");
+        }
+        for fine in [
+            "host=db.example hostaddr=192.0.2.10 user=c dbname=c sslmode=verify-full",
+            "hostaddr=192.0.2.10 user=c dbname=c sslmode=require",
+            "postgres://c:a-real-password@db:5432/c",
+        ] {
+            assert!(
+                Config::from_args(&raw(&["--database-url", fine])).is_ok(),
+                "{fine}"
+            );
+        }
     }
 
     #[test]

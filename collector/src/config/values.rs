@@ -109,7 +109,26 @@ impl Secret {
 pub fn secret_file(path: &str) -> Result<Secret, String> {
     let text = std::fs::read_to_string(path.trim()).map_err(|e| e.to_string())?;
     let line = text.lines().next().unwrap_or("");
+    not_placeholder(line)?;
     Ok(Secret(line.to_owned()))
+}
+
+/// The prefix of the placeholder passwords in `deploy/env.example` (`change-me-collector`...).
+pub const PLACEHOLDER_PREFIX: &str = "change-me";
+
+/// Refuses a placeholder password (one starting with [`PLACEHOLDER_PREFIX`], in any case):
+/// copied from `deploy/env.example` and never replaced, it is public (issue 52, 5). The error
+/// never holds the password.
+pub fn not_placeholder(password: &str) -> Result<(), String> {
+    let placeholder = password
+        .get(..PLACEHOLDER_PREFIX.len())
+        .is_some_and(|p| p.eq_ignore_ascii_case(PLACEHOLDER_PREFIX));
+    if placeholder {
+        return Err(format!(
+            "a placeholder password ({PLACEHOLDER_PREFIX}-...; deploy/env.example): set a real one, e.g. `openssl rand -hex 24`"
+        ));
+    }
+    Ok(())
 }
 
 /// An address, or a host name resolved once, here (never per request).
