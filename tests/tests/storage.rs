@@ -1,6 +1,8 @@
 //! The table laid out for its readers (contract §3, v3), on real ClickHouse 18.16 replicas:
 //! every resend of an id folds to one row whatever its time of receipt, the derived device
-//! columns, and `collector migrate` moving a v1 table with rows to v2 while a collector writes.
+//! columns, `collector migrate` moving a v1 table with rows to v2 while a collector writes, and
+//! the values of a dimension seen most often kept through a midnight flood of junk values
+//! (contract v5 §2).
 
 use collector_tests::common;
 
@@ -515,4 +517,134 @@ async fn migrate_moves_a_v1_table_with_rows_to_v2_while_a_collector_writes() {
         json!(["mobile"]),
         "copied rows get the derived columns"
     );
+}
+
+/// One beacon of site `site` carrying the dimension `variant` = `value`, and its id.
+fn with_variant(site: &str, value: &str) -> (String, Value) {
+    let (id, mut m) = measurement(site);
+    m["dimensions"] = json!({ "variant": value });
+    (id, m)
+}
+
+/// Sends `batch` in one request to `c`; panics unless every beacon is accepted whole.
+async fn send_batch(c: &Collector, batch: Vec<Value>) {
+    let ua = [("Content-Type", "application/json"), ("User-Agent", IPHONE)];
+    let n = batch.len();
+    let (s, a, _) = c.post(Value::Array(batch).to_string(), &ua).await;
+    assert_eq!((s, &a["accepted"]), (202, &json!(n)), "{a}");
+    assert_eq!(a["dropped_fields"], json!([]), "{a}");
+}
+
+/// Sends to `c` 1,000 junk values of `site`'s dimension `variant`, each once, 50 beacons a
+/// request, then each of `real` 10 times, a request a round; returns the junk beacons' ids
+/// and, per round, the real values' ids in `real`'s order.
+async fn flood_then_real(
+    c: &Collector,
+    site: &str,
+    real: &[String],
+) -> (Vec<String>, Vec<Vec<String>>) {
+    let mut junk = Vec::new();
+    for chunk in (0..1_000).collect::<Vec<_>>().chunks(50) {
+        let (ids, batch): (Vec<_>, Vec<_>) = chunk
+            .iter()
+            .map(|i| with_variant(site, &format!("junk-{i:04}")))
+            .unzip();
+        junk.extend(ids);
+        send_batch(c, batch).await;
+    }
+    let mut rounds = Vec::new();
+    for _ in 0..10 {
+        let (ids, batch): (Vec<_>, Vec<_>) = real.iter().map(|v| with_variant(site, v)).unzip();
+        rounds.push(ids);
+        send_batch(c, batch).await;
+    }
+    (junk, rounds)
+}
+
+/// The issue's attack on dimensions (contract v5 §2: the values stored are those seen most
+/// often that day), done when "twenty real values of a dimension each sent by many clients
+/// stay distinct through a midnight flood of 1,000 junk values". The collector's wall clock
+/// starts at 00:00:00 UTC of the test's day (libfaketime; the monotonic clock left alone), so
+/// the flood, 1,000 junk values each sent once, is the day's first; then come 20 real values,
+/// each sent 10 times, round after round as page views come ([`flood_then_real`]). Until v5
+/// the first 100 values of the day were kept and every real value was stored as `(other)` all
+/// day; now each real value is stored as itself from its second sighting on, and of the flood
+/// only the first 100 are. The site's budget is off (`COLLECTOR_SITE_RATE=0`) so that no
+/// beacon is sampled away; the rule does not look at client addresses (only the rate limits
+/// do, off here), so every beacon comes from the test's one address.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_real_dimension_values_stay_distinct_through_a_midnight_flood() {
+    let env = TestEnv::new(Stack::shared()).await;
+    let site = "dims";
+    env.add_site(site, &["--dimension", "variant"]);
+    let midnight = format!("@{} 00:00:00", utc_date(now_ms() / 1000));
+    let c = env
+        .collector(&[
+            ("LD_PRELOAD", libfaketime()),
+            ("FAKETIME", &midnight),
+            ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+            ("COLLECTOR_SITE_RATE", "0"),
+        ])
+        .await;
+    let real: Vec<String> = (0..20).map(|i| format!("real-{i:02}")).collect();
+    let (junk, rounds) = flood_then_real(&c, site, &real).await;
+
+    let all = 1_000 + 20 * 10;
+    wait_until(
+        &env.diag,
+        "every beacon stored",
+        VISIBLE,
+        Duration::from_millis(200),
+        || async {
+            let n = env.count(&format!("FINAL WHERE site = '{site}'")).await;
+            if n == all {
+                Ok(())
+            } else {
+                Err(format!("{n} of {all} rows"))
+            }
+        },
+    )
+    .await;
+    let rows = env
+        .final_rows(
+            "toString(id) AS id, dimension_values[indexOf(dimension_names, 'variant')] AS value, \
+             toUInt32(received_at) AS received_at",
+            &format!("site = '{site}'"),
+        )
+        .await;
+    let stored: std::collections::HashMap<&str, &str> = rows
+        .iter()
+        .map(|r| {
+            (
+                col(r, "id").as_str().unwrap(),
+                col(r, "value").as_str().unwrap(),
+            )
+        })
+        .collect();
+    let received: Vec<i64> = rows
+        .iter()
+        .map(|r| as_i64(col(r, "received_at")).unwrap())
+        .collect();
+    let first = *received.iter().min().unwrap();
+    assert!(
+        first % 86_400 < 300,
+        "the flood came just after midnight: {first}"
+    );
+    // The first 100 take the places; the rest only by the sketch's overcount (a junk value
+    // sharing both its cells with earlier ones counts 2: one run in about 13 sees one).
+    let junk_kept = junk
+        .iter()
+        .filter(|id| stored[id.as_str()] != "(other)")
+        .count();
+    assert!(
+        (100..=110).contains(&junk_kept),
+        "{junk_kept} junk values stored as themselves"
+    );
+    for (v, value) in real.iter().enumerate() {
+        let seen: Vec<&str> = rounds.iter().map(|ids| stored[ids[v].as_str()]).collect();
+        assert!(
+            seen[1..].iter().all(|s| s == value),
+            "{value}: stored as itself from its second sighting on: {seen:?}"
+        );
+    }
 }

@@ -12,29 +12,42 @@
 //!   and listed as `dimensions.NAME` (counted in `collector_measurements_field_dropped_total`
 //!   under `field="dimensions"`: a label from the client's names would be an unbounded label
 //!   set); a kept value is masked as a URL's path, on its percent-decoded text too ([`super::minimise::mask_text`]) and bounded by
-//!   [`DistinctValues`].
+//!   [`DistinctValues`]: per site, name and UTC day, the [`MAX_DISTINCT`] values seen most
+//!   often that day are stored as themselves, the others as [`OTHER`] (contract v5 §2; until
+//!   v5 the first 100 of the day were kept, so a flood of junk values just after midnight
+//!   turned every real value into [`OTHER`] for the day).
 
 use std::borrow::Cow;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
 use serde_json::value::RawValue;
 
+use super::heavy_hitters::{Sketch, TopValues};
 use super::rules::{self, Field};
 use super::Measurement;
 
 /// Longest value stored, in bytes (contract v4 §2).
 pub const MAX_VALUE_BYTES: usize = 64;
-/// Most distinct values a collector stores per site, name and UTC day (contract v4 §2).
+/// Most values a collector keeps at once per site, name and UTC day (contract v4 §2, v5 §2):
+/// those seen most often that day; a value not kept is stored as [`OTHER`], and takes the
+/// place of the least-seen kept one only by being seen strictly more often (see
+/// [`DistinctValues`]).
 pub const MAX_DISTINCT: usize = 100;
-/// What a value beyond [`MAX_DISTINCT`] is stored as.
+/// Most values let in (kept) per site, name and UTC day, replacements included: ten times
+/// [`MAX_DISTINCT`]. Once reached, the kept values no longer change until the day ends, so
+/// the distinct values a collector stores per site, name and day are at most 1,000 (plus
+/// the rare value whose 64-bit hash equals a kept one's), never unbounded, however many
+/// values are sent and however they churn.
+pub const MAX_ADMITTED_PER_DAY: usize = 10 * MAX_DISTINCT;
+/// What a value not kept is stored as.
 pub const OTHER: &str = "(other)";
 /// Most (site, name) pairs whose values a collector tracks in one UTC day: 1,000 sites with 5
-/// dimensions each. With each pair's at most [`MAX_DISTINCT`] values of at most
-/// [`MAX_VALUE_BYTES`] bytes, kept as 64-bit hashes (a collision only lets a new value in
-/// uncounted), the tracking holds at most about 5,000 × 100 × 16 bytes (8 MB, counting the
-/// hash set's overhead), whatever the traffic; a pair beyond it stores every value as
-/// [`OTHER`] until the day ends.
+/// dimensions each. Each pair keeps at most [`MAX_DISTINCT`] values as 64-bit hashes with a
+/// 32-bit count (a collision only lets a new value in counted as the kept one), about 2 KiB
+/// with the map's overhead; with the one shared 512 KiB sketch of the values not kept, the
+/// tracking holds at most about 5,000 × 2 KiB + 0.5 MiB (11 MB) whatever the traffic; a pair
+/// beyond it stores every value as [`OTHER`] until the day ends.
 pub const MAX_TRACKED_PAIRS: usize = 5_000;
 /// The longest name echoed in `dropped_fields` (`dimensions.NAME`), in bytes: a declared name
 /// is at most 32 bytes, so a longer one is cut rather than echoed whole.
@@ -77,10 +90,17 @@ pub fn column<'a>(
     }
 }
 
-/// The distinct values stored per site, name and UTC day by this collector, bounded
-/// ([`MAX_DISTINCT`] per pair, [`MAX_TRACKED_PAIRS`] pairs, everything of a day forgotten at
-/// once when the first value of the next day arrives). One lock, held for a hash lookup per
-/// value.
+/// The values stored as themselves per site, name and UTC day by this collector: those seen
+/// most often that day (contract v5 §2). Per (site, name) pair at most [`MAX_DISTINCT`]
+/// values are kept, each with its count of sightings; the sightings of the values not kept
+/// are counted in one count-min sketch shared by all pairs (2 × 2^16 cells, 512 KiB). A value
+/// not kept is let in while fewer than [`MAX_DISTINCT`] are kept, else in place of the
+/// least-seen kept one when its estimate is strictly greater than that one's count (which
+/// goes back into the sketch: the evicted value returns by being seen again); at most
+/// [`MAX_ADMITTED_PER_DAY`] values are let in per pair and day. Bounded: [`MAX_TRACKED_PAIRS`]
+/// pairs, everything of a day forgotten at once when the first value of a later day
+/// arrives. One lock, held for a hash lookup per value, and for a scan of the pair's
+/// [`MAX_DISTINCT`] counts for a value not kept.
 #[derive(Debug, Default)]
 pub struct DistinctValues {
     inner: Mutex<Tracked>,
@@ -92,16 +112,20 @@ struct Tracked {
     day: u32,
     /// (site, name) pairs tracked: the bound's count.
     pairs: usize,
-    /// Values stored, by site and name (nested, so that a lookup borrows its keys), as hashes.
-    values: HashMap<String, HashMap<String, HashSet<u64>>>,
-    /// The values' hash: random per process.
+    /// Values kept, by site and name (nested, so that a lookup borrows its keys).
+    values: HashMap<String, HashMap<String, TopValues>>,
+    /// Sightings of the values not kept, of every pair, keyed by a hash of (site, name,
+    /// value's hash).
+    sketch: Sketch,
+    /// The values' hash and the sketch's keys: random per process.
     hasher: std::hash::RandomState,
 }
 
 impl DistinctValues {
     /// What is stored for `value` of dimension `name` of `site` on `day` (days since the
-    /// Unix epoch, UTC): the value while it is one of the first [`MAX_DISTINCT`] distinct ones
-    /// of the day, else [`OTHER`]. A value sent as [`OTHER`] itself takes no place.
+    /// Unix epoch, UTC): the value while it is kept, being one of the [`MAX_DISTINCT`] seen
+    /// most often that day (see [`DistinctValues`]), else [`OTHER`]. A value sent as
+    /// [`OTHER`] itself takes no place and is not counted.
     pub fn admit<'v>(&self, site: &str, name: &str, day: u32, value: Cow<'v, str>) -> Cow<'v, str> {
         if value == OTHER {
             return value;
@@ -112,10 +136,11 @@ impl DistinctValues {
             t.day = day;
             t.pairs = 0;
             t.values.clear();
+            t.sketch.clear();
         }
         let known = t.values.get_mut(site).and_then(|names| names.get_mut(name));
-        let seen = match known {
-            Some(seen) => seen,
+        let top = match known {
+            Some(top) => top,
             None if t.pairs >= MAX_TRACKED_PAIRS => return Cow::Borrowed(OTHER),
             None => {
                 t.pairs += 1;
@@ -126,15 +151,14 @@ impl DistinctValues {
                     .or_default()
             }
         };
-        let hash = std::hash::BuildHasher::hash_one(&t.hasher, value.as_ref());
-        if seen.contains(&hash) {
-            return value;
+        let hasher = &t.hasher;
+        let hash = std::hash::BuildHasher::hash_one(hasher, value.as_ref());
+        let key = |v: u64| std::hash::BuildHasher::hash_one(hasher, (site, name, v));
+        if top.see(hash, &mut t.sketch, key) {
+            value
+        } else {
+            Cow::Borrowed(OTHER)
         }
-        if seen.len() >= MAX_DISTINCT {
-            return Cow::Borrowed(OTHER);
-        }
-        seen.insert(hash);
-        value
     }
 }
 
@@ -250,30 +274,51 @@ mod tests {
         assert!(m.dimension_names.is_empty());
     }
 
+    /// Whether `value` of dimension `v` of site `s` on `day` is stored as itself.
+    fn stored(d: &DistinctValues, day: u32, value: &str) -> bool {
+        let out = d.admit("s", "v", day, Cow::Borrowed(value));
+        assert!(out == value || out == OTHER, "{value}: {out}");
+        out == value
+    }
+
+    /// The values kept now and those let in this day for dimension `v` of site `s`.
+    fn kept_and_admitted(d: &DistinctValues) -> (usize, usize) {
+        let t = d.inner.lock().unwrap();
+        t.values
+            .get("s")
+            .and_then(|names| names.get("v"))
+            .map_or((0, 0), |top| (top.kept(), top.admitted()))
+    }
+
     #[test]
     fn a_value_sent_as_other_takes_no_place() {
         let d = DistinctValues::default();
         for _ in 0..3 {
             assert_eq!(d.admit("s", "v", 1, OTHER.into()), OTHER);
         }
+        assert_eq!(kept_and_admitted(&d), (0, 0), "not even the pair's");
         for i in 0..MAX_DISTINCT {
-            assert_eq!(
-                d.admit("s", "v", 1, format!("v{i}").into()),
-                format!("v{i}")
-            );
+            assert!(stored(&d, 1, &format!("v{i}")), "v{i}");
+        }
+        for _ in 0..1_000 {
+            assert_eq!(d.admit("s", "v", 1, OTHER.into()), OTHER);
+        }
+        assert_eq!(kept_and_admitted(&d), (MAX_DISTINCT, MAX_DISTINCT));
+        for i in 0..MAX_DISTINCT {
+            assert!(stored(&d, 1, &format!("v{i}")), "v{i} still kept");
         }
     }
 
+    /// Was `at_most_a_hundred_distinct_values_a_day_then_other` (the first 100 kept for the
+    /// day): the 101st value seen once is still `(other)`, but now gets in once seen more
+    /// often than the least-seen kept one.
     #[test]
-    fn at_most_a_hundred_distinct_values_a_day_then_other() {
+    fn at_most_a_hundred_kept_a_new_one_seen_once_is_other() {
         let d = DistinctValues::default();
         for i in 0..MAX_DISTINCT {
-            assert_eq!(
-                d.admit("s", "v", 1, format!("v{i}").into()),
-                format!("v{i}")
-            );
+            assert!(stored(&d, 1, &format!("v{i}")), "v{i}");
         }
-        assert_eq!(d.admit("s", "v", 1, "new".into()), OTHER);
+        assert_eq!(d.admit("s", "v", 1, "new".into()), OTHER, "seen as often");
         assert_eq!(
             d.admit("s", "v", 1, "v7".into()),
             "v7",
@@ -281,12 +326,123 @@ mod tests {
         );
         assert_eq!(d.admit("s", "w", 1, "new".into()), "new", "per name");
         assert_eq!(d.admit("t", "v", 1, "new".into()), "new", "per site");
-        assert_eq!(d.admit("s", "v", 2, "new".into()), "new", "per day");
+        assert!(stored(&d, 1, "new"), "seen twice: more than a kept one");
+        assert_eq!(kept_and_admitted(&d), (MAX_DISTINCT, MAX_DISTINCT + 1));
+        assert_eq!(d.admit("s", "v", 2, "new2".into()), "new2", "per day");
         assert_eq!(
             d.inner.lock().unwrap().values.len(),
             1,
             "the day before is forgotten"
         );
+    }
+
+    /// The attack (contract v5 §2): 1,000 junk values, each seen once, come first in
+    /// the day; then 20 real values, each seen 10 times, interleaved.
+    #[test]
+    fn a_flood_of_junk_first_cannot_hold_the_places_of_values_seen_often() {
+        let d = DistinctValues::default();
+        let mut junk_stored = 0;
+        for i in 0..1_000 {
+            junk_stored += usize::from(stored(&d, 1, &format!("junk-{i}")));
+            assert!(kept_and_admitted(&d).0 <= MAX_DISTINCT);
+        }
+        // The first 100 fill the places; another only by the sketch's overcount (a junk
+        // value sharing both its cells with earlier ones is counted 2: one run in about 13).
+        assert!(
+            (MAX_DISTINCT..=MAX_DISTINCT + 10).contains(&junk_stored),
+            "{junk_stored}"
+        );
+        let real: Vec<String> = (0..20).map(|i| format!("real-{i}")).collect();
+        let mut sightings = vec![Vec::new(); real.len()];
+        for _ in 0..10 {
+            for (value, seen) in real.iter().zip(&mut sightings) {
+                seen.push(stored(&d, 1, value));
+                assert!(kept_and_admitted(&d).0 <= MAX_DISTINCT);
+            }
+        }
+        for (value, seen) in real.iter().zip(&sightings) {
+            let first = seen.iter().position(|s| *s);
+            assert!(first.is_some_and(|f| f <= 1), "{value}: {seen:?}");
+            let from = first.unwrap_or(seen.len());
+            assert!(seen[from..].iter().all(|s| *s), "kept once in: {seen:?}");
+            assert!(seen[5..].iter().all(|s| *s), "{value}: {seen:?}");
+        }
+    }
+
+    #[test]
+    fn a_value_seen_more_often_than_the_least_seen_takes_its_place_not_as_often() {
+        let d = DistinctValues::default();
+        for i in 0..MAX_DISTINCT - 1 {
+            for _ in 0..10 {
+                assert!(stored(&d, 1, &format!("v{i}")));
+            }
+        }
+        for _ in 0..5 {
+            assert!(stored(&d, 1, "least"));
+        }
+        for n in 1..=5 {
+            assert!(!stored(&d, 1, "new"), "seen {n} times, `least` 5");
+        }
+        assert!(stored(&d, 1, "new"), "6 times: more than `least`");
+        assert_eq!(kept_and_admitted(&d), (MAX_DISTINCT, MAX_DISTINCT + 1));
+        assert!(stored(&d, 1, "v0"), "only the least-seen one left");
+        // `least`'s 5 sightings went back into the sketch: one more makes it as often as
+        // `new` (6), not more; the next one more.
+        assert!(!stored(&d, 1, "least"));
+        assert!(stored(&d, 1, "least"), "7 times: back in place of `new`");
+        assert!(!stored(&d, 1, "new"), "7 times, `least` 7");
+        assert_eq!(kept_and_admitted(&d), (MAX_DISTINCT, MAX_DISTINCT + 2));
+    }
+
+    #[test]
+    fn at_most_a_thousand_let_in_a_day_then_none_until_the_next_day() {
+        let d = DistinctValues::default();
+        let mut stored_as_themselves = std::collections::HashSet::new();
+        let mut i = 0;
+        while kept_and_admitted(&d).1 < MAX_ADMITTED_PER_DAY {
+            let value = format!("v{i}");
+            i += 1;
+            // Seen until let in: once more than the least-seen kept one, which rises.
+            let sightings = (1..=100).find(|_| stored(&d, 1, &value));
+            assert!(sightings.is_some(), "{value} never let in");
+            stored_as_themselves.insert(value);
+            assert!(kept_and_admitted(&d).0 <= MAX_DISTINCT);
+        }
+        assert_eq!(stored_as_themselves.len(), MAX_ADMITTED_PER_DAY);
+        for _ in 0..1_000 {
+            assert!(!stored(&d, 1, "late"), "no place changes hands any more");
+        }
+        assert!(stored(&d, 1, &format!("v{}", i - 1)), "the kept ones stay");
+        assert_eq!(kept_and_admitted(&d), (MAX_DISTINCT, MAX_ADMITTED_PER_DAY));
+        assert!(stored(&d, 2, "late"), "the next day starts afresh");
+        assert_eq!(kept_and_admitted(&d), (1, 1));
+    }
+
+    #[test]
+    fn a_new_day_forgets_the_kept_values_and_the_counts() {
+        let d = DistinctValues::default();
+        for i in 0..MAX_DISTINCT {
+            for _ in 0..10 {
+                assert!(stored(&d, 1, &format!("v{i}")));
+            }
+        }
+        for _ in 0..9 {
+            assert!(!stored(&d, 1, "late"), "fewer than 10 times");
+        }
+        for i in 0..MAX_DISTINCT {
+            assert!(stored(&d, 2, &format!("w{i}")), "w{i}: a new day's places");
+        }
+        assert!(
+            !stored(&d, 2, "late"),
+            "its 9 sightings of day 1 are forgotten"
+        );
+        assert!(!stored(&d, 2, "v0"), "so are the kept ones'");
+        assert!(stored(&d, 2, "w0"));
+        assert!(
+            stored(&d, 1, "w1"),
+            "a late value of an earlier day counts toward the current one"
+        );
+        assert_eq!(kept_and_admitted(&d), (MAX_DISTINCT, MAX_DISTINCT));
     }
 
     #[test]

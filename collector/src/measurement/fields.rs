@@ -177,7 +177,8 @@ measurement_table! {
         #[serde(default)]
         dimension_names: Vec<Cow<'a, str>> = derived(dimensions::column(&dimensions, |p| p.0.clone())),
         /// Their values, at most 64 bytes, masked as a URL's path; per site, name and UTC day
-        /// at most 100 distinct ones per collector, later new ones `(other)`.
+        /// a collector keeps the 100 seen most often, the others `(other)` (contract v5 §2,
+        /// [`dimensions::DistinctValues`]).
         #[serde(default)]
         dimension_values: Vec<Cow<'a, str>> = derived(dimensions::column(&dimensions, |p| p.1.clone())),
         /// The page group (contract v4): the name of the site's first page-group rule the

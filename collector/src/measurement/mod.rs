@@ -36,6 +36,7 @@ mod column;
 pub mod dimensions;
 pub mod fields;
 pub mod filing;
+mod heavy_hitters;
 pub mod layouts;
 pub mod minimise;
 pub mod page_groups;
