@@ -153,8 +153,11 @@ pub(crate) fn cors(headers: &mut HeaderMap, origin: HeaderValue) {
     );
 }
 
-/// `OPTIONS /api/v1/measurements`: answered for allowed origins. Without `?site=` the origin
-/// cannot be judged yet; the POST itself is then checked against the site's list.
+/// `OPTIONS /api/v1/measurements`: answered for allowed origins. With `?site=KEY`, by that
+/// site's list; without it, only for an origin some site lists (contract v5 §2,
+/// [`crate::settings::SiteSettings::lists_origin`]): anything else is 403 without CORS headers,
+/// so that a page of no shop gets no credentialed answer. The POST itself is checked against
+/// its site's list.
 pub async fn preflight(
     State(state): State<AppState>,
     Query(q): Query<PreflightQuery>,
@@ -172,6 +175,14 @@ pub async fn preflight(
         if !allowed {
             return IntakeError::OriginNotAllowed(site.to_owned()).into_response();
         }
+    } else if !origin
+        .to_str()
+        .is_ok_and(|o| state.settings.lists_origin(o))
+    {
+        return crate::error::error_response(
+            StatusCode::FORBIDDEN,
+            "origin listed by no site; name the site: OPTIONS ...?site=KEY",
+        );
     }
     let mut response = StatusCode::NO_CONTENT.into_response();
     let h = response.headers_mut();

@@ -407,6 +407,9 @@ struct Inner {
     metrics: Arc<Metrics>,
     /// The keys of the erased sites as of the last full load (see [`SiteSettings::purged`]).
     purged: watch::Sender<PurgedSites>,
+    /// The origins some enabled site lists, as of the last full load (see
+    /// [`SiteSettings::lists_origin`]).
+    listed_origins: std::sync::RwLock<Arc<HashSet<String>>>,
 }
 
 /// The keys of the sites erased by `collector sites purge`, whose records still in a spool
@@ -441,6 +444,7 @@ impl SiteSettings {
                 loaded: AtomicBool::new(false),
                 metrics,
                 purged: watch::channel(PurgedSites::default()).0,
+                listed_origins: std::sync::RwLock::default(),
             }),
         }
     }
@@ -450,6 +454,23 @@ impl SiteSettings {
     /// `COLLECTOR_SETTINGS_TTL` of the purge).
     pub fn purged(&self) -> watch::Receiver<PurgedSites> {
         self.inner.purged.subscribe()
+    }
+
+    /// Whether some enabled site lists `origin` among its allowed origins (contract v5 §2: an
+    /// `OPTIONS` preflight that names no site echoes an origin only then), as of the last full
+    /// load (every `COLLECTOR_SETTINGS_TTL`). Compared as origins are (RFC 6454: scheme, host,
+    /// port). Before any load, `true`: nothing can be judged yet, and the `POST` is checked.
+    pub fn lists_origin(&self, origin: &str) -> bool {
+        if !self.is_loaded() {
+            return true;
+        }
+        let listed = self
+            .inner
+            .listed_origins
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        listed.contains(origin) || normalise_origin(origin).is_some_and(|o| listed.contains(&o))
     }
 
     /// Whether settings have been loaded once (from the store or the snapshot): until then
@@ -532,6 +553,16 @@ impl SiteSettings {
             *now = purged;
             changed
         });
+        let listed: HashSet<String> = sites
+            .iter()
+            .filter(|s| s.enabled && !s.purged)
+            .flat_map(|s| s.allowed_origins.iter().filter_map(|o| normalise_origin(o)))
+            .collect();
+        *self
+            .inner
+            .listed_origins
+            .write()
+            .unwrap_or_else(|e| e.into_inner()) = Arc::new(listed);
         for site in sites {
             let entry = Entry {
                 site: Some(Arc::new(LoadedSite::new(site.clone()))),

@@ -330,6 +330,16 @@ async fn preflights_echo_an_allowed_origin_with_credentials() {
         .header("access-control-allow-headers")
         .to_ascii_lowercase();
     assert!(allowed.contains("content-type"), "{allowed}");
+    // Contract v5 §2: without `?site=`, an origin no site lists gets no CORS answer; one
+    // written otherwise (case, default port) is the listed origin.
+    let unlisted = preflight("https://evil.example").await;
+    assert_eq!(unlisted.status, 403, "{}", unlisted.text());
+    assert!(unlisted
+        .headers
+        .get("access-control-allow-origin")
+        .is_none());
+    let spelled = preflight("HTTPS://Shop.Example:443").await;
+    assert_eq!(spelled.status, 204, "{}", spelled.text());
     // An origin the site allows is accepted with its beacon; no `*` ever.
     let (_, body) = beacon("strict");
     let answer = post(
