@@ -73,10 +73,12 @@ COPY --from=builder /out/collector /usr/local/bin/collector
 COPY LICENSE collector/THIRD-PARTY-LICENSES /usr/share/doc/collector/
 
 # The public listener (beacons, the script, site settings) and the operations listener
-# (/metrics, /readyz with its reason): the latter on the container's network for Prometheus,
-# never published nor forwarded by an edge (contract v4 §4).
+# (/metrics, /readyz with its reason). The latter stays private (contract v4 §4): the image binds
+# it to the container's loopback and does not EXPOSE it; a deployment whose Prometheus scrapes
+# over the container network sets COLLECTOR_ADMIN_LISTEN=0.0.0.0:9464 itself (compose.yaml does,
+# never publishing it), and no edge forwards it.
 ENV COLLECTOR_LISTEN=0.0.0.0:8080 \
-    COLLECTOR_ADMIN_LISTEN=0.0.0.0:9464 \
+    COLLECTOR_ADMIN_LISTEN=127.0.0.1:9464 \
     COLLECTOR_SPOOL_DIR=/var/lib/collector/spool
 
 # The durable spool: measurements answered 202 but not yet confirmed by ClickHouse. It must
@@ -85,7 +87,7 @@ VOLUME ["/var/lib/collector/spool"]
 
 USER 10001:10001
 WORKDIR /var/lib/collector
-EXPOSE 8080 9464
+EXPOSE 8080
 
 # SIGTERM starts the drain: /readyz answers 503 for COLLECTOR_DRAIN_GRACE (5 s), the listener
 # closes, in-flight requests finish (at most 10 s), the writer flushes (at most 10 s) and leaves

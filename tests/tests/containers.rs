@@ -1554,20 +1554,24 @@ fn runtime_problems(fi: &[(String, String)]) -> Vec<String> {
             "no VOLUME for the spool (COLLECTOR_SPOOL_DIR={spool:?}, VOLUME {vols:?})"
         ));
     }
+    // The operations listener is private (issue 52, 5): the image binds it to loopback and
+    // does not EXPOSE it; compose.yaml opens it on its own network for Prometheus.
     for (var, want) in [
         ("COLLECTOR_LISTEN", "0.0.0.0:8080"),
-        ("COLLECTOR_ADMIN_LISTEN", "0.0.0.0:9464"),
+        ("COLLECTOR_ADMIN_LISTEN", "127.0.0.1:9464"),
     ] {
         if env.get(var).map(String::as_str) != Some(want) {
             problems.push(format!("{var}={:?}, want {want}", env.get(var)));
         }
     }
-    if !of("EXPOSE")
-        .iter()
+    let exposed: Vec<&str> = of("EXPOSE")
+        .into_iter()
         .flat_map(|a| a.split_whitespace())
-        .any(|p| p == "8080")
-    {
-        problems.push("EXPOSE 8080 is missing".into());
+        .collect();
+    if exposed != ["8080"] {
+        problems.push(format!(
+            "EXPOSE {exposed:?}, want 8080 only (never the operations listener)"
+        ));
     }
     if !of("COPY")
         .iter()
