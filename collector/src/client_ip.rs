@@ -18,33 +18,7 @@ use std::net::{IpAddr, SocketAddr};
 use axum::http::HeaderMap;
 use ipnet::IpNet;
 
-/// The header a trusted proxy names the client in (`COLLECTOR_CLIENT_IP_HEADER`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum ClientIpHeader {
-    /// `X-Forwarded-For`: the default.
-    #[default]
-    XForwardedFor,
-    /// `Forwarded` (RFC 7239).
-    Forwarded,
-}
-
-impl ClientIpHeader {
-    /// Parses a header name, case-insensitively: `X-Forwarded-For` or `Forwarded`.
-    pub fn parse(name: &str) -> Result<ClientIpHeader, String> {
-        match name.trim().to_ascii_lowercase().as_str() {
-            "x-forwarded-for" => Ok(ClientIpHeader::XForwardedFor),
-            "forwarded" => Ok(ClientIpHeader::Forwarded),
-            _ => Err("must be X-Forwarded-For or Forwarded".into()),
-        }
-    }
-
-    fn name(self) -> &'static str {
-        match self {
-            ClientIpHeader::XForwardedFor => "x-forwarded-for",
-            ClientIpHeader::Forwarded => "forwarded",
-        }
-    }
-}
+pub use crate::config::ClientIpHeader;
 
 /// The prefixes `client` counts under, each with its share: its subscriber's (an IPv4
 /// address; an IPv6 /64, RFC 6177: a home, a site or a phone is given at least a /64) at 1 (of

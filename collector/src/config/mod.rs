@@ -22,7 +22,7 @@ pub use values::cidrs;
 
 pub use args::*;
 use values::Problems;
-pub use values::{is_identifier, Secret, MAX_DURATION};
+pub use values::{is_identifier, ClientIpHeader, Secret, MAX_DURATION};
 
 /// The smallest spool bound accepted: below it the spool holds only a few largest requests
 /// (64 KiB each), and readiness (which keeps a quarter of the bound as headroom) could not
@@ -109,7 +109,7 @@ pub struct IntakeConfig {
     /// Peers whose forwarding header is believed.
     pub trusted_proxies: Vec<IpNet>,
     /// The one header those peers name the client in.
-    pub client_ip_header: crate::client_ip::ClientIpHeader,
+    pub client_ip_header: ClientIpHeader,
     /// The country database, if any.
     pub geo_db: Option<PathBuf>,
     /// Intake requests per second per site and client address (0: off).
@@ -287,11 +287,7 @@ impl IntakeConfig {
                 .check("TRUSTED_PROXIES", &raw.trusted_proxies, proxies)
                 .unwrap_or_default(),
             client_ip_header: p
-                .check(
-                    "CLIENT_IP_HEADER",
-                    header,
-                    crate::client_ip::ClientIpHeader::parse(header),
-                )
+                .check("CLIENT_IP_HEADER", header, ClientIpHeader::parse(header))
                 .unwrap_or_default(),
             geo_db: Some(raw.geo_db.trim())
                 .filter(|p| !p.is_empty())

@@ -11,6 +11,35 @@ use url::Url;
 /// as the dedup window, would overflow timers).
 pub const MAX_DURATION: Duration = Duration::from_secs(7 * 24 * 3600);
 
+/// The header a trusted proxy names the client in (`COLLECTOR_CLIENT_IP_HEADER`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ClientIpHeader {
+    /// `X-Forwarded-For`: the default.
+    #[default]
+    XForwardedFor,
+    /// `Forwarded` (RFC 7239).
+    Forwarded,
+}
+
+impl ClientIpHeader {
+    /// Parses a header name, case-insensitively: `X-Forwarded-For` or `Forwarded`.
+    pub fn parse(name: &str) -> Result<ClientIpHeader, String> {
+        match name.trim().to_ascii_lowercase().as_str() {
+            "x-forwarded-for" => Ok(ClientIpHeader::XForwardedFor),
+            "forwarded" => Ok(ClientIpHeader::Forwarded),
+            _ => Err("must be X-Forwarded-For or Forwarded".into()),
+        }
+    }
+
+    /// The header's name, lower-case, as [`axum::http::HeaderMap`] looks it up.
+    pub fn name(self) -> &'static str {
+        match self {
+            ClientIpHeader::XForwardedFor => "x-forwarded-for",
+            ClientIpHeader::Forwarded => "forwarded",
+        }
+    }
+}
+
 /// Every bad value found so far, each as `COLLECTOR_NAME="value": reason`. A reader that finds
 /// a bad value records it and answers a placeholder, so that the values after it are judged
 /// too and an operator sees them all at once.

@@ -24,22 +24,12 @@ use std::sync::Mutex;
 use serde_json::value::RawValue;
 
 use super::heavy_hitters::{Sketch, TopValues};
+pub use super::heavy_hitters::{MAX_ADMITTED_PER_DAY, MAX_DISTINCT};
 use super::rules::{self, Field};
 use super::Measurement;
 
 /// Longest value stored, in bytes (contract v4 §2).
 pub const MAX_VALUE_BYTES: usize = 64;
-/// Most values a collector keeps at once per site, name and UTC day (contract v4 §2, v5 §2):
-/// those seen most often that day; a value not kept is stored as [`OTHER`], and takes the
-/// place of the least-seen kept one only by being seen strictly more often (see
-/// [`DistinctValues`]).
-pub const MAX_DISTINCT: usize = 100;
-/// Most values let in (kept) per site, name and UTC day, replacements included: ten times
-/// [`MAX_DISTINCT`]. Once reached, the kept values no longer change until the day ends, so
-/// the distinct values a collector stores per site, name and day are at most 1,000 (plus
-/// the rare value whose 64-bit hash equals a kept one's), never unbounded, however many
-/// values are sent and however they churn.
-pub const MAX_ADMITTED_PER_DAY: usize = 10 * MAX_DISTINCT;
 /// What a value not kept is stored as.
 pub const OTHER: &str = "(other)";
 /// Most (site, name) pairs whose values a collector tracks in one UTC day: 1,000 sites with 5

@@ -14,7 +14,17 @@
 
 use std::collections::HashMap;
 
-use super::dimensions::{MAX_ADMITTED_PER_DAY, MAX_DISTINCT};
+/// Most values a collector keeps at once per site, name and UTC day (contract v4 §2, v5 §2):
+/// those seen most often that day; a value not kept is stored as
+/// [`super::dimensions::OTHER`], and takes the place of the least-seen kept one only by being
+/// seen strictly more often (see [`super::dimensions::DistinctValues`]).
+pub const MAX_DISTINCT: usize = 100;
+/// Most values let in (kept) per site, name and UTC day, replacements included: ten times
+/// [`MAX_DISTINCT`]. Once reached, the kept values no longer change until the day ends, so
+/// the distinct values a collector stores per site, name and day are at most 1,000 (plus
+/// the rare value whose 64-bit hash equals a kept one's), never unbounded, however many
+/// values are sent and however they churn.
+pub const MAX_ADMITTED_PER_DAY: usize = 10 * MAX_DISTINCT;
 
 /// Cells per row of the [`Sketch`]: 2^16.
 const SKETCH_WIDTH: usize = 1 << 16;
