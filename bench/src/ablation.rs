@@ -6,10 +6,10 @@
 use std::time::Duration;
 
 use crate::error::{fail, Result};
+use crate::harness::Bench;
 use crate::procs;
 use crate::report::{fmt, verdict};
 use crate::results::{parse_kv, Results};
-use crate::run::Bench;
 use crate::servers::{Collector, Nginx};
 use crate::{note, section};
 

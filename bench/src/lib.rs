@@ -3,8 +3,9 @@
 //!
 //! Layout, in the order a run uses it:
 //! - [`tools`]: what is installed or built first (apt, oha with `-Z` in order, the collector).
-//! - [`run`]: one run's context: the stack (the `stack` crate), nginx and the collector on
-//!   core 0, wrk and oha on core 1, the logs folder; stopped on every way out.
+//! - [`run`]: one run: the stack (the `stack` crate) and the logs folder; stopped on every
+//!   way out. [`harness`]: the run's context the steps measure through: nginx and the
+//!   collector on core 0, wrk and oha on core 1.
 //! - [`steps`]: the measurements (a) to (g) and the profile; [`ablation`]: the spool
 //!   append's share; [`storage`]: the read side (docs/queries.md on v1's and v2's layouts).
 //! - [`servers`] (the collector, nginx, ClickHouse over HTTP), [`load`] (wrk and oha, and
@@ -14,6 +15,7 @@
 
 pub mod ablation;
 pub mod error;
+pub mod harness;
 pub mod load;
 pub mod probes;
 pub mod procs;

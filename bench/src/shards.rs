@@ -13,8 +13,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use crate::error::{fail, Result};
+use crate::harness::Bench;
 use crate::report::fmt;
-use crate::run::Bench;
 use crate::servers::Collector;
 use crate::{note, section};
 

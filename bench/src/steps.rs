@@ -7,9 +7,9 @@ use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use crate::error::{fail, Result};
+use crate::harness::{format_cmd, Bench};
 use crate::load::{self, Wrk};
 use crate::procs;
-use crate::run::{format_cmd, Bench};
 use crate::servers::{Collector, Metrics, Nginx};
 use crate::{note, report, section, Mode};
 
