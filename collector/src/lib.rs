@@ -90,7 +90,7 @@
 //!   a replica that failed inserts, the one call of the settings store's circuit breaker after
 //!   its backoff, the spool's attempt to write again while it is unwritable.
 //! - **circuit breaker**: *closed* lets calls through, *open* lets none through, *half-open*
-//!   lets one trial through ([`settings::store::Breaker`]).
+//!   lets one trial through ([`settings::breaker::Breaker`]).
 //! - **backoff**: the wait after a failure, growing and jittered, always bounded.
 //! - **drain**: what SIGTERM starts: `/readyz` fails for the grace, the listener closes,
 //!   in-flight requests finish, the writer flushes within its deadline ([`app::run`]).

@@ -11,7 +11,7 @@
 //!   expired entry is answered at once from the last known value
 //!   (`collector_settings_stale_served_total`) while one background refresh per site runs.
 //! - **Backoff.** After a failure the store is left alone for `COLLECTOR_SETTINGS_BACKOFF`
-//!   by every path, then tried with one call ([`store::Breaker`]).
+//!   by every path, then tried with one call ([`breaker::Breaker`]).
 //! - **Bounded first fetch.** A never-seen key is fetched once however many requests carry it
 //!   (moka's single-flight `try_get_with`); at most [`FIRST_FETCHES`] first fetches run at once
 //!   and at most [`FIRST_FETCH_RATE`] start per second (governor's GCRA limiter), whatever the
@@ -28,6 +28,8 @@
 //!
 //! The store knows nothing of ClickHouse or HTTP.
 
+pub mod breaker;
+pub mod postgres;
 pub mod snapshot;
 pub mod store;
 
