@@ -354,7 +354,7 @@ impl SpoolReader {
     /// row in the batch, holding `body` as the writer rendered it (the reason and the rows as
     /// JSON), synced. `rows` is how many rows it holds, for
     /// `collector_spool_kept_aside_rows_total`. Returns the file written.
-    pub fn keep_aside(
+    pub fn write_kept_aside(
         &self,
         start: Position,
         first_row: usize,

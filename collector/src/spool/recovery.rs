@@ -76,7 +76,7 @@ pub(super) fn recover_segment(
     let cut = written_end - valid_end;
     let rewrite = skipped > 0 || named.is_none();
     let (len, data) = if rewrite {
-        let aside = keep_aside(dir, n, &data[..written_end]);
+        let aside = copy_damaged_aside(dir, n, &data[..written_end]);
         tracing::error!(segment = %path.display(), skipped_bytes = skipped, kept = %aside, "spool: skipped damaged records; the original is kept aside");
         metrics.spool.damaged_bytes.inc_by((skipped + cut) as u64);
         let out = rewrite_whole(dir, n, version, &data, &frames, cursor, cursor_file)?;
@@ -89,7 +89,7 @@ pub(super) fn recover_segment(
                 .frame_len(&data[valid_end..])
                 .is_some_and(|len| len <= cut);
             if whole {
-                let aside = keep_aside(dir, n, &data[..written_end]);
+                let aside = copy_damaged_aside(dir, n, &data[..written_end]);
                 tracing::error!(segment = %path.display(), cut_bytes = cut, kept = %aside, "spool: cut a damaged tail; the original is kept aside");
             } else {
                 tracing::warn!(segment = %path.display(), cut_bytes = cut, "spool: cut a torn tail");
@@ -239,7 +239,7 @@ fn counted(f: &FrameRef<'_>, layouts: &Layouts) -> (u32, u32) {
 /// Copies a damaged segment's bytes (its prepared zeros left out) to
 /// `kept-aside/damaged-<n>.seg` for inspection, and says where for the log. Best effort: the
 /// copy needs space, and opening a spool on a full disk must not fail for it.
-fn keep_aside(dir: &Path, n: u64, bytes: &[u8]) -> String {
+fn copy_damaged_aside(dir: &Path, n: u64, bytes: &[u8]) -> String {
     let aside = dir.join("kept-aside").join(format!("damaged-{n:020}.seg"));
     match super::files::create_private(&aside).and_then(|mut f| f.write_all(bytes)) {
         Ok(()) => aside.display().to_string(),

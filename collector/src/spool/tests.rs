@@ -922,7 +922,9 @@ async fn kept_aside_rows_are_counted() {
     let metrics = Arc::new(Metrics::new());
     let (_spool, reader) = open(dir.path(), 1 << 20, LAYOUTS, metrics.clone()).unwrap();
     let body = br#"{"reason":"Code: 117","measurements":[]}"#;
-    let path = reader.keep_aside(reader.position(), 7, body, 3).unwrap();
+    let path = reader
+        .write_kept_aside(reader.position(), 7, body, 3)
+        .unwrap();
     assert!(
         path.ends_with("00000000000000000001-000000000008-000007.json"),
         "{path:?}"
@@ -1375,7 +1377,9 @@ async fn the_spools_folders_and_files_are_private() {
         .append(rows(&[m(1)]), Duration::from_secs(5))
         .await
         .unwrap();
-    reader.keep_aside(reader.position(), 0, b"{}", 1).unwrap();
+    reader
+        .write_kept_aside(reader.position(), 0, b"{}", 1)
+        .unwrap();
     let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
     for folder in [
         dir.path(),

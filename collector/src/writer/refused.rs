@@ -42,7 +42,7 @@ impl Writer {
             Err(e) => {
                 tracing::error!(error = %e, "writer: cannot split a refused batch into rows; keeping it aside whole");
                 return self
-                    .keep_aside(batch, 0, 0..batch.body.len(), &reason)
+                    .keep_rows_aside(batch, 0, 0..batch.body.len(), &reason)
                     .await;
             }
         };
@@ -56,7 +56,7 @@ impl Writer {
             // A split costs two inserts: only made while both fit in the budget.
             spent |= hi - lo > 1 && inserts + 2 > budget;
             if hi - lo == 1 || inserts + 2 > budget {
-                self.keep_aside(batch, lo, bounds[lo]..bounds[hi], &reason)
+                self.keep_rows_aside(batch, lo, bounds[lo]..bounds[hi], &reason)
                     .await?;
                 kept += hi - lo;
                 continue;
@@ -95,7 +95,7 @@ impl Writer {
     /// Keeps rows `first_row..` (their bytes `range` of the batch body) aside, as JSON the
     /// operator can read and insert again once the cause is fixed ([`kept_aside_json`]),
     /// retrying a failed write (a full disk) with backoff until the drain deadline.
-    async fn keep_aside(
+    async fn keep_rows_aside(
         &mut self,
         batch: &Batch,
         first_row: usize,
@@ -105,7 +105,10 @@ impl Writer {
         let (body, rows) = kept_aside_json(&batch.body[range], reason);
         let mut attempt = 0;
         loop {
-            match self.reader.keep_aside(batch.start, first_row, &body, rows) {
+            match self
+                .reader
+                .write_kept_aside(batch.start, first_row, &body, rows)
+            {
                 Ok(path) => {
                     tracing::error!(rows, file = %path.display(), %reason, "clickhouse refused rows as bad data; kept aside");
                     self.metrics.spool.kept_aside.inc();
