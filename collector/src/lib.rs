@@ -66,6 +66,12 @@
 //! - **field table**: the one declaration of a measurement's fields ([`measurement::fields`]);
 //!   a **layout** is one of its sections, the columns a release added; rows of an earlier
 //!   layout are upgraded, never misread.
+//! - **purge**: a site's erasure when the shop leaves (GDPR art. 17): `collector sites purge`
+//!   disables the site, marks it purged (`purged_at`), deletes its rows on every server and its
+//!   kept-aside records ([`cli::purge`]), and every collector drops what its spool still holds
+//!   of it ([`settings::PurgedSites`]). Names and comments say "purge" and "purged";
+//!   "erase" is the law's word, in what the command prints, and [`clickhouse::erase`] deletes
+//!   rows (a purged site's, and those past the retention).
 //! - **dedup window**: how long intake remembers an id ([`dedup`]); ClickHouse folds what
 //!   passes it (the insert's deduplication token, then `ReplacingMergeTree`).
 //! - **spool**: the durable log on local disk, in **segments** of **frames**; a frame holds one

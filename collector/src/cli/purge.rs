@@ -1,8 +1,8 @@
-//! `collector sites purge KEY`: erases a site (contract v4 §1, §3; GDPR art. 17 and 28(3)(g)
-//! for a shop that leaves).
+//! `collector sites purge KEY`: purges a site (the word is defined in [`crate`]; contract v4
+//! §1, §3; GDPR art. 17 and 28(3)(g) for a shop that leaves).
 //!
 //! In order, so that nothing of the site is written after its rows are deleted:
-//! 1. the site is disabled and marked erased in the settings store: intake refuses its
+//! 1. the site is disabled and marked purged in the settings store: intake refuses its
 //!    beacons (403), and every collector drops its records still in a spool instead of
 //!    inserting them once it has read the mark (within `COLLECTOR_SETTINGS_TTL`);
 //! 2. the command waits out that TTL from the mark (a second run does not wait again);
@@ -63,7 +63,7 @@ pub async fn run(config: &Config, store: &SettingsStore, key: &str) -> Result<()
     let mut kept = 0;
     // Every spool folder, of a shard configured or not (one an earlier configuration left).
     for (_, dir) in crate::shards::spool_dirs(&config.spool.dir) {
-        kept += erase_kept_aside(&dir.join("kept-aside"), key)
+        kept += purge_kept_aside(&dir.join("kept-aside"), key)
             .map_err(|e| failed(format!("kept-aside records in {}: {e}", dir.display())))?;
     }
     println!("kept-aside: {kept} records of {key} deleted on this host");
@@ -100,7 +100,7 @@ async fn delete_on(
 
 /// Deletes the rows of `site` from the kept-aside files in `dir` (each `{"reason", "measurements":
 /// [...]}`), a file left without rows as a whole; the number of rows deleted.
-fn erase_kept_aside(dir: &Path, site: &str) -> std::io::Result<usize> {
+fn purge_kept_aside(dir: &Path, site: &str) -> std::io::Result<usize> {
     let mut deleted = 0;
     let entries = match std::fs::read_dir(dir) {
         Ok(e) => e,
@@ -159,7 +159,7 @@ mod tests {
         file("a.json", &["gone", "gone"]);
         file("b.json", &["gone", "kept"]);
         file("c.json", &["kept"]);
-        assert_eq!(erase_kept_aside(dir.path(), "gone").unwrap(), 3);
+        assert_eq!(purge_kept_aside(dir.path(), "gone").unwrap(), 3);
         assert!(!dir.path().join("a.json").exists());
         let b: serde_json::Value =
             serde_json::from_slice(&std::fs::read(dir.path().join("b.json")).unwrap()).unwrap();
@@ -167,12 +167,12 @@ mod tests {
         assert_eq!(b["reason"], "r");
         assert!(dir.path().join("c.json").exists());
         assert_eq!(
-            erase_kept_aside(dir.path(), "gone").unwrap(),
+            purge_kept_aside(dir.path(), "gone").unwrap(),
             0,
             "idempotent"
         );
         assert_eq!(
-            erase_kept_aside(&dir.path().join("none"), "gone").unwrap(),
+            purge_kept_aside(&dir.path().join("none"), "gone").unwrap(),
             0
         );
     }

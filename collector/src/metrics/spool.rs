@@ -70,7 +70,7 @@ pub struct SpoolMetrics {
     pub kept_aside: Counter,
     /// `collector_spool_kept_aside_rows_total`: measurements in those files (dead-letter).
     pub kept_aside_rows: Counter,
-    /// `collector_spool_purged_rows_total`: measurements of erased sites (`collector sites
+    /// `collector_spool_purged_rows_total`: measurements of purged sites (`collector sites
     /// purge`) dropped from the spool instead of inserted.
     pub purged_rows: Counter,
     /// `collector_spool_max_bytes`: the spool's bound (`COLLECTOR_SPOOL_MAX_BYTES`), so that

@@ -236,7 +236,7 @@ impl SettingsStore {
                     (&site.shard, Type::TEXT),
                     (&site.trusted_proxies, Type::TEXT_ARRAY),
                 ];
-                // A site saved again is no longer erased: `purged_at` is cleared. Its shard is
+                // A site saved again is no longer purged: `purged_at` is cleared. Its shard is
                 // set when the row is made and never changed here (contract v5 §3).
                 c.query_typed(
                     "INSERT INTO sites (key, allowed_origins, sample_rate, enabled, keep_query, page_groups, dimensions, shard, trusted_proxies)
@@ -255,7 +255,7 @@ impl SettingsStore {
         .await
     }
 
-    /// Marks a site erased: disabled, and `purged_at` set if it was not (every collector then
+    /// Marks a site purged: disabled, and `purged_at` set if it was not (every collector then
     /// drops its records still in a spool). How long ago it was first marked; `Ok(None)` when
     /// there is no such site.
     pub async fn mark_purged(&self, key: &str) -> Result<Option<Duration>, StoreError> {

@@ -74,7 +74,7 @@ pub struct Batch {
     pub rows: u64,
     /// Spooled bytes it covers.
     pub bytes: u64,
-    /// Rows of erased sites dropped from it ([`purge`]); 0 for a batch sent whole.
+    /// Rows of purged sites dropped from it ([`purge`]); 0 for a batch sent whole.
     pub purged: u64,
 }
 
@@ -83,7 +83,7 @@ impl Batch {
     /// every retry of this batch (after a restart too, see [`crate::spool`]'s in-flight
     /// record) and never equal for two different batches, of this spool or any other.
     ///
-    /// A batch whose rows of erased sites were dropped ends in `-p<rows dropped>`: its rows are
+    /// A batch whose rows of purged sites were dropped ends in `-p<rows dropped>`: its rows are
     /// not those of the whole range, so it must never be folded with (nor its pieces with the
     /// pieces of) an earlier attempt that sent the range whole.
     pub fn dedup_token(&self) -> String {
@@ -221,7 +221,7 @@ pub async fn run(
         };
         writer.drop_purged(&mut batch);
         if batch.rows == 0 {
-            // Every row was of an erased site: nothing to insert.
+            // Every row was of a purged site: nothing to insert.
             writer.reader.confirm(batch.end, batch.purged, batch.bytes);
             continue;
         }
@@ -268,7 +268,7 @@ struct Writer {
     reader: SpoolReader,
     replicas: Replicas,
     metrics: Arc<Metrics>,
-    /// The erased sites, whose rows are dropped instead of inserted.
+    /// The purged sites, whose rows are dropped instead of inserted.
     purged: watch::Receiver<PurgedSites>,
     shutdown: watch::Receiver<bool>,
     /// When the drain began, as seen by the current batch.

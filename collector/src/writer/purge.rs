@@ -1,4 +1,4 @@
-//! Rows of erased sites (`collector sites purge`) dropped from a batch instead of inserted:
+//! Rows of purged sites (`collector sites purge`) dropped from a batch instead of inserted:
 //! the purge deletes what ClickHouse holds of a site, and no collector may write more of it
 //! afterwards from what its spool still held.
 
@@ -8,9 +8,9 @@ use super::{Batch, Writer};
 use crate::measurement::{row_bounds, site_of};
 
 impl Writer {
-    /// Drops the rows of the sites erased as of now from `batch` (and counts them in
+    /// Drops the rows of the sites purged as of now from `batch` (and counts them in
     /// `batch.purged`, which changes its token, see [`Batch::dedup_token`]). Finding rows
-    /// decodes them: done only while some site is erased. A body that does not split into
+    /// decodes them: done only while some site is purged. A body that does not split into
     /// rows (a bug) is left whole for the insert to refuse and bisect.
     pub(super) fn drop_purged(&self, batch: &mut Batch) {
         let purged = self.purged.borrow().clone();
