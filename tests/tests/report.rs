@@ -1,11 +1,12 @@
-//! `collector report` (contract v4 §1, issue 40) against real servers: 200 known rows of a shop
+//! `collector report` (contract v4 §1, issue 40) against real servers: 1,000 known rows of a shop
 //! (phones, desktops, tablets and bots, a third sampled at 0.5, metrics left NULL as engines
 //! that cannot measure them leave them, a hostile browser name) written straight into the
 //! `measurements` table of the 18.16 replicas and of the 26.x single server. Per device type the
 //! report must answer what the test works out itself: page views and shares weighted by
 //! `1 / sample_rate` computed here from the rows, and p75s within 2 % of
 //! `quantileExactWeighted` asked of the server independently (and of the same weighted p75
-//! computed here). The HTML page is opened in headless Chromium, which must load nothing, and
+//! computed here). A metric measured by fewer than 100 rows in a group (contract v5 §1: the
+//! tablets' LCP, INP and TTFB here) must read "not enough data": no p75, no shares. The HTML page is opened in headless Chromium, which must load nothing, and
 //! its screenshot saved to `target/report-screenshot.png`.
 
 use collector_tests::common;
@@ -55,13 +56,13 @@ impl Lcg {
     }
 }
 
-/// The 200 rows within the last 7 days: 40 % phones, 30 % desktops, 10 % tablets, 10 %
+/// The 1,000 rows within the last 7 days: 40 % phones, 30 % desktops, 10 % tablets, 10 %
 /// unknown devices, 10 % bots; every third row sampled at 0.5; INP missing on a fifth, LCP on
 /// a seventh, TTFB on an eleventh, CLS on every tablet (an engine that cannot measure it) and
 /// on a quarter of the rest.
 fn rows() -> Vec<Row> {
     let mut rng = Lcg(40);
-    (0..200)
+    (0..1000)
         .map(|i| {
             let device = match i % 10 {
                 0..=3 => "mobile",
@@ -355,14 +356,22 @@ fn check_report(report: &Value, want: &Want, server: &ServerP75s) {
             );
             let p75 = as_number(field(f, "p75"));
             let shares = ["good", "needs_improvement", "poor"].map(|s| as_number(field(f, s)));
+            let enough = x.measured >= 100;
+            assert_eq!(field(f, "enough_data"), &json!(enough), "{device} {name}");
             if x.measured == 0 {
+                assert_eq!(*weighted, None, "{device} {name}: not measured");
+            }
+            if !enough {
                 assert_eq!(
-                    (p75, *weighted),
-                    (None, None),
-                    "{device} {name}: not measured"
+                    p75, None,
+                    "{device} {name}: {} measured, not enough",
+                    x.measured
                 );
                 assert_eq!(shares, [None; 3], "{device} {name}");
-                println!("{device:8} {name:4} not measured: p75 and shares null");
+                println!(
+                    "{device:8} {name:4} {} measured: not enough data, p75 and shares null",
+                    x.measured
+                );
                 continue;
             }
             let p75 = p75.unwrap_or_else(|| panic!("{device} {name}: no p75 in {f}"));

@@ -1092,7 +1092,8 @@ async fn report_and_a_fleet_query_agree_with_the_sites_shard() {
     add_sites(&env, &s, &[("rep.a", "shard1"), ("rep.b", "shard2")]);
     let c = Collector::start_with_env(settings(&env, &s, &[]), env.diag.clone()).await;
     let mut log = Vec::new();
-    for i in 0..30 {
+    // 120: a report shows a metric's figures from 100 page views on (contract v5 §1).
+    for i in 0..120 {
         log.push(post(&c.url, "rep.b", Some(400.0 + 97.0 * i as f64)).await);
     }
     for i in 0..10 {
@@ -1125,7 +1126,7 @@ async fn report_and_a_fleet_query_agree_with_the_sites_shard() {
     );
     let (rpv, rp75) = report_figures(&r);
     assert!(
-        (rpv - pv).abs() < 1e-9 && pv == 30.0,
+        (rpv - pv).abs() < 1e-9 && pv == 120.0,
         "page views: report {rpv}, shard2 {pv}"
     );
     assert_eq!(rp75, p75, "LCP p75: report, shard2");
@@ -1141,7 +1142,7 @@ async fn report_and_a_fleet_query_agree_with_the_sites_shard() {
     let all = env_query(&shards[0].1[0], &fleet("measurements_all")).await;
     let own = env_query(shard2, &fleet("measurements")).await;
     println!("through measurements_all on shard1: {all:?}; shard2 alone: {own:?}");
-    assert_eq!(as_i64(col(&all[0], "n")), Some(30));
+    assert_eq!(as_i64(col(&all[0], "n")), Some(120));
     assert_eq!(
         as_number(col(&all[0], "p75")),
         as_number(col(&own[0], "p75"))

@@ -85,7 +85,8 @@ pub fn render(report: &Report) -> String {
         "<footer>Thresholds: web.dev, https://web.dev/articles/vitals (LCP, INP, CLS) and \
          https://web.dev/articles/fcp, https://web.dev/articles/ttfb. A value is good at or \
          below the first threshold and poor above the second. p75: the 75th percentile of the \
-         page views that measured the metric.</footer>\n</body>\n</html>\n",
+         page views that measured the metric; a metric measured by fewer than 100 page views \
+         shows no figures (not enough data).</footer>\n</body>\n</html>\n",
     );
     page
 }
@@ -146,10 +147,11 @@ fn metric_row(f: &MetricFigures, y: f64) -> String {
         let _ = writeln!(
             out,
             "<rect x=\"{BAR_X}\" y=\"{:.1}\" width=\"{BAR_W}\" height=\"{BAR_H}\" fill=\"#f1f3f4\"/>\
-             <text x=\"{:.1}\" y=\"{:.1}\" fill=\"#5f6368\">not measured</text>",
+             <text x=\"{:.1}\" y=\"{:.1}\" fill=\"#5f6368\">{}</text>",
             y + 2.0,
             BAR_X + 8.0,
-            y + 16.0
+            y + 16.0,
+            f.missing().unwrap_or("not measured")
         );
         return out;
     };
@@ -260,9 +262,11 @@ mod tests {
         for attr in ["src=", "href=", "url(", "@import", "<link", "<img"] {
             assert!(!page.contains(attr), "{attr} in {page}");
         }
-        assert_eq!(page.matches("<svg ").count(), 2);
+        assert_eq!(page.matches("<svg ").count(), 3);
         assert!(page.contains(">p75 3,250 ms</text>"), "{page}");
         assert!(page.contains(">not measured</text>"), "{page}");
+        // The group of 3 page views: no number, five times (contract v5 §1).
+        assert_eq!(page.matches(">not enough data</text>").count(), 5, "{page}");
         assert!(page.contains("&gt; 4,000 ms</text>"), "{page}");
     }
 

@@ -167,6 +167,12 @@ impl GroupBy {
     }
 }
 
+/// The fewest page views (stored rows, whatever their weight: a weight adds no information) a
+/// metric must be measured by in a group for its figures to be shown (contract v5 §1): below
+/// it, "not enough data", never a number. A p75 of two page views once raised a "critical" LCP
+/// alarm of 31 s against PageSpeed Insights' 1 s (adobe/spacecat #2935).
+pub const MIN_MEASURED: u64 = 100;
+
 /// One metric's figures in one group; page views are weighted by `1 / sample_rate`.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct MetricFigures {
@@ -176,7 +182,11 @@ pub struct MetricFigures {
     pub measured: u64,
     /// The page views those stand for.
     pub measured_page_views: f64,
-    /// The 75th percentile (weighted, exact); `None` when nothing was measured.
+    /// Whether `measured` reaches [`MIN_MEASURED`]: without it, the p75, the rating and the
+    /// shares are `None` ("not enough data").
+    pub enough_data: bool,
+    /// The 75th percentile (weighted, exact); `None` when nothing was measured, or not
+    /// enough.
     pub p75: Option<f64>,
     /// How the p75 rates.
     pub rating: Option<Rating>,
@@ -199,12 +209,15 @@ impl MetricFigures {
         good_views: f64,
         poor_views: f64,
     ) -> MetricFigures {
-        let share = |v: f64| (measured > 0 && measured_views > 0.0).then(|| v / measured_views);
+        let enough_data = measured >= MIN_MEASURED;
+        let share = |v: f64| (enough_data && measured_views > 0.0).then(|| v / measured_views);
         let (good, poor) = (share(good_views), share(poor_views));
+        let p75 = p75.filter(|_| enough_data);
         MetricFigures {
             metric,
             measured,
             measured_page_views: measured_views,
+            enough_data,
             p75,
             rating: p75.map(|v| metric.rate(v)),
             good,
@@ -213,9 +226,19 @@ impl MetricFigures {
         }
     }
 
-    /// The three shares, good first, when anything was measured.
+    /// The three shares, good first, when enough was measured.
     pub fn shares(&self) -> Option<[f64; 3]> {
         Some([self.good?, self.needs_improvement?, self.poor?])
+    }
+
+    /// What stands in for the figures when they are not shown: "not measured" (no page view
+    /// measured it) or "not enough data" (fewer than [`MIN_MEASURED`]); `None` when shown.
+    pub fn missing(&self) -> Option<&'static str> {
+        match (self.enough_data, self.measured) {
+            (true, _) => None,
+            (false, 0) => Some("not measured"),
+            (false, _) => Some("not enough data"),
+        }
     }
 }
 
@@ -315,12 +338,24 @@ mod tests {
 
     #[test]
     fn shares_are_of_the_measured_page_views_and_absent_without_any() {
-        let f = MetricFigures::new(Metric::Lcp, 3, 4.0, Some(3000.0), 2.0, 1.0);
+        let f = MetricFigures::new(Metric::Lcp, 100, 400.0, Some(3000.0), 200.0, 100.0);
         assert_eq!(f.shares(), Some([0.5, 0.25, 0.25]));
         assert_eq!(f.rating, Some(Rating::NeedsImprovement));
+        assert_eq!(f.missing(), None);
         let none = MetricFigures::new(Metric::Cls, 0, 0.0, None, 0.0, 0.0);
         assert_eq!(none.shares(), None);
         assert_eq!(none.rating, None);
+        assert_eq!(none.missing(), Some("not measured"));
+    }
+
+    /// Contract v5 §1: 99 page views (their weight aside) are not enough; no number is shown.
+    #[test]
+    fn fewer_than_a_hundred_page_views_are_not_enough_data() {
+        let f = MetricFigures::new(Metric::Lcp, 99, 9900.0, Some(31000.0), 0.0, 9900.0);
+        assert!(!f.enough_data);
+        assert_eq!((f.p75, f.rating, f.shares()), (None, None, None));
+        assert_eq!(f.missing(), Some("not enough data"));
+        assert_eq!(f.measured, 99, "what it rests on is still said");
     }
 
     #[test]

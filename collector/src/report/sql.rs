@@ -271,18 +271,23 @@ mod tests {
     fn a_row_becomes_figures_and_a_short_array_is_an_error() {
         let row = Row {
             grp: "mobile".into(),
-            measurements: 4,
-            page_views: 6.0,
-            measured: vec![4, 3, 0, 4, 4],
-            measured_page_views: vec![6.0, 4.0, 0.0, 6.0, 6.0],
+            measurements: 400,
+            page_views: 600.0,
+            measured: vec![400, 300, 0, 400, 99],
+            measured_page_views: vec![600.0, 400.0, 0.0, 600.0, 150.0],
             p75: vec![Some(3000.0), Some(100.0), None, Some(900.0), Some(100.0)],
-            good_page_views: vec![3.0, 4.0, 0.0, 6.0, 6.0],
-            poor_page_views: vec![1.5, 0.0, 0.0, 0.0, 0.0],
+            good_page_views: vec![300.0, 400.0, 0.0, 600.0, 150.0],
+            poor_page_views: vec![150.0, 0.0, 0.0, 0.0, 0.0],
         };
         let f = row.clone().figures().unwrap();
         assert_eq!(f.metrics[0].shares(), Some([0.5, 0.25, 0.25]));
         assert_eq!(f.metrics[2].shares(), None);
         assert_eq!(f.metrics[2].p75, None);
+        assert_eq!(
+            f.metrics[4].missing(),
+            Some("not enough data"),
+            "99 measured"
+        );
         let short = Row {
             p75: vec![None],
             ..row

@@ -55,7 +55,7 @@ fn heading(report: &Report) -> String {
         "Site {}: the last {} ({} to {} UTC), by {}\n\
          Page views weighted by 1 / sample_rate; bots left out. p75: the 75th percentile. \
          Shares of the page views that measured the metric; measured: the measurements they \
-         rest on.\n\
+         rest on (under 100: not enough data, no figures).\n\
          Thresholds (web.dev): LCP 2,500/4,000 ms, INP 200/500 ms, CLS 0.1/0.25, \
          FCP 1,800/3,000 ms, TTFB 800/1,800 ms.\n",
         report.site,
@@ -78,7 +78,10 @@ fn metric_rows(group: &super::GroupFigures) -> Vec<[String; 7]> {
             [
                 f.metric.name().to_owned(),
                 f.p75.map_or_else(dash, |v| f.metric.format(v)),
-                f.rating.map_or("not measured", |r| r.label()).to_owned(),
+                f.missing()
+                    .or(f.rating.map(|r| r.label()))
+                    .unwrap_or("-")
+                    .to_owned(),
                 good,
                 ni,
                 poor,
@@ -112,20 +115,22 @@ pub(crate) mod tests {
     use super::*;
     use crate::report::{GroupBy, GroupFigures, Metric, MetricFigures};
 
-    /// A report of two groups, one with a hostile browser name and one metric not measured.
+    /// A report of three groups: one with a hostile browser name, one with a metric not
+    /// measured, one of 3 page views (not enough data).
     pub(crate) fn sample() -> Report {
         let group = |name: &str, views: f64| GroupFigures {
             group: name.into(),
-            measurements: 3,
+            measurements: if name == "small" { 3 } else { 150 },
             page_views: views,
             metrics: Metric::ALL
                 .iter()
                 .map(|&m| {
-                    if m == Metric::Cls && name.is_empty() {
-                        MetricFigures::new(m, 0, 0.0, None, 0.0, 0.0)
-                    } else {
-                        let (good, poor) = m.thresholds();
-                        MetricFigures::new(m, 3, 4.0, Some((good + poor) / 2.0), 2.0, 1.0)
+                    let (good, poor) = m.thresholds();
+                    let mid = Some((good + poor) / 2.0);
+                    match name {
+                        "" if m == Metric::Cls => MetricFigures::new(m, 0, 0.0, None, 0.0, 0.0),
+                        "small" => MetricFigures::new(m, 3, 4.0, mid, 2.0, 1.0),
+                        _ => MetricFigures::new(m, 150, 200.0, mid, 100.0, 50.0),
                     }
                 })
                 .collect(),
@@ -137,7 +142,11 @@ pub(crate) mod tests {
             from: "2026-11-26 12:00:00".into(),
             to: "2026-12-03 12:00:00".into(),
             server: "http://127.0.0.1:8123".into(),
-            groups: vec![group("<script>alert(1)</script>", 1234.0), group("", 4.0)],
+            groups: vec![
+                group("<script>alert(1)</script>", 1234.0),
+                group("", 200.0),
+                group("small", 4.0),
+            ],
         }
     }
 
@@ -146,19 +155,24 @@ pub(crate) mod tests {
         let text = render(&sample());
         assert!(text.starts_with("Site shop: the last 7 days"), "{text}");
         assert!(
-            text.contains("\n<script>alert(1)</script>: 1,234 page views (3 measurements)\n"),
+            text.contains("\n<script>alert(1)</script>: 1,234 page views (150 measurements)\n"),
             "{text}"
         );
-        assert!(text.contains("\n(unknown): 4 page views"), "{text}");
+        assert!(text.contains("\n(unknown): 200 page views"), "{text}");
         let lcp: Vec<&str> = text.lines().filter(|l| l.contains("LCP")).collect();
         assert_eq!(
             lcp.len(),
-            3,
+            4,
             "the thresholds line and a row per group: {text}"
         );
         assert_eq!(
             lcp[1],
-            "   LCP     3,250 ms  needs improvement   50%                25%   25%         3"
+            "   LCP     3,250 ms  needs improvement   50%                25%   25%       150"
+        );
+        // 3 page views: no number but what they are (contract v5 §1).
+        assert_eq!(
+            lcp[3],
+            "   LCP            -  not enough data       -                  -     -         3"
         );
         let cls = text
             .lines()
