@@ -66,16 +66,18 @@ pub fn validate<'a>(item: Item<'a>, ctx: &Context<'a>) -> Result<Valid<'a>, Reje
 }
 
 /// The user agent as stored (contract §2): the `User-Agent` header's bytes as UTF-8, an invalid
-/// byte replaced by U+FFFD, cut at [`MAX_USER_AGENT_BYTES`] on a character boundary; empty
-/// without the header.
+/// byte replaced by U+FFFD, with e-mail addresses and tokens masked but not its numbers (v5,
+/// [`crate::measurement::minimise::mask_agent`]), cut at [`MAX_USER_AGENT_BYTES`] on a
+/// character boundary; empty without the header.
 pub fn user_agent(header: Option<&[u8]>) -> String {
     let Some(bytes) = header else {
         return String::new();
     };
-    // Cut the bytes first so that a huge header is not decoded whole; the lossy form can
-    // only be longer, so it is cut again.
-    let head = &bytes[..bytes.len().min(MAX_USER_AGENT_BYTES)];
-    truncate(&String::from_utf8_lossy(head), MAX_USER_AGENT_BYTES).to_owned()
+    // Masked before it is cut, so that no part of an address or a token is left at the cut.
+    // The server bounds a request's headers (16 KiB), and masking is linear.
+    let text = String::from_utf8_lossy(bytes);
+    let masked = crate::measurement::minimise::mask_agent(&text);
+    truncate(&masked, MAX_USER_AGENT_BYTES).to_owned()
 }
 
 #[cfg(test)]

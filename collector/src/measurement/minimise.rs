@@ -1,20 +1,29 @@
-//! What is kept of a URL (contract v4 §2, §5): minimised before anything reaches disk.
+//! What is kept of a URL (contract v5 §2, §5): minimised before anything reaches disk.
 //!
 //! - A page `url`: scheme, host, port and path, and of the query only the parameters the site
 //!   keeps (`--keep-query`: names, or prefixes ending in `*`; default `utm_*`), in their
-//!   order; a query left empty is dropped with its `?`.
+//!   order, never one named as a secret ([`kept`], v5); a query left empty is dropped with its
+//!   `?`.
 //! - A `referrer`: from another site (its host is neither the page's host nor the host of one
 //!   of the site's origins), its origin only; from the same site, minimised as `url`.
 //! - A resource URL (`lcp_url`, `inp_script_url`): scheme, host, port and path.
-//! - In every path and kept value, matched on its percent-decoded text ([`mask`]): an e-mail
-//!   address, a run of 13 or more digits (card, phone, customer numbers), a UUID, and a run of
-//!   20 or more letters and digits that mixes both (reset and session tokens, signed ids) are
-//!   each replaced by `*`.
+//! - In every path segment and kept value, matched on its percent-decoded text (decoded until
+//!   it no longer changes, at most [`DECODINGS`] rounds; still encoded after that, masked
+//!   whole): an e-mail address (its `+tag` included, in a query value also when the `+` reads
+//!   as a space), a number of [`DIGIT_RUN`] or more digits (also when single spaces, dots,
+//!   dashes or parentheses break it, with an optional leading `+`: cards, phones, IBANs,
+//!   customer numbers), a UUID, a run of [`TOKEN_RUN`] or more letters and digits that mixes
+//!   both, and a token in the base64url alphabet ([`B64_RUN`]) are each replaced by `*`
+//!   ([`mask`]).
+//! - The user agent: e-mail addresses, UUIDs and tokens masked, numbers not ([`mask_agent`]).
 //!
 //! Why: what anchors such as Plausible and Cloudflare Web Analytics do (no query strings, "to
 //! avoid collecting potentially sensitive data"), and what shops' URLs hold (a reset token in
 //! a query, an e-mail in an avatar's file name, a session id in a path; aws-rum-web PR #26,
 //! wellcomecollection PR #8131). The input is a URL already normalised by the `url` rule.
+//!
+//! Every rule is a regular expression of the `regex` crate (no backtracking) or one pass over
+//! the bytes, so masking stays linear in the text's length.
 
 use std::borrow::Cow;
 use std::sync::LazyLock;
@@ -25,10 +34,22 @@ use url::Url;
 
 /// What [`mask`] writes in place of what it hides.
 pub const MASK: &str = "*";
-/// A run of digits this long or longer is masked (card, phone and customer numbers).
-pub const DIGIT_RUN: usize = 13;
-/// A run of letters and digits mixing both this long or longer is masked (tokens).
+/// A number of this many digits or more is masked (card, phone, account and customer
+/// numbers; v5): also when single spaces, dots, dashes or parentheses break it
+/// (`4111-1111-1111-1111`, `+49 170 1234567`, `(030) 1234-5678`), with an optional leading
+/// `+`; a `/` never joins two numbers (`/2026/12/06/42` stays). Not in the user agent.
+pub const DIGIT_RUN: usize = 10;
+/// A run of ASCII letters and digits mixing both this long or longer is masked (tokens).
 pub const TOKEN_RUN: usize = 20;
+/// A run of the base64url alphabet (letters, digits, `-`, `_`, `.`, `~`) this long or longer
+/// is masked when upper-case letters, lower-case letters and digits each occur at least twice
+/// in it and, inside one piece (between two of `-`, `_`, `.`, `~`), an upper-case letter
+/// follows a lower-case letter or a digit (v5: magic links, JWTs; `Nike-Air-Max-90-Black`
+/// stays).
+pub const B64_RUN: usize = 16;
+/// How many rounds a text is percent-decoded at most (`%2540` is `@` encoded twice); a text
+/// that would still change on one more round is masked whole (v5).
+pub const DECODINGS: usize = 3;
 
 /// The characters a URL path has percent-encoded besides non-ASCII ones: the WHATWG URL
 /// Standard's path percent-encode set (<https://url.spec.whatwg.org/#path-percent-encode-set>),
@@ -48,127 +69,478 @@ pub(crate) const PATH: &AsciiSet = &CONTROLS
 /// written back: [`PATH`], and `/`, `%`.
 const SEGMENT: &AsciiSet = &PATH.add(b'/').add(b'%');
 
-/// E-mail addresses, UUIDs, and runs of 13 or more letters and digits (judged in
-/// [`mask_run`]). An address's parts are any characters but separators, so that non-ASCII
-/// ones (`andré@müller.de`, RFC 6531) and a decoding's U+FFFD are found as well.
-static HIDDEN: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(
-        r#"(?x)
-        [^\s@/\\?\#&=<>"',;:()\[\]]+ @ [^\s@/\\?\#&=<>"',;:()\[\].%]+ (?:\.[^\s@/\\?\#&=<>"',;:()\[\].%]+)+
-      | [0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}
-      | [A-Za-z0-9]{13,}"#,
-    )
-    .expect("a valid pattern")
+/// UUIDs, in either case.
+static UUID: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}")
+        .expect("a valid pattern")
 });
 
-/// `text` with every e-mail address, UUID, run of [`DIGIT_RUN`] or more digits and run of
-/// [`TOKEN_RUN`] or more letters and digits mixing both replaced by [`MASK`]; borrowed when
-/// nothing was found.
+/// Which rules a text is masked by.
+#[derive(Clone, Copy)]
+struct Rules {
+    /// A space may stand for a `+tag`'s `+` in an e-mail address (a query value).
+    spaced: bool,
+    /// Numbers of [`DIGIT_RUN`] or more digits are masked (not in the user agent).
+    numbers: bool,
+}
+
+/// A URL path segment's, a selector's or a free text's rules.
+const PATH_RULES: Rules = Rules {
+    spaced: false,
+    numbers: true,
+};
+/// A kept query value's rules.
+const VALUE_RULES: Rules = Rules {
+    spaced: true,
+    numbers: true,
+};
+/// The user agent's rules.
+const AGENT_RULES: Rules = Rules {
+    spaced: false,
+    numbers: false,
+};
+
+/// `text` with every e-mail address, UUID, number of [`DIGIT_RUN`] or more digits, run of
+/// [`TOKEN_RUN`] or more letters and digits mixing both and base64url token ([`B64_RUN`])
+/// replaced by [`MASK`]; borrowed when nothing was found. `text` is taken as it is (see
+/// [`mask_text`] for a text that may be percent-encoded).
 pub fn mask(text: &str) -> Cow<'_, str> {
-    if !may_hide(text) {
+    mask_with(text, PATH_RULES)
+}
+
+/// The user agent as stored (contract v5 §2): as [`mask`] but its numbers are not masked, so
+/// that version numbers (`Chrome/131.0.6778.135`) stay; borrowed when nothing was found.
+pub fn mask_agent(text: &str) -> Cow<'_, str> {
+    mask_with(text, AGENT_RULES)
+}
+
+/// `text` masked by `rules`, one rule after the other, each one pass (or, for UUIDs, a
+/// regular expression without backtracking): e-mail addresses first (a token or a number
+/// inside one goes with it), then UUIDs, tokens and numbers.
+fn mask_with(text: &str, rules: Rules) -> Cow<'_, str> {
+    if !may_hide(text, rules) {
         return Cow::Borrowed(text);
     }
-    HIDDEN.replace_all(text, |c: &regex::Captures<'_>| mask_run(&c[0]))
+    let mut out = Cow::Borrowed(text);
+    if let Some(masked) = mask_emails(text, rules.spaced) {
+        out = Cow::Owned(masked);
+    }
+    if may_hold_uuid(&out) {
+        let found = match UUID.replace_all(&out, MASK) {
+            Cow::Owned(masked) => Some(masked),
+            Cow::Borrowed(_) => None,
+        };
+        if let Some(masked) = found {
+            out = Cow::Owned(masked);
+        }
+    }
+    if let Some(masked) = mask_tokens(&out) {
+        out = Cow::Owned(masked);
+    }
+    if rules.numbers {
+        if let Some(masked) = mask_numbers(&out) {
+            out = Cow::Owned(masked);
+        }
+    }
+    out
 }
-
-/// How many times [`mask_text`] percent-decodes a text (`%2540` is `@` encoded twice).
-pub const DECODINGS: usize = 3;
 
 /// Free text as stored (a dimension's value, a `Server-Timing` name or description): as
-/// [`mask`], and matched on its percent-decoded text too, decoded up to [`DECODINGS`] times, so
-/// that `jane%40example.com` and `jane%2540example.com` are found as an address is in a URL.
-/// Where the most decoded text reveals something to hide, it is stored masked; where only a
-/// less decoded one does, [`MASK`] is stored whole; else the text as sent, masked as [`mask`]
-/// does (borrowed when nothing was found).
+/// [`mask`], on its percent-decoded text (decoded until it no longer changes, at most
+/// [`DECODINGS`] rounds), so that `jane%40example.com` and `jane%2540example.com` are found
+/// as an address is in a URL. See [`mask_decoded`] for what is stored; borrowed when nothing
+/// was found.
 pub fn mask_text(text: &str) -> Cow<'_, str> {
-    let mut levels: Vec<String> = Vec::new();
-    let mut current: Cow<'_, str> = Cow::Borrowed(text);
-    for _ in 0..DECODINGS {
-        if !current.contains('%') {
-            break;
-        }
-        let decoded = percent_decode_str(&current)
-            .decode_utf8_lossy()
-            .into_owned();
-        if decoded == current {
-            break;
-        }
-        levels.push(decoded.clone());
-        current = Cow::Owned(decoded);
+    match mask_decoded(text, DECODINGS, PATH_RULES, true) {
+        Some(masked) => Cow::Owned(masked),
+        None => Cow::Borrowed(text),
     }
-    if let Some(deepest) = levels.last() {
-        if let Cow::Owned(hidden) = mask(deepest) {
-            return Cow::Owned(hidden);
-        }
-        // Found only half decoded (rare: decoding further broke it up): the whole text goes.
-        if levels.iter().any(|l| matches!(mask(l), Cow::Owned(_))) {
-            return Cow::Borrowed(MASK);
-        }
-    }
-    mask(text)
 }
 
-/// Whether `text` may hold something [`mask`] hides: an `@`, a run of 13 letters and digits
-/// (which the digit and token cases need), or a run of 36 hexadecimal digits and dashes (a
-/// UUID's length). A cheap scan that spares most URLs the pattern.
-fn may_hide(text: &str) -> bool {
-    let (mut run, mut hex) = (0, 0);
-    for b in text.bytes() {
-        if b == b'@' {
-            return true;
+/// One round of percent-decoding of `text`, `None` when it would not change it.
+fn decode_once(text: &str) -> Option<String> {
+    if !text.contains('%') {
+        return None;
+    }
+    let decoded = percent_decode_str(text).decode_utf8_lossy();
+    (decoded != text).then(|| decoded.into_owned())
+}
+
+/// `text` (percent-encoded or not) masked by `rules` on its text decoded `rounds` times at
+/// most: `None` when nothing is to be hidden; else what is stored: [`MASK`] whole when the
+/// text is still percent-encoded after `rounds` rounds, or when only a less decoded form
+/// reveals something to hide (decoding further broke it up; `text` itself counts only with
+/// `given`: a path segment's URL encoding is not text); else the most decoded text, masked.
+fn mask_decoded(text: &str, rounds: usize, rules: Rules, given: bool) -> Option<String> {
+    let mut levels: Vec<String> = Vec::new();
+    for _ in 0..rounds {
+        let current = levels.last().map_or(text, String::as_str);
+        match decode_once(current) {
+            Some(decoded) => levels.push(decoded),
+            None => break,
         }
-        run = if b.is_ascii_alphanumeric() {
+    }
+    let Some((deepest, shallower)) = levels.split_last() else {
+        return match mask_with(text, rules) {
+            Cow::Owned(masked) => Some(masked),
+            Cow::Borrowed(_) => None,
+        };
+    };
+    if decode_once(deepest).is_some() {
+        return Some(MASK.to_owned());
+    }
+    if let Cow::Owned(masked) = mask_with(deepest, rules) {
+        return Some(masked);
+    }
+    let given = given.then_some(text);
+    if given
+        .into_iter()
+        .chain(shallower.iter().map(String::as_str))
+        .any(|l| matches!(mask_with(l, rules), Cow::Owned(_)))
+    {
+        return Some(MASK.to_owned());
+    }
+    None
+}
+
+/// Whether `c` may be part of an e-mail address's local part: any character but whitespace and
+/// separators, so that a `+tag`, non-ASCII ones (`andré@müller.de`, RFC 6531) and a
+/// decoding's U+FFFD are found as well.
+fn is_local(c: char) -> bool {
+    !c.is_whitespace()
+        && !matches!(
+            c,
+            '@' | '/'
+                | '\\'
+                | '?'
+                | '#'
+                | '&'
+                | '='
+                | '<'
+                | '>'
+                | '"'
+                | '\''
+                | ','
+                | ';'
+                | ':'
+                | '('
+                | ')'
+                | '['
+                | ']'
+        )
+}
+
+/// Whether `c` may be part of a label of an e-mail address's domain: as [`is_local`], but
+/// neither `.` nor `%`.
+fn is_label(c: char) -> bool {
+    is_local(c) && c != '.' && c != '%'
+}
+
+/// The length in bytes of the run of characters for which `class` holds at the end of `text`.
+fn run_before(text: &str, class: fn(char) -> bool) -> usize {
+    text.chars()
+        .rev()
+        .take_while(|&c| class(c))
+        .map(char::len_utf8)
+        .sum()
+}
+
+/// The length in bytes of the run of characters for which `class` holds at the start of
+/// `text`.
+fn run_after(text: &str, class: fn(char) -> bool) -> usize {
+    text.chars()
+        .take_while(|&c| class(c))
+        .map(char::len_utf8)
+        .sum()
+}
+
+/// `text` with every e-mail address replaced by [`MASK`]; `None` when there is none. An
+/// address: a local part (characters of [`is_local`]; with `spaced`, one space may join two
+/// runs of them: a `+tag` whose `+` was read as a space), `@`, and two or more labels
+/// ([`is_label`]) joined by dots. One pass from `@` to `@`: a local part never reaches back
+/// over an `@`, nor a domain forward over one.
+fn mask_emails(text: &str, spaced: bool) -> Option<String> {
+    let mut out: Option<String> = None;
+    let mut copied = 0;
+    let mut from = 0;
+    while let Some(found) = text[from..].find('@') {
+        let at = from + found;
+        from = at + 1;
+        let local = run_before(&text[copied..at], is_local);
+        if local == 0 {
+            continue;
+        }
+        let mut start = at - local;
+        if spaced && text[copied..start].ends_with(' ') {
+            let tag = run_before(&text[copied..start - 1], is_local);
+            if tag > 0 {
+                start -= 1 + tag;
+            }
+        }
+        let domain = &text[at + 1..];
+        let mut end = run_after(domain, is_label);
+        let mut labels = usize::from(end > 0);
+        while labels > 0 {
+            let Some(next) = domain[end..].strip_prefix('.') else {
+                break;
+            };
+            let label = run_after(next, is_label);
+            if label == 0 {
+                break;
+            }
+            end += 1 + label;
+            labels += 1;
+        }
+        if labels < 2 {
+            continue;
+        }
+        let end = at + 1 + end;
+        let o = out.get_or_insert_with(|| String::with_capacity(text.len()));
+        o.push_str(&text[copied..start]);
+        o.push_str(MASK);
+        copied = end;
+        from = end;
+    }
+    out.map(|mut o| {
+        o.push_str(&text[copied..]);
+        o
+    })
+}
+
+/// Whether `text` has a run of 36 hexadecimal digits and dashes (a UUID's length).
+fn may_hold_uuid(text: &str) -> bool {
+    let mut run = 0;
+    text.bytes().any(|b| {
+        run = if b.is_ascii_hexdigit() || b == b'-' {
             run + 1
         } else {
             0
         };
-        hex = if b.is_ascii_hexdigit() || b == b'-' {
-            hex + 1
-        } else {
-            0
-        };
-        if run >= DIGIT_RUN || hex >= 36 {
+        run >= 36
+    })
+}
+
+/// Whether a byte belongs to the base64url alphabet (with `.` and `~`, as in JWTs and
+/// URL-safe tokens).
+fn is_b64(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~')
+}
+
+/// Whether `text` may hold something [`mask_with`] hides under `rules`: an `@`, a run of
+/// [`B64_RUN`] base64url characters (which a UUID, a token and a run of [`TOKEN_RUN`] need),
+/// or [`DIGIT_RUN`] digits in all. A cheap scan that spares most texts the rules.
+fn may_hide(text: &str, rules: Rules) -> bool {
+    let (mut run, mut digits) = (0, 0);
+    for b in text.bytes() {
+        if b == b'@' {
+            return true;
+        }
+        run = if is_b64(b) { run + 1 } else { 0 };
+        if b.is_ascii_digit() {
+            digits += 1;
+        }
+        if run >= B64_RUN || (rules.numbers && digits >= DIGIT_RUN) {
             return true;
         }
     }
     false
 }
 
-/// What one match of [`HIDDEN`] becomes: an e-mail address or a UUID is masked; a run of
-/// letters and digits is masked when it is all digits or a token, else only its digit runs of
-/// [`DIGIT_RUN`] or more are.
-fn mask_run(found: &str) -> String {
-    if found.contains('@') || found.contains('-') {
-        return MASK.to_owned();
+/// Whether a run of the base64url alphabet is a token (see [`B64_RUN`]).
+fn is_b64_token(run: &[u8]) -> bool {
+    if run.len() < B64_RUN {
+        return false;
     }
-    let digits = found.bytes().filter(u8::is_ascii_digit).count();
-    let letters = found.len() - digits;
-    if letters == 0 || (found.len() >= TOKEN_RUN && digits > 0) {
-        return MASK.to_owned();
-    }
-    let mut out = String::with_capacity(found.len());
-    let mut rest = found;
-    while !rest.is_empty() {
-        let run = rest.bytes().take_while(u8::is_ascii_digit).count();
-        if run >= DIGIT_RUN {
-            out.push_str(MASK);
-        } else {
-            out.push_str(&rest[..run]);
+    let (mut upper, mut lower, mut digit, mut camel) = (0, 0, 0, false);
+    let mut previous = b'-';
+    for &b in run {
+        if b.is_ascii_uppercase() {
+            upper += 1;
+            camel |= previous.is_ascii_lowercase() || previous.is_ascii_digit();
+        } else if b.is_ascii_lowercase() {
+            lower += 1;
+        } else if b.is_ascii_digit() {
+            digit += 1;
         }
-        rest = &rest[run..];
-        let other = rest.bytes().take_while(|b| !b.is_ascii_digit()).count();
-        out.push_str(&rest[..other]);
-        rest = &rest[other..];
+        previous = b;
     }
-    out
+    camel && upper >= 2 && lower >= 2 && digit >= 2
 }
 
-/// Whether a query parameter `name` is one of `keep` (a name, or a prefix ending in `*`).
+/// `text` with every base64url token ([`B64_RUN`]) and every run of [`TOKEN_RUN`] or more
+/// ASCII letters and digits that mixes both replaced by [`MASK`]; `None` when there is none.
+/// One pass: each maximal run of the base64url alphabet is judged whole (a part of a run is a
+/// token only if the run is), then its runs of letters and digits.
+fn mask_tokens(text: &str) -> Option<String> {
+    let b = text.as_bytes();
+    let mut out: Option<String> = None;
+    let mut copied = 0;
+    let hide = |out: &mut Option<String>, from: usize, to: usize, copied: &mut usize| {
+        let o = out.get_or_insert_with(|| String::with_capacity(text.len()));
+        o.push_str(&text[*copied..from]);
+        o.push_str(MASK);
+        *copied = to;
+    };
+    let mut i = 0;
+    while i < b.len() {
+        if !is_b64(b[i]) {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        while i < b.len() && is_b64(b[i]) {
+            i += 1;
+        }
+        if i - start < B64_RUN {
+            continue;
+        }
+        if is_b64_token(&b[start..i]) {
+            hide(&mut out, start, i, &mut copied);
+            continue;
+        }
+        let mut j = start;
+        while j < i {
+            if !b[j].is_ascii_alphanumeric() {
+                j += 1;
+                continue;
+            }
+            let from = j;
+            let (mut letters, mut digits) = (false, false);
+            while j < i && b[j].is_ascii_alphanumeric() {
+                letters |= b[j].is_ascii_alphabetic();
+                digits |= b[j].is_ascii_digit();
+                j += 1;
+            }
+            if j - from >= TOKEN_RUN && letters && digits {
+                hide(&mut out, from, j, &mut copied);
+            }
+        }
+    }
+    out.map(|mut o| {
+        o.push_str(&text[copied..]);
+        o
+    })
+}
+
+/// `text` with every number of [`DIGIT_RUN`] or more digits replaced by [`MASK`]; `None` when
+/// there is none. A number: an optional `+`, an optional `(`, then groups of digits joined by
+/// an optional `)`, an optional single space, dot or dash and an optional `(` (at least one of
+/// them); a `)` closing an opened `(` after the last group is part of it. One pass: a number
+/// is read to its end before the next one is looked for.
+fn mask_numbers(text: &str) -> Option<String> {
+    let b = text.as_bytes();
+    let n = b.len();
+    let mut out: Option<String> = None;
+    let mut copied = 0;
+    let mut i = 0;
+    while i < n {
+        let start = i;
+        let mut j = i;
+        if b[j] == b'+' {
+            j += 1;
+        }
+        let mut open = 0i32;
+        if j < n && b[j] == b'(' {
+            j += 1;
+            open = 1;
+        }
+        if j >= n || !b[j].is_ascii_digit() {
+            i += 1;
+            continue;
+        }
+        let mut digits = 0;
+        let mut end;
+        loop {
+            while j < n && b[j].is_ascii_digit() {
+                digits += 1;
+                j += 1;
+            }
+            end = j;
+            let mut k = j;
+            let (mut closed, mut opened) = (0, 0);
+            if k < n && b[k] == b')' {
+                k += 1;
+                closed = 1;
+            }
+            if k < n && matches!(b[k], b' ' | b'.' | b'-') {
+                k += 1;
+            }
+            if k < n && b[k] == b'(' {
+                k += 1;
+                opened = 1;
+            }
+            if k > j && k < n && b[k].is_ascii_digit() {
+                open += opened - closed;
+                j = k;
+            } else {
+                break;
+            }
+        }
+        if open > 0 && end < n && b[end] == b')' {
+            end += 1;
+        }
+        if digits >= DIGIT_RUN {
+            let o = out.get_or_insert_with(|| String::with_capacity(n));
+            o.push_str(&text[copied..start]);
+            o.push_str(MASK);
+            copied = end;
+        }
+        i = end;
+    }
+    out.map(|mut o| {
+        o.push_str(&text[copied..]);
+        o
+    })
+}
+
+/// The query parameters never kept, whatever pattern asks for them (v5), compared
+/// case-insensitively; so is a name ending in `token` or `_key`.
+pub const NEVER_KEPT: [&str; 16] = [
+    "token",
+    "email",
+    "e-mail",
+    "mail",
+    "password",
+    "pass",
+    "pwd",
+    "secret",
+    "session",
+    "sessionid",
+    "sid",
+    "sig",
+    "signature",
+    "auth",
+    "code",
+    "key",
+];
+
+/// Whether a query parameter `name` names a secret ([`NEVER_KEPT`]), on each of its
+/// percent-decodings too (at most [`DECODINGS`] rounds).
+fn never_kept(name: &str) -> bool {
+    let secret = |n: &str| {
+        let n = n.to_lowercase();
+        NEVER_KEPT.contains(&n.as_str()) || n.ends_with("token") || n.ends_with("_key")
+    };
+    let mut current = Cow::Borrowed(name);
+    for _ in 0..DECODINGS {
+        if secret(&current) {
+            return true;
+        }
+        match decode_once(&current) {
+            Some(decoded) => current = Cow::Owned(decoded),
+            None => return false,
+        }
+    }
+    secret(&current)
+}
+
+/// Whether a query parameter `name` is one of `keep` (a name, or a prefix ending in `*`) and
+/// does not name a secret ([`NEVER_KEPT`]).
 pub fn kept(name: &str, keep: &[String]) -> bool {
     keep.iter().any(|k| match k.strip_suffix('*') {
         Some(prefix) => name.starts_with(prefix),
         None => name == k,
-    })
+    }) && !never_kept(name)
 }
 
 /// A page URL as stored: scheme, host, port, the masked path, and the kept query parameters
@@ -181,7 +553,11 @@ pub fn page_url(url: &str, keep: &[String]) -> Option<String> {
         let mut out = url::form_urlencoded::Serializer::new(String::new());
         for (name, value) in url::form_urlencoded::parse(q.as_bytes()) {
             if kept(&name, keep) {
-                out.append_pair(&name, &mask(&value));
+                // Parsing the query decoded it once (reading `+` as a space).
+                match mask_decoded(&value, DECODINGS - 1, VALUE_RULES, true) {
+                    Some(masked) => out.append_pair(&name, &masked),
+                    None => out.append_pair(&name, &value),
+                };
             }
         }
         out.finish()
@@ -243,185 +619,31 @@ fn origin_host(origin: &str) -> &str {
     }
 }
 
-/// Masks each path segment of `u` on its percent-decoded text; a segment left as it was keeps
-/// its original encoding.
+/// Masks each path segment of `u` on its percent-decoded text ([`mask_decoded`]); a segment
+/// left as it was keeps its original encoding.
 fn mask_path(u: &mut Url) {
     let path = u.path();
-    if !may_hide(&percent_decode_str(path).decode_utf8_lossy()) {
+    if !path.contains('%') && !may_hide(path, PATH_RULES) {
         return;
     }
+    let mut changed = false;
     let masked: Vec<Cow<'_, str>> = path
         .split('/')
-        .map(|segment| {
-            let text = percent_decode_str(segment).decode_utf8_lossy();
-            match mask(&text) {
-                Cow::Borrowed(_) => Cow::Borrowed(segment),
-                Cow::Owned(m) => Cow::Owned(utf8_percent_encode(&m, SEGMENT).to_string()),
-            }
-        })
+        .map(
+            |segment| match mask_decoded(segment, DECODINGS, PATH_RULES, false) {
+                None => Cow::Borrowed(segment),
+                Some(m) => {
+                    changed = true;
+                    Cow::Owned(utf8_percent_encode(&m, SEGMENT).to_string())
+                }
+            },
+        )
         .collect();
-    let path = masked.join("/");
-    u.set_path(&path);
+    if changed {
+        let path = masked.join("/");
+        u.set_path(&path);
+    }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn keep(names: &[&str]) -> Vec<String> {
-        names.iter().map(|s| s.to_string()).collect()
-    }
-
-    /// The issue's reset-password beacon (issue 36): what is stored of it.
-    #[test]
-    fn a_reset_password_page_keeps_nothing_personal() {
-        let utm = keep(&["utm_*"]);
-        assert_eq!(
-            page_url(
-                "https://shop.example/account/reset-password?token=RESETTOKEN123&email=alice%40example.com&order_id=100234&utm_source=mail",
-                &utm
-            )
-            .unwrap(),
-            "https://shop.example/account/reset-password?utm_source=mail"
-        );
-        let same = |h: &str| h == "shop.example";
-        assert_eq!(
-            referrer(
-                "https://shop.example/checkout/confirm?order=100234&sessionid=SESS999&email=alice@example.com",
-                Some("shop.example"),
-                same,
-                &utm
-            )
-            .unwrap(),
-            "https://shop.example/checkout/confirm"
-        );
-        assert_eq!(
-            resource_url(
-                "https://cdn.shop.example/avatars/alice@example.com.jpg?sig=SIGNEDURLSECRET"
-            )
-            .unwrap(),
-            "https://cdn.shop.example/avatars/*"
-        );
-    }
-
-    #[test]
-    fn a_referrer_from_another_site_is_its_origin() {
-        let none = |_: &str| false;
-        assert_eq!(
-            referrer(
-                "https://www.search.example:8443/q?x=alice",
-                Some("shop.example"),
-                none,
-                &[]
-            )
-            .unwrap(),
-            "https://www.search.example:8443"
-        );
-        assert_eq!(
-            referrer(
-                "https://shop.example/p/1?utm_medium=x&q=1",
-                Some("shop.example"),
-                none,
-                &keep(&["utm_*"])
-            )
-            .unwrap(),
-            "https://shop.example/p/1?utm_medium=x"
-        );
-        let origins = |h: &str| h == "www.shop.example";
-        assert_eq!(
-            referrer(
-                "https://www.shop.example/cart",
-                Some("shop.example"),
-                origins,
-                &[]
-            )
-            .unwrap(),
-            "https://www.shop.example/cart",
-            "a host of the site's origins is the same site"
-        );
-    }
-
-    #[test]
-    fn origin_hosts() {
-        assert_eq!(origin_host("https://shop.example"), "shop.example");
-        assert_eq!(origin_host("http://shop.example:8080"), "shop.example");
-        assert_eq!(origin_host("http://[::1]:8080"), "[::1]");
-    }
-
-    #[test]
-    fn kept_parameters_keep_their_order_and_names_or_prefixes() {
-        let k = keep(&["q", "utm_*", "page"]);
-        assert_eq!(
-            page_url("https://a.example/s?x=1&page=2&q=shoes&utm_a=b&qq=3", &k).unwrap(),
-            "https://a.example/s?page=2&q=shoes&utm_a=b"
-        );
-        assert_eq!(
-            page_url("https://a.example/s?x=1", &k).unwrap(),
-            "https://a.example/s"
-        );
-        assert_eq!(
-            page_url("https://a.example/s?", &k).unwrap(),
-            "https://a.example/s"
-        );
-        assert_eq!(
-            page_url("https://a.example/s?q=alice%40example.com", &k).unwrap(),
-            "https://a.example/s?q=*"
-        );
-    }
-
-    #[test]
-    fn what_is_masked_and_what_is_not() {
-        for (text, stored) in [
-            ("alice@example.com", "*"),
-            ("mail-bob.smith+x@sub.example.co.uk/done", "*/done"),
-            ("4111111111111111", "*"),
-            ("1234567890123", "*"),
-            ("123456789012", "123456789012"),
-            ("order-100234", "order-100234"),
-            ("550e8400-e29b-41d4-a716-446655440000", "*"),
-            ("eyJhbGciOiJIUzI1NiJ9x", "*"),
-            ("aB3dE5gH7jK9mN1pQ3sT", "*"),
-            ("trail-runner-2", "trail-runner-2"),
-            ("abcdefghijklmnopqrstuvwxyz", "abcdefghijklmnopqrstuvwxyz"),
-            ("sku1234567890123", "sku*"),
-            ("jsessionid=A1B2C3D4E5F6G7H8I9J0", "jsessionid=*"),
-        ] {
-            assert_eq!(mask(text), stored, "{text}");
-        }
-        assert!(matches!(mask("/products/shoes"), Cow::Borrowed(_)));
-    }
-
-    #[test]
-    fn free_text_is_masked_on_every_decoding() {
-        for (text, stored) in [
-            ("jane%40example.com", "*"),
-            ("jane%2540example.com", "*"),
-            ("andr%C3%A9%40example.com", "*"),
-            ("andré@müller.de", "*"),
-            ("jane%C0%40example.com", "*"),
-            ("jan%C3%A9@example.com%204111111111111111", "* *"),
-            ("50%25%20off", "50%25%20off"),
-            ("plain text", "plain text"),
-            ("mailto:jane@example.com", "mailto:*"),
-        ] {
-            assert_eq!(mask_text(text), stored, "{text}");
-        }
-        assert!(matches!(mask_text("50%25%20off"), Cow::Borrowed(_)));
-    }
-
-    #[test]
-    fn paths_are_masked_on_their_decoded_text_and_keep_their_encoding_otherwise() {
-        assert_eq!(
-            resource_url("https://a.example/u/alice%40example.com/caf%C3%A9?x=1").unwrap(),
-            "https://a.example/u/*/caf%C3%A9"
-        );
-        assert_eq!(
-            page_url("https://a.example/orders/4111111111111111/items", &[]).unwrap(),
-            "https://a.example/orders/*/items"
-        );
-        assert_eq!(
-            page_url("https://a.example/;jsessionid=A1B2C3D4E5F6G7H8I9J0", &[]).unwrap(),
-            "https://a.example/;jsessionid=*"
-        );
-    }
-}
+mod tests;

@@ -1,0 +1,483 @@
+//! The masking rules (contract v4, v5 §2).
+
+use super::*;
+
+fn keep(names: &[&str]) -> Vec<String> {
+    names.iter().map(|s| s.to_string()).collect()
+}
+
+/// The issue's reset-password beacon (issue 36): what is stored of it.
+#[test]
+fn a_reset_password_page_keeps_nothing_personal() {
+    let utm = keep(&["utm_*"]);
+    assert_eq!(
+        page_url(
+            "https://shop.example/account/reset-password?token=RESETTOKEN123&email=alice%40example.com&order_id=100234&utm_source=mail",
+            &utm
+        )
+        .unwrap(),
+        "https://shop.example/account/reset-password?utm_source=mail"
+    );
+    let same = |h: &str| h == "shop.example";
+    assert_eq!(
+        referrer(
+            "https://shop.example/checkout/confirm?order=100234&sessionid=SESS999&email=alice@example.com",
+            Some("shop.example"),
+            same,
+            &utm
+        )
+        .unwrap(),
+        "https://shop.example/checkout/confirm"
+    );
+    assert_eq!(
+        resource_url("https://cdn.shop.example/avatars/alice@example.com.jpg?sig=SIGNEDURLSECRET")
+            .unwrap(),
+        "https://cdn.shop.example/avatars/*"
+    );
+}
+
+#[test]
+fn a_referrer_from_another_site_is_its_origin() {
+    let none = |_: &str| false;
+    assert_eq!(
+        referrer(
+            "https://www.search.example:8443/q?x=alice",
+            Some("shop.example"),
+            none,
+            &[]
+        )
+        .unwrap(),
+        "https://www.search.example:8443"
+    );
+    assert_eq!(
+        referrer(
+            "https://shop.example/p/1?utm_medium=x&q=1",
+            Some("shop.example"),
+            none,
+            &keep(&["utm_*"])
+        )
+        .unwrap(),
+        "https://shop.example/p/1?utm_medium=x"
+    );
+    let origins = |h: &str| h == "www.shop.example";
+    assert_eq!(
+        referrer(
+            "https://www.shop.example/cart",
+            Some("shop.example"),
+            origins,
+            &[]
+        )
+        .unwrap(),
+        "https://www.shop.example/cart",
+        "a host of the site's origins is the same site"
+    );
+}
+
+#[test]
+fn origin_hosts() {
+    assert_eq!(origin_host("https://shop.example"), "shop.example");
+    assert_eq!(origin_host("http://shop.example:8080"), "shop.example");
+    assert_eq!(origin_host("http://[::1]:8080"), "[::1]");
+}
+
+#[test]
+fn kept_parameters_keep_their_order_and_names_or_prefixes() {
+    let k = keep(&["q", "utm_*", "page"]);
+    assert_eq!(
+        page_url("https://a.example/s?x=1&page=2&q=shoes&utm_a=b&qq=3", &k).unwrap(),
+        "https://a.example/s?page=2&q=shoes&utm_a=b"
+    );
+    assert_eq!(
+        page_url("https://a.example/s?x=1", &k).unwrap(),
+        "https://a.example/s"
+    );
+    assert_eq!(
+        page_url("https://a.example/s?", &k).unwrap(),
+        "https://a.example/s"
+    );
+    assert_eq!(
+        page_url("https://a.example/s?q=alice%40example.com", &k).unwrap(),
+        "https://a.example/s?q=*"
+    );
+}
+
+#[test]
+fn what_is_masked_and_what_is_not() {
+    for (text, stored) in [
+        ("alice@example.com", "*"),
+        ("mail-bob.smith+x@sub.example.co.uk/done", "*/done"),
+        ("4111111111111111", "*"),
+        ("1234567890123", "*"),
+        ("123456789", "123456789"),
+        ("123456789012", "*"),
+        ("order-100234", "order-100234"),
+        ("550e8400-e29b-41d4-a716-446655440000", "*"),
+        ("eyJhbGciOiJIUzI1NiJ9x", "*"),
+        ("aB3dE5gH7jK9mN1pQ3sT", "*"),
+        ("trail-runner-2", "trail-runner-2"),
+        ("abcdefghijklmnopqrstuvwxyz", "abcdefghijklmnopqrstuvwxyz"),
+        ("sku1234567890123", "sku*"),
+        ("jsessionid=A1B2C3D4E5F6G7H8I9J0", "jsessionid=*"),
+    ] {
+        assert_eq!(mask(text), stored, "{text}");
+    }
+    assert!(matches!(mask("/products/shoes"), Cow::Borrowed(_)));
+}
+
+#[test]
+fn free_text_is_masked_on_every_decoding() {
+    for (text, stored) in [
+        ("jane%40example.com", "*"),
+        ("jane%2540example.com", "*"),
+        ("andr%C3%A9%40example.com", "*"),
+        ("andré@müller.de", "*"),
+        ("jane%C0%40example.com", "*"),
+        ("jan%C3%A9@example.com%204111111111111111", "* *"),
+        ("50%25%20off", "50%25%20off"),
+        ("plain text", "plain text"),
+        ("mailto:jane@example.com", "mailto:*"),
+    ] {
+        assert_eq!(mask_text(text), stored, "{text}");
+    }
+    assert!(matches!(mask_text("50%25%20off"), Cow::Borrowed(_)));
+}
+
+#[test]
+fn paths_are_masked_on_their_decoded_text_and_keep_their_encoding_otherwise() {
+    assert_eq!(
+        resource_url("https://a.example/u/alice%40example.com/caf%C3%A9?x=1").unwrap(),
+        "https://a.example/u/*/caf%C3%A9"
+    );
+    assert_eq!(
+        page_url("https://a.example/orders/4111111111111111/items", &[]).unwrap(),
+        "https://a.example/orders/*/items"
+    );
+    assert_eq!(
+        page_url("https://a.example/;jsessionid=A1B2C3D4E5F6G7H8I9J0", &[]).unwrap(),
+        "https://a.example/;jsessionid=*"
+    );
+}
+
+/// A page URL with the default `utm_*` kept.
+fn page(url: &str) -> String {
+    page_url(url, &keep(&["utm_*"])).unwrap()
+}
+
+/// Contract v5 §2: what is masked, in a path segment (or a selector, a free text).
+#[test]
+fn v5_masked_in_a_path() {
+    for (text, stored) in [
+        // Numbers broken by single spaces, dots, dashes or parentheses.
+        ("4111-1111-1111-1111", "*"),
+        ("4111 1111 1111 1111", "*"),
+        ("card-4111.1111.1111.1111-x", "card-*-x"),
+        ("+49 170 1234567", "*"),
+        ("call +49 (0) 170 1234567 now", "call * now"),
+        ("(030) 1234-5678", "*"),
+        ("(0301234567)", "*"),
+        ("DE89 3704 0044 0532 0130 00", "DE*"),
+        ("1234567890", "*"),
+        ("order1234567890", "order*"),
+        // Base64url tokens.
+        ("Ab3dE5_f9Gh2J-kL2mN0pQ7rS", "*"),
+        (
+            "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",
+            "*",
+        ),
+        ("login~Xk9_Qw3-Lm7pZ2vB8nR4tY", "*"),
+        ("magic=Xk9_Qw3-Lm7pZ2vB8nR4tY&x", "magic=*&x"),
+        // E-mail addresses, `+tag` included.
+        ("jane.doe+shop@example.com", "*"),
+        ("u:jane+shop@example.com.jpg", "u:*"),
+        // More than the contract requires (docs/privacy.md says so).
+        ("shoes-Ab3dE5f9Gh2JkL2m", "*"),
+        ("iPhone15ProMax-256GB", "*"),
+    ] {
+        assert_eq!(mask(text), stored, "{text}");
+    }
+}
+
+/// Contract v5 §2: what stays (nothing to hide), borrowed.
+#[test]
+fn v5_survivors_in_a_path() {
+    for text in [
+        "summer-sale-2026-collection",
+        "Nike-Air-Max-90-Black",
+        "mens-running-shoes",
+        "2026-12-06",
+        "2026.12.06",
+        "2026-12-06T10-30",
+        "SKU-12345",
+        "AB-1234-XL",
+        "v2.3.1",
+        "iphone-15-pro-max-256gb",
+        "size 42 (EU)",
+        "123456789",
+        "1-800-555",
+        "~user.name_with-dots~",
+        "--------------------------------__________________..............~~~~~~~~~~",
+        "ABCDEFGHIJKLMNOPQRSTUVWXYZ-abcdefghijklmnopqrstuvwxyz",
+    ] {
+        assert!(
+            matches!(mask(text), Cow::Borrowed(_)),
+            "{text}: {}",
+            mask(text)
+        );
+    }
+}
+
+#[test]
+fn v5_urls_masked() {
+    for (url, stored) in [
+        (
+            "https://shop.example/login/magic/Xk9_Qw3-Lm7pZ2vB8nR4tY",
+            "https://shop.example/login/magic/*",
+        ),
+        (
+            "https://shop.example/orders/4111-1111-1111-1111/items",
+            "https://shop.example/orders/*/items",
+        ),
+        (
+            "https://shop.example/call/+49%20170%201234567",
+            "https://shop.example/call/*",
+        ),
+        (
+            "https://shop.example/u/jane%2540example.com/avatar",
+            "https://shop.example/u/*/avatar",
+        ),
+        (
+            "https://shop.example/u/jane%252Bshop%252540example.com",
+            "https://shop.example/u/*",
+        ),
+        (
+            "https://shop.example/u/jane%2Bshop%40example.com",
+            "https://shop.example/u/*",
+        ),
+        // Still percent-encoded after three rounds: masked whole.
+        (
+            "https://shop.example/a/%2525252540/b",
+            "https://shop.example/a/*/b",
+        ),
+        (
+            "https://shop.example/p?utm_source=jane+shop@example.com",
+            "https://shop.example/p?utm_source=*",
+        ),
+        (
+            "https://shop.example/p?utm_source=jane%2Bshop%40example.com",
+            "https://shop.example/p?utm_source=*",
+        ),
+        (
+            "https://shop.example/p?utm_source=jane%252Bshop%2540example.com",
+            "https://shop.example/p?utm_source=*",
+        ),
+        (
+            "https://shop.example/p?utm_source=newsletter+jane+shop@example.com",
+            "https://shop.example/p?utm_source=newsletter+*",
+        ),
+        (
+            "https://shop.example/p?utm_content=%2B49+170+1234567",
+            "https://shop.example/p?utm_content=*",
+        ),
+        (
+            "https://shop.example/p?utm_content=%25252525",
+            "https://shop.example/p?utm_content=*",
+        ),
+        (
+            "https://shop.example/p?utm_term=eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",
+            "https://shop.example/p?utm_term=*",
+        ),
+    ] {
+        assert_eq!(page(url), stored, "{url}");
+    }
+}
+
+#[test]
+fn v5_urls_that_stay() {
+    for url in [
+        "https://shop.example/blog/2026/12/06/42",
+        "https://shop.example/sale/summer-sale-2026-collection",
+        "https://shop.example/p/Nike-Air-Max-90-Black",
+        "https://shop.example/p/SKU-12345",
+        "https://shop.example/p/AB-1234-XL",
+        "https://shop.example/docs/v2.3.1/intro",
+        "https://shop.example/events/2026-12-06",
+        "https://shop.example/events/2026.12.06",
+        "https://shop.example/s/50%25%20off",
+        "https://shop.example/caf%C3%A9/cr%C3%A8me-br%C3%BBl%C3%A9e",
+        "https://shop.example/p?utm_source=newsletter&utm_campaign=summer-sale-2026",
+        "https://shop.example/p?utm_content=50%25+off",
+    ] {
+        assert_eq!(page(url), url, "{url}");
+    }
+}
+
+/// v5: a secret's name is never kept, whatever pattern asked for it.
+#[test]
+fn v5_secret_parameters_are_never_kept() {
+    let all = keep(&["*"]);
+    for name in NEVER_KEPT.iter().map(|n| n.to_string()).chain(
+        [
+            "TOKEN",
+            "Email",
+            "E-Mail",
+            "SessionID",
+            "access_token",
+            "resetToken",
+            "api_key",
+            "API_KEY",
+            "tok%65n",
+        ]
+        .map(String::from),
+    ) {
+        let url = format!("https://a.example/p?{name}=x&utm_a=b");
+        assert_eq!(
+            page_url(&url, &all).unwrap(),
+            "https://a.example/p?utm_a=b",
+            "{name}"
+        );
+        assert!(!kept(&name, &keep(&[name.as_str()])), "{name}");
+    }
+    for name in [
+        "keyword",
+        "q",
+        "passage",
+        "codec",
+        "monkey",
+        "utm_source",
+        "sidebar",
+    ] {
+        assert!(kept(name, &all), "{name}");
+    }
+}
+
+/// v5: the user agent is masked for e-mail addresses and tokens, not for its numbers.
+#[test]
+fn v5_user_agent() {
+    for ua in [
+        "Mozilla/5.0 (Linux; Android 14; Pixel 8) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/131.0.6778.135 Mobile Safari/537.36",
+        "Mozilla/5.0 (iPhone; CPU iPhone OS 17_1_2 like Mac OS X) AppleWebKit/605.1.15 (KHTML, like Gecko) Mobile/15E148 [FBAN/FBIOS;FBAV/440.0.0.25.109;FBBV/551297546;FBDV/iPhone14,5;FBMD/iPhone;FBSN/iOS;FBSV/17.1.2;FBSS/3;FBID/phone;FBLC/en_US;FBOP/5;FBRV/553066044]",
+        "Mozilla/5.0 (Windows NT 10.0; Win64; x64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/131.0.0.0 Safari/537.36 Edg/131.0.2903.86",
+        "Mozilla/5.0 (Linux; Android 13; SM-S918B Build/TP1A.220624.014; wv) AppleWebKit/537.36 (KHTML, like Gecko) Version/4.0 Chrome/131.0.6778.135 Mobile Safari/537.36 Instagram 309.1.0.41.113 Android (33/13; 420dpi; 1080x2220; samsung; SM-A515F; a51; exynos9611; en_US; 541635890)",
+        "Mozilla/5.0 (X11; Linux x86_64; rv:125.0) Gecko/20100101 Firefox/125.0",
+        "curl/8.5.0",
+    ] {
+        assert!(matches!(mask_agent(ua), Cow::Borrowed(_)), "{ua}: {}", mask_agent(ua));
+    }
+    assert_eq!(
+        mask_agent(
+            "Mozilla/5.0 (iPhone) Mobile/15E148 [FBAN/FBIOS; email=jane.doe+shop@example.com]"
+        ),
+        "Mozilla/5.0 (iPhone) Mobile/15E148 [FBAN/FBIOS; email=*]"
+    );
+    assert_eq!(
+        mask_agent("MyApp/2.3.1 (session Ab3dE5_f9Gh2J-kL2mN0pQ7rS; build 4111111111111111)"),
+        "MyApp/2.3.1 (session *; build 4111111111111111)"
+    );
+    assert_eq!(
+        mask_agent("App/1.0 device/550e8400-e29b-41d4-a716-446655440000"),
+        "App/1.0 device/*"
+    );
+    assert_eq!(
+        crate::beacon::user_agent(Some(b"App/1.0 (jane@example.com)")),
+        "App/1.0 (*)"
+    );
+}
+
+/// Contract v5 §2: masking stays linear. Pathological 2 KiB paths and values cost under a
+/// millisecond each (a stated tolerance: 10 to 100 times what they take on an idle core, in a
+/// debug build).
+#[test]
+fn v5_masking_stays_linear() {
+    let fill = |unit: &str| unit.repeat(2048 / unit.len());
+    let inputs = [
+        fill("a1-"),
+        fill("1 "),
+        fill("1-"),
+        fill("(1) "),
+        fill("+1 "),
+        fill("%25"),
+        fill("-_.~"),
+        fill("aB3-"),
+        fill("Ab"),
+        fill("a@"),
+        fill("a@b."),
+        fill("a.b@"),
+        fill("a+b "),
+        fill("0123456789abcdef-"),
+        format!("{}@", "a".repeat(2047)),
+        format!("{}x", "%2525".repeat(400)),
+    ];
+    let rounds: u32 = 100;
+    let mean = |f: &dyn Fn(&str)| {
+        let started = std::time::Instant::now();
+        for _ in 0..rounds {
+            for input in &inputs {
+                f(input);
+            }
+        }
+        started.elapsed() / (rounds * inputs.len() as u32)
+    };
+    let path = mean(&|i| {
+        std::hint::black_box(page(&format!("https://shop.example/{i}")));
+    });
+    let value = mean(&|i| {
+        std::hint::black_box(page(&format!("https://shop.example/p?utm_x={i}")));
+    });
+    let text = mean(&|i| {
+        std::hint::black_box(mask_text(i));
+    });
+    let agent = mean(&|i| {
+        std::hint::black_box(mask_agent(i));
+    });
+    eprintln!(
+        "pathological 2 KiB, mean of {} inputs x {rounds}: path {path:?}, kept value {value:?}, \
+         free text {text:?}, user agent {agent:?}",
+        inputs.len()
+    );
+    for (what, mean) in [
+        ("path", path),
+        ("value", value),
+        ("text", text),
+        ("agent", agent),
+    ] {
+        assert!(
+            mean < std::time::Duration::from_millis(1),
+            "{what}: {mean:?}"
+        );
+    }
+}
+
+/// Masking never panics and never grows a text without bound, whatever it is given: random
+/// texts from an alphabet of the characters the rules look at and multi-byte ones beside them
+/// (a byte index into the middle of `é` or `𝄞` would panic), as a path, a kept query value,
+/// free text and a user agent.
+#[test]
+fn masking_takes_any_text_without_panicking() {
+    const ALPHABET: &[&str] = &[
+        "a", "Z", "7", "0", "@", "%", "2", "5", "B", "+", " ", "-", "_", ".", "~", "(", ")", "/",
+        "?", "&", "=", "é", "ß", "𝄞", "中", "%C3", "%A9", "%2B", "%40", "\u{200b}",
+    ];
+    let mut state = 0x2545_f491_4f6c_dd1d_u64;
+    let mut next = |n: usize| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state % n as u64) as usize
+    };
+    for _ in 0..20_000 {
+        let len = next(60);
+        let text: String = (0..len).map(|_| ALPHABET[next(ALPHABET.len())]).collect();
+        let masked = mask_text(&text);
+        assert!(
+            masked.len() <= text.len().max(1) * 3 + 3,
+            "{text:?} -> {masked:?}"
+        );
+        let _ = mask_agent(&text);
+        let _ = page_url(&format!("https://shop.example/{text}"), &keep(&["utm_*"]));
+        let _ = page_url(
+            &format!("https://shop.example/p?utm_source={text}&x=1"),
+            &keep(&["utm_*"]),
+        );
+        let _ = resource_url(&format!("https://cdn.example/{text}"));
+    }
+}
