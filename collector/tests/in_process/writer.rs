@@ -496,7 +496,11 @@ async fn after_a_refusal_storm_every_acknowledged_row_is_stored_once() {
         }),
         "{log:?}"
     );
-    wait_until("the replica healthy", Duration::from_secs(2), || async {
+    // Healthy once its probes pass (the rows may have gone in by the rotation before them):
+    // PASSES_TO_HEALTHY probe intervals and one more under way, with 2 s for a busy machine
+    // (2 s alone failed twice beside builds).
+    let healthy = PROBE_INTERVAL * (PASSES_TO_HEALTHY + 1) + Duration::from_secs(2);
+    wait_until("the replica healthy", healthy, || async {
         state(&app, &ch).await == 2.0
     })
     .await;
