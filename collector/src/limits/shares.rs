@@ -98,7 +98,13 @@ impl ClientShares {
         for (row, &cell) in c.rows.iter_mut().zip(&cells) {
             row[cell] = row[cell].saturating_add(n);
         }
-        let load = c.sites.entry(site.to_owned()).or_default();
+        // The site's key is copied only the first time in two seconds it is seen.
+        if !c.sites.contains_key(site) {
+            c.sites.insert(site.to_owned(), SiteLoad::default());
+        }
+        let Some(load) = c.sites.get_mut(site) else {
+            return true;
+        };
         load.sent += u64::from(n);
         if before == 0 {
             load.clients += 1;
