@@ -302,9 +302,13 @@ async fn a_full_spool_answers_503_and_keeps_what_it_acknowledged() {
         .await;
     kill_every_replica(stack, &c).await;
     let traffic = Traffic::start(&c, &env.site, Duration::from_millis(5));
+    // 1 MiB holds about 4,000 of these rows: 20 s at the traffic's 200 a second, but 32 s at
+    // the 125 a second a fresh-clone run beside the other tests managed (CI run of 0057309's
+    // parent, "the spool never filled: {202: 3765}" after 30 s). 120 s: room for 30 a second.
+    let fill = Duration::from_secs(120);
     let start = std::time::Instant::now();
     while !traffic.snapshot().statuses.contains_key(&503) {
-        if start.elapsed() >= SWITCH {
+        if start.elapsed() >= fill {
             c.diag
                 .give_up(format!(
                     "the spool never filled: {:?}",
