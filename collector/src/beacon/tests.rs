@@ -71,6 +71,24 @@ fn full_measurement_keeps_every_value() {
     assert!(!v.clock_skewed);
 }
 
+/// Contract v5 §2: a selector is masked before it is cut, so that a card number or a token
+/// across the 256-byte cut is masked whole, not left as a prefix too short to be recognised.
+#[test]
+fn a_selector_is_masked_before_it_is_cut() {
+    for secret in ["4929817344029951", "Qz7_Wm4-Hp2kR9sT6vB3nL"] {
+        // The secret starts 8 bytes before the cut: cut first, 8 bytes of it would stay.
+        let prefix = format!("div.{}#", "a".repeat(MAX_SELECTOR_BYTES - 8 - 5));
+        assert_eq!(prefix.len(), MAX_SELECTOR_BYTES - 8);
+        let v = one(&with(&format!(
+            r#","lcp_ms":1000,"lcp_target":"{prefix}{secret}""#
+        )))
+        .unwrap();
+        let stored = v.measurement.lcp_target.as_deref().unwrap().to_owned();
+        assert_eq!(stored, format!("{prefix}*"), "{secret}");
+        assert!(!stored.contains(&secret[..8]), "{secret}: {stored}");
+    }
+}
+
 /// Contract v3: attribution fields are stored as sent when valid; selectors are cut at
 /// 256 bytes on a character boundary, URLs normalised by the `url` rules.
 #[test]
