@@ -9,7 +9,8 @@
 use std::path::Path;
 
 use crate::server_config::{
-    cluster_of_shards_xml, macros_xml, remote_servers_xml, shard_macros_xml, zookeeper_xml,
+    cluster_of_shards_xml, interserver_credentials_xml, macros_xml, remote_servers_xml,
+    shard_macros_xml, with_identity, zookeeper_xml, Value,
 };
 use crate::users::{self, Password, Profile, Root, User, UsersXml};
 use crate::Result;
@@ -20,6 +21,18 @@ pub const SUBNET: &str = "172.30.80.0/24";
 
 /// The environment variable a replica reads the `collector` user's password from (`.env`).
 pub const COLLECTOR_PASSWORD_ENV: &str = "CLICKHOUSE_COLLECTOR_PASSWORD";
+
+/// The environment variable a replica reads the `migrate` user's password from (`.env`).
+pub const MIGRATE_PASSWORD_ENV: &str = "CLICKHOUSE_MIGRATE_PASSWORD";
+
+/// The environment variable a replica reads the interserver password from (`.env`;
+/// [`crate::server_config::interserver_credentials_xml`]).
+pub const INTERSERVER_PASSWORD_ENV: &str = "CLICKHOUSE_INTERSERVER_PASSWORD";
+
+/// The environment variable a replica reads its Keeper identity from: `clickhouse:PASSWORD`,
+/// which compose.yaml makes of `CLICKHOUSE_KEEPER_PASSWORD` (`.env`;
+/// [`crate::server_config::with_identity`]).
+pub const KEEPER_IDENTITY_ENV: &str = "CLICKHOUSE_KEEPER_IDENTITY";
 
 /// The environment variable a replica reads the `dashboard` user's password from (`.env`).
 pub const DASHBOARD_PASSWORD_ENV: &str = "CLICKHOUSE_DASHBOARD_PASSWORD";
@@ -38,11 +51,16 @@ const USERS_COMMENT: &str = "Who gets into ClickHouse: the whole users.xml of ev
                 healthcheck (wget inside the container) and an operator's
                 `docker compose exec clickhouse-r1 clickhouse-client`. No other container and
                 no process on the host reaches it (compose.yaml publishes no ClickHouse port).
-     collector  the collectors and their one-shot commands (migrate, seed, retention, sites
-                purge), from the stack's network only, password CLICKHOUSE_COLLECTOR_PASSWORD
-                (.env; compose.yaml hands it to the collectors as a file); rights on the
-                database `collector` only, those its statements need (docs/deployment.md,
-                \"ClickHouse users\").
+     migrate    the one-shot commands (migrate, seed, retention, sites purge), from the
+                stack's network only, password CLICKHOUSE_MIGRATE_PASSWORD (.env; compose.yaml
+                hands it to the one-shots as a file); on the database `collector` only: create,
+                alter (add columns, delete, update, TTL), drop tables, and read the system
+                tables those need (docs/deployment.md, \"ClickHouse users\").
+     collector  the serving collectors (the write user), from the stack's network only,
+                password CLICKHOUSE_COLLECTOR_PASSWORD (.env; a file of their own): on
+                `collector` only SELECT, INSERT and CREATE (the prober's CREATE ... IF NOT
+                EXISTS on a replica that returns without the table), and read the system tables
+                `serve` reads; no ALTER, no DROP, no DELETE.
      dashboard  Grafana's ClickHouse data source: SELECT on `collector` only, readonly=1 (no
                 setting changed but max_execution_time, which the data source's driver sends),
                 from the stack's network only, password CLICKHOUSE_DASHBOARD_PASSWORD (.env).
@@ -53,19 +71,27 @@ const USERS_COMMENT: &str = "Who gets into ClickHouse: the whole users.xml of ev
      wherever the file is used. The subnet must be the one in compose.yaml (x-subnet);
      tests/tests/containers.rs checks that they agree, and all the above.";
 
-/// The users of the compose stack's replicas with the given passwords and networks of
-/// `collector` and `dashboard`: `default` (no password, loopback, every right), then
-/// [`users::collector`] and [`users::dashboard`]. The tests run these on a ClickHouse 26.x
-/// server with loopback networks and SHA-256 passwords.
-pub fn users<'a>(
-    collector: Password<'a>,
-    dashboard: Password<'a>,
-    networks: &'a [&'a str],
-) -> [User<'a>; 3] {
+/// The passwords of the compose stack's users (but `default`, which has none).
+#[derive(Debug, Clone, Copy)]
+pub struct Passwords<'a> {
+    /// The migrate user's ([`users::migrate`]).
+    pub migrate: Password<'a>,
+    /// The write user's ([`users::collector`]).
+    pub collector: Password<'a>,
+    /// The dashboards' user's ([`users::dashboard`]).
+    pub dashboard: Password<'a>,
+}
+
+/// The users of the compose stack's replicas with `passwords` and from `networks`: `default`
+/// (no password, loopback, every right), then [`users::migrate`], [`users::collector`] and
+/// [`users::dashboard`]. The tests run these on a ClickHouse 26.x server with loopback
+/// networks and SHA-256 passwords.
+pub fn users<'a>(passwords: Passwords<'a>, networks: &'a [&'a str]) -> [User<'a>; 4] {
     [
         User::DEFAULT,
-        users::collector(collector, networks),
-        users::dashboard(dashboard, networks),
+        users::migrate(passwords.migrate, networks),
+        users::collector(passwords.collector, networks),
+        users::dashboard(passwords.dashboard, networks),
     ]
 }
 
@@ -81,14 +107,16 @@ pub const PROFILES: [Profile<'static>; 2] = [
 ];
 
 /// The text of `deploy/clickhouse/users.xml`: [`PROFILES`] and [`users`] with the passwords
-/// from [`COLLECTOR_PASSWORD_ENV`] and [`DASHBOARD_PASSWORD_ENV`] and the network [`SUBNET`].
+/// from [`MIGRATE_PASSWORD_ENV`], [`COLLECTOR_PASSWORD_ENV`] and [`DASHBOARD_PASSWORD_ENV`]
+/// and the network [`SUBNET`].
 pub fn users_xml() -> String {
     let networks = [SUBNET];
-    let users = users(
-        Password::FromEnv(COLLECTOR_PASSWORD_ENV),
-        Password::FromEnv(DASHBOARD_PASSWORD_ENV),
-        &networks,
-    );
+    let passwords = Passwords {
+        migrate: Password::FromEnv(MIGRATE_PASSWORD_ENV),
+        collector: Password::FromEnv(COLLECTOR_PASSWORD_ENV),
+        dashboard: Password::FromEnv(DASHBOARD_PASSWORD_ENV),
+    };
+    let users = users(passwords, &networks);
     UsersXml {
         root: Root::ClickHouse,
         comment: USERS_COMMENT,
@@ -122,18 +150,46 @@ const CLUSTER_COMMENT: &str =
      Keeper ensemble. -->
 ";
 
-/// The text of `deploy/clickhouse/cluster.xml`: Keeper's three nodes (`keeper-N:9181`, session
-/// 30 s, operations 10 s), the cluster of `clickhouse-rN:9000` replacing the image's example
-/// clusters, the interserver port 9009 and the memory share of three replicas on one machine.
-pub fn cluster_xml() -> String {
+/// The `<zookeeper>` section of the compose stack's replicas: Keeper's three nodes
+/// (`keeper-N:9181`, session 30 s, operations 10 s) and the identity from
+/// [`KEEPER_IDENTITY_ENV`], with a comment saying what it does.
+fn keeper_xml() -> String {
     let keepers: Vec<(String, u16)> = (1..=3).map(|i| (format!("keeper-{i}"), 9181)).collect();
+    format!(
+        "{KEEPER_COMMENT}{}",
+        with_identity(
+            &zookeeper_xml(&keepers, 30_000, Some(10_000)),
+            Value::FromEnv(KEEPER_IDENTITY_ENV)
+        )
+    )
+}
+
+const KEEPER_COMMENT: &str =
+    "    <!-- Keeper's digest authentication: each replica logs in as clickhouse:PASSWORD
+         (CLICKHOUSE_KEEPER_IDENTITY, which compose.yaml makes of CLICKHOUSE_KEEPER_PASSWORD in
+         .env), and every node it creates gets the ACL of that identity alone: another client
+         on the network gets NOAUTH reading or changing the replication metadata. -->
+";
+
+const INTERSERVER_COMMENT: &str = "
+    <!-- Part fetches on the interserver port 9009 take HTTP Basic authentication: a request
+         without user `interserver` and CLICKHOUSE_INTERSERVER_PASSWORD (.env) answers 401.
+         The replicas send them when they fetch from each other. -->
+";
+
+/// The text of `deploy/clickhouse/cluster.xml`: [`keeper_xml`], the cluster of
+/// `clickhouse-rN:9000` replacing the image's example clusters, the interserver port 9009 with
+/// its credentials (password from [`INTERSERVER_PASSWORD_ENV`]) and the memory share of three
+/// replicas on one machine.
+pub fn cluster_xml() -> String {
     let replicas: Vec<(String, u16)> = (1..=REPLICAS)
         .map(|i| (format!("clickhouse-r{i}"), 9000))
         .collect();
     format!(
-        "<?xml version=\"1.0\"?>\n{CLUSTER_COMMENT}<clickhouse>\n{}\n    <!-- replace: drop the example clusters of the image's default config.xml. -->\n{}{CLUSTER_TAIL}",
-        zookeeper_xml(&keepers, 30_000, Some(10_000)),
+        "<?xml version=\"1.0\"?>\n{CLUSTER_COMMENT}<clickhouse>\n{}\n    <!-- replace: drop the example clusters of the image's default config.xml. -->\n{}{INTERSERVER_COMMENT}{}{CLUSTER_TAIL}",
+        keeper_xml(),
         remote_servers_xml(&replicas, true),
+        interserver_credentials_xml(Value::FromEnv(INTERSERVER_PASSWORD_ENV)),
     )
 }
 
@@ -197,7 +253,6 @@ const SHARDS_CLUSTER_COMMENT: &str =
 /// The text of `deploy/shards/cluster.xml`: [`cluster_xml`] with the cluster `collector` of
 /// both shards of [`SHARDS`] and the memory share of five servers on one machine.
 pub fn shards_cluster_xml() -> String {
-    let keepers: Vec<(String, u16)> = (1..=3).map(|i| (format!("keeper-{i}"), 9181)).collect();
     let shards: Vec<Vec<(String, u16)>> = SHARDS
         .iter()
         .map(|(_, _, replicas)| {
@@ -208,9 +263,10 @@ pub fn shards_cluster_xml() -> String {
         })
         .collect();
     format!(
-        "<?xml version=\"1.0\"?>\n{SHARDS_CLUSTER_COMMENT}<clickhouse>\n{}\n    <!-- replace: drop the example clusters of the image's default config.xml. -->\n{}{}",
-        zookeeper_xml(&keepers, 30_000, Some(10_000)),
+        "<?xml version=\"1.0\"?>\n{SHARDS_CLUSTER_COMMENT}<clickhouse>\n{}\n    <!-- replace: drop the example clusters of the image's default config.xml. -->\n{}{INTERSERVER_COMMENT}{}{}",
+        keeper_xml(),
         cluster_of_shards_xml("collector", &shards, true, true),
+        interserver_credentials_xml(Value::FromEnv(INTERSERVER_PASSWORD_ENV)),
         CLUSTER_TAIL
             .replace("The three replicas share", "The five servers share")
             .replace("<max_server_memory_usage_to_ram_ratio>0.3<", "<max_server_memory_usage_to_ram_ratio>0.18<"),
@@ -302,6 +358,14 @@ mod tests {
         assert!(cluster.contains("<node><host>keeper-3</host><port>9181</port></node>"));
         assert!(cluster.contains("<remote_servers replace=\"true\">"));
         assert!(cluster.contains("<replica><host>clickhouse-r3</host><port>9000</port></replica>"));
+        assert!(cluster.contains(
+            "        <identity from_env=\"CLICKHOUSE_KEEPER_IDENTITY\"/>\n    </zookeeper>\n"
+        ));
+        assert!(cluster.contains("    <interserver_http_credentials>\n        <user>interserver</user>\n        <password from_env=\"CLICKHOUSE_INTERSERVER_PASSWORD\"/>\n"));
+        let shards = shards_cluster_xml();
+        for hardening in ["<identity from_env=", "<interserver_http_credentials>"] {
+            assert!(shards.contains(hardening), "{hardening} in {shards}");
+        }
     }
 
     #[test]

@@ -4,9 +4,10 @@
 //! ([`crate::deploy`]). A file is a [`UsersXml`]: profiles, users and the one quota
 //! `default` without limits.
 //!
-//! The users of `deploy/` are defined here once ([`collector`], [`dashboard`], with
-//! [`COLLECTOR_GRANTS`], [`DASHBOARD_GRANTS`] and [`DASHBOARD_PROFILE`]), so that the test that
-//! runs them on a real ClickHouse 26.x server checks the very rights that ship.
+//! The users of `deploy/` are defined here once ([`migrate`], [`collector`], [`dashboard`],
+//! with [`MIGRATE_GRANTS`], [`COLLECTOR_GRANTS`], [`DASHBOARD_GRANTS`] and
+//! [`DASHBOARD_PROFILE`]), so that the test that runs them on a real ClickHouse 26.x server
+//! checks the very rights that ship.
 
 /// The default profile's settings of every server the stack runs, before the caller's:
 /// memory per query 1 GiB (three servers, ZooKeeper and PostgreSQL share 2 cores and a few
@@ -20,36 +21,70 @@ pub const PROFILE_BASE: [(&str, &str); 3] = [
 /// Loopback, IPv6 and IPv4: where the stack's users log in from.
 pub const LOOPBACK: [&str; 2] = ["::1", "127.0.0.1"];
 
-/// The rights of the collector's user (`collector serve`, `migrate`, `retention`, `sites
-/// purge`) on the database `collector`, and why (docs/deployment.md, "ClickHouse users"):
+/// The rights of the serving collectors' write user `collector` (`collector serve`) on the
+/// database `collector`, and why (docs/deployment.md, "ClickHouse users"): what the
+/// statements of `serve` need, no more (an address that breaks into a collector cannot
+/// destroy data with them):
 ///
-/// - `SELECT, INSERT`: the writer's inserts, the prober, `migrate`;
-/// - `CREATE DATABASE, CREATE TABLE`: `migrate`, and the prober on a replica without the table;
-/// - `TABLE ENGINE` on the table's two engines: ClickHouse 26.x asks for it
+/// - `SELECT, INSERT`: the writer's inserts, the prober;
+/// - `CREATE DATABASE, CREATE TABLE`: the prober applying the schema (`CREATE ... IF NOT
+///   EXISTS`) to a replica that returns without the table, and `measurements_all` there;
+/// - `TABLE ENGINE` on the table's two engines and `Distributed`: ClickHouse 26.x asks for it
 ///   (`table_engines_require_grant`);
-/// - `ALTER ADD COLUMN`: `migrate` on a table of an older release;
-/// - `ALTER DELETE`: `sites purge` and `retention` where a table has no TTL (`DROP PARTITION`);
-/// - `ALTER MODIFY TTL`: `retention` (the table's TTL follows `COLLECTOR_RETENTION`);
-/// - `DROP TABLE`: `migrate` moving a v1 table aside (`RENAME` needs it on the old name);
-/// - `SELECT` on six system tables, which 26.x shows only with a grant (measured on
-///   26.9.2.1): `replicas` (the prober), `mutations` (`sites purge` waits for its deletions),
-///   `parts` (retention by partition), `macros` and `merge_tree_settings` (`migrate`), and
-///   `clusters` (`migrate` checks the cluster `measurements_all` reads over, contract v5 §3);
-/// - `TABLE ENGINE ON Distributed`: `migrate` makes `measurements_all`.
+/// - `SELECT` on the system tables `serve` reads which 26.x shows only with a grant
+///   (measured on 26.9.2.1): `replicas` (the prober), `macros` and `merge_tree_settings`
+///   (applying the schema), `clusters` (`measurements_all`), `parts` (the retention's look
+///   for expired months).
 ///
-/// No user management, no `SYSTEM`, no other database.
-pub const COLLECTOR_GRANTS: [&str; 10] = [
-    "GRANT SELECT, INSERT, CREATE DATABASE, CREATE TABLE, ALTER ADD COLUMN, ALTER DELETE, \
-     ALTER MODIFY TTL, DROP TABLE ON collector.*",
+/// No `ALTER`, no `DROP`, no `DELETE`, no `TRUNCATE`: `serve`'s retention finds nothing to
+/// change once [`MIGRATE_GRANTS`]' user has set the table's TTL (`collector retention`, which
+/// compose's `migrate` runs), and what it cannot change it reports and tries again the next
+/// day. No user management, no `SYSTEM`, no other database.
+pub const COLLECTOR_GRANTS: [&str; 9] = [
+    "GRANT SELECT, INSERT, CREATE DATABASE, CREATE TABLE ON collector.*",
     "GRANT TABLE ENGINE ON ReplicatedReplacingMergeTree",
     "GRANT TABLE ENGINE ON ReplacingMergeTree",
+    "GRANT TABLE ENGINE ON Distributed",
+    "GRANT SELECT ON system.replicas",
+    "GRANT SELECT ON system.macros",
+    "GRANT SELECT ON system.merge_tree_settings",
+    "GRANT SELECT ON system.clusters",
+    "GRANT SELECT ON system.parts",
+];
+
+/// The rights of the migrate user `migrate` (the one-shot commands `migrate`, `seed`,
+/// `retention`, `sites purge`) on the database `collector`, and why (docs/deployment.md,
+/// "ClickHouse users"):
+///
+/// - `SELECT, INSERT`: `migrate` (copying an older table's rows);
+/// - `CREATE DATABASE, CREATE TABLE`: `migrate`;
+/// - `TABLE ENGINE` on the table's two engines and `Distributed` (`measurements_all`):
+///   ClickHouse 26.x asks for it (`table_engines_require_grant`);
+/// - `ALTER ADD COLUMN`: `migrate` on a table of an older release;
+/// - `ALTER DELETE`: `sites purge` (`ALTER TABLE ... DELETE`) and `retention` where a table
+///   has no TTL (`DROP PARTITION`);
+/// - `ALTER UPDATE`: `migrate` rewriting rows an earlier release stored unminimised;
+/// - `ALTER MODIFY TTL`: `retention` (the table's TTL follows `COLLECTOR_RETENTION`);
+/// - `DROP TABLE`: `migrate` moving a v1 table aside (`RENAME` needs it on the old name) and
+///   making `measurements_all` anew;
+/// - `SELECT` on six system tables, which 26.x shows only with a grant (measured on
+///   26.9.2.1): `replicas`, `mutations` (`sites purge` waits for its deletions), `parts`
+///   (retention by partition, purge), `macros` and `merge_tree_settings` (`migrate`), and
+///   `clusters` (`migrate` checks the cluster `measurements_all` reads over, contract v5 §3).
+///
+/// No user management, no `SYSTEM`, no other database.
+pub const MIGRATE_GRANTS: [&str; 10] = [
+    "GRANT SELECT, INSERT, CREATE DATABASE, CREATE TABLE, ALTER ADD COLUMN, ALTER DELETE, \
+     ALTER UPDATE, ALTER MODIFY TTL, DROP TABLE ON collector.*",
+    "GRANT TABLE ENGINE ON ReplicatedReplacingMergeTree",
+    "GRANT TABLE ENGINE ON ReplacingMergeTree",
+    "GRANT TABLE ENGINE ON Distributed",
     "GRANT SELECT ON system.replicas",
     "GRANT SELECT ON system.mutations",
     "GRANT SELECT ON system.parts",
     "GRANT SELECT ON system.macros",
     "GRANT SELECT ON system.merge_tree_settings",
     "GRANT SELECT ON system.clusters",
-    "GRANT TABLE ENGINE ON Distributed",
 ];
 
 /// The rights of the dashboards' user (Grafana's ClickHouse data source): reading the
@@ -143,8 +178,8 @@ impl User<'_> {
     };
 }
 
-/// The collector's user: `collector` with `password` from `networks`, the default profile and
-/// [`COLLECTOR_GRANTS`].
+/// The serving collectors' write user: `collector` with `password` from `networks`, the
+/// default profile and [`COLLECTOR_GRANTS`].
 pub fn collector<'a>(password: Password<'a>, networks: &'a [&'a str]) -> User<'a> {
     User {
         name: "collector",
@@ -152,6 +187,18 @@ pub fn collector<'a>(password: Password<'a>, networks: &'a [&'a str]) -> User<'a
         networks,
         profile: "default",
         grants: &COLLECTOR_GRANTS,
+    }
+}
+
+/// The one-shot commands' migrate user: `migrate` with `password` from `networks`, the
+/// default profile and [`MIGRATE_GRANTS`].
+pub fn migrate<'a>(password: Password<'a>, networks: &'a [&'a str]) -> User<'a> {
+    User {
+        name: "migrate",
+        password,
+        networks,
+        profile: "default",
+        grants: &MIGRATE_GRANTS,
     }
 }
 
@@ -354,6 +401,7 @@ mod tests {
             &[DASHBOARD_PROFILE],
             &[
                 User::DEFAULT,
+                migrate(Password::Sha256Hex(&hex), &LOOPBACK),
                 collector(Password::Sha256Hex(&hex), &LOOPBACK),
                 dashboard(Password::FromEnv("PW"), &["10.0.0.0/8"]),
             ],
@@ -364,9 +412,10 @@ mod tests {
             "<collector>\n            <password_sha256_hex>{hex}</password_sha256_hex>"
         )));
         assert!(xml.contains("<dashboard>\n            <password from_env=\"PW\"/>"));
-        assert_eq!(xml.matches("<ip>127.0.0.1</ip>").count(), 2);
+        assert_eq!(xml.matches("<ip>127.0.0.1</ip>").count(), 3);
         assert!(xml.contains("<ip>10.0.0.0/8</ip>\n            </networks>\n            <profile>dashboard</profile>"));
-        assert_eq!(xml.matches("<query>GRANT").count(), 11);
+        assert_eq!(xml.matches("<query>GRANT").count(), 20);
+        assert!(xml.contains("<migrate>\n            <password_sha256_hex>"));
         assert!(xml.contains(
             "<max_execution_time>\n                    <max>600</max>\n                    \
              <changeable_in_readonly/>"
@@ -375,10 +424,27 @@ mod tests {
     }
 
     #[test]
+    fn the_write_user_may_not_alter_drop_or_delete() {
+        for grant in COLLECTOR_GRANTS {
+            let rights = grant.split(" ON ").next().unwrap();
+            for right in [
+                "ALTER", "DROP", "DELETE", "TRUNCATE", "ALL", "SYSTEM", "USER",
+            ] {
+                assert!(!rights.contains(right), "{grant} grants {right}");
+            }
+        }
+    }
+
+    #[test]
     fn grants_move_to_another_database() {
-        let on = grants_on(&COLLECTOR_GRANTS, "t_1");
+        let on = grants_on(&MIGRATE_GRANTS, "t_1");
         assert!(on[0].ends_with("DROP TABLE ON t_1.*"), "{}", on[0]);
-        assert_eq!(on[3], "GRANT SELECT ON system.replicas");
+        assert_eq!(on[4], "GRANT SELECT ON system.replicas");
+        let on = grants_on(&COLLECTOR_GRANTS, "t_1");
+        assert_eq!(
+            on[0],
+            "GRANT SELECT, INSERT, CREATE DATABASE, CREATE TABLE ON t_1.*"
+        );
         assert_eq!(
             grants_on(&DASHBOARD_GRANTS, "t_1"),
             ["GRANT SELECT ON t_1.*"]

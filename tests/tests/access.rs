@@ -28,6 +28,7 @@ const CH26_PASSWORD: &str = "ch26-canary-Hk3Rt8zP";
 const PG_PASSWORD: &str = "pg15-canary-Zm4Nc6yB";
 const WRONG_PASSWORD: &str = "wrong-canary-Yp5Ds1qT";
 const DASHBOARD_PASSWORD: &str = "dash-canary-Vb8Jw2nE";
+const MIGRATE_PASSWORD: &str = "migrate-canary-Tg6Kq3sW";
 
 /// A beacon of `site` on page `url` with a fresh id, and its id.
 fn beacon_on(site: &str, url: &str) -> (String, Value) {
@@ -395,21 +396,25 @@ async fn clickhouse_18_16_password_only_over_verified_https() {
         .await;
 }
 
-/// Issue 37, 2 and issue 42, 2: a ClickHouse 26.x server with the users that ship
-/// (`deploy/clickhouse/users.xml`, from the one template: `collector` with the shipped grants,
-/// the read-only `dashboard`), here from loopback, by SHA-256 and with the grants on the test's
-/// database. `migrate` and the collector store as `collector` with the right password file;
-/// with a wrong one the server refuses (516, authentication failed), the beacons stay spooled
-/// and the replica is down. Then the shipped rights: [`assert_shipped_rights`].
+/// Issue 37, 2, issue 42, 2 and issue 52, 5: a ClickHouse 26.x server with the users that
+/// ship (`deploy/clickhouse/users.xml`, from the one template: `migrate` and the write user
+/// `collector` with the shipped grants, the read-only `dashboard`), here from loopback, by
+/// SHA-256 and with the grants on the test's database. `migrate` runs as `migrate`, the
+/// collector stores as `collector` with the right password file; with a wrong one the server
+/// refuses (516, authentication failed), the beacons stay spooled and the replica is down.
+/// Then the shipped rights: [`assert_shipped_rights`].
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clickhouse_26_with_the_shipped_users() {
     let tmp = tempfile::tempdir().unwrap();
     let (pw, hex) = password_file(tmp.path(), "ch26.pw", CH26_PASSWORD);
+    let (migrate_pw, migrate_hex) = password_file(tmp.path(), "migrate.pw", MIGRATE_PASSWORD);
     let (wrong, _) = password_file(tmp.path(), "wrong.pw", WRONG_PASSWORD);
     let (_, dashboard_hex) = password_file(tmp.path(), "dashboard.pw", DASHBOARD_PASSWORD);
     let (pw, wrong) = (pw.to_str().unwrap(), wrong.to_str().unwrap());
+    let migrate_pw = migrate_pw.to_str().unwrap();
     let mut env = TestEnv::empty(Stack::shared()).await;
-    let server = shipped_users_server(&env.db, &hex, &dashboard_hex).await;
+    let hexes = [migrate_hex.as_str(), hex.as_str(), dashboard_hex.as_str()];
+    let server = shipped_users_server(&env.db, hexes).await;
     let plain = reqwest::Client::new();
     let guessed = ch_query(&plain, &server.url, "collector", WRONG_PASSWORD, "SELECT 1").await;
     assert!(
@@ -424,7 +429,11 @@ async fn clickhouse_26_with_the_shipped_users() {
         ("COLLECTOR_CLICKHOUSE_USER", "collector"),
         ("COLLECTOR_CLICKHOUSE_PASSWORD_FILE", pw),
     ];
-    env.cli_with(&auth, &["migrate"]).success();
+    let migrate_auth = [
+        ("COLLECTOR_CLICKHOUSE_USER", "migrate"),
+        ("COLLECTOR_CLICKHOUSE_PASSWORD_FILE", migrate_pw),
+    ];
+    env.cli_with(&migrate_auth, &["migrate"]).success();
     env.cli(&["sites", "add", "--key", "site-1"]).success();
     let c = env.collector(&with_debug_logs(auth.to_vec())).await;
     let ids = send(&c, "site-1", 5).await;
@@ -458,31 +467,45 @@ async fn clickhouse_26_with_the_shipped_users() {
     .await;
     println!("26.x, wrong password: {line}");
     assert_secrets_hidden(&bad, &[CH26_PASSWORD, WRONG_PASSWORD]).await;
-    assert_shipped_rights(&env, &server.url, &auth, &ids).await;
+    assert_shipped_rights(&env, &server.url, &migrate_auth, &ids).await;
+    assert_write_user_rights(&env, &server.url, &auth, &c).await;
 }
 
 /// A ClickHouse 26.x server of the test's own with the users of `deploy/` ([`stack::deploy::users`]),
-/// from loopback, by the SHA-256 of their passwords, with their grants on `db` in place of
-/// `collector`, and the dashboards' profile.
-async fn shipped_users_server(db: &str, collector_hex: &str, dashboard_hex: &str) -> Ch26Server {
-    use stack::users::{grants_on, Password, User, COLLECTOR_GRANTS, DASHBOARD_GRANTS, LOOPBACK};
-    let [default, collector, dashboard] = stack::deploy::users(
-        Password::Sha256Hex(collector_hex),
-        Password::Sha256Hex(dashboard_hex),
-        &LOOPBACK,
-    );
-    let collector_grants = grants_on(&COLLECTOR_GRANTS, db);
-    let dashboard_grants = grants_on(&DASHBOARD_GRANTS, db);
-    let collector_grants: Vec<&str> = collector_grants.iter().map(String::as_str).collect();
-    let dashboard_grants: Vec<&str> = dashboard_grants.iter().map(String::as_str).collect();
+/// from loopback, by the SHA-256 of their passwords (`migrate`, `collector`, `dashboard`), with
+/// their grants on `db` in place of `collector`, and the dashboards' profile.
+async fn shipped_users_server(db: &str, hex: [&str; 3]) -> Ch26Server {
+    use stack::users::{
+        grants_on, Password, User, COLLECTOR_GRANTS, DASHBOARD_GRANTS, LOOPBACK, MIGRATE_GRANTS,
+    };
+    let passwords = stack::deploy::Passwords {
+        migrate: Password::Sha256Hex(hex[0]),
+        collector: Password::Sha256Hex(hex[1]),
+        dashboard: Password::Sha256Hex(hex[2]),
+    };
+    let [default, migrate, collector, dashboard] = stack::deploy::users(passwords, &LOOPBACK);
+    let on_db = |grants: &[&str]| grants_on(grants, db);
+    let grants = [
+        on_db(&MIGRATE_GRANTS),
+        on_db(&COLLECTOR_GRANTS),
+        on_db(&DASHBOARD_GRANTS),
+    ];
+    let grants: Vec<Vec<&str>> = grants
+        .iter()
+        .map(|g| g.iter().map(String::as_str).collect())
+        .collect();
     let users = [
         default,
         User {
-            grants: &collector_grants,
+            grants: &grants[0],
+            ..migrate
+        },
+        User {
+            grants: &grants[1],
             ..collector
         },
         User {
-            grants: &dashboard_grants,
+            grants: &grants[2],
             ..dashboard
         },
     ];
@@ -501,7 +524,7 @@ async fn assert_refused(url: &str, user: &str, password: &str, sql: &str, codes:
 }
 
 /// The shipped rights on the 26.x server at `url` (database `env.db`, `ids` of site-1 stored):
-/// as `collector` (`auth`), `retention` and `sites purge site-1` succeed and the purge leaves
+/// as `migrate` (`auth`), `retention` and `sites purge site-1` succeed and the purge leaves
 /// none of `ids`; a database of its own, user management and `system.processes` are refused.
 /// As `dashboard`: reading `env.db` and setting `max_execution_time` answer; any other setting,
 /// writing and DDL are refused. What docs/deployment.md ("ClickHouse users") promises.
@@ -537,6 +560,7 @@ async fn assert_shipped_rights(
         format!("CREATE USER u_{db}"),
         "SELECT count() FROM system.processes".to_owned(),
     ] {
+        assert_refused(url, "migrate", MIGRATE_PASSWORD, &sql, &denied).await;
         assert_refused(url, "collector", CH26_PASSWORD, &sql, &denied).await;
     }
     let read = format!("SELECT count() FROM {db}.measurements SETTINGS max_execution_time = 30");
@@ -551,6 +575,62 @@ async fn assert_shipped_rights(
     ] {
         assert_refused(url, "dashboard", DASHBOARD_PASSWORD, &sql, &readonly).await;
     }
+}
+
+/// Issue 52, 5: the write user `collector` (`auth`) of the 26.x server at `url` (database
+/// `env.db`, the table made and its TTL of 30 days set by `migrate`) may not `DROP`, `ALTER` (delete,
+/// update, TTL, columns) or `TRUNCATE`: `ACCESS_DENIED`. Its own daily retention run
+/// (`collector retention` as `collector`) exits 0: the TTL `migrate`'s run set is left as it
+/// is. And what the serving collector `c` sends works: with the table dropped (as `migrate`),
+/// its prober makes it anew (`CREATE ... IF NOT EXISTS` as `collector`) and new beacons are
+/// stored.
+async fn assert_write_user_rights(
+    env: &TestEnv<'_>,
+    url: &str,
+    auth: &[(&str, &str); 2],
+    c: &Collector,
+) {
+    let db = &env.db;
+    let denied = ["ACCESS_DENIED"];
+    for sql in [
+        format!("DROP TABLE {db}.measurements"),
+        format!("TRUNCATE TABLE {db}.measurements"),
+        format!("ALTER TABLE {db}.measurements DELETE WHERE 1"),
+        format!("ALTER TABLE {db}.measurements UPDATE site = 'x' WHERE 1"),
+        format!("ALTER TABLE {db}.measurements MODIFY TTL page_view_at + INTERVAL 1 DAY"),
+        format!("ALTER TABLE {db}.measurements ADD COLUMN IF NOT EXISTS x UInt8"),
+        format!("ALTER TABLE {db}.measurements DROP PARTITION 202601"),
+        format!("DROP DATABASE {db}"),
+    ] {
+        assert_refused(url, "collector", CH26_PASSWORD, &sql, &denied).await;
+    }
+    let spool = tempfile::tempdir().unwrap();
+    let spool = spool.path().to_str().unwrap();
+    // The retention `assert_shipped_rights` had `migrate` apply.
+    let out = env.cli_with(
+        &[
+            auth[0],
+            auth[1],
+            ("COLLECTOR_SPOOL_DIR", spool),
+            ("COLLECTOR_RETENTION", "30d"),
+        ],
+        &["retention"],
+    );
+    println!("26.x, retention as the write user: {}", out.stdout.trim());
+    out.success();
+    let plain = reqwest::Client::new();
+    let drop = format!("DROP TABLE {db}.measurements SYNC");
+    let dropped = ch_exec(&plain, url, "migrate", MIGRATE_PASSWORD, &drop).await;
+    assert!(dropped.is_ok(), "`migrate` drops the table: {dropped:?}");
+    // A site of its own: site-1 is purged, and the collector drops a purged site's beacons.
+    env.cli(&["sites", "add", "--key", "site-2"]).success();
+    let ids = send(c, "site-2", 3).await;
+    let started = Instant::now();
+    env.wait_rows(&ids, VISIBLE).await;
+    println!(
+        "26.x, the table made anew by the write user's prober: 3 rows {:?} after the last 202",
+        started.elapsed()
+    );
 }
 
 /// `postgres://postgres@127.0.0.1:PORT/DB` with `query` (e.g. `sslmode=...`).

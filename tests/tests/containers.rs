@@ -35,9 +35,13 @@ const DRAIN_EXTRA_S: f64 = 20.0;
 /// Services that may publish a port on the host's loopback (monitoring); caddy publishes the
 /// public one. No ClickHouse server: its `default` user is reached from inside only.
 const LOOPBACK_PORTS: [&str; 2] = ["grafana", "prometheus"];
-/// ClickHouse's users (deploy/clickhouse/users.xml): the collectors' and Grafana's.
+/// ClickHouse's users (deploy/clickhouse/users.xml): the serving collectors' write user, the
+/// one-shot commands' migrate user, and Grafana's.
 const CH_WRITER: &str = "collector";
+const CH_MIGRATE: &str = "migrate";
 const CH_READER: &str = "dashboard";
+/// The one-shots of the collector image (logging in as [`CH_MIGRATE`]).
+const COLLECTOR_ONE_SHOTS: [&str; 2] = ["migrate", "seed"];
 
 fn c() -> &'static Compose {
     Compose::resolved()
@@ -136,9 +140,15 @@ fn sorted(mut v: Vec<String>) -> Vec<String> {
 fn migrate_reaches_every_replica_collectors_and_seed_wait_for_it() {
     let mut problems = vec![];
     let migrate = c().service("migrate");
-    let command = migrate.list("command");
-    if command != ["migrate"] {
-        problems.push(format!("migrate: command {command:?}, want [\"migrate\"]"));
+    // `collector migrate`, then `collector retention` (the TTL, which the collectors' write
+    // user may not ALTER), whose failure alone does not fail the service.
+    let command = migrate.list("command").join(" ");
+    let entrypoint = migrate.list("entrypoint");
+    let want = "collector migrate && { collector retention || ";
+    if entrypoint != ["/bin/sh", "-c"] || !command.starts_with(want) {
+        problems.push(format!(
+            "migrate: {entrypoint:?} {command:?}, want /bin/sh -c \"{want}...\""
+        ));
     }
     let urls = urls_of(migrate);
     if sorted(urls.clone()) != sorted(replica_urls()) {
@@ -340,7 +350,7 @@ fn fixed_subnet_is_the_trusted_proxies_and_the_clickhouse_users_network() {
         }
     }
     with_users_xml(|root| {
-        for user in [CH_WRITER, CH_READER] {
+        for user in [CH_MIGRATE, CH_WRITER, CH_READER] {
             let ips: Vec<String> = find_all(root, &format!("users/{user}/networks/ip"))
                 .into_iter()
                 .map(own_text)
@@ -394,24 +404,36 @@ fn only_caddy_publishes_ports_monitoring_on_loopback_no_clickhouse() {
 
 // --------------------------------------------------------- ClickHouse users ---
 
-/// What the collector's statements need (docs/deployment.md, "ClickHouse users"); anything
-/// beyond is refused, so that a widened grant is a deliberate change here too.
-const WRITER_RIGHTS: [&str; 8] = [
+/// What the one-shot commands' statements need (docs/deployment.md, "ClickHouse users");
+/// anything beyond is refused, so that a widened grant is a deliberate change here too.
+const MIGRATE_RIGHTS: [&str; 9] = [
     "SELECT",
     "INSERT",
     "CREATE DATABASE",
     "CREATE TABLE",
     "ALTER ADD COLUMN",
     "ALTER DELETE",
+    "ALTER UPDATE",
     "ALTER MODIFY TTL",
     "DROP TABLE",
 ];
+/// What the serving collectors' statements need: no ALTER, no DROP, no DELETE (issue 52, 5).
+const WRITER_RIGHTS: [&str; 4] = ["SELECT", "INSERT", "CREATE DATABASE", "CREATE TABLE"];
 const READER_RIGHTS: [&str; 1] = ["SELECT"];
-/// System tables the collector reads that ClickHouse 26.x shows only with a grant
+/// System tables the one-shot commands read that ClickHouse 26.x shows only with a grant
 /// (`system.clusters`: `migrate` checks the cluster `measurements_all` reads over).
-const WRITER_SYSTEM_TABLES: [&str; 6] = [
+const MIGRATE_SYSTEM_TABLES: [&str; 6] = [
     "system.replicas",
     "system.mutations",
+    "system.parts",
+    "system.macros",
+    "system.merge_tree_settings",
+    "system.clusters",
+];
+/// Those the serving collectors read (the prober, the schema on a returning replica, the
+/// retention's look at the partitions): all but `mutations` (`sites purge` only).
+const WRITER_SYSTEM_TABLES: [&str; 5] = [
+    "system.replicas",
     "system.parts",
     "system.macros",
     "system.merge_tree_settings",
@@ -470,8 +492,13 @@ fn grant_problems(user: &str, el: roxmltree::Node, allowed: &[&str]) -> Vec<Stri
                 continue;
             }
         };
-        let writer = user == CH_WRITER;
-        if writer && WRITER_SYSTEM_TABLES.contains(&target.as_str()) {
+        let system_tables: &[&str] = match user {
+            CH_WRITER => &WRITER_SYSTEM_TABLES,
+            CH_MIGRATE => &MIGRATE_SYSTEM_TABLES,
+            _ => &[],
+        };
+        let writer = !system_tables.is_empty();
+        if system_tables.contains(&target.as_str()) {
             if privs != select {
                 problems.push(format!(
                     "`{user}`: grants {privs:?} on {target}, want SELECT only"
@@ -531,13 +558,14 @@ fn user_problems(user: &str, el: roxmltree::Node, allowed: &[&str]) -> Vec<Strin
 }
 
 #[test]
-fn clickhouse_users_default_on_loopback_collector_and_dashboard_confined() {
+fn clickhouse_users_default_on_loopback_migrate_collector_and_dashboard_confined() {
     let mut problems = vec![];
     with_users_xml(|root| {
         let users = find(root, "users").expect("deploy/clickhouse/users.xml has no <users>");
         problems.extend(default_user_problems(users));
         let mut env_names = BTreeMap::new();
         for (user, allowed) in [
+            (CH_MIGRATE, &MIGRATE_RIGHTS[..]),
             (CH_WRITER, &WRITER_RIGHTS[..]),
             (CH_READER, &READER_RIGHTS[..]),
         ] {
@@ -579,21 +607,49 @@ fn user_password_env(user: &str) -> Option<String> {
     with_users_xml(|root| find(root, &format!("users/{user}")).and_then(password_env))
 }
 
-fn credentials_command_problems(cred: Service, var: &Option<String>) -> Vec<String> {
+/// The ClickHouse passwords of `.env` (`CLICKHOUSE_*`): `credentials` refuses a placeholder
+/// of each.
+fn clickhouse_passwords() -> Vec<&'static str> {
+    PASSWORDS
+        .into_iter()
+        .filter(|v| v.starts_with("CLICKHOUSE_"))
+        .collect()
+}
+
+/// `credentials` writes the password of each of `users` (user, the variable users.xml reads
+/// it from) from its environment, gives the files to uid 10001, runs without a network, and
+/// first refuses (exit 1) a placeholder (`change-me-...`, any case) in any ClickHouse password.
+fn credentials_command_problems(cred: Service, users: &[(&str, &Option<String>)]) -> Vec<String> {
     let mut problems = vec![];
-    let command = cred.list("command").join(" ");
-    match var {
-        Some(var) if cred.env().get(var).is_some_and(|v| !v.is_empty()) => {
-            if !command.replace("$$", "$").contains(&format!("${var}")) {
-                problems.push(format!("credentials: its command does not write ${var}"));
+    let command = cred.list("command").join(" ").replace("$$", "$");
+    for (user, var) in users {
+        match var {
+            Some(var) if cred.env().get(var).is_some_and(|v| !v.is_empty()) => {
+                if !command.contains(&format!("${var}")) {
+                    problems.push(format!("credentials: its command does not write ${var}"));
+                }
             }
+            _ => problems.push(format!(
+                "credentials: {var:?} (the password of `{user}`) is not in its environment"
+            )),
         }
-        _ => problems.push(format!(
-            "credentials: {var:?} (the password of `{CH_WRITER}`) is not in its environment"
-        )),
     }
     if !command.contains("chown 10001:10001") {
         problems.push("credentials: the file is not given to uid 10001 (the collector)".into());
+    }
+    let placeholder = "[Cc][Hh][Aa][Nn][Gg][Ee]-[Mm][Ee]*) ";
+    let refusal = command.split_once(placeholder).map(|(_, r)| r);
+    if !refusal.is_some_and(|r| r.split(";;").next().is_some_and(|r| r.contains("exit 1"))) {
+        problems.push(format!(
+            "credentials: does not exit 1 on a placeholder ({placeholder:?} then exit 1)"
+        ));
+    }
+    for var in clickhouse_passwords() {
+        if !command.contains(var) || cred.env().get(var).is_none_or(String::is_empty) {
+            problems.push(format!(
+                "credentials: does not check {var} for a placeholder (in its command and environment)"
+            ));
+        }
     }
     if cred.str("network_mode") != Some("none") {
         problems.push(format!(
@@ -604,17 +660,20 @@ fn credentials_command_problems(cred: Service, var: &Option<String>) -> Vec<Stri
     problems
 }
 
+/// Service `name` logs in to ClickHouse as `user` with the password file `credentials` writes
+/// (a volume of its, mounted read-only here), and has not the password `var` itself in its
+/// environment. The file's volume, if any.
 fn password_file_problems(
     name: &str,
     svc: Service,
     cred: Service,
-    var: &Option<String>,
-) -> Vec<String> {
+    (user, var): (&str, &Option<String>),
+) -> (Vec<String>, Option<String>) {
     let mut problems = vec![];
     let env = svc.env();
-    if env.get("COLLECTOR_CLICKHOUSE_USER").map(String::as_str) != Some(CH_WRITER) {
+    if env.get("COLLECTOR_CLICKHOUSE_USER").map(String::as_str) != Some(user) {
         problems.push(format!(
-            "{name}: COLLECTOR_CLICKHOUSE_USER {:?}, want {CH_WRITER:?}",
+            "{name}: COLLECTOR_CLICKHOUSE_USER {:?}, want {user:?}",
             env.get("COLLECTOR_CLICKHOUSE_USER")
         ));
     }
@@ -624,27 +683,30 @@ fn password_file_problems(
         .unwrap_or_default();
     if pw.is_empty() {
         problems.push(format!("{name}: no COLLECTOR_CLICKHOUSE_PASSWORD_FILE"));
-        return problems;
+        return (problems, None);
     }
-    // The file's folder is the volume `credentials` writes, mounted read-only here.
-    let (folder, fname) = pw.rsplit_once('/').unwrap_or(("", &pw));
-    let cred_vols: Vec<String> = cred
+    // The file's folder is a volume `credentials` writes, mounted read-only here.
+    let (folder, _) = pw.rsplit_once('/').unwrap_or(("", &pw));
+    let command = cred.list("command").join(" ").replace("$$", "$");
+    let mut volume = None;
+    let written = cred
         .mounts()
         .into_iter()
-        .filter(|m| m.kind == "volume")
-        .map(|m| m.source)
-        .collect();
-    let command = cred.list("command").join(" ");
-    match svc.mounts().into_iter().find(|m| m.target == folder) {
-        Some(m) if m.kind == "volume" && cred_vols.contains(&m.source) => {
+        .find(|m| m.kind == "volume" && m.target == folder);
+    match (
+        svc.mounts().into_iter().find(|m| m.target == folder),
+        written,
+    ) {
+        (Some(m), Some(w)) if m.kind == "volume" && m.source == w.source => {
+            volume = Some(m.source.clone());
             if !m.read_only {
                 problems.push(format!("{name}: {folder} is mounted writable"));
-            } else if !command.contains(&format!(" {fname}")) || !command.contains("mv -f") {
-                problems.push(format!("{name}: credentials does not write {fname}"));
+            } else if !command.contains(&format!(" {pw} ")) || !command.contains("mv -f") {
+                problems.push(format!("{name}: credentials does not write {pw}"));
             }
         }
         _ => problems.push(format!(
-            "{name}: {folder} is not the volume credentials writes"
+            "{name}: {folder} is not a volume credentials writes at the same place"
         )),
     }
     if let Some(var) = var {
@@ -654,27 +716,92 @@ fn password_file_problems(
             ));
         }
     }
-    problems
+    (problems, volume)
 }
 
 #[test]
 fn collectors_and_one_shots_log_in_with_the_password_file_credentials_writes() {
     let cred = c().get("credentials").expect("no service credentials");
-    let var = user_password_env(CH_WRITER);
-    let mut problems = credentials_command_problems(cred, &var);
-    let others = ONE_SHOTS
+    let writer = (CH_WRITER, &user_password_env(CH_WRITER));
+    let migrate = (CH_MIGRATE, &user_password_env(CH_MIGRATE));
+    let mut problems = credentials_command_problems(cred, &[writer, migrate]);
+    if writer.1 == migrate.1 {
+        problems.push(format!(
+            "`{CH_WRITER}` and `{CH_MIGRATE}` read one password variable: {:?}",
+            writer.1
+        ));
+    }
+    let mut volumes: BTreeMap<&str, BTreeSet<String>> = BTreeMap::new();
+    let services = c()
+        .collectors
         .iter()
-        .filter(|n| **n != "credentials")
-        .map(|n| n.to_string());
-    for name in c().collectors.iter().cloned().chain(others) {
-        if let Some(svc) = c().get(&name) {
-            problems.extend(password_file_problems(&name, svc, cred, &var));
+        .map(|n| (n.as_str(), writer))
+        .chain(COLLECTOR_ONE_SHOTS.iter().map(|n| (*n, migrate)));
+    for (name, login) in services {
+        if let Some(svc) = c().get(name) {
+            let (found, volume) = password_file_problems(name, svc, cred, login);
+            problems.extend(found);
+            volumes.entry(login.0).or_default().extend(volume);
+        }
+    }
+    // A serving collector cannot read the migrate user's password: not one volume.
+    let migrate_volumes = volumes.get(CH_MIGRATE).cloned().unwrap_or_default();
+    if migrate_volumes.is_empty() || volumes.get(CH_WRITER) == Some(&migrate_volumes) {
+        problems.push(format!(
+            "the one-shots' password volumes {volumes:?}: want one of their own"
+        ));
+    }
+    for name in &c().collectors {
+        for m in c().service(name).mounts() {
+            if migrate_volumes.contains(&m.source) {
+                problems.push(format!(
+                    "{name} mounts {}, the migrate user's password",
+                    m.source
+                ));
+            }
         }
     }
     if c().service("migrate").depends_condition("credentials")
         != Some("service_completed_successfully")
     {
         problems.push("migrate does not wait for credentials to complete successfully".into());
+    }
+    assert_no_problems(problems);
+}
+
+#[test]
+fn the_write_user_may_not_alter_drop_or_delete() {
+    let mut problems = vec![];
+    with_users_xml(|root| {
+        let Some(writer) = find(root, &format!("users/{CH_WRITER}")) else {
+            problems.push(format!("no user `{CH_WRITER}`"));
+            return;
+        };
+        for grant in find_all(writer, "grants/query") {
+            let q = own_text(grant).to_ascii_uppercase();
+            // The rights, between GRANT and ON.
+            let privs = q.split(" ON ").next().unwrap_or(&q);
+            for right in [
+                "ALTER", "DROP", "DELETE", "TRUNCATE", "ALL", "OPTIMIZE", "SYSTEM",
+            ] {
+                if privs
+                    .split(|c: char| !c.is_ascii_alphanumeric())
+                    .any(|w| w == right)
+                {
+                    problems.push(format!("`{CH_WRITER}` may {right}: {q}"));
+                }
+            }
+        }
+    });
+    for name in &c().collectors {
+        let user = c()
+            .service(name)
+            .env()
+            .get("COLLECTOR_CLICKHOUSE_USER")
+            .cloned();
+        if user.as_deref() != Some(CH_WRITER) {
+            problems.push(format!("{name} logs in as {user:?}, not as the write user"));
+        }
     }
     assert_no_problems(problems);
 }
@@ -959,6 +1086,113 @@ fn caddy_balances_perf_over_the_collectors_with_health_checks_demo_root_mounted(
         problems.push("the file_server root is not deploy/demo mounted into caddy".into());
     }
     assert_no_problems(problems);
+}
+
+/// The uid and gid of a compose `user: UID:GID`, when both are numbers.
+fn uid_gid(user: &str) -> Option<(u32, u32)> {
+    let (u, g) = user.split_once(':')?;
+    Some((u.parse().ok()?, g.parse().ok()?))
+}
+
+/// Issue 52, 5: Caddy runs as a user that is not root, with no capability (a port above
+/// 1024: the Caddyfile's site and the port compose publishes to), a read-only root and
+/// no-new-privileges; its volumes are handed to that user first by `caddy-volumes` (chown,
+/// no network, CHOWN and DAC_READ_SEARCH only), which it waits for.
+#[test]
+fn caddy_runs_as_a_user_not_root_on_a_port_above_1024_without_capabilities() {
+    let mut problems = vec![];
+    let caddy = c().service("caddy");
+    let user = caddy.str("user").unwrap_or("");
+    let ids = uid_gid(user);
+    if ids.is_none_or(|(u, g)| u == 0 || g == 0) {
+        problems.push(format!("caddy: user {user:?}, want UID:GID, not root"));
+    }
+    if caddy.list("cap_drop") != ["ALL"] || !caddy.list("cap_add").is_empty() {
+        problems.push(format!(
+            "caddy: cap_drop {:?} cap_add {:?}, want ALL and none",
+            caddy.list("cap_drop"),
+            caddy.list("cap_add")
+        ));
+    }
+    if !caddy
+        .list("security_opt")
+        .contains(&"no-new-privileges:true".to_owned())
+    {
+        problems.push("caddy: no no-new-privileges:true".into());
+    }
+    if caddy.get("read_only").and_then(serde_yaml::Value::as_bool) != Some(true) {
+        problems.push("caddy: its root is not read-only".into());
+    }
+    let raw = std::fs::read_to_string(root().join("deploy/caddy/Caddyfile")).unwrap();
+    let sites: Vec<u16> = raw
+        .lines()
+        .filter_map(|l| l.strip_prefix(':')?.strip_suffix(" {")?.parse().ok())
+        .collect();
+    let targets: Vec<u64> = caddy
+        .get("ports")
+        .and_then(serde_yaml::Value::as_sequence)
+        .into_iter()
+        .flatten()
+        .filter_map(|p| p.get("target").and_then(serde_yaml::Value::as_u64))
+        .collect();
+    if sites.is_empty() || sites.iter().any(|p| *p <= 1024) {
+        problems.push(format!(
+            "the Caddyfile's sites listen on {sites:?}: want ports above 1024"
+        ));
+    }
+    if targets.is_empty()
+        || targets
+            .iter()
+            .any(|t| !sites.iter().any(|s| u64::from(*s) == *t))
+    {
+        problems.push(format!(
+            "caddy publishes to {targets:?}, not to its sites' {sites:?}"
+        ));
+    }
+    problems.extend(caddy_volumes_problems(caddy, user));
+    assert_no_problems(problems);
+}
+
+/// `caddy-volumes` hands Caddy's named volumes to `user` and Caddy waits for it.
+fn caddy_volumes_problems(caddy: Service, user: &str) -> Vec<String> {
+    let mut problems = vec![];
+    let Some(init) = c().get("caddy-volumes") else {
+        return vec!["no service caddy-volumes".into()];
+    };
+    if caddy.depends_condition("caddy-volumes") != Some("service_completed_successfully") {
+        problems.push("caddy: does not wait for caddy-volumes to complete successfully".into());
+    }
+    let named = |s: Service| -> BTreeMap<String, String> {
+        s.mounts()
+            .into_iter()
+            .filter(|m| m.kind == "volume")
+            .map(|m| (m.source, m.target))
+            .collect()
+    };
+    let (volumes, chowned) = (named(caddy), named(init));
+    let entry = init.list("entrypoint");
+    let targets: BTreeSet<&String> = volumes.values().collect();
+    let paths: BTreeSet<&String> = entry.iter().skip(3).collect();
+    if volumes.is_empty()
+        || volumes != chowned
+        || entry.get(..3) != Some(&["chown".to_owned(), "-R".to_owned(), user.to_owned()][..])
+        || paths != targets
+    {
+        problems.push(format!(
+            "caddy-volumes: {entry:?} on {chowned:?}, want chown -R {user} of caddy's {volumes:?}"
+        ));
+    }
+    let caps = init.list("cap_add");
+    if init.str("network_mode") != Some("none")
+        || init.list("cap_drop") != ["ALL"]
+        || caps != ["CHOWN", "DAC_READ_SEARCH"]
+    {
+        problems.push(format!(
+            "caddy-volumes: network {:?}, capabilities {caps:?}: want none, ALL dropped, CHOWN and DAC_READ_SEARCH",
+            init.str("network_mode")
+        ));
+    }
+    problems
 }
 
 #[test]
@@ -1366,6 +1600,113 @@ fn keeper_raft_members_are_the_keeper_services_ids_from_their_environment() {
             }
         }
     });
+    assert_no_problems(problems);
+}
+
+/// `var`'s value in service `name`'s resolved environment, or a problem naming it.
+fn env_of(name: &str, var: &str, problems: &mut Vec<String>) -> String {
+    let value = c()
+        .service(name)
+        .env()
+        .get(var)
+        .cloned()
+        .unwrap_or_default();
+    if value.is_empty() {
+        problems.push(format!("{name}: {var} is not in its environment"));
+    }
+    value
+}
+
+/// Issue 52, 5: every replica asks HTTP Basic authentication on its interserver port (user and
+/// password, the password from its environment: .env's CLICKHOUSE_INTERSERVER_PASSWORD, the same
+/// on all) and logs in to Keeper with a digest identity `clickhouse:` + .env's
+/// CLICKHOUSE_KEEPER_PASSWORD (ClickHouse then gives every node it creates that identity's ACL).
+#[test]
+fn replicas_ask_interserver_credentials_and_log_in_to_keeper_with_a_digest() {
+    let mut problems = vec![];
+    let mut seen = BTreeSet::new();
+    each_replica_config(|name, top, files| {
+        let creds = xml::find_all_in(top.iter().copied(), "interserver_http_credentials");
+        let user = creds
+            .first()
+            .and_then(|c| text(*c, "user"))
+            .unwrap_or_default();
+        let pw_var = creds
+            .first()
+            .and_then(|c| find(*c, "password"))
+            .and_then(|p| p.attribute("from_env"));
+        let identity = xml::find_all_in(top.iter().copied(), "zookeeper/identity");
+        let id_var = identity.first().and_then(|i| i.attribute("from_env"));
+        match (user.is_empty(), pw_var) {
+            (false, Some(var)) => {
+                let pw = env_of(name, var, &mut problems);
+                seen.insert(format!("interserver {user}:{pw}"));
+            }
+            _ => problems.push(format!(
+                "{name} ({files}): no <interserver_http_credentials> with a user and a password from_env"
+            )),
+        }
+        match id_var {
+            Some(var) => {
+                let id = env_of(name, var, &mut problems);
+                // compose makes it of .env's password: "check" in the placeholder env.
+                if id != "clickhouse:check" {
+                    problems.push(format!(
+                        "{name}: {var} is {id:?}, want clickhouse:${{CLICKHOUSE_KEEPER_PASSWORD}}"
+                    ));
+                }
+                seen.insert(format!("identity {id}"));
+            }
+            None => problems.push(format!(
+                "{name} ({files}): no <zookeeper><identity from_env=...>"
+            )),
+        }
+    });
+    if seen.len() != 2 {
+        problems.push(format!(
+            "the replicas differ in their credentials: {seen:?}"
+        ));
+    }
+    // The two-shard example: its cluster file and its new replicas the same.
+    let shards = std::fs::read_to_string(root().join("deploy/shards/cluster.xml")).unwrap();
+    let cluster = std::fs::read_to_string(root().join("deploy/clickhouse/cluster.xml")).unwrap();
+    for element in ["<interserver_http_credentials>", "<identity from_env="] {
+        let line = |t: &str| t.lines().find(|l| l.contains(element)).map(str::to_owned);
+        if line(&shards).is_none() || line(&shards) != line(&cluster) {
+            problems.push(format!(
+                "deploy/shards/cluster.xml lacks {element} as cluster.xml has it"
+            ));
+        }
+    }
+    let raw = raw_compose("deploy/shards/compose.shards.yaml");
+    let env = &raw["x-clickhouse-b"]["environment"];
+    for var in [
+        "CLICKHOUSE_INTERSERVER_PASSWORD",
+        "CLICKHOUSE_KEEPER_IDENTITY",
+    ] {
+        if env[var].as_str().is_none_or(|v| !v.contains(":?set ")) {
+            problems.push(format!(
+                "compose.shards.yaml's replicas: {var} is not required from .env"
+            ));
+        }
+    }
+    assert_no_problems(problems);
+}
+
+/// No replica starts before `credentials` has checked the passwords (it refuses a
+/// placeholder): each depends on it with service_completed_successfully.
+#[test]
+fn replicas_start_only_once_credentials_passed() {
+    let mut problems = vec![];
+    for name in &c().clickhouse {
+        if c().service(name).depends_condition("credentials")
+            != Some("service_completed_successfully")
+        {
+            problems.push(format!(
+                "{name}: does not depend on credentials with service_completed_successfully"
+            ));
+        }
+    }
     assert_no_problems(problems);
 }
 

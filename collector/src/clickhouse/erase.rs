@@ -150,16 +150,51 @@ pub async fn expire(
     }
     if table == "measurements" && has_table_ttl(client).await.map_err(chain)? {
         let days = retention.as_secs().div_ceil(86_400);
-        client
-            .query(&format!(
-                "ALTER TABLE {database}.{table} MODIFY TTL page_view_at + INTERVAL {days} DAY"
-            ))
-            .execute()
+        // Only when it differs: the serving collectors' write user may not ALTER
+        // (docs/deployment.md, "ClickHouse users"), and its daily run finds it set.
+        if !has_ttl_days(client, database, table, days)
             .await
-            .map_err(chain)?;
+            .map_err(chain)?
+        {
+            client
+                .query(&format!(
+                    "ALTER TABLE {database}.{table} MODIFY TTL page_view_at + INTERVAL {days} DAY"
+                ))
+                .execute()
+                .await
+                .map_err(chain)?;
+        }
         done.ttl_set = true;
     }
     Ok(done)
+}
+
+/// Whether `database.table` has the TTL [`expire`] sets for `days` already: its `engine_full`
+/// shows `TTL page_view_at + toIntervalDay(DAYS)`, as ClickHouse writes `INTERVAL DAYS DAY`
+/// back (26.9).
+async fn has_ttl_days(
+    client: &clickhouse::Client,
+    database: &str,
+    table: &str,
+    days: u64,
+) -> Result<bool, clickhouse::error::Error> {
+    let engines: Vec<String> = client
+        .query("SELECT engine_full FROM system.tables WHERE database = ? AND name = ?")
+        .bind(database)
+        .bind(table)
+        .fetch_all()
+        .await?;
+    Ok(ttl_of(&engines, days))
+}
+
+/// Whether one of `engines` (`system.tables.engine_full`) has the TTL of `days` days.
+fn ttl_of(engines: &[String], days: u64) -> bool {
+    let ttl = format!("TTL page_view_at + toIntervalDay({days})");
+    engines.iter().any(|e| {
+        e.split(&ttl)
+            .nth(1)
+            .is_some_and(|after| !after.starts_with(|c: char| c.is_ascii_digit() || c == ','))
+    })
 }
 
 /// The earliest month (`YYYYMM`) that still holds a row younger than `retention` at
@@ -191,6 +226,34 @@ pub(crate) fn utc_datetime(unix: u64) -> time::OffsetDateTime {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_ttl_counts_only_with_its_days_and_alone() {
+        let engine = |ttl: &str| {
+            vec![format!(
+                "ReplacingMergeTree(received_at) PARTITION BY toYYYYMM(page_view_at) ORDER BY (site, id) {ttl}SETTINGS index_granularity = 8192"
+            )]
+        };
+        assert!(ttl_of(
+            &engine("TTL page_view_at + toIntervalDay(395) "),
+            395
+        ));
+        assert!(!ttl_of(
+            &engine("TTL page_view_at + toIntervalDay(3950) "),
+            395
+        ));
+        assert!(!ttl_of(
+            &engine("TTL page_view_at + toIntervalDay(30) "),
+            395
+        ));
+        assert!(!ttl_of(&engine(""), 395));
+        // A second TTL expression beside it is not what `expire` sets.
+        assert!(!ttl_of(
+            &engine("TTL page_view_at + toIntervalDay(395), page_view_at + toIntervalDay(1) "),
+            395
+        ));
+        assert!(!ttl_of(&[], 395));
+    }
 
     #[test]
     fn the_oldest_kept_month_is_that_of_the_retentions_edge() {

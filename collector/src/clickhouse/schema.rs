@@ -144,6 +144,19 @@ pub fn added_column_statements(database: &str) -> Vec<String> {
         .collect()
 }
 
+/// Those of [`added_column_statements`] whose column is not among `present` (the names of
+/// the table's columns).
+fn missing_column_statements(database: &str, present: &[String]) -> Vec<String> {
+    added_column_statements(database)
+        .into_iter()
+        .filter(|sql| {
+            !present
+                .iter()
+                .any(|c| sql.contains(&format!(" ADD COLUMN {c} ")))
+        })
+        .collect()
+}
+
 /// Whether the server knows MergeTree setting `name`.
 async fn knows_merge_tree_setting(
     client: &clickhouse::Client,
@@ -331,8 +344,22 @@ pub async fn apply_clickhouse(
         });
     }
     // The columns added since v2 of the table, added to a table an earlier release made (one
-    // statement each, so that one found there does not hide another that is missing).
-    for sql in added_column_statements(database) {
+    // statement each, so that one found there does not hide another that is missing). Only
+    // those it lacks: the serving collectors' write user, which applies the schema to a
+    // replica that returns without the table, may not ALTER (docs/deployment.md, "ClickHouse
+    // users"); one added meanwhile by another collector counts as applied.
+    let present: Vec<String> = client
+        .query("SELECT name FROM system.columns WHERE database = ? AND table = 'measurements'")
+        .bind(database)
+        .fetch_all()
+        .await
+        .map_err(|e| {
+            format!(
+                "reading the columns of measurements: {}",
+                crate::logging::chain(&e)
+            )
+        })?;
+    for sql in missing_column_statements(database, &present) {
         run(sql.clone()).await.map_err(|e| format!("{sql}: {e}"))?;
     }
     let engine = engine_of(client, database).await.map_err(|e| {
@@ -500,6 +527,21 @@ mod tests {
             "CREATE TABLE x",
             &answer("Code: 15. already exists")
         ));
+    }
+
+    #[test]
+    fn only_the_columns_a_table_lacks_are_added() {
+        let all = added_column_statements("db");
+        assert!(!all.is_empty());
+        assert_eq!(missing_column_statements("db", &[]), all);
+        let names: Vec<String> = crate::measurement::columns()
+            .iter()
+            .map(|(name, _)| name.to_string())
+            .collect();
+        assert!(missing_column_statements("db", &names).is_empty());
+        let first = all[0].split(" ADD COLUMN ").nth(1).unwrap();
+        let first = first.split(' ').next().unwrap().to_owned();
+        assert_eq!(missing_column_statements("db", &[first]), all[1..]);
     }
 
     #[test]

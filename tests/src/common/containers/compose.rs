@@ -12,16 +12,19 @@ use serde_yaml::Value;
 use crate::common::root;
 
 /// The passwords `compose.yaml` takes from `.env` (`deploy/env.example`), each required.
-pub const PASSWORDS: [&str; 6] = [
+pub const PASSWORDS: [&str; 9] = [
     "POSTGRES_PASSWORD",
     "COLLECTOR_DB_PASSWORD",
     "REPLICATION_PASSWORD",
     "GRAFANA_ADMIN_PASSWORD",
+    "CLICKHOUSE_MIGRATE_PASSWORD",
     "CLICKHOUSE_COLLECTOR_PASSWORD",
     "CLICKHOUSE_DASHBOARD_PASSWORD",
+    "CLICKHOUSE_INTERSERVER_PASSWORD",
+    "CLICKHOUSE_KEEPER_PASSWORD",
 ];
 /// Services that run once and exit; every other service must be restarted by the engine.
-pub const ONE_SHOTS: [&str; 3] = ["credentials", "migrate", "seed"];
+pub const ONE_SHOTS: [&str; 4] = ["credentials", "caddy-volumes", "migrate", "seed"];
 /// The collector's image as compose builds it (every collector-image service has `build`).
 pub const COLLECTOR_IMAGE: &str = "collector:latest";
 
