@@ -20,6 +20,7 @@ mod engines;
 mod failover;
 mod intake;
 mod logs;
+mod masking;
 mod nextest_groups;
 mod observability;
 mod parity;

@@ -108,10 +108,14 @@ pub fn mask(text: &str) -> Cow<'_, str> {
     mask_with(text, PATH_RULES)
 }
 
-/// The user agent as stored (contract v5 §2): as [`mask`] but its numbers are not masked, so
+/// The user agent as stored (contract v5 §2): as [`mask_text`] (on its percent-decoded text:
+/// an in-app browser may write `email=jane%40example.com`) but its numbers are not masked, so
 /// that version numbers (`Chrome/131.0.6778.135`) stay; borrowed when nothing was found.
 pub fn mask_agent(text: &str) -> Cow<'_, str> {
-    mask_with(text, AGENT_RULES)
+    match mask_decoded(text, DECODINGS, AGENT_RULES, true) {
+        Some(masked) => Cow::Owned(masked),
+        None => Cow::Borrowed(text),
+    }
 }
 
 /// `text` masked by `rules`, one rule after the other, each one pass (or, for UUIDs, a

@@ -302,8 +302,9 @@ pub fn part_of(metric: &Field<f64>, max: f64) -> impl Fn(Option<&RawValue>) -> F
 /// A CSS selector of an attribution target (v3): a non-empty string of tag names, ids and
 /// classes, so without whitespace (no id, class token or tag name holds any, HTML Standard
 /// §3.2.6), control or invisible format characters (bidirectional overrides, zero-width
-/// spaces: Unicode category Cf); masked as a URL's path (an id may carry an order number or a
-/// token; contract v4 §5, [`super::minimise::mask`]), then cut to [`MAX_SELECTOR_BYTES`] at a
+/// spaces: Unicode category Cf); masked as a URL's path, on its percent-decoded text too (an
+/// id may carry an order number or a token; contract v4 §5, [`super::minimise::mask_text`]),
+/// then cut to [`MAX_SELECTOR_BYTES`] at a
 /// character boundary: masked before it is cut (contract v5 §2), so that a secret across the
 /// cut is not left as a prefix too short to be recognised. The body's bound (contract §1)
 /// bounds the text masked, and masking is linear.
@@ -316,7 +317,7 @@ pub fn selector(value: Option<&RawValue>) -> Field<Cow<'_, str>> {
                     .any(|c| c.is_whitespace() || c.is_control() || is_format(c))
         })
         .then(|s| {
-            Some(match super::minimise::mask(&s) {
+            Some(match super::minimise::mask_text(&s) {
                 Cow::Borrowed(_) => match s {
                     Cow::Borrowed(b) => Cow::Borrowed(truncate(b, MAX_SELECTOR_BYTES)),
                     Cow::Owned(o) => Cow::Owned(truncate(&o, MAX_SELECTOR_BYTES).to_owned()),

@@ -378,6 +378,10 @@ fn v5_user_agent() {
         "App/1.0 device/*"
     );
     assert_eq!(
+        mask_agent("App/1.0 (user mara.quell%2540example.org)"),
+        "App/1.0 (user *)"
+    );
+    assert_eq!(
         crate::beacon::user_agent(Some(b"App/1.0 (jane@example.com)")),
         "App/1.0 (*)"
     );
