@@ -12,8 +12,8 @@ use tokio_util::task::TaskTracker;
 use crate::cli::{self, failed, RunError};
 use crate::config::Config;
 use crate::{
-    beacon, dedup, endpoints, geo, limits, logging, measurement, metrics, sampling, script, server,
-    settings, shards, spool, state, useragent, writer,
+    beacon, dedup, endpoints, geo, limits, logging, measurement, metrics, purges, sampling, script,
+    server, settings, shards, spool, state, useragent, writer,
 };
 
 /// File descriptors kept for the collector's own use besides client connections: standard
@@ -143,16 +143,15 @@ pub async fn run(
     metrics
         .intake
         .init(beacon::rejection_reasons(), measurement::optional_fields());
-    let (spools, readers) = shards::open(&config, &metrics).map_err(|e| match e {
-        shards::OpenError::Orphaned(_) => RunError::Usage(e.to_string()),
-        shards::OpenError::Spool(_) => failed(e),
-    })?;
     let countries = match &config.intake.geo_db {
         Some(path) => geo::Countries::open(path)
             .map_err(|e| RunError::Usage(format!("COLLECTOR_GEO_DB={:?}: {e}", path.display())))?,
         None => geo::Countries::none(),
     };
-    let site_settings = load_site_settings(&config, sites, &metrics).await;
+    // The settings before the spools: what an earlier release left in them is held to the
+    // sites' rules at open (contract v5 §5).
+    let site_settings = load_site_settings(&config, sites.clone(), &metrics).await;
+    let (spools, readers, at_open) = open_spools(&config, &site_settings, &metrics).await?;
     let state = intake_state(
         &config,
         site_settings.clone(),
@@ -166,6 +165,13 @@ pub async fn run(
     let reloader = tokio::spawn(site_settings.clone().run_reloader(shutdown.clone()));
     let retention = tokio::spawn(apply_retention(config.clone(), shutdown.clone()));
     let geo_reloader = tokio::spawn(countries.run_reloader(shutdown.clone()));
+    let purging = tokio::spawn(purges::run(
+        config.clone(),
+        sites,
+        site_settings.clone(),
+        at_open,
+        shutdown.clone(),
+    ));
     let writer = start_writer(&config, readers, &metrics, site_settings.purged(), shutdown)?;
     tracing::info!(listen = %config.server.listen, shards = config.clickhouse.shards.len(), replicas = config.clickhouse.urls().count(), "collector: serving");
 
@@ -211,11 +217,41 @@ pub async fn run(
     let _ = sampler.await;
     let _ = retention.await;
     let _ = geo_reloader.await;
+    let _ = purging.await;
     let _ = close_admin.send(());
     let _ = admin_server.await;
     tracing::info!("collector: stopped");
     Ok(())
 }
+
+/// Opens every shard's spool ([`shards::open`]), holding what an earlier release left in it to
+/// the rules the site settings make ([`purges::rules`]); with, per purged site, the rows of it
+/// deleted then. Blocking file work, off the runtime's threads.
+async fn open_spools(
+    config: &Config,
+    site_settings: &settings::SiteSettings,
+    metrics: &Arc<metrics::Metrics>,
+) -> Result<(shards::ShardSpools, Vec<Readers>, Vec<(String, i64)>), RunError> {
+    let rules = purges::rules(site_settings);
+    let (config, metrics) = (config.clone(), metrics.clone());
+    let opened = tokio::task::spawn_blocking(move || {
+        let opened = shards::open(&config, &rules, &metrics);
+        let at_open = rules
+            .purged()
+            .map(|s| (s.to_owned(), rules.dropped_of(s) as i64))
+            .collect();
+        opened.map(|(spools, readers)| (spools, readers, at_open))
+    })
+    .await
+    .map_err(|e| failed(format!("opening the spools: {e}")))?;
+    opened.map_err(|e| match e {
+        shards::OpenError::Orphaned(_) => RunError::Usage(e.to_string()),
+        shards::OpenError::Spool(_) => failed(e),
+    })
+}
+
+/// A shard's configuration and the reading side of its spool.
+type Readers = (crate::config::ShardConfig, spool::SpoolReader);
 
 /// The site settings cache over `sites`, loaded whole from the store, or from the snapshot in
 /// the spool folder while the store is unreachable, or else left to load site by site.

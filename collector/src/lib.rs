@@ -40,6 +40,9 @@
 //!   knows ClickHouse (error classes, the insert, the schema), used by the writer and
 //!   `migrate`.
 //! - [`script`]: the tracking script.
+//! - [`purges`]: the rules at rest made from the site settings (what an earlier release left
+//!   in a spool folder is held to them at open), and a purge reaching this collector's
+//!   kept-aside and damaged-segment files, recorded in the settings store for `sites purge`.
 //! - [`metrics`], [`logging`]: operations; [`priority`]: the background threads' nice value;
 //!   [`tls`]: TLS to the databases (rustls), and PostgreSQL's `sslmode`.
 //! - [`app`]: the composition root: builds every part of `collector serve` from the
@@ -118,6 +121,7 @@ pub mod logging;
 pub mod measurement;
 pub mod metrics;
 pub mod priority;
+pub mod purges;
 pub mod report;
 pub mod sampling;
 pub mod script;

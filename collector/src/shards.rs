@@ -143,10 +143,12 @@ pub enum OpenError {
 }
 
 /// Opens the spool of every configured shard, each with an equal share of the bound, after
-/// checking that no folder of an unconfigured shard holds unconfirmed measurements. Returns
-/// the appending sides and, per shard, its configuration and reading side.
+/// checking that no folder of an unconfigured shard holds unconfirmed measurements; what an
+/// earlier release left in each is held to `rules` first ([`spool::at_rest`]). Returns the
+/// appending sides and, per shard, its configuration and reading side.
 pub fn open(
     config: &Config,
+    rules: &dyn spool::AtRest,
     metrics: &Arc<Metrics>,
 ) -> Result<(ShardSpools, Vec<(ShardConfig, SpoolReader)>), OpenError> {
     let shards = &config.clickhouse.shards;
@@ -161,6 +163,7 @@ pub fn open(
             &shard.name,
             share,
             crate::measurement::LAYOUTS,
+            Some(rules),
             metrics.clone(),
         )
         .map_err(|e| OpenError::Spool(e.to_string()))?;

@@ -28,6 +28,10 @@ pub const POSTGRES: &[(&str, &str)] = &[
         "004_sites_trusted_proxies.sql",
         include_str!("../../../schema/postgres/004_sites_trusted_proxies.sql"),
     ),
+    (
+        "005_site_purges.sql",
+        include_str!("../../../schema/postgres/005_site_purges.sql"),
+    ),
 ];
 
 /// Bound on applying the schema to one ClickHouse replica (a hung replica must not hold a

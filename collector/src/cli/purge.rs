@@ -9,13 +9,18 @@
 //! 3. on every ClickHouse server of `COLLECTOR_CLICKHOUSE_URLS`, the site's rows are deleted
 //!    from `measurements` and from a v1 table moved aside, and the deletion waited for
 //!    ([`crate::clickhouse::erase::delete_site`]);
-//! 4. its kept-aside records on this host are deleted from every spool folder's `kept-aside/`
-//!    ([`crate::shards::spool_dirs`]: of every shard, configured or not).
+//! 4. its records on this host are deleted from every spool folder's kept-aside files and
+//!    damaged-segment copies ([`crate::shards::spool_dirs`]: of every shard, configured or
+//!    not; [`crate::spool::hold_kept_aside`]);
+//! 5. it waits until every serving collector has recorded in the store that it did the same
+//!    with its own files (each does when its settings reload shows the mark:
+//!    [`crate::purges`]), at most [`collectors_wait`], and names each one: done (with the rows
+//!    it deleted), not yet, or not serving (it does it at its next start).
 //!
-//! A server that cannot be reached is named on stderr and the command exits 1: running it
-//! again finishes the job (each step is idempotent).
+//! A server that cannot be reached, or a serving collector that has not done its files in
+//! time, is named on stderr and the command exits 1: running it again finishes the job (each
+//! step is idempotent).
 
-use std::path::Path;
 use std::time::Duration;
 
 use super::{failed, RunError};
@@ -60,13 +65,15 @@ pub async fn run(config: &Config, store: &SettingsStore, key: &str) -> Result<()
             }
         }
     }
-    let mut kept = 0;
+    let rules = crate::purges::rules_of(store.fetch_all().await.map_err(failed)?);
     // Every spool folder, of a shard configured or not (one an earlier configuration left).
     for (_, dir) in crate::shards::spool_dirs(&config.spool.dir) {
-        kept += purge_kept_aside(&dir.join("kept-aside"), key)
+        crate::spool::hold_kept_aside(&dir, &rules)
             .map_err(|e| failed(format!("kept-aside records in {}: {e}", dir.display())))?;
     }
+    let kept = rules.dropped_of(key);
     println!("kept-aside: {kept} records of {key} deleted on this host");
+    unreached.extend(wait_for_collectors(config, store, key).await?);
     if unreached.is_empty() {
         println!("site {key} erased");
         Ok(())
@@ -98,82 +105,50 @@ async fn delete_on(
     (url.to_owned(), result)
 }
 
-/// Deletes the rows of `site` from the kept-aside files in `dir` (each `{"reason", "measurements":
-/// [...]}`), a file left without rows as a whole; the number of rows deleted.
-fn purge_kept_aside(dir: &Path, site: &str) -> std::io::Result<usize> {
-    let mut deleted = 0;
-    let entries = match std::fs::read_dir(dir) {
-        Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
-        Err(e) => return Err(e),
-    };
-    for entry in entries {
-        let path = entry?.path();
-        if path.extension().is_none_or(|e| e != "json") {
-            continue;
-        }
-        let Ok(mut body) = serde_json::from_slice::<serde_json::Value>(&std::fs::read(&path)?)
-        else {
-            continue;
-        };
-        let Some(rows) = body.get_mut("measurements").and_then(|m| m.as_array_mut()) else {
-            continue;
-        };
-        let before = rows.len();
-        rows.retain(|r| r.get("site").and_then(|s| s.as_str()) != Some(site));
-        let gone = before - rows.len();
-        if gone == 0 {
-            continue;
-        }
-        deleted += gone;
-        if rows.is_empty() {
-            std::fs::remove_file(&path)?;
-        } else {
-            let tmp = path.with_extension("json.tmp");
-            std::fs::write(&tmp, serde_json::to_vec_pretty(&body).unwrap_or_default())?;
-            std::fs::rename(&tmp, &path)?;
-        }
-    }
-    Ok(deleted)
+/// How long the command waits for the serving collectors to do their files, after the
+/// ClickHouse deletions: two settings reloads (`ttl`) and 10 s for the pass over the files.
+pub fn collectors_wait(ttl: Duration) -> Duration {
+    ttl * 2 + Duration::from_secs(10)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn kept_aside_records_of_the_site_go_and_the_others_stay() {
-        let dir = tempfile::tempdir().unwrap();
-        let file = |name: &str, sites: &[&str]| {
-            let rows: Vec<_> = sites
-                .iter()
-                .map(|s| serde_json::json!({"id": "x", "site": s}))
-                .collect();
-            std::fs::write(
-                dir.path().join(name),
-                serde_json::to_vec(&serde_json::json!({"reason": "r", "measurements": rows}))
-                    .unwrap(),
-            )
-            .unwrap();
-        };
-        file("a.json", &["gone", "gone"]);
-        file("b.json", &["gone", "kept"]);
-        file("c.json", &["kept"]);
-        assert_eq!(purge_kept_aside(dir.path(), "gone").unwrap(), 3);
-        assert!(!dir.path().join("a.json").exists());
-        let b: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(dir.path().join("b.json")).unwrap()).unwrap();
-        assert_eq!(b["measurements"].as_array().unwrap().len(), 1);
-        assert_eq!(b["reason"], "r");
-        assert!(dir.path().join("c.json").exists());
-        assert_eq!(
-            purge_kept_aside(dir.path(), "gone").unwrap(),
-            0,
-            "idempotent"
-        );
-        assert_eq!(
-            purge_kept_aside(&dir.path().join("none"), "gone").unwrap(),
-            0
-        );
+/// Waits until every serving collector has done `key`'s purge in its files (at most
+/// [`collectors_wait`]), printing what each one did; the serving ones that have not, named.
+async fn wait_for_collectors(
+    config: &Config,
+    store: &SettingsStore,
+    key: &str,
+) -> Result<Vec<String>, RunError> {
+    let deadline = tokio::time::Instant::now() + collectors_wait(config.settings.ttl);
+    let collectors = loop {
+        let collectors = store.purges_of(key).await.map_err(failed)?;
+        let waiting = collectors
+            .iter()
+            .any(|c| c.serving() && c.done_rows.is_none());
+        if !waiting || tokio::time::Instant::now() >= deadline {
+            break collectors;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let mut not_done = Vec::new();
+    for c in &collectors {
+        match (c.done_rows, c.serving()) {
+            (Some(rows), _) => println!(
+                "collector {}: {rows} kept-aside and damaged-segment records of {key} deleted",
+                c.collector
+            ),
+            (None, true) => {
+                eprintln!(
+                    "collector: collector {}: has not deleted the records of {key} in its files yet",
+                    c.collector
+                );
+                not_done.push(format!("collector {}", c.collector));
+            }
+            (None, false) => println!(
+                "collector {}: not serving (last seen {}s ago): deletes them at its next start",
+                c.collector,
+                c.seen_ago.as_secs()
+            ),
+        }
     }
+    Ok(not_done)
 }

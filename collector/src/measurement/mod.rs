@@ -5,7 +5,8 @@
 //!   [`table`]'s macro makes from it the row ([`Measurement`]), the request object
 //!   ([`RawBeacon`]), [`FIELDS`], [`COLUMNS`], the RowBinary codec and [`judge`].
 //! - [`column`]: RowBinary type by type; [`rules`]: the field rules of contract §2;
-//!   [`filing`]: `page_view_at`; [`layouts`]: rows of earlier layouts made current.
+//!   [`filing`]: `page_view_at`; [`layouts`]: rows of earlier layouts made current;
+//!   [`stored`]: rows at rest (earlier spools, kept-aside files) held to today's rules.
 //!
 //! The table's DDL (`schema/clickhouse/*.sql`) cannot be generated from the table (`migrate`
 //! applies those files to servers of several versions), so a unit test checks that the DDL
@@ -41,6 +42,7 @@ pub mod layouts;
 pub mod minimise;
 pub mod page_groups;
 pub mod rules;
+pub mod stored;
 pub mod timing;
 
 pub use column::{Column, DateTime, IntoOwned, Label, RowDecodeError};

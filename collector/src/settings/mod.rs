@@ -30,6 +30,7 @@
 
 pub mod breaker;
 pub mod postgres;
+pub mod purges;
 pub mod snapshot;
 pub mod store;
 
@@ -71,6 +72,26 @@ pub trait SiteSource: Send + Sync + 'static {
     fn fetch<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Site>, StoreError>>;
     /// Every site, ordered by key.
     fn fetch_all(&self) -> BoxFuture<'_, Result<Vec<Site>, StoreError>>;
+    /// Records that the collector `name` serves, saying so every `every` ([`crate::purges`]);
+    /// whether it was recorded. The default records nothing.
+    fn collector_seen<'a>(
+        &'a self,
+        _name: &'a str,
+        _every: Duration,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async { Ok(false) })
+    }
+    /// Records that the collector `name` has deleted `site`'s records from its files (`rows`
+    /// of them) for the site's current purge; whether it was recorded. The default records
+    /// nothing.
+    fn purge_done<'a>(
+        &'a self,
+        _site: &'a str,
+        _name: &'a str,
+        _rows: i64,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async { Ok(false) })
+    }
 }
 
 impl SiteSource for SettingsStore {
@@ -80,6 +101,23 @@ impl SiteSource for SettingsStore {
 
     fn fetch_all(&self) -> BoxFuture<'_, Result<Vec<Site>, StoreError>> {
         Box::pin(SettingsStore::fetch_all(self))
+    }
+
+    fn collector_seen<'a>(
+        &'a self,
+        name: &'a str,
+        every: Duration,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(SettingsStore::collector_seen(self, name, every))
+    }
+
+    fn purge_done<'a>(
+        &'a self,
+        site: &'a str,
+        name: &'a str,
+        rows: i64,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(SettingsStore::purge_done(self, site, name, rows))
     }
 }
 
@@ -456,6 +494,16 @@ impl SiteSettings {
     /// `COLLECTOR_SETTINGS_TTL` of the purge).
     pub fn purged(&self) -> watch::Receiver<PurgedSites> {
         self.inner.purged.subscribe()
+    }
+
+    /// Every site the cache holds (as of the last full load and the lookups since), in no
+    /// order: what the rules at rest are made of ([`crate::purges`]).
+    pub fn known_sites(&self) -> Vec<Arc<LoadedSite>> {
+        self.inner
+            .cache
+            .iter()
+            .filter_map(|(_, entry)| entry.site.clone())
+            .collect()
     }
 
     /// Whether some enabled site lists `origin` among its allowed origins (contract v5 §2: an

@@ -146,7 +146,7 @@ impl SettingsStore {
     /// Runs `f` with a pooled client if the breaker admits it: the connection within the hosts'
     /// budget, then `f` within [`QUERY_TIMEOUT`]. A connection whose call timed out or failed
     /// other than by a server error is closed, never returned to the pool.
-    async fn call<T, F>(&self, f: F) -> Result<T, StoreError>
+    pub(super) async fn call<T, F>(&self, f: F) -> Result<T, StoreError>
     where
         F: for<'c> FnOnce(&'c tokio_postgres::Client) -> Query<'c, T>,
     {
@@ -305,7 +305,7 @@ impl SettingsStore {
 }
 
 /// The future of one store call, borrowing its connection.
-type Query<'c, T> =
+pub(super) type Query<'c, T> =
     std::pin::Pin<Box<dyn Future<Output = Result<T, tokio_postgres::Error>> + Send + 'c>>;
 
 #[cfg(test)]

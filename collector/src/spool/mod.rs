@@ -15,7 +15,10 @@
 //!   state;
 //! - [`prepare`]: the thread that makes the next segment ahead of time;
 //! - [`reader`]: frames read in order for the writer, confirmation, dead-letter files;
-//! - [`dump`]: `collector spool dump`, the rows a folder holds, for people.
+//! - [`dump`]: `collector spool dump`, the rows a folder holds, for people;
+//! - [`at_rest`]: what an earlier release left (segments of an earlier layout, kept-aside
+//!   files) held to the rows' owner's rules at open, and kept-aside files when a site is
+//!   purged.
 //!
 //! # On disk
 //!
@@ -177,6 +180,7 @@ use tokio::sync::watch;
 use crate::metrics::Metrics;
 
 mod appender;
+pub mod at_rest;
 pub mod dump;
 pub mod files;
 pub mod format;
@@ -188,6 +192,7 @@ mod recovery;
 mod tests;
 
 use appender::Appender;
+pub use at_rest::{hold_kept_aside, AtRest, Held, KeptAside};
 use files::{identity, parse_in_flight, Cursor, SlotFile};
 pub use format::{Layouts, Record, HEADER_LEN, MAGIC, MAX_RECORD_BYTES};
 use group::Groups;
@@ -502,23 +507,32 @@ pub fn open(
         crate::config::DEFAULT_SHARD,
         max_bytes,
         layouts,
+        None,
         metrics,
     )
 }
 
 /// [`open`] for the spool of shard `shard` (contract v5 §3: one spool per shard), whose
-/// figures are exported with the label `shard` beside the totals.
+/// figures are exported with the label `shard` beside the totals. With `rules`, what an
+/// earlier release left in the folder is held to them before anything is read (contract v5
+/// §5, [`at_rest`]): segments of an earlier layout rewritten, kept-aside files rewritten.
 pub fn open_shard(
     dir: &Path,
     shard: &str,
     max_bytes: u64,
     layouts: Layouts,
+    rules: Option<&dyn AtRest>,
     metrics: Arc<Metrics>,
 ) -> Result<(Spool, SpoolReader), OpenError> {
     let err = |e| OpenError::Io(dir.to_owned(), e);
     let lock = lock_folder(dir)?;
     let (mut cursor_file, cursor) = Cursor::open(dir).map_err(err)?;
-    let recovered = recover_all(dir, &layouts, cursor, &mut cursor_file, &metrics).map_err(err)?;
+    let mut recovered =
+        recover_all(dir, &layouts, cursor, &mut cursor_file, &metrics).map_err(err)?;
+    if let Some(rules) = rules {
+        recovered =
+            hold_to(dir, &layouts, rules, recovered, &mut cursor_file, &metrics).map_err(err)?;
+    }
     let Recovery {
         mut state,
         cursor,
@@ -687,6 +701,41 @@ fn recover_all(
         last_seen,
         rewritten,
     })
+}
+
+/// Holds what recovery kept to `rules` ([`at_rest`]): rewrites the segments of an earlier
+/// layout and counts the folder again if any was, then holds the kept-aside files (a file it
+/// cannot rewrite is said and left).
+fn hold_to(
+    dir: &Path,
+    layouts: &Layouts,
+    rules: &dyn AtRest,
+    recovered: Recovery,
+    cursor_file: &mut Cursor,
+    metrics: &Metrics,
+) -> io::Result<Recovery> {
+    let mut cursor = recovered.cursor;
+    let recovered =
+        if at_rest::rewrite_earlier(dir, layouts.current, rules, &mut cursor, cursor_file)? {
+            let again = recover_all(dir, layouts, cursor, cursor_file, metrics)?;
+            Recovery {
+                last_seen: again.last_seen.max(recovered.last_seen),
+                rewritten: true,
+                ..again
+            }
+        } else {
+            recovered
+        };
+    let held = hold_kept_aside(dir, rules)?;
+    if held != Held::default() {
+        tracing::info!(
+            rewritten = held.rewritten,
+            deleted = held.deleted,
+            rows_dropped = held.rows_dropped,
+            "spool: kept-aside files held to the rules of this release"
+        );
+    }
+    Ok(recovered)
 }
 
 /// Where reading starts: at the cursor, or at the first segment after it; with nothing to

@@ -118,7 +118,7 @@ pub(super) fn recover_segment(
 /// The whole, checksummed frames of a segment's bytes as `(start, end)` offsets, skipping
 /// damage (the scan resynchronises on the next offset that holds a whole frame), and how many
 /// bytes were skipped. It stops at zeros that run to the end: a prepared segment's room.
-fn whole_frames(data: &[u8], version: Version) -> (Vec<(usize, usize)>, usize) {
+pub(super) fn whole_frames(data: &[u8], version: Version) -> (Vec<(usize, usize)>, usize) {
     let mut frames = Vec::new();
     let (mut off, mut skipped) = (HEADER_LEN as usize, 0usize);
     while off < data.len() {

@@ -14,7 +14,10 @@
 //! boundaries decodes the rows; this is the failure path only.
 
 use super::{Abandoned, Batch, Failure, InsertBody, Writer};
-use crate::measurement::{kept_aside_json, row_bounds};
+use std::borrow::Cow;
+
+use crate::measurement::{kept_aside_json, row_bounds, site_of};
+use crate::settings::PurgedSites;
 
 /// Most inserts spent bisecting one refused batch of `rows` rows: 64, plus one for every 32
 /// rows. Each successful piece is a part in ClickHouse, so the budget also bounds the small
@@ -102,7 +105,12 @@ impl Writer {
         range: std::ops::Range<usize>,
         reason: &str,
     ) -> Result<(), Abandoned> {
-        let (body, rows) = kept_aside_json(&batch.body[range], reason);
+        // A site purged while the batch was bisected: its rows are not kept (contract v5 §5).
+        let rows = without_purged(&batch.body[range], &self.purged.borrow());
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let (body, rows) = kept_aside_json(&rows, reason);
         let mut attempt = 0;
         loop {
             match self
@@ -127,4 +135,23 @@ impl Writer {
             }
         }
     }
+}
+
+/// `rows` (RowBinary) without the rows of the `purged` sites; as they are when none is purged
+/// or they do not split into rows.
+fn without_purged<'a>(rows: &'a [u8], purged: &PurgedSites) -> Cow<'a, [u8]> {
+    if purged.is_empty() {
+        return Cow::Borrowed(rows);
+    }
+    let Ok(bounds) = row_bounds(rows) else {
+        return Cow::Borrowed(rows);
+    };
+    let mut kept = Vec::with_capacity(rows.len());
+    for w in bounds.windows(2) {
+        let row = &rows[w[0]..w[1]];
+        if !site_of(row).is_some_and(|site| purged.contains(site)) {
+            kept.extend_from_slice(row);
+        }
+    }
+    Cow::Owned(kept)
 }
