@@ -5,7 +5,7 @@
     var doc = document, perf = performance,
       script = doc.currentScript || doc.querySelector('script[data-site][src*="/script.js"]');
     var site = script && script.getAttribute('data-site');
-    if (!site || !perf || !window.PerformanceObserver) return;
+    if (!site || !window.PerformanceObserver) return;
     var base = script.src.replace(/\/script\.js(\?.*)?$/, ''), endpoint = base + '/api/v1/measurements';
     // The site's sample_rate: unknown until this answer, 0 for an unknown site, 1 if unreachable.
     var rate, settings = fetch(base + '/api/v1/sites/' + site, { credentials: 'omit' })
@@ -14,7 +14,7 @@
       .catch(function () {})
       .then(function () { if (typeof rate != 'number') rate = 1; });
     // Handlers and observer callbacks run outside this try: each gets its own.
-    var safe = function (fn) { return function (a) { try { fn(a); } catch (e) { /* never break the page */ } }; };
+    var safe = function (fn) { return function (a) { try { fn(a); } catch (e) {} }; };
     var on = function (type, fn) { addEventListener(type, safe(fn), true); };
 
     // Everything below runs when the page is shown: at once, or for a prerendered page
@@ -25,12 +25,11 @@
       // A UUIDv7 (RFC 9562): the page view's start in its first 48 bits, so that a beacon of it
       // files by that time even without ts (contract v4 §3); the rest random.
       var uuid = function (ms) {
-        var b = crypto.getRandomValues(new Uint8Array(16)), h = [];
+        var b = crypto.getRandomValues(new Uint8Array(16)), h = '';
         for (var j = 5; j >= 0; j--) { b[j] = ms % 256; ms = Math.floor(ms / 256); }
         b[6] = b[6] & 15 | 112; b[8] = b[8] & 63 | 128;
-        for (var i = 0; i < 16; i++) h.push((b[i] + 256).toString(16).slice(1));
-        h = h.join('');
-        return [h.slice(0, 8), h.slice(8, 12), h.slice(12, 16), h.slice(16, 20), h.slice(20)].join('-');
+        for (var i = 0; i < 16; i++) h += (i > 3 && i < 11 && !(i % 2) ? '-' : '') + (b[i] + 256).toString(16).slice(1);
+        return h;
       };
       // A resource's address without its query and fragment: the collector stores no more
       // (signed URLs carry their signature there), so it is not sent either.
@@ -45,17 +44,16 @@
         if (!can(type)) return;
         try {
           var o = new PerformanceObserver(safe(function (l) { l.getEntries().forEach(fn); update(); }));
-          opts = opts || {}; opts.type = type; opts.buffered = true;
-          o.observe(opts);
-          pending.push(function () { var r = o.takeRecords(); r.forEach(fn); return r.length; });
+          o.observe(Object.assign({ type: type, buffered: true }, opts));
+          pending.push(function () { o.takeRecords().forEach(fn); });
           return o;
         } catch (e) {
           // Listed but refused: nothing to observe.
         }
       };
 
-      var nav = perf.getEntriesByType('navigation')[0] || {};
-      var since = function (t) { return Math.max(0, t - (nav.activationStart || 0)); };
+      var nav = perf.getEntriesByType('navigation')[0] || {}, act = nav.activationStart || 0;
+      var since = function (t) { return Math.max(0, t - act); };
       // Text cut to the collector's bounds (64 bytes of UTF-8, whole characters): past them it
       // drops the whole field (contract v4).
       var cut = function (t) {
@@ -65,6 +63,7 @@
       };
       // The page's dimensions (collectorq, below): every page view starts with those set so far.
       var dims = Object.create(null);
+      var copy = function () { return Object.keys(dims).length ? Object.assign(Object.create(null), dims) : undefined; };
 
       // The page view being measured. Observers write into the current one; every send, answer
       // and timer holds its own view, so a late answer of one page view never touches another
@@ -73,19 +72,19 @@
       var view;
       var start = function (type, ts) {
         view = { m: { id: uuid(Math.round(ts)), site: site, url: location.href, referrer: doc.referrer || undefined,
-          navigation_type: type, effective_connection_type: navigator.connection && navigator.connection.effectiveType,
+          navigation_type: type, effective_connection_type: (navigator.connection || {}).effectiveType,
           viewport_width: innerWidth,
           // The page view's start, sent unchanged by every send of it: the collector files the
           // row by it, so that every resend folds (docs/storage.md).
           ts: Math.round(ts), cls: can('layout-shift') ? 0 : undefined,
-          dimensions: Object.keys(dims).length ? Object.assign(Object.create(null), dims) : undefined },
+          dimensions: copy() },
           // One sampling decision per page view: it sends when draw < rate.
-          draw: Math.random(), state: 0, sends: 0, cls: 0, clsStart: 0, clsLast: 0, inp: {} };
+          draw: Math.random(), state: 0, sends: 0, cls: 0, inp: {}, ic: perf.interactionCount };
       };
       // The body is made whenever a value changes, so that leaving the page only sends.
       var update = function (v) { v = v || view; v.body = JSON.stringify(v.m); };
-      start(nav.activationStart > 0 ? 'prerender' : doc.wasDiscarded ? 'restore' : nav.type,
-        perf.timeOrigin ? perf.timeOrigin + (nav.activationStart || 0) : Date.now());
+      start(act > 0 ? 'prerender' : doc.wasDiscarded ? 'restore' : nav.type,
+        perf.timeOrigin ? perf.timeOrigin + act : Date.now());
       // As web-vitals: no TTFB from an entry whose responseStart is not after the page's start
       // and before now (WebKitGTK gives negative ones for pages from its cache).
       var ttfb = function () {
@@ -101,7 +100,7 @@
       if (st.length) first.m.server_timing = st;
       var loaded = function () {
         setTimeout(function () {
-          if (first.m.ttfb_ms == null) ttfb();
+          ttfb();
           if (nav.domContentLoadedEventEnd) first.m.dom_content_loaded_ms = since(nav.domContentLoadedEventEnd);
           if (nav.loadEventEnd) first.m.load_ms = since(nav.loadEventEnd);
           update(first);
@@ -115,9 +114,9 @@
       var selector = function (n) {
         var sel = '', part;
         try {
-          while (n && n.nodeType !== 9) {
-            part = n.id ? '#' + n.id : [n.nodeType === 1 ? n.nodeName.toLowerCase() : n.nodeName.toUpperCase().replace(/^#/, '')]
-              .concat([].slice.call(n.classList || []).sort()).join('.');
+          while (n && n.nodeType != 9) {
+            part = n.id ? '#' + n.id : [n.nodeType == 1 ? n.nodeName.toLowerCase() : n.nodeName.toUpperCase().replace(/^#/, '')]
+              .concat(Array.from(n.classList || []).sort()).join('.');
             if (sel.length + part.length > 99) return sel || part;
             sel = sel ? part + '>' + sel : part;
             if (n.id) break;
@@ -130,32 +129,41 @@
       };
 
       // Paint entries belong to the load, never to a restored view (measured from the restore).
-      observe('paint', function (e) { if (e.name === 'first-contentful-paint') first.m.fcp_ms = since(e.startTime); });
-      // LCP and its attribution, as web-vitals' attribution build: the element, its resource,
-      // and the time after TTFB split into the resource's load delay, its load, and the render.
-      var onLcp = function (e) {
-        var m = first.m, a = nav.activationStart || 0, ttfb = Math.max(0, nav.responseStart - a) || 0, res;
-        if (first.lcpDone) return;
-        m.lcp_ms = since(e.startTime);
+      observe('paint', function (e) { if (e.name == 'first-contentful-paint') first.m.fcp_ms = since(e.startTime); });
+      // LCP of view v from e, a largest-contentful-paint entry, counted from time a (the
+      // activation, or a route change's interaction) with TTFB ttfb; and its attribution, as
+      // web-vitals' attribution build: the element, its resource, and the time after TTFB split
+      // into the resource's load delay, its load, and the render.
+      var lcpOf = function (v, e, a, ttfb) {
+        var m = v.m, res;
+        if (v.lcpDone || !e) return;
+        m.lcp_ms = Math.max(0, e.startTime - a);
         m.lcp_target = e.element ? selector(e.element) : e.id ? '#' + e.id : undefined;
         // Only a fetched resource: a data: image's URL is the image itself (Firefox gives it whole).
         m.lcp_url = /^https?:/.test(e.url) ? bare(e.url) : undefined;
         perf.getEntriesByType('resource').forEach(function (r) {
-          if (e.url && r.name === e.url && (r.requestStart || r.startTime) <= e.startTime) res = r;
+          if (e.url && r.name == e.url && (r.requestStart || r.startTime) <= e.startTime) res = r;
         });
         var start = Math.max(ttfb, res ? (res.requestStart || res.startTime) - a : 0),
           end = Math.min(m.lcp_ms, Math.max(start, res ? res.responseEnd - a : 0));
         m.lcp_resource_load_delay_ms = start - ttfb;
         m.lcp_resource_load_duration_ms = end - start;
         m.lcp_element_render_delay_ms = m.lcp_ms - end;
+        update(v);
       };
+      var onLcp = function (e) { lcpOf(first, e, act, since(nav.responseStart) || 0); };
       var lcp = observe('largest-contentful-paint', onLcp);
-      // LCP ends at the visitor's first input; the page's own synthetic events do not count.
+      // A route change's LCP (Chromium's soft navigations): the largest paint of the interaction
+      // that made it, counted from that interaction's start, TTFB 0, as web-vitals with
+      // reportSoftNavs (its interaction-contentful-paint entries of other interactions do not count).
+      var onIcp = function (e) { if (e && e.interactionId == view.iid) lcpOf(view, e.largestContentfulPaint, e.startTime, 0); };
+      observe('interaction-contentful-paint', onIcp);
+      // LCP ends at the visitor's first input (a route change's, at the first input after it); the
+      // page's own synthetic events do not count.
       var stopLcp = function (e) {
-        if (!e.isTrusted || first.lcpDone) return;
-        if (lcp) { lcp.takeRecords().forEach(onLcp); lcp.disconnect(); }
-        first.lcpDone = true;
-        update(first);
+        if (!e.isTrusted) return;
+        if (lcp && !first.lcpDone) { lcp.takeRecords().forEach(onLcp); lcp.disconnect(); }
+        first.lcpDone = view.lcpDone = 1;
       };
       on('keydown', stopLcp); on('click', stopLcp);
 
@@ -168,7 +176,7 @@
         v.cls += e.value;
         v.clsLast = e.startTime;
         if (!v.big || e.value >= v.big.value) {
-          src = src.filter(function (s) { return s.node && s.node.nodeType === 1; })[0] || src[0];
+          src = src.filter(function (s) { return s.node && s.node.nodeType == 1; })[0] || src[0];
           v.big = { value: e.value, time: e.startTime, target: src && src.node ? selector(src.node) : undefined };
         }
         if (v.cls > m.cls) {
@@ -204,17 +212,17 @@
           });
         });
       };
-      observe('long-animation-frame', function (e) { loafs.push(e); if (loafs.length > 50) loafs.shift(); inpParts(view); });
+      observe('long-animation-frame', function (e) { loafs.push(e); loafs = loafs.slice(-50); inpParts(view); });
       var onEvent = function (e) {
         var v = view, i = v.inp, end = e.startTime + e.duration, g, k, it, all;
-        for (k = frames.length - 1; k >= 0 && !g; k--) if (Math.abs(end - frames[k].end) <= 8) g = frames[k];
+        for (k = frames.length; k-- && !g;) if (Math.abs(end - frames[k].end) <= 8) g = frames[k];
         if (g) { g.ps = Math.min(g.ps, e.processingStart); g.pe = Math.max(g.pe, e.processingEnd); }
         else { frames.push(g = { end: end, ps: e.processingStart, pe: e.processingEnd }); if (frames.length > 10) frames.shift(); }
         if (!e.interactionId) return;
         it = i[e.interactionId];
         if (!it || e.duration > it.e.duration) i[e.interactionId] = { e: e, g: g, t: (it && it.t) || (e.target && selector(e.target)) };
         else if (!it.t && e.target) it.t = selector(e.target);
-        all = Object.keys(i).map(function (k) { return i[k]; }).sort(function (a, b) { return b.e.duration - a.e.duration; });
+        all = Object.values(i).sort(function (a, b) { return b.e.duration - a.e.duration; });
         v.inpAt = all[Math.min(all.length - 1, Math.floor(all.length / 50))];
         inpParts(v);
       };
@@ -245,12 +253,14 @@
         // goes with the page view, so that its row weighs 1 / rate (contract v4).
         var r = rate === undefined ? 1 : rate;
         if (!(v.draw < r)) return;
-        if (v.m.sample_rate !== r) { v.m.sample_rate = r; update(v); }
+        if (v.m.sample_rate != r) { v.m.sample_rate = r; update(v); }
         v.sends++;
         var retry = function (r) { if (v.state < 3) { v.state = 2; setTimeout(function () { send(v, true); }, later(r)); } };
         var post = function (keep) {
           v.weak = !keep;
-          fetch(endpoint, { method: 'POST', body: v.body, keepalive: keep, headers: { 'Content-Type': 'text/plain' } })
+          // A string body goes as text/plain;charset=UTF-8 (Fetch standard), as sendBeacon's: a
+          // simple request, no preflight.
+          fetch(endpoint, { method: 'POST', body: v.body, keepalive: keep })
             .then(function (r) { if (r.status == 429 || r.status >= 500) retry(r); else v.state = 3; },
               function (e) { if (keep) { v.fell = 1; post(false); } else retry(e); })
             .catch(function () {});
@@ -269,16 +279,19 @@
       // it (issue 38). Engines without beforeunload send at pagehide, or at a visibilitychange
       // to hidden that comes first.
       var flush = function () {
-        var n = 0;
-        pending.forEach(function (take) { n += take(); });
-        if (n) update();
+        pending.forEach(function (take) { take(); });
+        // A page view whose interactions all took under 40 ms (no entry observed): 8 ms, as
+        // web-vitals for a route change or a restore (Event Timing's granularity). The load's
+        // first interaction always has its first-input entry.
+        if (!view.m.inp_ms && perf.interactionCount > view.ic) view.m.inp_ms = 8;
+        update();
       };
       var hide = function (alive) {
         flush();
         send(view, alive);
       };
       on('beforeunload', function () { hide(false); });
-      on('visibilitychange', function () { if (doc.visibilityState === 'hidden') hide(true); });
+      on('visibilitychange', function () { if (doc.visibilityState == 'hidden') hide(true); });
       on('pagehide', function () { hide(false); });
       // A back/forward-cache restore is a new page view: FCP (and LCP where the engine measures
       // it) from the restore to the next frame, TTFB 0, as the web-vitals library reports it.
@@ -297,19 +310,25 @@
         });
       });
       // A route change of a single-page app, where the engine reports it ('soft-navigation'
-      // entries: Chromium): the page view so far ends and is sent (the page lives on, so by a
-      // readable fetch); a new one starts with its own id and URL, TTFB 0 and FCP from the
-      // route change to its first paint, as web-vitals reports a soft navigation. CLS and INP
-      // from then on are the new view's; its LCP is not measured (NULL).
+      // entries: Chromium): the page view so far ends (the load's LCP with it) and is sent (the
+      // page lives on, so by a readable fetch), with the interaction that made the route change
+      // (its entries come before this one; those still queued are taken first). A new page view
+      // starts at that interaction with its own id and URL, TTFB 0, FCP to the route change's
+      // first paint and LCP (above), as web-vitals reports a soft navigation; CLS and INP from
+      // then on are the new view's.
       observe('soft-navigation', function (e) {
-        var prev = view;
+        var prev = view, icp = e.getLargestInteractionContentfulPaint, paint = e.presentationTime || e.paintTime;
         flush();
         send(prev, true);
+        first.lcpDone = 1;
         start('soft_navigation', (perf.timeOrigin || Date.now() - perf.now()) + e.startTime);
+        view.iid = e.interactionId;
         view.m.url = e.name;
         view.m.referrer = prev.m.url;
         view.m.ttfb_ms = 0;
-        if (e.presentationTime || e.paintTime) view.m.fcp_ms = Math.max(0, (e.presentationTime || e.paintTime) - e.startTime);
+        if (paint) view.m.fcp_ms = Math.max(0, paint - e.startTime);
+        // Its largest paint so far, which may have been reported before this entry.
+        if (icp) onIcp(icp.call(e));
       });
       // Dimensions: collectorq.push(['dimension', NAME, VALUE]) before this script ran (queued)
       // or after (push replaced), at most 5 names, each of the form the collector takes (1 to
@@ -320,7 +339,7 @@
       var command = function (c) {
         if (c && c[0] == 'dimension' && /^[a-z0-9_]{1,32}$/.test(c[1]) && c[2] != null && (c[1] in dims || Object.keys(dims).length < 5)) {
           dims[c[1]] = cut(c[2]);
-          view.m.dimensions = Object.assign(Object.create(null), dims);
+          view.m.dimensions = copy();
           update();
         }
       };

@@ -215,7 +215,16 @@ fn compare_page_view(engine: Engine, row: &Value, wv: &Value) -> Vec<Line> {
 fn compare_lcp(lines: &mut Vec<Line>, row: &Value, wv: &Value) {
     compare_metric(lines, row, wv, ("LCP", "lcp_ms"), Some("lcp_target"));
     let lcp_url = resource(&wv["LCP"]["url"]);
-    compare_text(lines, "LCP url", row, "lcp_url", &lcp_url);
+    if lcp_url.is_null() {
+        // Text: no resource.
+        assert!(
+            col(row, "lcp_url").is_null(),
+            "LCP url: web-vitals none\nrow: {row}"
+        );
+        lines.push(("LCP url".into(), "NULL".into(), "(none)".into()));
+    } else {
+        compare_text(lines, "LCP url", row, "lcp_url", &lcp_url);
+    }
     let numbers = [
         (
             "LCP resource load delay",
@@ -368,3 +377,182 @@ async fn matches_web_vitals(engine: Engine) {
 
 // Chromium with its attribution, Firefox and WebKit in what they measure.
 collector_tests::per_engine!(matches_web_vitals);
+
+/// A single-page app of four page views: the load (`/shop/spa.html`) and three route changes
+/// (`/shop/spa/r1` to `r3`), each painting a new largest element `#cN` (text, an image in
+/// route 2). In each, the button `#act` takes 60 ms and 700 ms later inserts a banner above
+/// `main` (a layout shift without recent input, counted in `__shifts`); a route link takes
+/// 150 ms. web-vitals 6.2.3 with `reportSoftNavs` reports into `__wv[navigationURL]`.
+fn spa_page(site: &str) -> String {
+    let by_page = "(__wv[m.navigationURL] = __wv[m.navigationURL] || {})[m.name] = {";
+    let recorder = RECORDER.replace("__wv[m.name] = {", by_page).replace(
+        "{ reportAllChanges: true }",
+        "{ reportAllChanges: true, reportSoftNavs: true }",
+    );
+    assert!(recorder.contains(by_page) && recorder.contains("reportSoftNavs"));
+    format!(
+        r#"<!doctype html><html><head><meta charset="utf-8">
+<script>window.__errors = []; addEventListener('error', function (e) {{ __errors.push(String(e.message)); }});</script>
+<script src="/shop/web-vitals.attribution.iife.js"></script>
+{recorder}
+<script>window.__shifts = 0; new PerformanceObserver(function (l) {{ l.getEntries().forEach(function (e) {{ if (!e.hadRecentInput) __shifts++; }}); }}).observe({{ type: 'layout-shift', buffered: true }});
+// web-vitals has reported page view k's LCP, on its largest element.
+window.__ready = function (k) {{ var w = __wv[location.href]; return !!(w && w.LCP && w.FCP && w.LCP.target === '#c' + k); }};</script>
+<script defer src="/perf/script.js" data-site="{site}"></script></head><body>
+<nav><a id="r1" href="/shop/spa/r1">One</a> <a id="r2" href="/shop/spa/r2">Two</a> <a id="r3" href="/shop/spa/r3">Three</a> <button id="act">Act</button></nav>
+<main id="main"><h1>Home</h1><p id="c0" style="font-size: 24px">Welcome to the shop, have a look around.</p></main>
+<script>
+function busy(ms) {{ var t = performance.now(); while (performance.now() - t < ms); }}
+var n = 0;
+function go(ev) {{
+  ev.preventDefault(); busy(150); n++;
+  history.pushState({{}}, '', ev.currentTarget.getAttribute('href'));
+  document.getElementById('main').innerHTML = '<h1>Route ' + n + '</h1>' + (n == 2
+    ? '<img id="c2" src="/shop/hero.bmp" width="480" height="270">'
+    : '<p id="c' + n + '" style="font-size: ' + (16 + 8 * n) + 'px">' + 'Route content. '.repeat(30 * n) + '</p>');
+}}
+['r1', 'r2', 'r3'].forEach(function (id) {{ document.getElementById(id).addEventListener('click', go); }});
+document.getElementById('act').addEventListener('click', function () {{
+  busy(60);
+  setTimeout(function () {{
+    var d = document.createElement('div'); d.style.height = '60px'; d.textContent = 'Banner';
+    var m = document.getElementById('main'); m.parentNode.insertBefore(d, m);
+  }}, 700);
+}});
+</script></body></html>"#
+    )
+}
+
+/// Drives [`spa_page`]: in each of its four page views, once web-vitals has its LCP, a click
+/// on `#act` and its layout shift, then (but in the last) the route change's click; then hides
+/// the page (our script sends, web-vitals reports).
+async fn walk_routes(b: &Browser) {
+    b.wait_for("document.readyState === 'complete'").await;
+    for k in 0..=3 {
+        b.wait_for(&format!("window.__ready({k})")).await;
+        b.click("act").await;
+        b.wait_for(&format!("window.__shifts === {}", k + 1)).await;
+        if k < 3 {
+            b.click(&format!("r{}", k + 1)).await;
+            b.wait_for(&format!(
+                "performance.getEntriesByType('soft-navigation').length === {}",
+                k + 1
+            ))
+            .await;
+        }
+    }
+    b.eval(HIDE).await;
+    b.wait_for("window.__wv[location.href].INP && window.__wv[location.href].CLS")
+        .await;
+}
+
+/// Issue 54, item 1: in Chromium, a single-page app that changes its route three times stores
+/// four rows, and each route change's LCP (with its attribution), FCP, INP and CLS equal
+/// web-vitals 6.2.3's soft-navigation values of the same page view within the tolerance of
+/// [`close`], TTFB 0. The route change's click (150 ms) is in the page view it happened in:
+/// the INP of each view but the last, whose INP is `#act`'s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn route_changes_match_web_vitals_soft_navigations() {
+    let env = TestEnv::new(Stack::shared()).await;
+    let c = env.collector(&[]).await;
+    let site = "parity-spa";
+    let shop = Shop::start(
+        &c,
+        &[
+            ("spa.html", spa_page(site)),
+            ("web-vitals.attribution.iife.js", web_vitals()),
+        ],
+        None,
+    )
+    .await;
+    std::fs::write(shop.pages().join("hero.bmp"), noisy_bmp()).unwrap();
+    env.add_site(site, &["--origin", &shop.proxy.url]);
+    let b = Browser::start(Engine::Chromium, &env.diag).await;
+    let start = format!("{}/shop/spa.html", shop.proxy.url);
+    b.goto(&start).await;
+    walk_routes(&b).await;
+    let sql = format!(
+        "SELECT * FROM {}.measurements FINAL WHERE site = '{site}' ORDER BY ts",
+        env.db
+    );
+    let rows = poll_until(&env.diag, SETTLE, Duration::from_millis(100), || async {
+        let rows = env.query(0, &sql).await;
+        match rows.len() {
+            4 => Ok(rows),
+            n => Err(format!("{n} of 4 rows")),
+        }
+    })
+    .await;
+    let wv = b.eval("return window.__wv;").await;
+    assert_eq!(
+        b.eval("return window.__errors;").await,
+        serde_json::json!([])
+    );
+    b.quit().await;
+    println!("| route change, metric | ours | web-vitals 6.2.3 |\n| --- | --- | --- |");
+    for (k, row) in rows.iter().enumerate() {
+        let url = match k {
+            0 => start.clone(),
+            _ => format!("{}/shop/spa/r{k}", shop.proxy.url),
+        };
+        assert_eq!(
+            col(row, "url"),
+            url.as_str(),
+            "page view {k} in ts order: {row}"
+        );
+        let reference = &wv[url.as_str()];
+        for (m, o, r) in compare_route(k, row, reference) {
+            println!("| {k} {m} | {o} | {r} |");
+        }
+    }
+}
+
+/// Page view `k` of [`spa_page`] (0 the load) against web-vitals' reports `wv` of it.
+fn compare_route(k: usize, row: &Value, wv: &Value) -> Vec<Line> {
+    let (ours, theirs) = match k {
+        0 => ("navigate", "navigate"),
+        _ => ("soft_navigation", "soft-navigation"),
+    };
+    assert_eq!(col(row, "navigation_type"), ours, "{row}");
+    for metric in ["TTFB", "FCP", "LCP", "INP", "CLS"] {
+        assert_eq!(
+            wv[metric]["navigationType"], theirs,
+            "{metric} of view {k}: {wv}"
+        );
+    }
+    if k > 0 {
+        assert_eq!(col(row, "ttfb_ms"), 0.0, "{row}");
+    }
+    let mut lines = Vec::new();
+    compare_metric(&mut lines, row, wv, ("TTFB", "ttfb_ms"), None);
+    compare_metric(&mut lines, row, wv, ("FCP", "fcp_ms"), None);
+    compare_lcp(&mut lines, row, wv);
+    assert_eq!(col(row, "lcp_target"), format!("#c{k}").as_str(), "{row}");
+    compare_metric(&mut lines, row, wv, ("INP", "inp_ms"), None);
+    let clicked = match k {
+        3 => "#act".to_string(),
+        _ => format!("#r{}", k + 1),
+    };
+    assert_eq!(
+        col(row, "inp_target"),
+        clicked.as_str(),
+        "the view's slowest click: {row}"
+    );
+    lines.push(("INP target".into(), clicked, "(none)".into()));
+    let phases = [
+        ("INP input delay", "inp_input_delay_ms", "inputDelay"),
+        (
+            "INP processing duration",
+            "inp_processing_duration_ms",
+            "processingDuration",
+        ),
+        (
+            "INP presentation delay",
+            "inp_presentation_delay_ms",
+            "presentationDelay",
+        ),
+    ];
+    compare_numbers(&mut lines, row, wv, "INP", &phases);
+    compare_cls(&mut lines, row, wv);
+    lines
+}
