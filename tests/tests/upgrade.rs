@@ -335,3 +335,105 @@ collector_tests::on_both_servers!(
         a_spool_of_the_release_before_opaque_frames_is_delivered_on_18_16,
         a_spool_of_the_release_before_opaque_frames_is_delivered_on_26
 );
+
+/// A reset token and an e-mail address's local part, as a release before v4 stored them: in
+/// the URL's path and query, the referrer and the user agent.
+const TOKEN: &str = "Zq7Kp2Xw9Rt4Lm8Nv3Bc";
+const LOCAL_PART: &str = "jane.doe";
+
+/// A row of site `old-shop` holding both secrets, as the JSON release stored it; and its id.
+fn leaky_row() -> (String, Value) {
+    let id = uuid::Uuid::new_v4().to_string();
+    let url = format!(
+        "https://shop.example/reset/{TOKEN}?token={TOKEN}&email={LOCAL_PART}%40example.com&utm_source=news"
+    );
+    let referrer = format!("https://mail.example/inbox/{TOKEN}?u={LOCAL_PART}@example.com");
+    let agent = format!("Mozilla/5.0 (in-app; {LOCAL_PART}@example.com) Chrome/131.0.0.0");
+    let row = spool_files::v1_row(&id, "old-shop", &url, &referrer, &agent);
+    (id, row)
+}
+
+/// Writes into `dir` what a release before v4 left: a spool of 5 rows in 3 requests, a
+/// kept-aside file of 2 rows and a damaged segment's copy of 1, every row with both secrets.
+/// The ids of the spool's rows.
+fn write_leaky_spool(dir: &Path) -> Vec<String> {
+    let mut rows: Vec<(String, Value)> = (0..8).map(|_| leaky_row()).collect();
+    let aside: Vec<Value> = rows.drain(5..).map(|(_, r)| r).collect();
+    let ids: Vec<String> = rows.iter().map(|(id, _)| id.clone()).collect();
+    let r: Vec<Value> = rows.into_iter().map(|(_, r)| r).collect();
+    let requests = [r[..2].to_vec(), r[2..3].to_vec(), r[3..].to_vec()];
+    spool_files::write_v1_spool(dir, &requests);
+    let name = "00000000000000000001-000000000008-000000.json";
+    spool_files::write_kept_aside(dir, name, &aside[..2]);
+    spool_files::write_damaged(dir, 9, &[aside[2..].to_vec()]);
+    for needle in [TOKEN, LOCAL_PART] {
+        assert_eq!(spool_files::files_holding(dir, needle).len(), 3, "{needle}");
+    }
+    ids
+}
+
+/// Asserts that no file anywhere under `dir` holds a byte sequence of either secret.
+fn assert_no_secret_in(dir: &Path, when: &str) {
+    for needle in [TOKEN, LOCAL_PART] {
+        let found = spool_files::files_holding(dir, needle);
+        assert!(found.is_empty(), "{when}: {needle:?} still in {found:?}");
+    }
+}
+
+/// Asserts that the rows of `ids` hold neither secret in any column, and are minimised as
+/// site `old-shop` keeps them (`utm_*`, its origin `https://shop.example`).
+async fn assert_minimised_in_clickhouse(env: &TestEnv<'_>, ids: &[String]) {
+    let rows = env.rows(ids).await;
+    assert_eq!(rows.len(), ids.len());
+    let all = env.measurements("*", "WHERE site = 'old-shop'").await;
+    assert_eq!(all.len(), ids.len(), "every record once, no copy: {all:?}");
+    let text = serde_json::to_string(&all).unwrap();
+    for needle in [TOKEN, LOCAL_PART] {
+        assert!(!text.contains(needle), "{needle:?} stored: {text}");
+    }
+    for r in &rows {
+        assert_eq!(
+            col(r, "url"),
+            "https://shop.example/reset/*?utm_source=news"
+        );
+        assert_eq!(col(r, "referrer"), "https://mail.example");
+        assert_eq!(
+            col(r, "user_agent"),
+            "Mozilla/5.0 (in-app; *) Chrome/131.0.0.0"
+        );
+    }
+}
+
+/// Contract v5 §5: what a release before v4 left in a spool folder, with secrets, is
+/// minimised when a collector of this release starts on it: its segments are rewritten before
+/// they are delivered (so while ClickHouse is unreachable too), its kept-aside file and
+/// damaged-segment copy rewritten; then every record arrives once, minimised.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_earlier_spool_with_secrets_is_minimised_at_start_and_delivered_once() {
+    let env = TestEnv::new(Stack::shared()).await;
+    let origin = ["--origin", "https://shop.example"];
+    env.cli(&[&["sites", "add", "--key", "old-shop"][..], &origin].concat())
+        .success();
+    let spool = tempfile::tempdir().unwrap();
+    let ids = write_leaky_spool(spool.path());
+    let nowhere = format!("http://127.0.0.1:{}", free_port());
+    let mut c = env
+        .collector(&[
+            ("COLLECTOR_SPOOL_DIR", spool.path().to_str().unwrap()),
+            ("COLLECTOR_CLICKHOUSE_URLS", &nowhere),
+        ])
+        .await;
+    assert_eq!(
+        c.metric("collector_spool_records").await,
+        5.0,
+        "held, not lost"
+    );
+    assert_no_secret_in(spool.path(), "started, nothing delivered");
+    c.set_env("COLLECTOR_CLICKHOUSE_URLS", &env.clickhouse.join(","));
+    c.restart().await;
+    env.assert_stored_once(&ids, Duration::from_secs(60)).await;
+    c.wait_metric("collector_spool_records 0", Duration::from_secs(60))
+        .await;
+    assert_no_secret_in(spool.path(), "delivered");
+    assert_minimised_in_clickhouse(&env, &ids).await;
+}

@@ -13,6 +13,7 @@ pub mod containers;
 pub mod diag;
 pub mod freeze;
 pub mod process;
+pub mod spool_files;
 /// The proxies in front of real ClickHouse servers, from the fakes both test tiers share.
 pub use fake_clickhouse::{lost_answer, standin};
 
