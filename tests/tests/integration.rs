@@ -28,6 +28,7 @@ mod pooler;
 mod privacy;
 mod queries;
 mod report;
+mod report_crux;
 mod sampling;
 mod settings;
 mod shape;

@@ -1,6 +1,7 @@
-//! `collector report --site KEY [--days N] [--by page_group|device_type|country|browser] [--format
-//! table|json] [--html FILE]` (contract v4 §1): a site's numbers at a glance, from ClickHouse
-//! ([`crate::report`]).
+//! `collector report --site KEY [--days N] [--by page_group|device_type|country|browser|dimension:NAME]
+//! [--crux | --compare NAME=A,B | --deploy T] [--format table|json] [--html FILE]` (contract v4
+//! and v5 §1): a site's numbers at a glance, its CrUX view, or two groups of its page views
+//! compared with confidence, from ClickHouse ([`crate::report`]).
 //!
 //! The query goes to the servers of `COLLECTOR_CLICKHOUSE_URLS` in order, as the configured
 //! user, until one answers: every replica holds every row, so any one that answers will do.
@@ -14,7 +15,8 @@ use clap::Args;
 
 use super::RunError;
 use crate::config::Config;
-use crate::report::{self, sql, GroupBy, Report};
+use crate::report::compare::{self, Sides};
+use crate::report::{self, crux, sql, GroupBy, Report};
 
 /// The longest range a report covers: the longest retention (100 years).
 pub const MAX_DAYS: u32 = 36_525;
@@ -30,18 +32,38 @@ pub struct ReportArgs {
     /// The site key.
     #[arg(long)]
     pub site: String,
-    /// How many days back from now (page views by `page_view_at`).
+    /// How many days back from now (page views by `page_view_at`); with `--deploy`, the days
+    /// before and the days after the instant.
     #[arg(long, default_value_t = 7, value_parser = clap::value_parser!(u32).range(1..=MAX_DAYS as i64))]
     pub days: u32,
-    /// What page views are grouped by.
-    #[arg(long, value_enum, default_value_t = GroupBy::DeviceType)]
+    /// What page views are grouped by: device_type, country, browser, page_group or
+    /// dimension:NAME.
+    #[arg(long, default_value = "device_type", value_parser = clap::value_parser!(GroupBy))]
     pub by: GroupBy,
+    /// The CrUX view: the 28 complete UTC days before today, per form factor, Chromium-based
+    /// browsers only, hard navigations and with soft ones, with a daily trend.
+    #[arg(long, conflicts_with_all = ["by", "days", "compare", "deploy"])]
+    pub crux: bool,
+    /// Compare two values of a dimension, `NAME=A,B` (e.g. `release=412,413`): each p75 with its
+    /// 95 % confidence interval, and B − A with its own.
+    #[arg(long, value_name = "NAME=A,B", value_parser = compare::parse_compare, conflicts_with_all = ["by", "deploy"])]
+    pub compare: Option<Sides>,
+    /// Compare the `--days` before instant T (RFC 3339, UTC) with the `--days` after it.
+    #[arg(long, value_name = "T", value_parser = compare::parse_deploy, conflicts_with = "by")]
+    pub deploy: Option<u64>,
     /// `table` for people, `json` for programs (the figures unrounded, shares 0 to 1).
     #[arg(long, value_enum, default_value_t = Format::Table)]
     pub format: Format,
     /// Also write the report as one self-contained HTML page with charts to this file.
     #[arg(long)]
     pub html: Option<PathBuf>,
+}
+
+impl ReportArgs {
+    /// What is compared, if anything.
+    fn sides(&self) -> Option<Sides> {
+        self.compare.clone().or(self.deploy.map(Sides::Deploy))
+    }
 }
 
 /// How the report is printed on standard output.
@@ -70,6 +92,14 @@ pub enum ReportError {
     /// No server answered (exit 1); each with its error.
     #[error("no ClickHouse server answered: {}", .0.join("; "))]
     NoServer(Vec<String>),
+    /// A server answered something the report cannot read (exit 1).
+    #[error("{server} answered what the report cannot read: {why}")]
+    BadAnswer {
+        /// The server.
+        server: String,
+        /// What was wrong.
+        why: String,
+    },
     /// The HTML file could not be written (exit 1).
     #[error("--html {0}: {1}")]
     Html(String, std::io::Error),
@@ -93,6 +123,38 @@ impl From<ReportError> for RunError {
     }
 }
 
+/// One of the report's views, ready to print.
+#[derive(Debug, serde::Serialize)]
+#[serde(untagged)]
+pub enum View {
+    /// Per group (`--by`).
+    Groups(Report),
+    /// `--crux`.
+    Crux(crux::CruxReport),
+    /// `--compare` or `--deploy`.
+    Comparison(compare::Comparison),
+}
+
+impl View {
+    /// The terminal table.
+    fn table(&self) -> String {
+        match self {
+            View::Groups(r) => report::table::render(r),
+            View::Crux(r) => report::table::render_crux(r),
+            View::Comparison(r) => report::table::render_comparison(r),
+        }
+    }
+
+    /// The HTML page.
+    fn html(&self) -> String {
+        match self {
+            View::Groups(r) => report::html::render(r),
+            View::Crux(r) => report::html::render_crux(r),
+            View::Comparison(r) => report::html::render_comparison(r),
+        }
+    }
+}
+
 /// Runs `collector report`.
 pub async fn run(config: &Config, args: ReportArgs) -> Result<(), RunError> {
     if !crate::beacon::is_site_key(&args.site) {
@@ -101,16 +163,22 @@ pub async fn run(config: &Config, args: ReportArgs) -> Result<(), RunError> {
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
-    let report = fetch(config, &args, now).await?;
+    let view = if args.crux {
+        View::Crux(fetch_crux(config, &args.site, now).await?)
+    } else if let Some(sides) = args.sides() {
+        View::Comparison(fetch_comparison(config, &args, &sides, now).await?)
+    } else {
+        View::Groups(fetch(config, &args, now).await?)
+    };
     match args.format {
-        Format::Table => print!("{}", report::table::render(&report)),
+        Format::Table => print!("{}", view.table()),
         Format::Json => println!(
             "{}",
-            serde_json::to_string_pretty(&report).map_err(super::failed)?
+            serde_json::to_string_pretty(&view).map_err(super::failed)?
         ),
     }
     if let Some(path) = &args.html {
-        std::fs::write(path, report::html::render(&report))
+        std::fs::write(path, view.html())
             .map_err(|e| ReportError::Html(path.display().to_string(), e))?;
         if args.format == Format::Table {
             println!("\nHTML report written to {}", path.display());
@@ -149,67 +217,138 @@ async fn shard_of<'c>(
     })
 }
 
-/// The report from the first replica of the site's shard that answers, asked in the
-/// configured order: a shard that is down stops only its own sites' reports.
-async fn fetch(config: &Config, args: &ReportArgs, now: u64) -> Result<Report, ReportError> {
-    let to = now + AHEAD;
-    let from = now.saturating_sub(u64::from(args.days) * 86_400);
-    let database = &config.clickhouse.database;
-    let query = sql::report_query(database, &args.site, args.by, from, to);
-    let shard = shard_of(config, &args.site).await?;
+/// What the first replica of the site's shard that answers, asked in the configured order,
+/// says to `ask`, and which server that was: a shard that is down stops only its own sites'
+/// reports. `ask` answers `None` when the server holds no row of the site at all.
+async fn first_answer<T, F, Fut>(
+    config: &Config,
+    site: &str,
+    ask: F,
+) -> Result<(T, String), ReportError>
+where
+    F: Fn(clickhouse::Client) -> Fut,
+    Fut: std::future::Future<Output = Result<Option<T>, String>>,
+{
+    let shard = shard_of(config, site).await?;
     let mut problems = Vec::new();
     for url in &shard.urls {
         let url = url.as_str().trim_end_matches('/');
         let client = crate::clickhouse::client(url, &config.clickhouse, false);
-        let asked = ask(&client, &query, database, &args.site);
-        let answer = tokio::time::timeout(SERVER_TIMEOUT, asked)
+        let answer = tokio::time::timeout(SERVER_TIMEOUT, ask(client))
             .await
             .unwrap_or_else(|_| Err(format!("no answer within {SERVER_TIMEOUT:?}")));
         match answer {
             Ok(None) => {
                 return Err(ReportError::UnknownSite {
-                    site: args.site.clone(),
+                    site: site.to_owned(),
                     server: url.to_owned(),
                 })
             }
-            Ok(Some(groups)) => {
-                return Ok(Report {
-                    site: args.site.clone(),
-                    days: args.days,
-                    by: args.by,
-                    from: sql::utc(from),
-                    to: sql::utc(to),
-                    server: url.to_owned(),
-                    groups,
-                })
-            }
+            Ok(Some(found)) => return Ok((found, url.to_owned())),
             Err(e) => problems.push(format!("{url}: {e}")),
         }
     }
     Err(ReportError::NoServer(problems))
 }
 
-/// The groups' figures from one server; `None` when it holds no row of the site at all.
-async fn ask(
-    client: &clickhouse::Client,
-    query: &str,
-    database: &str,
+/// One error's chain as text.
+fn chain(e: clickhouse::error::Error) -> String {
+    crate::logging::chain(&e)
+}
+
+/// Whether the server behind `client` holds any row of `site` (any time, bots too).
+async fn known(client: &clickhouse::Client, database: &str, site: &str) -> Result<bool, String> {
+    let n: u64 = client
+        .query(&sql::known_query(database, site))
+        .fetch_one()
+        .await
+        .map_err(chain)?;
+    Ok(n > 0)
+}
+
+/// The report per group (`--by`).
+async fn fetch(config: &Config, args: &ReportArgs, now: u64) -> Result<Report, ReportError> {
+    let to = now + AHEAD;
+    let from = now.saturating_sub(u64::from(args.days) * 86_400);
+    let database = &config.clickhouse.database;
+    let query = sql::report_query(database, &args.site, &args.by, from, to);
+    let (groups, server) = first_answer(config, &args.site, |client| {
+        let query = &query;
+        async move {
+            let rows: Vec<sql::Row> = client.query(query).fetch_all().await.map_err(chain)?;
+            if rows.is_empty() && !known(&client, database, &args.site).await? {
+                return Ok(None);
+            }
+            rows.into_iter()
+                .map(sql::Row::figures)
+                .collect::<Result<Vec<_>, _>>()
+                .map(Some)
+        }
+    })
+    .await?;
+    Ok(Report {
+        site: args.site.clone(),
+        days: args.days,
+        by: args.by.clone(),
+        from: sql::utc(from),
+        to: sql::utc(to),
+        server,
+        groups,
+    })
+}
+
+/// The CrUX view (`--crux`).
+async fn fetch_crux(
+    config: &Config,
     site: &str,
-) -> Result<Option<Vec<report::GroupFigures>>, String> {
-    let chain = |e: clickhouse::error::Error| crate::logging::chain(&e);
-    let rows: Vec<sql::Row> = client.query(query).fetch_all().await.map_err(chain)?;
-    if rows.is_empty() {
-        let known: u64 = client
-            .query(&sql::known_query(database, site))
-            .fetch_one()
-            .await
-            .map_err(chain)?;
-        if known == 0 {
+    now: u64,
+) -> Result<crux::CruxReport, ReportError> {
+    let range = crux::range(now);
+    let database = &config.clickhouse.database;
+    let query = crux::query(database, site, range.0, range.1);
+    let (rows, server) = first_answer(config, site, |client| {
+        let query = &query;
+        async move {
+            let rows: Vec<sql::Row> = client.query(query).fetch_all().await.map_err(chain)?;
+            if rows.is_empty() && !known(&client, database, site).await? {
+                return Ok(None);
+            }
+            Ok(Some(rows))
+        }
+    })
+    .await?;
+    crux::assemble(site, &server, range, rows).map_err(|why| ReportError::BadAnswer { server, why })
+}
+
+/// The comparison (`--compare` or `--deploy`).
+async fn fetch_comparison(
+    config: &Config,
+    args: &ReportArgs,
+    sides: &Sides,
+    now: u64,
+) -> Result<compare::Comparison, ReportError> {
+    let range = sides.range(args.days, now);
+    let database = &config.clickhouse.database;
+    let site = &args.site;
+    let (answer, server) = first_answer(config, site, |client| async move {
+        let sums_sql = compare::sums_query(database, site, sides, range);
+        let rows: Vec<compare::SumsRow> =
+            client.query(&sums_sql).fetch_all().await.map_err(chain)?;
+        if rows.is_empty() && !known(&client, database, site).await? {
             return Ok(None);
         }
-    }
-    rows.into_iter()
-        .map(sql::Row::figures)
-        .collect::<Result<_, _>>()
-        .map(Some)
+        let sums = compare::sums_by_side(rows);
+        let spread_sql = compare::spread_query(database, site, sides, range, &sums);
+        let spread: compare::SpreadRow =
+            client.query(&spread_sql).fetch_one().await.map_err(chain)?;
+        let levels = compare::levels(&sums, &spread);
+        let q_sql = compare::quantiles_query(database, site, sides, range, &levels);
+        let quantiles: compare::QuantilesRow =
+            client.query(&q_sql).fetch_one().await.map_err(chain)?;
+        Ok(Some((sums, quantiles)))
+    })
+    .await?;
+    let (sums, quantiles) = answer;
+    compare::assemble(site, &server, sides, range, &sums, &quantiles)
+        .map_err(|why| ReportError::BadAnswer { server, why })
 }

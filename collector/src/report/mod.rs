@@ -12,8 +12,11 @@
 //! good threshold, poor above the poor one, and needs improvement between
 //! (<https://web.dev/articles/vitals>, "Core Web Vitals thresholds").
 
+pub mod compare;
+pub mod crux;
 pub mod html;
 pub mod sql;
+pub mod stats;
 pub mod table;
 
 use serde::Serialize;
@@ -114,6 +117,29 @@ impl Metric {
         }
     }
 
+    /// A value at the report's display resolution, rounded up: whole milliseconds, CLS to
+    /// 0.001. What the CrUX view's p75s are taken over ([`crux`]): it keeps the quantiles'
+    /// working sets to one entry per millisecond, not one per distinct float, and rounding up
+    /// keeps every rating (the thresholds lie on that grid). A value within 10⁻⁶ of a step
+    /// above it counts as that step, so that float noise (`0.123 · 1000 =
+    /// 123.00000000000001`) does not move it a step up. [`Metric::resolution_sql`] is the same
+    /// in SQL, operation for operation.
+    pub fn at_resolution(self, value: f64) -> f64 {
+        match self {
+            Metric::Cls => (value * 1000.0 - 0.000_001).ceil() / 1000.0,
+            _ => (value - 0.000_001).ceil(),
+        }
+    }
+
+    /// [`Metric::at_resolution`] of its column, in SQL.
+    pub fn resolution_sql(self) -> String {
+        let c = self.column();
+        match self {
+            Metric::Cls => format!("ceil({c} * 1000 - 0.000001) / 1000"),
+            _ => format!("ceil({c} - 0.000001)"),
+        }
+    }
+
     /// `value` as a shop owner reads it: whole milliseconds with thousands separated
     /// (`2,710 ms`), CLS with three decimals (`0.105`), so that a value just above a threshold
     /// does not print as the threshold.
@@ -125,46 +151,110 @@ impl Metric {
     }
 }
 
-/// What the page views are grouped by (`--by`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, clap::ValueEnum)]
-#[serde(rename_all = "snake_case")]
+/// What the page views are grouped by (`--by`): a column, or (contract v5) a dimension's value
+/// (`dimension:NAME`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum GroupBy {
     /// `mobile`, `tablet`, `desktop`, `unknown` (bots are left out).
     #[default]
-    #[value(name = "device_type")]
     DeviceType,
     /// ISO 3166-1 alpha-2, empty where unknown.
-    #[value(name = "country")]
     Country,
     /// The browser family (`Chrome`, `Mobile Safari`, ...).
-    #[value(name = "browser")]
     Browser,
     /// The page group (contract v4): a rule's name, or the path with its variable parts as
     /// `*`; empty for rows stored before page groups.
-    #[value(name = "page_group")]
     PageGroup,
+    /// The value of the dimension NAME (`--by dimension:NAME`, contract v5): a name the site
+    /// declares (`[a-z0-9_]`, 1 to 32 bytes); empty for page views that did not send it.
+    Dimension(String),
+}
+
+impl std::str::FromStr for GroupBy {
+    type Err = String;
+
+    /// `device_type`, `country`, `browser`, `page_group` or `dimension:NAME`.
+    fn from_str(s: &str) -> Result<GroupBy, String> {
+        Ok(match s {
+            "device_type" => GroupBy::DeviceType,
+            "country" => GroupBy::Country,
+            "browser" => GroupBy::Browser,
+            "page_group" => GroupBy::PageGroup,
+            _ => match s.strip_prefix("dimension:") {
+                Some(name) => GroupBy::Dimension(dimension_name(name)?),
+                None => {
+                    return Err(format!(
+                        "{s:?}: one of device_type, country, browser, page_group, dimension:NAME"
+                    ))
+                }
+            },
+        })
+    }
+}
+
+impl std::fmt::Display for GroupBy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            GroupBy::Dimension(name) => write!(f, "dimension:{name}"),
+            other => f.write_str(other.column()),
+        }
+    }
+}
+
+impl Serialize for GroupBy {
+    /// As written on the command line: `device_type`, `dimension:release`.
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+/// `name` when it is a dimension's name as `sites update --dimension` accepts it (1 to 32 bytes
+/// of `[a-z0-9_]`, [`crate::settings::check_dimensions`]), else why not.
+pub fn dimension_name(name: &str) -> Result<String, String> {
+    crate::settings::check_dimensions(&[name.to_owned()])?;
+    Ok(name.to_owned())
 }
 
 impl GroupBy {
-    /// Its column in `measurements`.
-    pub fn column(self) -> &'static str {
+    /// Its column in `measurements`; for a dimension, `dimension_values`.
+    pub fn column(&self) -> &'static str {
         match self {
             GroupBy::DeviceType => "device_type",
             GroupBy::Country => "country",
             GroupBy::Browser => "browser",
             GroupBy::PageGroup => "page_group",
+            GroupBy::Dimension(_) => "dimension_values",
+        }
+    }
+
+    /// The SQL expression of a row's group: the column, or the dimension's value (`''` where
+    /// the row has no such dimension: `indexOf` is then 0 and element 0 of an array is its
+    /// type's default, on 18.16 and 26.x alike).
+    pub fn expression(&self) -> String {
+        match self {
+            GroupBy::Dimension(name) => dimension_value(name),
+            other => format!("toString({})", other.column()),
         }
     }
 
     /// A group's name for display: an empty value (no country found, an unknown browser)
-    /// reads `(unknown)`.
-    pub fn display(self, group: &str) -> String {
-        if group.is_empty() {
-            "(unknown)".to_owned()
-        } else {
-            group.to_owned()
+    /// reads `(unknown)`; for a dimension, `(not sent)`.
+    pub fn display(&self, group: &str) -> String {
+        match (group.is_empty(), self) {
+            (true, GroupBy::Dimension(_)) => "(not sent)".to_owned(),
+            (true, _) => "(unknown)".to_owned(),
+            (false, _) => group.to_owned(),
         }
     }
+}
+
+/// The SQL expression of the value of the dimension `name` (validated by [`dimension_name`])
+/// in a row, `''` where the row has none.
+pub fn dimension_value(name: &str) -> String {
+    format!(
+        "dimension_values[indexOf(dimension_names, {})]",
+        sql::quote(name)
+    )
 }
 
 /// The fewest page views (stored rows, whatever their weight: a weight adds no information) a
@@ -262,7 +352,7 @@ pub struct Report {
     pub site: String,
     /// The range's length in days.
     pub days: u32,
-    /// How page views are grouped.
+    /// How page views are grouped (`device_type`, ..., `dimension:NAME`).
     pub by: GroupBy,
     /// Start of the range, `YYYY-MM-DD hh:mm:ss` UTC (inclusive).
     pub from: String,
@@ -356,6 +446,25 @@ mod tests {
         assert_eq!((f.p75, f.rating, f.shares()), (None, None, None));
         assert_eq!(f.missing(), Some("not enough data"));
         assert_eq!(f.measured, 99, "what it rests on is still said");
+    }
+
+    #[test]
+    fn values_at_the_resolution_keep_their_rating() {
+        assert_eq!(Metric::Lcp.at_resolution(2500.0), 2500.0);
+        assert_eq!(Metric::Lcp.at_resolution(2500.01), 2501.0);
+        assert_eq!(Metric::Lcp.at_resolution(2499.2), 2500.0);
+        assert_eq!(Metric::Cls.at_resolution(0.1), 0.1);
+        assert_eq!(
+            Metric::Cls.at_resolution(0.123),
+            0.123,
+            "not 0.124 by float noise"
+        );
+        assert_eq!(Metric::Cls.at_resolution(0.1001), 0.101);
+        assert_eq!(Metric::Cls.at_resolution(0.0), 0.0);
+        assert_eq!(
+            Metric::Cls.resolution_sql(),
+            "ceil(cls * 1000 - 0.000001) / 1000"
+        );
     }
 
     #[test]

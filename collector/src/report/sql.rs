@@ -64,7 +64,7 @@ pub fn datetime(unix: u64) -> String {
 
 /// The report's query for `site` in `database`, grouped `by`, over `[from, to)` (Unix
 /// seconds). `database` is a validated name (`[A-Za-z_][A-Za-z0-9_]*`).
-pub fn report_query(database: &str, site: &str, by: GroupBy, from: u64, to: u64) -> String {
+pub fn report_query(database: &str, site: &str, by: &GroupBy, from: u64, to: u64) -> String {
     let per_metric = |name: &str, item: &dyn Fn(Metric, &str) -> String| {
         let items: Vec<String> = Metric::ALL
             .iter()
@@ -73,7 +73,7 @@ pub fn report_query(database: &str, site: &str, by: GroupBy, from: u64, to: u64)
         format!("    [\n{}\n    ] AS {name}", items.join(",\n"))
     };
     let columns = [
-        format!("    toString({}) AS grp", by.column()),
+        format!("    {} AS grp", by.expression()),
         "    count() AS measurements".to_owned(),
         format!("    sum({WEIGHT}) AS page_views"),
         per_metric("measured", &|_, c| format!("count({c})")),
@@ -99,7 +99,7 @@ pub fn report_query(database: &str, site: &str, by: GroupBy, from: u64, to: u64)
 
 /// The `WHERE` of the report: the site, the range on `page_view_at` (the sorting key's second
 /// column), no bots, no rate of 0.
-fn filter(site: &str, from: u64, to: u64) -> String {
+pub fn filter(site: &str, from: u64, to: u64) -> String {
     format!(
         "WHERE site = {}\n  AND page_view_at >= {} AND page_view_at < {}\n  AND device_type != 'bot'\n  AND sample_rate > 0",
         quote(site),
@@ -207,7 +207,7 @@ mod tests {
 
     #[test]
     fn the_query_is_the_documented_weighting_with_the_thresholds_and_the_filter() {
-        let sql = report_query("db", "it's", GroupBy::Browser, 0, 86_400);
+        let sql = report_query("db", "it's", &GroupBy::Browser, 0, 86_400);
         assert!(
             sql.starts_with("SELECT\n    toString(browser) AS grp,"),
             "{sql}"
@@ -253,7 +253,7 @@ mod tests {
         let sql = report_query(
             "collector",
             "shop",
-            GroupBy::DeviceType,
+            &GroupBy::DeviceType,
             now - 7 * 86_400,
             now + 300,
         );
