@@ -268,6 +268,8 @@ fn replace(path: &Path, bytes: &[u8]) -> io::Result<()> {
 mod tests {
     use std::sync::Arc;
 
+    use std::time::Duration;
+
     use super::super::format::{encode_earlier_frame, MAGIC_V1, MAGIC_V3};
     use super::super::tests::m;
     use super::super::{open_shard, Frame};
@@ -411,5 +413,32 @@ mod tests {
         assert_eq!(rows.len(), 1);
         assert_eq!(rows[0].id.as_u128(), 2);
         assert_eq!(holding(dir.path(), SECRET), Vec::<String>::new());
+    }
+
+    /// Records of this release are left as they are at open, a purged site's too (the
+    /// writer drops those, counting them).
+    #[tokio::test]
+    async fn records_of_this_release_are_not_rewritten_at_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let metrics = Arc::new(Metrics::new());
+        {
+            let (spool, _reader) =
+                super::super::open(dir.path(), 1 << 20, LAYOUTS, metrics.clone()).unwrap();
+            spool
+                .append(encode(&[m(1), m(2)]), Duration::from_secs(5))
+                .await
+                .unwrap();
+        }
+        let rules = SiteRules::new([("s".to_owned(), Keeps::default(), true)]);
+        let (_spool, _reader) = open_shard(
+            dir.path(),
+            "default",
+            1 << 20,
+            LAYOUTS,
+            Some(&rules),
+            metrics.clone(),
+        )
+        .unwrap();
+        assert_eq!(metrics.spool.records.get(), 2);
     }
 }

@@ -84,8 +84,16 @@ pub fn write_damaged(dir: &Path, n: u64, requests: &[Vec<Value>]) -> PathBuf {
     path
 }
 
+/// The 16 bytes a row's `id` is in a RowBinary row (the spool's segments): the UUID's two
+/// halves, each a little-endian u64, the high one first.
+pub fn uuid_row_bytes(id: &str) -> Vec<u8> {
+    let (high, low) = uuid::Uuid::parse_str(id).unwrap().as_u64_pair();
+    [high.to_le_bytes(), low.to_le_bytes()].concat()
+}
+
 /// Every file under `dir` (all folders, all files) whose bytes hold `needle`.
-pub fn files_holding(dir: &Path, needle: &str) -> Vec<PathBuf> {
+pub fn files_holding(dir: &Path, needle: impl AsRef<[u8]>) -> Vec<PathBuf> {
+    let needle = needle.as_ref();
     let mut found = Vec::new();
     for entry in std::fs::read_dir(dir).unwrap() {
         let path = entry.unwrap().path();
@@ -93,7 +101,7 @@ pub fn files_holding(dir: &Path, needle: &str) -> Vec<PathBuf> {
             found.extend(files_holding(&path, needle));
         } else {
             let bytes = std::fs::read(&path).unwrap();
-            if bytes.windows(needle.len()).any(|w| w == needle.as_bytes()) {
+            if bytes.windows(needle.len()).any(|w| w == needle) {
                 found.push(path);
             }
         }
