@@ -36,3 +36,4 @@ mod shards;
 mod storage;
 mod sync_fails;
 mod upgrade;
+mod upgrade_rows;

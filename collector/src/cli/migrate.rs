@@ -1,7 +1,8 @@
 //! `collector migrate`: applies `schema/postgres/` to PostgreSQL and the ClickHouse schema
 //! ([`crate::clickhouse::schema`]) to every ClickHouse replica of every shard, with the
 //! `Distributed` table over them ([`crate::clickhouse::cluster`]), then copies a v1 table's
-//! rows.
+//! rows, and holds every shard's stored rows to today's rules
+//! ([`crate::clickhouse::minimise`]).
 
 use super::{cli_store, RunError};
 use crate::clickhouse::cluster::{
@@ -111,11 +112,12 @@ pub async fn run(config: &Config) -> Result<(), RunError> {
                 .into(),
         ));
     }
-    for (first, missed) in copies {
+    for (first, missed) in &copies {
         if let Some((url, client)) = first {
-            copy_v1_rows(&url, &client, &config.clickhouse.database, missed).await?;
+            copy_v1_rows(url, client, &config.clickhouse.database, *missed).await?;
         }
     }
+    minimise_stored_rows(config, &copies).await?;
     if !cluster_differs.is_empty() {
         return Err(RunError::Failed(format!(
             "the cluster {} of {} does not list the configured shards (see above): fix remote_servers or COLLECTOR_CLICKHOUSE_CLUSTER",
@@ -269,4 +271,95 @@ async fn copy_v1_rows(
         }
     }
     Ok(())
+}
+
+/// The setting that bounds the rows `migrate` reads per chunk while it minimises stored rows
+/// (one INSERT and one progress line each).
+pub const CHUNK_ROWS_SETTING: &str = "COLLECTOR_MIGRATE_CHUNK_ROWS";
+
+/// Rows per chunk: [`CHUNK_ROWS_SETTING`], 1 to 1,000,000, else
+/// [`DEFAULT_CHUNK_ROWS`](crate::clickhouse::minimise::DEFAULT_CHUNK_ROWS).
+fn chunk_rows() -> Result<usize, RunError> {
+    match std::env::var(CHUNK_ROWS_SETTING) {
+        Err(_) => Ok(crate::clickhouse::minimise::DEFAULT_CHUNK_ROWS),
+        Ok(v) => v
+            .parse::<usize>()
+            .ok()
+            .filter(|n| (1..=1_000_000).contains(n))
+            .ok_or_else(|| {
+                RunError::Usage(format!(
+                    "{CHUNK_ROWS_SETTING}={v:?}: a number of rows from 1 to 1000000"
+                ))
+            }),
+    }
+}
+
+/// Minimises the rows earlier releases stored (contract v5 §5), shard by shard through the
+/// first replica that took the schema (the rewrites replicate like any insert), with each
+/// site's settings from PostgreSQL. Fails when a partition still takes rows to change after
+/// its checks; partitions are marked done only where every replica of the shard answered
+/// (the next run reads the others again). A shard none of whose replicas took the schema was
+/// named already and is left to the next run.
+async fn minimise_stored_rows(
+    config: &Config,
+    shards: &[(Option<(String, clickhouse::Client)>, usize)],
+) -> Result<(), RunError> {
+    use crate::clickhouse::minimise::{minimise_rows, Options};
+    use crate::measurement::stored::{Keeps, SiteRules};
+    let chunk_rows = chunk_rows()?;
+    let sites = cli_store(config)?
+        .fetch_all()
+        .await
+        .map_err(|e| RunError::Failed(format!("reading the sites to minimise their rows: {e}")))?;
+    let sites = SiteRules::new(sites.into_iter().map(|s| {
+        let keeps = Keeps {
+            keep_query: s.keep_query,
+            origins: s.allowed_origins,
+        };
+        (s.key, keeps, s.purged)
+    }));
+    let mut left = Vec::new();
+    for (first, missed) in shards {
+        let Some((url, client)) = first else { continue };
+        let opts = Options {
+            database: &config.clickhouse.database,
+            form: config.clickhouse.table_form,
+            chunk_rows,
+            sites: &sites,
+            mark: *missed == 0,
+            url,
+        };
+        let started = std::time::Instant::now();
+        let done = minimise_rows(client, &opts).await.map_err(|e| {
+            RunError::Failed(format!(
+                "clickhouse {url}: minimising stored rows: {e} (run migrate again: it goes on where it stopped)"
+            ))
+        })?;
+        let secs = started.elapsed().as_secs_f64();
+        println!(
+            "clickhouse {url}: stored rows minimised (rules v{}): {} partitions, {} done before, {} rows read, {} rewritten in {secs:.1} s ({:.0} rows/s)",
+            crate::clickhouse::minimise::RULES,
+            done.partitions,
+            done.skipped,
+            done.rows_read,
+            done.rewritten,
+            done.rows_read as f64 / secs.max(1e-3)
+        );
+        if *missed > 0 {
+            eprintln!("collector: clickhouse {url}: {missed} replica(s) of its shard did not answer: the rows are minimised through this one, and the next migrate checks again what they may hold");
+        }
+        if !done.unsettled.is_empty() {
+            left.push(format!(
+                "{url}: {} still take rows to minimise (a collector of an earlier release still writing?)",
+                done.unsettled.join(", ")
+            ));
+        }
+    }
+    if left.is_empty() {
+        return Ok(());
+    }
+    Err(RunError::Failed(format!(
+        "stored rows not all minimised yet; run migrate again: {}",
+        left.join("; ")
+    )))
 }

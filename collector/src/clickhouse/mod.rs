@@ -1,5 +1,6 @@
 //! ClickHouse, in one place: how an insert failed ([`errors`]), the INSERT itself
-//! ([`insert`]) and the schema with its two table forms ([`schema`]). The writer
+//! ([`insert`]), the schema with its two table forms ([`schema`]) and stored rows held to
+//! today's rules ([`minimise`]). The writer
 //! ([`crate::writer`]) and `collector migrate` ([`crate::cli::migrate`]) use it; it uses neither.
 //!
 //! Inside this module and everywhere else, `clickhouse::…` names the `clickhouse` crate (the
@@ -9,6 +10,7 @@ pub mod cluster;
 pub mod erase;
 pub mod errors;
 pub mod insert;
+pub mod minimise;
 pub mod schema;
 
 use std::time::Duration;
