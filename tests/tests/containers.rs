@@ -41,7 +41,7 @@ const CH_WRITER: &str = "collector";
 const CH_MIGRATE: &str = "migrate";
 const CH_READER: &str = "dashboard";
 /// The one-shots of the collector image (logging in as [`CH_MIGRATE`]).
-const COLLECTOR_ONE_SHOTS: [&str; 2] = ["migrate", "seed"];
+const COLLECTOR_ONE_SHOTS: [&str; 3] = ["migrate", "retention", "seed"];
 
 fn c() -> &'static Compose {
     Compose::resolved()
@@ -140,14 +140,19 @@ fn sorted(mut v: Vec<String>) -> Vec<String> {
 fn migrate_reaches_every_replica_collectors_and_seed_wait_for_it() {
     let mut problems = vec![];
     let migrate = c().service("migrate");
-    // `collector migrate`, then `collector retention` (the TTL, which the collectors' write
-    // user may not ALTER), whose failure alone does not fail the service.
-    let command = migrate.list("command").join(" ");
-    let entrypoint = migrate.list("entrypoint");
-    let want = "collector migrate && { collector retention || ";
-    if entrypoint != ["/bin/sh", "-c"] || !command.starts_with(want) {
+    let command = migrate.list("command");
+    if command != ["migrate"] {
+        problems.push(format!("migrate: command {command:?}, want [\"migrate\"]"));
+    }
+    // The TTL, which the collectors' write user may not ALTER, set as `migrate` after it.
+    let retention = c().service("retention");
+    let command = retention.list("command");
+    if command != ["retention"]
+        || retention.depends_condition("migrate") != Some("service_completed_successfully")
+        || sorted(urls_of(retention)) != sorted(replica_urls())
+    {
         problems.push(format!(
-            "migrate: {entrypoint:?} {command:?}, want /bin/sh -c \"{want}...\""
+            "retention: command {command:?}, want [\"retention\"] on every replica after migrate completed"
         ));
     }
     let urls = urls_of(migrate);
@@ -1691,6 +1696,27 @@ fn replicas_ask_interserver_credentials_and_log_in_to_keeper_with_a_digest() {
         }
     }
     assert_no_problems(problems);
+}
+
+/// Keeper takes from any client only the read-only four-letter words, `mntr` (its health
+/// check) among them.
+#[test]
+fn keeper_answers_only_read_only_four_letter_words() {
+    let list = keeper_xml(|root| text(root, "keeper_server/four_letter_word_white_list"));
+    let words: BTreeSet<String> = list
+        .unwrap_or_default()
+        .split(',')
+        .map(|w| w.trim().to_owned())
+        .collect();
+    let read_only = ["ruok", "mntr", "srvr", "stat", "isro", "conf", "envi"];
+    let beyond: Vec<&String> = words
+        .iter()
+        .filter(|w| !read_only.contains(&w.as_str()))
+        .collect();
+    assert!(
+        words.contains("mntr") && beyond.is_empty(),
+        "deploy/keeper/keeper.xml's four_letter_word_white_list {words:?}: want mntr and no word beyond {read_only:?}"
+    );
 }
 
 /// No replica starts before `credentials` has checked the passwords (it refuses a

@@ -101,9 +101,17 @@ impl Stack {
 
     /// A private stack with `replicas` ClickHouse replicas, stopped and deleted on drop.
     pub fn own(replicas: usize) -> Stack {
+        Stack::own_prepared(replicas, |_| {})
+    }
+
+    /// As [`Stack::own`], with `prepare` called on the state folder before anything starts
+    /// (e.g. to put a file into `chI/config.d/`, which replica `I` merges into its config).
+    pub fn own_prepared(replicas: usize, prepare: impl FnOnce(&std::path::Path)) -> Stack {
         let dir = root()
             .join("target/test-stack")
             .join(format!("own-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        prepare(&dir);
         Stack::up(dir, replicas, true)
     }
 

@@ -24,7 +24,13 @@ pub const PASSWORDS: [&str; 9] = [
     "CLICKHOUSE_KEEPER_PASSWORD",
 ];
 /// Services that run once and exit; every other service must be restarted by the engine.
-pub const ONE_SHOTS: [&str; 4] = ["credentials", "caddy-volumes", "migrate", "seed"];
+pub const ONE_SHOTS: [&str; 5] = [
+    "credentials",
+    "caddy-volumes",
+    "migrate",
+    "retention",
+    "seed",
+];
 /// The collector's image as compose builds it (every collector-image service has `build`).
 pub const COLLECTOR_IMAGE: &str = "collector:latest";
 

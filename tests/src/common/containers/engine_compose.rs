@@ -17,11 +17,12 @@ use super::compose::{mount_of, Service, COLLECTOR_IMAGE};
 use super::engine::{wait_for, Podman};
 
 /// The services of compose.yaml run here, in dependency order.
-pub const ENGINE_SERVICES: [&str; 7] = [
+pub const ENGINE_SERVICES: [&str; 8] = [
     "postgres-primary",
     "postgres-standby",
     "credentials",
     "migrate",
+    "retention",
     "seed",
     "collector-a",
     "collector-b",

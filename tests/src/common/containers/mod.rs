@@ -8,7 +8,8 @@
 //! - [`scratch_pg`]: throw-away PostgreSQL 15 servers run with `deploy/postgres`'s files;
 //! - [`engine`]: podman, its settings for this machine, and the image's containers;
 //! - [`engine_compose`]: the part of `compose.yaml` that runs under podman here;
-//! - [`traffic`]: beacons to the containers, rows in ClickHouse, the spool metric.
+//! - [`traffic`]: beacons to the containers, rows in ClickHouse, the spool metric;
+//! - [`zk`]: ZooKeeper's client protocol, for who may read the replication metadata.
 pub mod compose;
 pub mod deploy_files;
 pub mod dockerfile;
@@ -17,6 +18,7 @@ pub mod engine_compose;
 pub mod scratch_pg;
 pub mod traffic;
 pub mod xml;
+pub mod zk;
 
 use std::process::{Command, Output};
 

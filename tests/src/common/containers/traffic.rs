@@ -151,3 +151,87 @@ pub fn select1_as(url: &str, user: &str, password: &str) -> Result<(), String> {
         other => Err(format!("answered {other:?}, not 1")),
     }
 }
+
+/// `sql` as ClickHouse user `user` with `password` (headers, as the collector sends): the
+/// answer, trimmed, or the status and the server's message.
+pub fn clickhouse_as(url: &str, user: &str, password: &str, sql: &str) -> Result<String, String> {
+    let answer = agent()
+        .post(&format!("{url}/"))
+        .set("X-ClickHouse-User", user)
+        .set("X-ClickHouse-Key", password)
+        .send_string(sql);
+    match answer {
+        Ok(r) => Ok(r
+            .into_string()
+            .map_err(|e| e.to_string())?
+            .trim()
+            .to_owned()),
+        Err(ureq::Error::Status(c, r)) => {
+            Err(format!("{c}: {}", r.into_string().unwrap_or_default()))
+        }
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// The status of a part fetch on ClickHouse's interserver port 127.0.0.1:`port` (a part of
+/// no table: past the credentials, 18.16 answers 200 with an empty body), with HTTP Basic
+/// `credentials` (user, password) or none, and the first line of the answer.
+pub fn interserver_fetch(
+    port: u16,
+    credentials: Option<(&str, &str)>,
+) -> Result<(u16, String), String> {
+    let url = format!(
+        "http://127.0.0.1:{port}/?endpoint=DataPartsExchange%3A%2Fcheck&part=all_0_0_0&compress=false"
+    );
+    let mut req = agent().get(&url);
+    if let Some((user, password)) = credentials {
+        let token = base64(format!("{user}:{password}").as_bytes());
+        req = req.set("Authorization", &format!("Basic {token}"));
+    }
+    let (code, r) = match req.call() {
+        Ok(r) => (r.status(), r),
+        Err(ureq::Error::Status(code, r)) => (code, r),
+        Err(e) => return Err(e.to_string()),
+    };
+    let text = r.into_string().unwrap_or_default();
+    Ok((code, text.lines().next().unwrap_or("").to_owned()))
+}
+
+/// `bytes` in standard base64 with padding (RFC 4648 §4), for HTTP Basic authentication.
+fn base64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = u32::from(b[0]) << 16 | u32::from(b[1]) << 8 | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(char::from(ALPHABET[(n >> (18 - 6 * i) & 63) as usize]));
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn base64_as_rfc_4648_says() {
+        for (plain, coded) in [
+            ("", ""),
+            ("f", "Zg=="),
+            ("fo", "Zm8="),
+            ("foo", "Zm9v"),
+            ("foob", "Zm9vYg=="),
+            ("interserver:check", "aW50ZXJzZXJ2ZXI6Y2hlY2s="),
+        ] {
+            assert_eq!(super::base64(plain.as_bytes()), coded);
+        }
+    }
+}
