@@ -7,7 +7,10 @@
 //!   `release` is `412` (A) against those where it is `413` (B);
 //! - `--deploy T`: the `--days` before instant T (A) against the `--days` from T on (B).
 //!
-//! Three queries over the same rows (bots left out, weighted by `1 / sample_rate`): the first
+//! Values are taken at the display resolution, rounded up ([`Metric::at_resolution`]), as in
+//! the CrUX view: a group of a million page views then has a working set of thousands of
+//! values, not a million. Three queries over the same rows (bots left out, weighted by
+//! `1 / sample_rate`): the first
 //! gives, per side and metric, the rows, their weights and the p75; the second the spread of
 //! the rows about that p75 (the variance of the weighted share below it, hence the effective
 //! size); the third asks `quantilesExactWeightedIf` for each side's p75 and the two levels of
@@ -113,15 +116,18 @@ fn filter(site: &str, sides: &Sides, (from, to): (u64, u64)) -> String {
 /// the sum of their weights and their weighted p75.
 pub fn sums_query(database: &str, site: &str, sides: &Sides, range: (u64, u64)) -> String {
     let (a, _) = sides.conditions();
-    let per_metric = |item: &dyn Fn(&str) -> String| {
-        let items: Vec<String> = Metric::ALL.iter().map(|m| item(m.column())).collect();
+    let per_metric = |item: &dyn Fn(Metric, &str) -> String| {
+        let items: Vec<String> = Metric::ALL.iter().map(|&m| item(m, m.column())).collect();
         format!("[{}]", items.join(", "))
     };
     format!(
         "SELECT\n    if({a}, 'a', 'b') AS side,\n    count() AS measurements,\n    sum(1 / sample_rate) AS page_views,\n    {} AS measured,\n    {} AS weights,\n    {} AS p75\nFROM {database}.measurements FINAL\n{}\nGROUP BY side\nORDER BY side",
-        per_metric(&|c| format!("count({c})")),
-        per_metric(&|c| format!("ifNull(sumIf(1 / sample_rate, {c} IS NOT NULL), 0)")),
-        per_metric(&|c| format!("quantileExactWeighted(0.75)({c}, toUInt64(round(1000 / sample_rate)))")),
+        per_metric(&|_, c| format!("count({c})")),
+        per_metric(&|_, c| format!("ifNull(sumIf(1 / sample_rate, {c} IS NOT NULL), 0)")),
+        per_metric(&|m, _| format!(
+            "quantileExactWeighted(0.75)({}, toUInt64(round(1000 / sample_rate)))",
+            m.resolution_sql()
+        )),
         filter(site, sides, range)
     )
 }
@@ -166,7 +172,8 @@ pub fn spread_query(
                 Some(p75) => {
                     let c = m.column();
                     format!(
-                        "ifNull(sumIf(pow(1 / sample_rate, 2) * pow(if({c} <= {p75}, 1, 0) - 0.75, 2), {c} IS NOT NULL AND ({cond})), 0)"
+                        "ifNull(sumIf(pow(1 / sample_rate, 2) * pow(if({} <= {p75}, 1, 0) - 0.75, 2), {c} IS NOT NULL AND ({cond})), 0)",
+                        m.resolution_sql()
                     )
                 }
                 None => "toFloat64(0)".to_owned(),
@@ -232,7 +239,8 @@ pub fn quantiles_query(
             .map(|(m, (lo, hi))| {
                 let c = m.column();
                 format!(
-                    "quantilesExactWeightedIf({lo}, 0.75, {hi})(assumeNotNull({c}), toUInt64(round(1000 / sample_rate)), {c} IS NOT NULL AND ({cond}))"
+                    "quantilesExactWeightedIf({lo}, 0.75, {hi})(assumeNotNull({}), toUInt64(round(1000 / sample_rate)), {c} IS NOT NULL AND ({cond}))",
+                    m.resolution_sql()
                 )
             })
             .collect();
@@ -439,10 +447,28 @@ mod tests {
         assert!(q.contains("device_type != 'bot'"), "{q}");
         let levels = [vec![(0.7, 0.8); 5], vec![(0.725, 0.775); 5]];
         let q = quantiles_query("db", "shop", &Sides::Deploy(86_400), range, &levels);
-        assert!(q.contains("quantilesExactWeightedIf(0.7, 0.75, 0.8)(assumeNotNull(lcp_ms), toUInt64(round(1000 / sample_rate)), lcp_ms IS NOT NULL AND (page_view_at < toDateTime('1970-01-02 00:00:00', 'UTC')))"), "{q}");
+        assert!(q.contains("quantilesExactWeightedIf(0.7, 0.75, 0.8)(assumeNotNull(ceil(lcp_ms - 0.000001)), toUInt64(round(1000 / sample_rate)), lcp_ms IS NOT NULL AND (page_view_at < toDateTime('1970-01-02 00:00:00', 'UTC')))"), "{q}");
         assert!(
-            q.contains("quantilesExactWeightedIf(0.725, 0.75, 0.775)(assumeNotNull(ttfb_ms)"),
+            q.contains("quantilesExactWeightedIf(0.725, 0.75, 0.775)(assumeNotNull(ceil(ttfb_ms - 0.000001))"),
             "{q}"
+        );
+    }
+
+    #[test]
+    fn the_spread_is_about_each_sides_own_p75() {
+        let mut sums = sums_by_side(vec![]);
+        sums[0].p75[0] = Some(2500.0);
+        sums[1].p75[0] = Some(2800.0);
+        let q = spread_query("db", "shop", &Sides::Deploy(86_400), (0, 172_800), &sums);
+        assert!(q.contains("ifNull(sumIf(pow(1 / sample_rate, 2) * pow(if(ceil(lcp_ms - 0.000001) <= 2500, 1, 0) - 0.75, 2), lcp_ms IS NOT NULL AND (page_view_at < toDateTime('1970-01-02 00:00:00', 'UTC'))), 0)"), "{q}");
+        assert!(
+            q.contains("if(ceil(lcp_ms - 0.000001) <= 2800, 1, 0)"),
+            "{q}"
+        );
+        assert_eq!(
+            q.matches("toFloat64(0)").count(),
+            8,
+            "nothing measured: no spread"
         );
     }
 
