@@ -1,11 +1,15 @@
-//! A site's numbers at a glance (`collector report`, contract v4 §1): per group of page views
-//! (device type, country or browser), the page views and, for LCP, INP, CLS, FCP and TTFB,
-//! the p75 and the shares rated good, needing improvement and poor, every figure weighted by
-//! `1 / sample_rate` (docs/queries.md, "Sampling").
+//! A site's numbers at a glance (`collector report`, contract v4 and v5 §1): per group of page
+//! views (device type, country, browser, page group or a dimension's value), the page views and,
+//! for LCP, INP, CLS, FCP and TTFB, the p75 and the shares rated good, needing improvement and
+//! poor, every figure weighted by `1 / sample_rate` (docs/queries.md, "Sampling"); the CrUX view;
+//! and two groups compared with confidence.
 //!
-//! - [`sql`]: the one query, built with escaped literals (ClickHouse 18.16 has no query
+//! - [`sql`]: the query per group, built with escaped literals (ClickHouse 18.16 has no query
 //!   parameters), and its answer read into a [`Report`];
-//! - [`table`]: the terminal table; [`html`]: the self-contained page with inline SVG charts;
+//! - [`crux`]: `--crux`, the 28 days as CrUX counts them: cohorts, verdict, daily trend;
+//! - [`compare`]: `--compare NAME=A,B` and `--deploy T`: its three queries and the answer;
+//! - [`stats`]: the 95 % intervals of a weighted p75 and of a difference, and why they hold;
+//! - [`table`]: the terminal tables; [`html`]: the self-contained pages with inline SVG charts;
 //! - the command itself, which asks the servers in turn, is [`crate::cli::report`].
 //!
 //! Thresholds are web.dev's, each cited at its [`Metric`]: a value is good at or below the
