@@ -72,7 +72,8 @@
 //! - **purge**: a site's erasure when the shop leaves (GDPR art. 17): `collector sites purge`
 //!   disables the site, marks it purged (`purged_at`), deletes its rows on every server and its
 //!   kept-aside records ([`cli::purge`]), and every collector drops what its spool still holds
-//!   of it ([`settings::PurgedSites`]). Names and comments say "purge" and "purged";
+//!   of it ([`settings::PurgedSites`]) and deletes it from its kept-aside and damaged-segment
+//!   files, recording that it did ([`purges`]). Names and comments say "purge" and "purged";
 //!   "erase" is the law's word, in what the command prints, and [`clickhouse::erase`] deletes
 //!   rows (a purged site's, and those past the retention).
 //! - **dedup window**: how long intake remembers an id ([`dedup`]); ClickHouse folds what

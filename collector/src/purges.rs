@@ -80,6 +80,8 @@ pub async fn run(
             }
         }
         handled = now.iter().cloned().collect();
+        // A site added again is no longer purged: nothing to record for it.
+        unrecorded.retain(|site, _| handled.contains(site));
         if let Err(e) = store.collector_seen(&me, every).await {
             tracing::debug!(error = %e, "purge: cannot say this collector serves");
         }
@@ -125,9 +127,18 @@ async fn record(store: &dyn SiteSource, me: &str, unrecorded: &mut HashMap<Strin
     let mut recorded = Vec::new();
     for (site, rows) in unrecorded.iter() {
         match store.purge_done(site, me, *rows).await {
-            Ok(_) => recorded.push(site.clone()),
+            Ok(true) => recorded.push(site.clone()),
+            Ok(false) => {
+                crate::logging::warn_limited("purge_unrecorded", || {
+                    tracing::warn!(site, "purge: the settings store cannot record that this collector's files are done (read-only, or `collector migrate` not run: no table site_purges); tried again")
+                });
+                break;
+            }
             Err(e) => {
-                tracing::debug!(site, error = %e, "purge: cannot record that this collector's files are done; tried again");
+                crate::logging::warn_limited(
+                    "purge_record",
+                    || tracing::warn!(site, error = %e, "purge: cannot record that this collector's files are done; tried again"),
+                );
                 break;
             }
         }

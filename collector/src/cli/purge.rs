@@ -14,7 +14,8 @@
 //!    not; [`crate::spool::hold_kept_aside`]);
 //! 5. it waits until every serving collector has recorded in the store that it did the same
 //!    with its own files (each does when its settings reload shows the mark:
-//!    [`crate::purges`]), at most [`collectors_wait`], and names each one: done (with the rows
+//!    [`crate::purges`]), at most [`collectors_wait`] of the slowest one's reload interval
+//!    after the mark, and names each one: done (with the rows
 //!    it deleted), not yet, or not serving (it does it at its next start).
 //!
 //! A server that cannot be reached, or a serving collector that has not done its files in
@@ -38,6 +39,9 @@ pub async fn run(config: &Config, store: &SettingsStore, key: &str) -> Result<()
     let ttl = config.settings.ttl;
     println!("site {key}: disabled and marked erased");
     // A second past the TTL: every collector's full reload has run since the mark.
+    let marked_at = tokio::time::Instant::now()
+        .checked_sub(marked_for)
+        .unwrap_or_else(tokio::time::Instant::now);
     let wait = (ttl + Duration::from_secs(1)).saturating_sub(marked_for);
     if !wait.is_zero() {
         println!(
@@ -73,7 +77,7 @@ pub async fn run(config: &Config, store: &SettingsStore, key: &str) -> Result<()
     }
     let kept = rules.dropped_of(key);
     println!("kept-aside: {kept} records of {key} deleted on this host");
-    unreached.extend(wait_for_collectors(config, store, key).await?);
+    unreached.extend(wait_for_collectors(config, store, key, marked_at).await?);
     if unreached.is_empty() {
         println!("site {key} erased");
         Ok(())
@@ -105,27 +109,45 @@ async fn delete_on(
     (url.to_owned(), result)
 }
 
-/// How long the command waits for the serving collectors to do their files, after the
-/// ClickHouse deletions: two settings reloads (`ttl`) and 10 s for the pass over the files.
-pub fn collectors_wait(ttl: Duration) -> Duration {
-    ttl * 2 + Duration::from_secs(10)
+/// How long after the mark the command waits for a serving collector that reloads its
+/// settings every `every` (it says so in the store): two reloads and 10 s for the pass over its
+/// files.
+pub fn collectors_wait(every: Duration) -> Duration {
+    every * 2 + Duration::from_secs(10)
 }
 
-/// Waits until every serving collector has done `key`'s purge in its files (at most
-/// [`collectors_wait`]), printing what each one did; the serving ones that have not, named.
+/// Waits until every serving collector has done `key`'s purge in its files (each at most
+/// [`collectors_wait`] of its own interval, or of `COLLECTOR_SETTINGS_TTL` if longer, after
+/// `marked_at`), printing what each one did; the serving ones that have not, named.
 async fn wait_for_collectors(
     config: &Config,
     store: &SettingsStore,
     key: &str,
+    marked_at: tokio::time::Instant,
 ) -> Result<Vec<String>, RunError> {
-    let deadline = tokio::time::Instant::now() + collectors_wait(config.settings.ttl);
+    let mut told = false;
     let collectors = loop {
         let collectors = store.purges_of(key).await.map_err(failed)?;
-        let waiting = collectors
+        let waiting: Vec<_> = collectors
             .iter()
-            .any(|c| c.serving() && c.done_rows.is_none());
-        if !waiting || tokio::time::Instant::now() >= deadline {
+            .filter(|c| c.serving() && c.done_rows.is_none())
+            .collect();
+        let slowest = waiting
+            .iter()
+            .map(|c| c.every)
+            .fold(config.settings.ttl, Duration::max);
+        let deadline = marked_at + collectors_wait(slowest);
+        if waiting.is_empty() || tokio::time::Instant::now() >= deadline {
             break collectors;
+        }
+        if !told {
+            told = true;
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            println!(
+                "waiting up to {}s for {} collector(s) to delete the records of {key} in their files",
+                left.as_secs(),
+                waiting.len()
+            );
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     };

@@ -190,7 +190,7 @@ fn hold_json(path: &Path, rules: &dyn AtRest) -> io::Result<Option<(bool, usize)
     if held.rows_left == 0 {
         fs::remove_file(path)?;
     } else {
-        replace(path, &body)?;
+        replace_kept(path, &body)?;
     }
     Ok(Some((held.rows_left > 0, held.rows_dropped)))
 }
@@ -232,7 +232,7 @@ fn hold_damaged(path: &Path, rules: &dyn AtRest) -> io::Result<Option<(bool, usi
         fs::remove_file(path)?;
         return Ok(Some((false, before.saturating_sub(after))));
     }
-    replace(path, &out)?;
+    replace_kept(path, &out)?;
     Ok(Some((true, before.saturating_sub(after))))
 }
 
@@ -251,11 +251,30 @@ fn guess(data: &[u8], rules: &dyn AtRest) -> Version {
 /// Replaces the file at `path` with `bytes` (private, synced, through a temporary file and a
 /// rename, the folder synced), so that a crash leaves the old file or the new one.
 fn replace(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    replace_as_of(path, bytes, None)
+}
+
+/// [`replace`] for a kept-aside file: the new file keeps the old one's modification time, which
+/// the retention counts from (rewriting a file does not make it younger).
+fn replace_kept(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let modified = fs::metadata(path)?.modified()?;
+    replace_as_of(path, bytes, Some(modified))
+}
+
+/// [`replace`], the new file's modification time set to `modified` when given.
+fn replace_as_of(
+    path: &Path,
+    bytes: &[u8],
+    modified: Option<std::time::SystemTime>,
+) -> io::Result<()> {
     // Named by the process: `sites purge` may rewrite a file a collector on this host rewrites.
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
     let tmp = path.with_file_name(format!("{name}.{}.rewrite.tmp", std::process::id()));
     let mut f = super::files::create_private(&tmp)?;
     f.write_all(bytes)?;
+    if let Some(modified) = modified {
+        f.set_modified(modified)?;
+    }
     f.sync_all()?;
     fs::rename(&tmp, path)?;
     if let Some(folder) = path.parent() {
@@ -341,6 +360,13 @@ mod tests {
         fs::write(aside.join("damaged-00000000000000000007.seg"), &damaged).unwrap();
         let (json, _) = kept_aside_json(&encode(&[leaky(4)]).payload, "refused");
         fs::write(aside.join("x.json"), &json).unwrap();
+        let written = std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        File::options()
+            .write(true)
+            .open(aside.join("x.json"))
+            .unwrap()
+            .set_modified(written)
+            .unwrap();
         assert_eq!(holding(dir.path(), SECRET).len(), 3);
 
         let metrics = Arc::new(Metrics::new());
@@ -367,6 +393,14 @@ mod tests {
         assert_eq!(rows[0].user_agent, "Mozilla/5.0 *");
         assert_eq!(holding(dir.path(), SECRET), Vec::<String>::new());
         assert_eq!(holding(dir.path(), "jane@"), Vec::<String>::new());
+        let modified = fs::metadata(aside.join("x.json"))
+            .unwrap()
+            .modified()
+            .unwrap();
+        assert_eq!(
+            modified, written,
+            "the retention counts from the file's first writing"
+        );
         let copy = fs::read(aside.join("damaged-00000000000000000007.seg")).unwrap();
         assert_eq!(
             &copy[..8],
