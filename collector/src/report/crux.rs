@@ -12,11 +12,15 @@
 //!
 //! One query: an inner `GROUP BY` (form factor, day, soft or not) reads the site's rows once,
 //! keeping each metric's p75 as a `quantileExactWeightedState` (the exact weighted
-//! distribution); the outer query spreads each of those at most 168 groups over the cohorts it
-//! belongs to (its form factor and all; hard and hard-and-soft, or only the latter; its day and
-//! the whole range) with `arrayJoin` and merges the states (`quantileExactWeightedMerge`), so
-//! every p75 is exact over its cohort's rows. Its answer is one [`sql::Row`] per (cohort,
-//! navigations, day) whose group reads `FORM/NAVIGATIONS/DAY` (`all` for the whole range).
+//! distribution of the values at the display resolution, [`Metric::at_resolution`]: one entry
+//! per millisecond, not one per page view); the outer query spreads each of those at most 168
+//! groups over the cohorts it belongs to (its form factor and all; hard and hard-and-soft, or
+//! only the latter; its day and the whole range) with `arrayJoin` and merges the states
+//! (`quantileExactWeightedMerge`), so every p75 is exact over its cohort's rows at that
+//! resolution. Its answer is one [`sql::Row`] per (cohort, navigations, day) whose group reads
+//! `FORM/NAVIGATIONS/DAY` (`all` for the whole range). The cohort's filter is a `PREWHERE`: the
+//! metric columns are read only for the rows kept (docs/benchmarks.md, "The CrUX view of a
+//! 10 M-row shop", has the cost).
 
 use std::collections::BTreeMap;
 
