@@ -75,7 +75,11 @@ fn full_measurement_keeps_every_value() {
 /// across the 256-byte cut is masked whole, not left as a prefix too short to be recognised.
 #[test]
 fn a_selector_is_masked_before_it_is_cut() {
-    for secret in ["4929817344029951", "Qz7_Wm4-Hp2kR9sT6vB3nL", "jo.ann%2540example.org"] {
+    for secret in [
+        "4929817344029951",
+        "Qz7_Wm4-Hp2kR9sT6vB3nL",
+        "jo.ann%2540example.org",
+    ] {
         // The secret starts 8 bytes before the cut: cut first, 8 bytes of it would stay.
         let prefix = format!("div.{}#", "a".repeat(MAX_SELECTOR_BYTES - 8 - 5));
         assert_eq!(prefix.len(), MAX_SELECTOR_BYTES - 8);
