@@ -148,10 +148,8 @@ pub async fn run(
             .map_err(|e| RunError::Usage(format!("COLLECTOR_GEO_DB={:?}: {e}", path.display())))?,
         None => geo::Countries::none(),
     };
-    // The settings before the spools: what an earlier release left in them is held to the
-    // sites' rules at open (contract v5 §5).
-    let site_settings = load_site_settings(&config, sites.clone(), &metrics).await;
-    let (spools, readers, at_open) = open_spools(&config, &site_settings, &metrics).await?;
+    let (site_settings, (spools, readers, at_open)) =
+        settings_and_spools(&config, sites.clone(), &metrics).await?;
     let state = intake_state(
         &config,
         site_settings.clone(),
@@ -224,6 +222,23 @@ pub async fn run(
     Ok(())
 }
 
+/// The site settings, then the spools: what an earlier release left in them is held to the
+/// sites' rules at open (contract v5 §5).
+async fn settings_and_spools(
+    config: &Config,
+    sites: Arc<dyn settings::SiteSource>,
+    metrics: &Arc<metrics::Metrics>,
+) -> Result<(settings::SiteSettings, OpenSpools), RunError> {
+    make_spool_folder(config);
+    let site_settings = load_site_settings(config, sites, metrics).await;
+    let spools = open_spools(config, &site_settings, metrics).await?;
+    Ok((site_settings, spools))
+}
+
+/// The spools opened: the appending sides, each shard's reading side, and per purged site the
+/// rows of it deleted at open.
+type OpenSpools = (shards::ShardSpools, Vec<Readers>, Vec<(String, i64)>);
+
 /// Opens every shard's spool ([`shards::open`]), holding what an earlier release left in it to
 /// the rules the site settings make ([`purges::rules`]); with, per purged site, the rows of it
 /// deleted then. Blocking file work, off the runtime's threads.
@@ -231,7 +246,7 @@ async fn open_spools(
     config: &Config,
     site_settings: &settings::SiteSettings,
     metrics: &Arc<metrics::Metrics>,
-) -> Result<(shards::ShardSpools, Vec<Readers>, Vec<(String, i64)>), RunError> {
+) -> Result<OpenSpools, RunError> {
     let rules = purges::rules(site_settings);
     let (config, metrics) = (config.clone(), metrics.clone());
     let opened = tokio::task::spawn_blocking(move || {
@@ -248,6 +263,19 @@ async fn open_spools(
         shards::OpenError::Orphaned(_) => RunError::Usage(e.to_string()),
         shards::OpenError::Spool(_) => failed(e),
     })
+}
+
+/// Makes the spool folder, private as the spool makes it, so that the first settings load's
+/// snapshot has a place before the spools open; a failure is the spool's to say.
+fn make_spool_folder(config: &Config) {
+    use std::os::unix::fs::DirBuilderExt;
+    let made = std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(spool::files::DIR_MODE)
+        .create(&config.spool.dir);
+    if let Err(e) = made {
+        tracing::debug!(error = %e, "cannot make the spool folder yet; opening the spool says why");
+    }
 }
 
 /// A shard's configuration and the reading side of its spool.
