@@ -53,5 +53,7 @@ for run in first second; do
   "$bin" migrate 2>/dev/null | grep "stored rows"
   echo "$run migrate: $(( ($(date +%s%N) - start) / 1000000 )) ms"
 done
-echo "left with an address: $(echo "SELECT count() FROM $db.measurements FINAL WHERE position(url, 'mailhost') > 0 OR position(user_agent, 'mailhost') > 0" | ch)," \
+leaky="position(url, 'mailhost') > 0 OR position(user_agent, 'mailhost') > 0"
+echo "left with an address: $(echo "SELECT count() FROM $db.measurements FINAL WHERE $leaky" | ch) under FINAL," \
+  "$(echo "SELECT count() FROM $db.measurements WHERE $leaky" | ch) on disk (versions not merged away)," \
   "rows under FINAL: $(echo "SELECT count() FROM $db.measurements FINAL" | ch)"

@@ -2,7 +2,8 @@
 //! (the contract v3 layout of `measurements`, the columns v4 added, and the `measurements_v1`
 //! copy an earlier `migrate` left) hold e-mail addresses, tokens, card, phone and customer
 //! numbers in every string column; `collector migrate`, killed after its first chunk and run
-//! again while a collector serves, leaves none of them in any table, and every row there once.
+//! again while a collector serves (new page views, and resends of old ones into the partition
+//! being rewritten), leaves none of them in any table, and every row there once.
 
 use collector_tests::common;
 
@@ -42,10 +43,34 @@ const V4_ROWS: usize = 100;
 const SHARED: usize = 40;
 const V1_ONLY: usize = 60;
 
-/// A page view's start in one of three months (September to November 2026), milliseconds.
+/// A page view's start, milliseconds: in August, September 2026, or an hour ago (this month's
+/// partition, which collectors write to while `migrate` rewrites it, and recent enough that a
+/// resend of the page view is filed with it).
 fn ts_of(i: usize) -> i64 {
-    let months = [1_788_000_000_000i64, 1_790_600_000_000, 1_793_300_000_000];
+    let months = [
+        1_788_000_000_000i64,
+        1_790_600_000_000,
+        now_ms() - 3_600_000,
+    ];
     months[i % 3] + i as i64 * 1000
+}
+
+/// Resends to `c`, 50 ms apart, the page views of `ids` (the old rows `i` with `i % 3 == 2`,
+/// filed in this month's partition) as a browser would: the same id, site and start, the
+/// address and token in the URL again. Asserts each is answered 202.
+async fn resend_recent(c: &Collector, ids: &[String]) -> Vec<String> {
+    let mut resent = Vec::new();
+    for (i, id) in ids.iter().enumerate().filter(|(i, _)| i % 3 == 2).take(20) {
+        let mut beacon = json!({
+            "id": id, "site": SHOP, "ts": ts_of(i), "lcp_ms": 1400,
+        });
+        beacon["url"] = v1_row(id, ts_of(i))["url"].clone();
+        let (status, body) = c.post_json(&beacon).await;
+        assert_eq!(status, 202, "{body}");
+        resent.push(id.clone());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    resent
 }
 
 /// A row as a release before v4 stored it: the columns every layout has.
@@ -356,17 +381,31 @@ async fn earlier_rows_minimised(env: TestEnv<'_>) {
     let traffic = Traffic::start(&c, &env.site, Duration::from_millis(20));
     traffic.wait_acked(5, Duration::from_secs(60)).await;
     let started = Instant::now();
-    let second = env.cli_with(&[("COLLECTOR_MIGRATE_CHUNK_ROWS", "50")], &["migrate"]);
+    let migrate = {
+        let (bin, vars) = (collector_bin(), env.collector_env());
+        tokio::task::spawn_blocking(move || {
+            Command::new(bin)
+                .arg("migrate")
+                .envs(vars)
+                .env("COLLECTOR_MIGRATE_CHUNK_ROWS", "50")
+                .output()
+                .expect("run collector migrate")
+        })
+    };
+    let (second, resent) = tokio::join!(migrate, resend_recent(&c, &ids));
+    let second = second.unwrap();
     eprintln!(
         "the second migrate ({:.1} s):\n{}{}",
         started.elapsed().as_secs_f64(),
-        second.stdout,
-        second.stderr
+        String::from_utf8_lossy(&second.stdout),
+        String::from_utf8_lossy(&second.stderr)
     );
-    second.success();
+    assert!(second.status.success(), "{:?}", second.status);
     let report = traffic.stop().await;
     assert!(!report.acked.is_empty());
     env.assert_stored_once(&report.acked, Duration::from_secs(60))
+        .await;
+    env.assert_stored_once(&resent, Duration::from_secs(60))
         .await;
 
     for i in 0..env.clickhouse.len() {

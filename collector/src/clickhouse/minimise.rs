@@ -298,8 +298,12 @@ async fn minimise_table(
             );
             continue;
         }
+        let before = (summary.rows_read, summary.rewritten);
         match minimise_partition(ctx, table, &p, marked, summary).await? {
-            Some(settled) if may_mark => mark(ctx, table, &p, settled).await?,
+            Some(settled) if may_mark => {
+                let done = (summary.rows_read - before.0, summary.rewritten - before.1);
+                mark(ctx, table, &p.partition_id, settled, done).await?
+            }
             Some(_) => summary.unmarked += 1,
             None => summary
                 .unsettled
@@ -380,22 +384,30 @@ async fn minimise_partition(
     Ok(settled)
 }
 
-/// Records that `table`'s partition `p` is clean up to block number `settled`.
-async fn mark(ctx: &Ctx<'_>, table: &Stored, p: &Partition, settled: i64) -> Result<(), String> {
+/// Records that `table`'s `partition` is clean up to block number `settled`, with the rows
+/// this run read and rewrote in it (`done`).
+async fn mark(
+    ctx: &Ctx<'_>,
+    table: &Stored,
+    partition: &str,
+    settled: i64,
+    done: (u64, u64),
+) -> Result<(), String> {
     ctx.client
         .query(&format!(
             "INSERT INTO {}.{MARKS} (table_name, partition_id, rules, max_block, rows_read, rewritten, done_at) \
-             VALUES (?, ?, ?, ?, ?, 0, now())",
+             VALUES (?, ?, ?, ?, ?, ?, now())",
             ctx.opts.database
         ))
         .bind(table.name)
-        .bind(&p.partition_id)
+        .bind(partition)
         .bind(RULES)
         .bind(settled)
-        .bind(p.rows)
+        .bind(done.0)
+        .bind(done.1)
         .execute()
         .await
-        .map_err(|e| format!("marking {} {}: {}", table.name, p.partition_id, ch(e)))
+        .map_err(|e| format!("marking {} {partition}: {}", table.name, ch(e)))
 }
 
 /// Asks ClickHouse to merge a rewritten partition now, so that the versions replaced leave the
