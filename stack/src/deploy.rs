@@ -54,8 +54,8 @@ const USERS_COMMENT: &str = "Who gets into ClickHouse: the whole users.xml of ev
      migrate    the one-shot commands (migrate, seed, retention, sites purge), from the
                 stack's network only, password CLICKHOUSE_MIGRATE_PASSWORD (.env; compose.yaml
                 hands it to the one-shots as a file); on the database `collector` only: create,
-                alter (add columns, delete, update, TTL), drop tables, and read the system
-                tables those need (docs/deployment.md, \"ClickHouse users\").
+                alter (add columns, delete, TTL), drop and optimize tables, and read the
+                system tables those need (docs/deployment.md, \"ClickHouse users\").
      collector  the serving collectors (the write user), from the stack's network only,
                 password CLICKHOUSE_COLLECTOR_PASSWORD (.env; a file of their own): on
                 `collector` only SELECT, INSERT and CREATE (the prober's CREATE ... IF NOT

@@ -56,14 +56,16 @@ pub const COLLECTOR_GRANTS: [&str; 9] = [
 /// `retention`, `sites purge`) on the database `collector`, and why (docs/deployment.md,
 /// "ClickHouse users"):
 ///
-/// - `SELECT, INSERT`: `migrate` (copying an older table's rows);
-/// - `CREATE DATABASE, CREATE TABLE`: `migrate`;
+/// - `SELECT, INSERT`: `migrate` (copying an older table's rows, writing rows minimised anew
+///   and the marks of the partitions done, `collector/src/clickhouse/minimise.rs`);
+/// - `CREATE DATABASE, CREATE TABLE`: `migrate` (the tables, the marks table `minimised`);
 /// - `TABLE ENGINE` on the table's two engines and `Distributed` (`measurements_all`):
 ///   ClickHouse 26.x asks for it (`table_engines_require_grant`);
 /// - `ALTER ADD COLUMN`: `migrate` on a table of an older release;
 /// - `ALTER DELETE`: `sites purge` (`ALTER TABLE ... DELETE`) and `retention` where a table
 ///   has no TTL (`DROP PARTITION`);
-/// - `ALTER UPDATE`: `migrate` rewriting rows an earlier release stored unminimised;
+/// - `OPTIMIZE`: `migrate` merging a partition it rewrote, so that the unminimised versions
+///   leave the disk now (refused, they would go at ClickHouse's own merges);
 /// - `ALTER MODIFY TTL`: `retention` (the table's TTL follows `COLLECTOR_RETENTION`);
 /// - `DROP TABLE`: `migrate` moving a v1 table aside (`RENAME` needs it on the old name) and
 ///   making `measurements_all` anew;
@@ -75,7 +77,7 @@ pub const COLLECTOR_GRANTS: [&str; 9] = [
 /// No user management, no `SYSTEM`, no other database.
 pub const MIGRATE_GRANTS: [&str; 10] = [
     "GRANT SELECT, INSERT, CREATE DATABASE, CREATE TABLE, ALTER ADD COLUMN, ALTER DELETE, \
-     ALTER UPDATE, ALTER MODIFY TTL, DROP TABLE ON collector.*",
+     ALTER MODIFY TTL, DROP TABLE, OPTIMIZE ON collector.*",
     "GRANT TABLE ENGINE ON ReplicatedReplacingMergeTree",
     "GRANT TABLE ENGINE ON ReplacingMergeTree",
     "GRANT TABLE ENGINE ON Distributed",
@@ -438,7 +440,7 @@ mod tests {
     #[test]
     fn grants_move_to_another_database() {
         let on = grants_on(&MIGRATE_GRANTS, "t_1");
-        assert!(on[0].ends_with("DROP TABLE ON t_1.*"), "{}", on[0]);
+        assert!(on[0].ends_with("OPTIMIZE ON t_1.*"), "{}", on[0]);
         assert_eq!(on[4], "GRANT SELECT ON system.replicas");
         let on = grants_on(&COLLECTOR_GRANTS, "t_1");
         assert_eq!(

@@ -418,9 +418,9 @@ const MIGRATE_RIGHTS: [&str; 9] = [
     "CREATE TABLE",
     "ALTER ADD COLUMN",
     "ALTER DELETE",
-    "ALTER UPDATE",
     "ALTER MODIFY TTL",
     "DROP TABLE",
+    "OPTIMIZE",
 ];
 /// What the serving collectors' statements need: no ALTER, no DROP, no DELETE (issue 52, 5).
 const WRITER_RIGHTS: [&str; 4] = ["SELECT", "INSERT", "CREATE DATABASE", "CREATE TABLE"];
