@@ -47,10 +47,12 @@ const V1_ONLY: usize = 60;
 /// partition, which collectors write to while `migrate` rewrites it, and recent enough that a
 /// resend of the page view is filed with it).
 fn ts_of(i: usize) -> i64 {
+    // Once: a resend must carry its row's start, whatever the clock says by then.
+    static HOUR_AGO: std::sync::OnceLock<i64> = std::sync::OnceLock::new();
     let months = [
         1_788_000_000_000i64,
         1_790_600_000_000,
-        now_ms() - 3_600_000,
+        *HOUR_AGO.get_or_init(|| now_ms() - 3_600_000),
     ];
     months[i % 3] + i as i64 * 1000
 }
