@@ -2,9 +2,10 @@
 //! `005_site_purges.sql`): that each is serving (`collectors`), and that it has deleted a
 //! purged site's records from its kept-aside and damaged-segment files (`site_purges`).
 //!
-//! A store without these tables (`migrate` not run yet in a rolling upgrade) or a read-only
-//! one answers "not recorded", never an error: these writes must not open the circuit
-//! breaker that intake's lookups pass through.
+//! A store that refuses these writes (without the tables: `migrate` not run yet in a rolling
+//! upgrade; a standby; a role without the right) answers "not recorded", never an error: they
+//! must not open the circuit breaker that intake's lookups pass through. Only a store that
+//! does not answer is an error, as for any call.
 
 use std::time::Duration;
 
@@ -34,11 +35,15 @@ impl CollectorPurge {
     }
 }
 
-/// Whether `e` says the tables are missing or the store is read-only: nothing recorded.
+/// Whether the server refused a write with an error of its own (the tables missing, a
+/// read-only store, a right missing): nothing recorded, the connection fine.
 fn not_recordable(e: &tokio_postgres::Error) -> bool {
-    e.code().is_some_and(|c| {
-        *c == SqlState::UNDEFINED_TABLE || *c == SqlState::READ_ONLY_SQL_TRANSACTION
-    })
+    e.as_db_error().is_some()
+}
+
+/// Whether `e` says the tables are missing: nothing recorded yet.
+fn no_tables(e: &tokio_postgres::Error) -> bool {
+    e.code() == Some(&SqlState::UNDEFINED_TABLE)
 }
 
 impl SettingsStore {
@@ -119,7 +124,7 @@ impl SettingsStore {
                     .await;
                 let rows = match rows {
                     Ok(rows) => rows,
-                    Err(e) if not_recordable(&e) => return Ok(Vec::new()),
+                    Err(e) if no_tables(&e) => return Ok(Vec::new()),
                     Err(e) => return Err(e),
                 };
                 rows.iter()
