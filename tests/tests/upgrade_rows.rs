@@ -448,3 +448,56 @@ collector_tests::on_both_servers!(
         rows_of_earlier_releases_are_minimised_on_18_16 => empty,
         rows_of_earlier_releases_are_minimised_on_26 => empty_on_ch26
 );
+
+/// A purged site's rows that a purge has not deleted yet (it waits for the collectors to read
+/// the mark first) are not written again by `migrate`, so they cannot outlive the purge's
+/// deletion; another site's rows are minimised beside them.
+async fn purged_sites_rows_not_written_again(env: TestEnv<'_>) {
+    env.cli(&["migrate"]).success();
+    env.add_site(SHOP, &[]);
+    env.add_site("gone-1", &[]);
+    let rows: Vec<Value> = (0..60)
+        .map(|i| {
+            let mut row = v4_row(&uuid::Uuid::new_v4().to_string(), ts_of(i));
+            if i % 2 == 0 {
+                row["site"] = "gone-1".into();
+            }
+            row
+        })
+        .collect();
+    insert(&env, "measurements", &rows).await;
+    pg_connect(&env.stack.database_url(&env.db), "the test's database")
+        .await
+        .batch_execute("UPDATE sites SET purged_at = now() WHERE key = 'gone-1'")
+        .await
+        .unwrap();
+    let out = env.cli(&["migrate"]);
+    out.success();
+    assert!(out.stdout.contains(" 30 rewritten"), "{}", out.stdout);
+    let leaky = |site: &str| {
+        format!(
+            "SELECT count() AS n FROM {}.measurements FINAL WHERE site = '{site}' \
+             AND position(url, 'mailhost') > 0",
+            env.db
+        )
+    };
+    // Written again, they would be minimised: they are as they were, until the purge deletes them.
+    let gone = env.query(0, &leaky("gone-1")).await;
+    assert_eq!(
+        as_i64(col(&gone[0], "n")),
+        Some(30),
+        "gone-1's rows untouched"
+    );
+    let shop = env.query(0, &leaky(SHOP)).await;
+    assert_eq!(
+        as_i64(col(&shop[0], "n")),
+        Some(0),
+        "{SHOP}'s rows minimised"
+    );
+}
+
+collector_tests::on_both_servers!(
+    purged_sites_rows_not_written_again:
+        a_purged_sites_rows_are_not_written_again_on_18_16 => empty,
+        a_purged_sites_rows_are_not_written_again_on_26 => empty_on_ch26
+);

@@ -305,19 +305,8 @@ async fn minimise_stored_rows(
     shards: &[(Option<(String, clickhouse::Client)>, usize)],
 ) -> Result<(), RunError> {
     use crate::clickhouse::minimise::{minimise_rows, Options};
-    use crate::measurement::stored::{Keeps, SiteRules};
     let chunk_rows = chunk_rows()?;
-    let sites = cli_store(config)?
-        .fetch_all()
-        .await
-        .map_err(|e| RunError::Failed(format!("reading the sites to minimise their rows: {e}")))?;
-    let sites = SiteRules::new(sites.into_iter().map(|s| {
-        let keeps = Keeps {
-            keep_query: s.keep_query,
-            origins: s.allowed_origins,
-        };
-        (s.key, keeps, s.purged)
-    }));
+    let (sites, purged) = sites_from(config).await?;
     let mut left = Vec::new();
     for (first, missed) in shards {
         let Some((url, client)) = first else { continue };
@@ -328,6 +317,7 @@ async fn minimise_stored_rows(
             sites: &sites,
             mark: *missed == 0,
             url,
+            purged: &*purged,
         };
         let started = std::time::Instant::now();
         let done = minimise_rows(client, &opts).await.map_err(|e| {
@@ -362,4 +352,45 @@ async fn minimise_stored_rows(
         "stored rows not all minimised yet; run migrate again: {}",
         left.join("; ")
     )))
+}
+
+/// What each site keeps of a URL, read once from the settings store, and a reader of the
+/// purged sites' keys that asks it again at each call ([`Options::purged`](crate::clickhouse::minimise::Options::purged)).
+async fn sites_from(
+    config: &Config,
+) -> Result<
+    (
+        crate::measurement::stored::SiteRules,
+        Box<crate::clickhouse::minimise::PurgedSites>,
+    ),
+    RunError,
+> {
+    use crate::measurement::stored::{Keeps, SiteRules};
+    let store = std::sync::Arc::new(cli_store(config)?);
+    let sites = store
+        .fetch_all()
+        .await
+        .map_err(|e| RunError::Failed(format!("reading the sites to minimise their rows: {e}")))?;
+    let sites = SiteRules::new(sites.into_iter().map(|s| {
+        let keeps = Keeps {
+            keep_query: s.keep_query,
+            origins: s.allowed_origins,
+        };
+        (s.key, keeps, s.purged)
+    }));
+    let purged = move || {
+        let store = store.clone();
+        Box::pin(async move {
+            let sites = store
+                .fetch_all()
+                .await
+                .map_err(|e| format!("reading the purged sites: {e}"))?;
+            Ok(sites
+                .into_iter()
+                .filter(|s| s.purged)
+                .map(|s| s.key)
+                .collect())
+        }) as std::pin::Pin<Box<dyn std::future::Future<Output = _> + Send>>
+    };
+    Ok((sites, Box::new(purged)))
 }

@@ -104,7 +104,15 @@ pub struct Options<'a> {
     pub mark: bool,
     /// The server, as it is named in progress lines.
     pub url: &'a str,
+    /// The keys of the sites purged now (`collector sites purge`), asked before every INSERT:
+    /// their rows are never written again.
+    pub purged: &'a PurgedSites,
 }
+
+/// Reads the keys of the purged sites (from the settings store); errors say why not.
+pub type PurgedSites = dyn Fn() -> std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<HashSet<String>, String>> + Send>,
+    > + Sync;
 
 /// What minimising one server's rows did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -455,7 +463,8 @@ async fn rewrite(
             .fetch_bytes("RowBinary")
             .map_err(ch)?,
     );
-    let (mut batch, mut in_chunk, mut changed) = (Vec::new(), 0usize, 0u64);
+    // Each changed row's site and bytes.
+    let (mut batch, mut in_chunk) = (Vec::<(String, Vec<u8>)>::new(), 0usize);
     loop {
         let row = rows
             .next(table.columns)
@@ -464,13 +473,13 @@ async fn rewrite(
         let end = row.is_none();
         if let Some((raw, m)) = row {
             in_chunk += 1;
+            let site = m.site.to_string();
             if let Some(bytes) = minimised(ctx.opts.sites, m, &raw, table.columns) {
-                batch.extend_from_slice(&bytes);
-                changed += 1;
+                batch.push((site, bytes));
             }
         }
         if in_chunk > 0 && (in_chunk >= ctx.opts.chunk_rows || end) {
-            insert(ctx, table, std::mem::take(&mut batch))
+            let changed = insert_unpurged(ctx, table, std::mem::take(&mut batch))
                 .await
                 .map_err(|e| format!("rewriting {label}: {e}"))?;
             summary.rows_read += in_chunk as u64;
@@ -479,7 +488,7 @@ async fn rewrite(
                 "clickhouse {}: {label}: {in_chunk} rows read, {changed} rewritten ({} read in all)",
                 ctx.opts.url, summary.rows_read
             );
-            (in_chunk, changed) = (0, 0);
+            in_chunk = 0;
         }
         if end {
             return Ok(());
@@ -545,6 +554,32 @@ fn minimised(
         bytes.truncate(prefix);
     }
     (bytes != raw).then_some(bytes)
+}
+
+/// Inserts the rows of `batch` (each its site and RowBinary bytes) but those of a site purged
+/// by now, read from the settings store just before ([`Options::purged`]): a row read before a
+/// `sites purge` deleted its site's rows must not come back after it. Every insert follows its
+/// check by far less than the settings' TTL that a purge waits before it deletes, so a purge
+/// marked after the check deletes what this inserts. How many rows were inserted.
+async fn insert_unpurged(
+    ctx: &Ctx<'_>,
+    table: &Stored,
+    batch: Vec<(String, Vec<u8>)>,
+) -> Result<u64, String> {
+    if batch.is_empty() {
+        return Ok(0);
+    }
+    let purged = (ctx.opts.purged)().await?;
+    let mut rows = Vec::new();
+    let mut n = 0;
+    for (site, bytes) in batch {
+        if !purged.contains(&site) {
+            rows.extend_from_slice(&bytes);
+            n += 1;
+        }
+    }
+    insert(ctx, table, rows).await?;
+    Ok(n)
 }
 
 /// Inserts RowBinary rows of `table`'s columns; nothing when `rows` is empty.
