@@ -57,8 +57,12 @@ fn form_name(form: TableForm) -> &'static str {
 /// the replicas that could not be reached are named on stderr, and the run succeeds when
 /// PostgreSQL and at least one replica have the schema and no server's cluster differs from
 /// the configured shards. The collector applies the local table to the others when they
-/// return.
+/// return. Then a v1 table's rows are copied, and every shard's stored rows are minimised by
+/// today's rules ([`minimise_stored_rows`]); that fails the run only when a partition still
+/// takes rows to change. A bad [`CHUNK_ROWS_SETTING`] is a usage error before anything is done.
 pub async fn run(config: &Config) -> Result<(), RunError> {
+    // A bad value is a usage error before anything is done.
+    let chunk_rows = chunk_rows()?;
     let postgres = apply_postgres(config).await;
     match &postgres {
         Ok(()) => println!("postgres: schema applied"),
@@ -117,7 +121,7 @@ pub async fn run(config: &Config) -> Result<(), RunError> {
             copy_v1_rows(url, client, &config.clickhouse.database, *missed).await?;
         }
     }
-    minimise_stored_rows(config, &copies).await?;
+    minimise_stored_rows(config, &copies, chunk_rows).await?;
     if !cluster_differs.is_empty() {
         return Err(RunError::Failed(format!(
             "the cluster {} of {} does not list the configured shards (see above): fix remote_servers or COLLECTOR_CLICKHOUSE_CLUSTER",
@@ -303,9 +307,9 @@ fn chunk_rows() -> Result<usize, RunError> {
 async fn minimise_stored_rows(
     config: &Config,
     shards: &[(Option<(String, clickhouse::Client)>, usize)],
+    chunk_rows: usize,
 ) -> Result<(), RunError> {
     use crate::clickhouse::minimise::{minimise_rows, Options};
-    let chunk_rows = chunk_rows()?;
     let (sites, purged) = sites_from(config).await?;
     let mut left = Vec::new();
     for (first, missed) in shards {
