@@ -37,8 +37,8 @@
 //!   §3), so that a shard that is down holds back and fills only its own.
 //! - [`writer`]: per shard, batches from its spool into its preferred healthy replica, on a
 //!   thread and runtime of its own at a lower priority than the request threads; [`clickhouse`]: what
-//!   knows ClickHouse (error classes, the insert, the schema), used by the writer and
-//!   `migrate`.
+//!   knows ClickHouse (error classes, the insert, the schema, stored rows minimised again by
+//!   `migrate`), used by the writer and `migrate`.
 //! - [`script`]: the tracking script.
 //! - [`purges`]: the rules at rest made from the site settings (what an earlier release left
 //!   in a spool folder is held to them at open), and a purge reaching this collector's
