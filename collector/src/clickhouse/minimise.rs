@@ -93,7 +93,7 @@ fn tables() -> [Stored; 2] {
 pub struct Options<'a> {
     /// `COLLECTOR_CLICKHOUSE_DATABASE`.
     pub database: &'a str,
-    /// The form of `measurements` (the marks table takes the same).
+    /// The configured form of `measurements`; the marks table takes the form the table has.
     pub form: TableForm,
     /// Rows read per chunk, at least 1.
     pub chunk_rows: usize,
@@ -181,10 +181,23 @@ pub async fn minimise_rows(
     Ok(summary)
 }
 
-/// Creates [`MARKS`] in the form of `measurements`.
+/// Creates [`MARKS`] in the form `measurements` has on this server (which may be the other
+/// one than configured: `migrate` keeps a table as it found it), else the configured one.
 async fn create_marks(ctx: &Ctx<'_>) -> Result<(), String> {
     let db = ctx.opts.database;
-    let engine = match ctx.opts.form {
+    let found: Vec<String> = ctx
+        .client
+        .query("SELECT engine FROM system.tables WHERE database = ? AND name = 'measurements'")
+        .bind(db)
+        .fetch_all()
+        .await
+        .map_err(ch)?;
+    let form = match found.first() {
+        Some(engine) if engine.starts_with("Replicated") => TableForm::Replicated,
+        Some(_) => TableForm::Single,
+        None => ctx.opts.form,
+    };
+    let engine = match form {
         TableForm::Replicated => format!(
             "ReplicatedReplacingMergeTree('/clickhouse/tables/{{shard}}/{db}/{MARKS}', '{{replica}}', done_at)"
         ),
