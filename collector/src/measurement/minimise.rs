@@ -259,8 +259,8 @@ fn run_after(text: &str, class: fn(char) -> bool) -> usize {
 }
 
 /// `text` with every e-mail address replaced by [`MASK`]; `None` when there is none. An
-/// address: a local part (characters of [`is_local`]; with `spaced`, one space may join two
-/// runs of them: a `+tag` whose `+` was read as a space), `@`, and two or more labels
+/// address: a local part (characters of [`is_local`]; with `spaced`, single spaces may join
+/// runs of them: `+tag`s whose `+` was read as a space), `@`, and two or more labels
 /// ([`is_label`]) joined by dots. One pass from `@` to `@`: a local part never reaches back
 /// over an `@`, nor a domain forward over one.
 fn mask_emails(text: &str, spaced: bool) -> Option<String> {
@@ -275,11 +275,14 @@ fn mask_emails(text: &str, spaced: bool) -> Option<String> {
             continue;
         }
         let mut start = at - local;
-        if spaced && text[copied..start].ends_with(' ') {
+        // A `+tag` may hold `+` itself (`jane+a+b@`): every space before the address that
+        // joins two runs of the local part's characters may have been a `+`.
+        while spaced && text[copied..start].ends_with(' ') {
             let tag = run_before(&text[copied..start - 1], is_local);
-            if tag > 0 {
-                start -= 1 + tag;
+            if tag == 0 {
+                break;
             }
+            start -= 1 + tag;
         }
         let domain = &text[at + 1..];
         let mut end = run_after(domain, is_label);
@@ -548,8 +551,8 @@ pub fn kept(name: &str, keep: &[String]) -> bool {
 }
 
 /// A page URL as stored: scheme, host, port, the masked path, and the kept query parameters
-/// with masked values (see the module doc). `url` is normalised (WHATWG); `None` if it does
-/// not parse (it always does after the `url` rule).
+/// with masked names and values (see the module doc). `url` is normalised (WHATWG); `None`
+/// if it does not parse (it always does after the `url` rule).
 pub fn page_url(url: &str, keep: &[String]) -> Option<String> {
     let mut u = Url::parse(url).ok()?;
     mask_path(&mut u);
@@ -557,7 +560,10 @@ pub fn page_url(url: &str, keep: &[String]) -> Option<String> {
         let mut out = url::form_urlencoded::Serializer::new(String::new());
         for (name, value) in url::form_urlencoded::parse(q.as_bytes()) {
             if kept(&name, keep) {
-                // Parsing the query decoded it once (reading `+` as a space).
+                // Parsing the query decoded it once (reading `+` as a space). A name kept by
+                // a prefix (`utm_*`) is masked as a value is: the rest of it is the client's.
+                let name =
+                    mask_decoded(&name, DECODINGS - 1, VALUE_RULES, true).map_or(name, Cow::Owned);
                 match mask_decoded(&value, DECODINGS - 1, VALUE_RULES, true) {
                     Some(masked) => out.append_pair(&name, &masked),
                     None => out.append_pair(&name, &value),

@@ -271,8 +271,9 @@ fn v5_urls_masked() {
             "https://shop.example/p?utm_source=*",
         ),
         (
+            // `newsletter+jane+shop@example.com` is an address whole (v5: "any +tag").
             "https://shop.example/p?utm_source=newsletter+jane+shop@example.com",
-            "https://shop.example/p?utm_source=newsletter+*",
+            "https://shop.example/p?utm_source=*",
         ),
         (
             "https://shop.example/p?utm_content=%2B49+170+1234567",
@@ -503,4 +504,49 @@ fn masking_takes_any_text_without_panicking() {
         );
         let _ = resource_url(&format!("https://cdn.example/{text}"));
     }
+}
+
+/// A name kept by a prefix is the client's text after it: masked as a value (contract v5 §5:
+/// no address, long number or token from a URL).
+#[test]
+fn kept_names_are_masked_as_values() {
+    let k = keep(&["utm_*"]);
+    for (url, stored) in [
+        (
+            // `_` may be part of a local part: the name goes whole.
+            "https://a.example/?utm_campaign_jane@example.com=1",
+            "https://a.example/?*=1",
+        ),
+        (
+            "https://a.example/?utm_c%3Ajane%40example.com=1",
+            "https://a.example/?utm_c%3A*=1",
+        ),
+        (
+            "https://a.example/?utm_4111111111111111=2&utm_x=Ab3dE5_f9Gh2J-kL2mN0pQ7rS",
+            "https://a.example/?utm_*=2&utm_x=*",
+        ),
+        ("https://a.example/?utm_a=b", "https://a.example/?utm_a=b"),
+    ] {
+        assert_eq!(page_url(url, &k).unwrap(), stored, "{url}");
+    }
+}
+
+/// A `+tag` holding `+` itself, each `+` read as a space in a query value: the address whole.
+#[test]
+fn a_tag_with_several_pluses_is_masked_whole_in_a_value() {
+    let k = keep(&["q"]);
+    for url in [
+        "https://a.example/?q=jane+a+b@example.com",
+        "https://a.example/?q=jane+a+b+c%40example.com",
+    ] {
+        assert_eq!(
+            page_url(url, &k).unwrap(),
+            "https://a.example/?q=*",
+            "{url}"
+        );
+    }
+    assert_eq!(
+        page_url("https://a.example/?q=shoes,+jane@example.com", &k).unwrap(),
+        "https://a.example/?q=shoes%2C+*"
+    );
 }
