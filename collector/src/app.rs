@@ -158,18 +158,20 @@ pub async fn run(
         &metrics,
     );
     let (stop_writer, shutdown) = watch::channel(false);
-    let pruner = tokio::spawn(state.limits.clone().run_pruner(shutdown.clone()));
-    let sampler = tokio::spawn(state.sampler.clone().run(shutdown.clone()));
-    let reloader = tokio::spawn(site_settings.clone().run_reloader(shutdown.clone()));
-    let retention = tokio::spawn(apply_retention(config.clone(), shutdown.clone()));
-    let geo_reloader = tokio::spawn(countries.run_reloader(shutdown.clone()));
-    let purging = tokio::spawn(purges::run(
-        config.clone(),
-        sites,
-        site_settings.clone(),
-        at_open,
-        shutdown.clone(),
-    ));
+    let background = [
+        tokio::spawn(state.limits.clone().run_pruner(shutdown.clone())),
+        tokio::spawn(state.sampler.clone().run(shutdown.clone())),
+        tokio::spawn(site_settings.clone().run_reloader(shutdown.clone())),
+        tokio::spawn(apply_retention(config.clone(), shutdown.clone())),
+        tokio::spawn(countries.run_reloader(shutdown.clone())),
+        tokio::spawn(purges::run(
+            config.clone(),
+            sites,
+            site_settings.clone(),
+            at_open,
+            shutdown.clone(),
+        )),
+    ];
     let writer = start_writer(&config, readers, &metrics, site_settings.purged(), shutdown)?;
     tracing::info!(listen = %config.server.listen, shards = config.clickhouse.shards.len(), replicas = config.clickhouse.urls().count(), "collector: serving");
 
@@ -177,22 +179,7 @@ pub async fn run(
         max_connections,
         header_timeout: config.server.header_timeout,
     };
-    // The operations listener answers through the whole drain (`/readyz` 503 with why) and
-    // closes last.
-    let (close_admin, admin_closed) = tokio::sync::oneshot::channel::<()>();
-    let admin_limits = server::ConnectionLimits {
-        max_connections: ADMIN_CONNECTIONS,
-        ..connection_limits
-    };
-    let admin_server = tokio::spawn(server::serve(
-        admin,
-        endpoints::admin_router(state.clone()),
-        admin_limits,
-        metrics.clone(),
-        async move {
-            let _ = admin_closed.await;
-        },
-    ));
+    let (close_admin, admin_server) = serve_admin(admin, &state, connection_limits, &metrics);
     let close = close_on(stop, state.clone(), config.server.drain_grace);
     let router = endpoints::router(state.clone());
     server::serve(listener, router, connection_limits, metrics, close).await;
@@ -210,16 +197,42 @@ pub async fn run(
     let _ = stop_writer.send(true);
     // The writer ends within its drain deadline; its thread is joined off the runtime.
     let _ = tokio::task::spawn_blocking(move || writer.join()).await;
-    let _ = reloader.await;
-    let _ = pruner.await;
-    let _ = sampler.await;
-    let _ = retention.await;
-    let _ = geo_reloader.await;
-    let _ = purging.await;
+    for task in background {
+        let _ = task.await;
+    }
     let _ = close_admin.send(());
     let _ = admin_server.await;
     tracing::info!("collector: stopped");
     Ok(())
+}
+
+/// Starts the operations listener on `admin` ([`ADMIN_CONNECTIONS`] connections at most). It
+/// answers through the whole drain (`/readyz` 503 with why) and closes last: when the sender
+/// returned is used or dropped; the handle ends once it closed.
+fn serve_admin(
+    admin: tokio::net::TcpListener,
+    state: &state::AppState,
+    limits: server::ConnectionLimits,
+    metrics: &Arc<metrics::Metrics>,
+) -> (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<()>,
+) {
+    let (close_admin, admin_closed) = tokio::sync::oneshot::channel::<()>();
+    let admin_limits = server::ConnectionLimits {
+        max_connections: ADMIN_CONNECTIONS,
+        ..limits
+    };
+    let server = tokio::spawn(server::serve(
+        admin,
+        endpoints::admin_router(state.clone()),
+        admin_limits,
+        metrics.clone(),
+        async move {
+            let _ = admin_closed.await;
+        },
+    ));
+    (close_admin, server)
 }
 
 /// The site settings, then the spools: what an earlier release left in them is held to the
