@@ -158,8 +158,7 @@ pub fn parse(text: &str) -> Result<Vec<Item<'_>>, DecodeError> {
     if text.trim_start().is_empty() {
         return Err(DecodeError::Malformed("empty body".into()));
     }
-    let top = serde_json::from_str::<Top>(text)
-        .map_err(|e| DecodeError::Malformed(format!("invalid JSON: {e}")))?;
+    let top = serde_json::from_str::<Top>(text).map_err(malformed)?;
     match top {
         Top::Items(items) => Ok(items),
         Top::EmptyArray => Err(DecodeError::Malformed("empty array".into())),
@@ -167,6 +166,20 @@ pub fn parse(text: &str) -> Result<Vec<Item<'_>>, DecodeError> {
             "more than {MAX_BATCH} measurements"
         ))),
     }
+}
+
+/// A body that is not JSON, or not an object or array at its top, as answered: serde_json's
+/// words for broken syntax, but never its words for a wrong type, which quote the value (a
+/// top-level string may be an e-mail address; contract v4 §5: none in an error answer).
+fn malformed(e: serde_json::Error) -> DecodeError {
+    DecodeError::Malformed(match e.classify() {
+        serde_json::error::Category::Data => format!(
+            "invalid JSON: not a measurement object or an array of them at line {} column {}",
+            e.line(),
+            e.column()
+        ),
+        _ => format!("invalid JSON: {e}"),
+    })
 }
 
 /// The top-level value of a body.
@@ -404,6 +417,21 @@ mod tests {
             );
         }
         assert!(parse("{} \n").is_ok(), "trailing whitespace is not garbage");
+    }
+
+    #[test]
+    fn a_wrong_top_level_value_is_not_quoted() {
+        for body in [r#""jane@example.com""#, "4111111111111111", "true"] {
+            let error = parse(body).unwrap_err().to_string();
+            assert!(
+                error.contains("not a measurement object"),
+                "{body}: {error}"
+            );
+            assert!(
+                !error.contains("jane") && !error.contains("4111"),
+                "{error}"
+            );
+        }
     }
 
     #[test]
