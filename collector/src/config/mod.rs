@@ -452,7 +452,7 @@ impl ClickHouseConfig {
 /// as the one shard [`DEFAULT_SHARD`]; both set is an error (contract v5 §3).
 fn read_shards(raw: &RawArgs, p: &mut Problems) -> Vec<ShardConfig> {
     let hide = |v: &str| {
-        if v.contains('@') {
+        if values::may_hold_password(v) {
             "<hidden>".to_owned()
         } else {
             v.to_owned()
@@ -865,5 +865,29 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(!err.contains("secret"), "{err}");
+    }
+
+    /// ClickHouse reads `?user=...&password=...` from a URL: refused as userinfo is, and a
+    /// malformed URL with a query is not echoed either.
+    #[test]
+    fn a_password_in_a_urls_query_is_refused_and_not_echoed() {
+        for (flag, value) in [
+            (
+                "--clickhouse-urls",
+                "http://ch1:8123/?user=u&password=secret",
+            ),
+            ("--clickhouse-urls", "http://ch1:99999/?password=secret"),
+            ("--clickhouse-shards", "a=http://ch1:99999/?password=secret"),
+            ("--clickhouse-shards", "a=http://ch1:8123?password=secret"),
+        ] {
+            let err = Config::from_args(&raw(&[flag, value]))
+                .unwrap_err()
+                .to_string();
+            assert!(!err.contains("secret"), "{err}");
+        }
+        let err = Config::from_args(&raw(&["--clickhouse-urls", "http://ch1:8123/?password=x"]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("a query is not supported"), "{err}");
     }
 }

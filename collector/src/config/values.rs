@@ -181,12 +181,25 @@ pub fn is_identifier(s: &str) -> bool {
         && s.len() <= 64
 }
 
-/// A comma-separated list of ClickHouse HTTP(S) URLs, in order, none twice.
+/// Whether a ClickHouse URL as written may hold a password: in its user information (`@`) or
+/// in its query (ClickHouse's HTTP interface reads `?user=...&password=...`). Such a text is
+/// never echoed.
+pub fn may_hold_password(url: &str) -> bool {
+    url.contains(['@', '?'])
+}
+
+/// A comma-separated list of ClickHouse HTTP(S) URLs, in order, none twice, without
+/// credentials or a query (either may carry a password, which would show in logs and metric
+/// labels).
 pub fn clickhouse_urls(s: &str) -> Result<Vec<Url>, String> {
     let mut urls = Vec::new();
     for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         // A malformed URL may still hold a password: never echoed.
-        let shown = if part.contains('@') { "<hidden>" } else { part };
+        let shown = if may_hold_password(part) {
+            "<hidden>"
+        } else {
+            part
+        };
         let url = Url::parse(part).map_err(|e| format!("{shown}: {e}"))?;
         if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
             return Err(format!("{shown}: must be an http:// or https:// URL"));
@@ -195,6 +208,12 @@ pub fn clickhouse_urls(s: &str) -> Result<Vec<Url>, String> {
         if !url.username().is_empty() || url.password().is_some() {
             return Err(format!(
                 "{}: credentials in the URL are not supported (they would show in logs and metrics): use COLLECTOR_CLICKHOUSE_USER and COLLECTOR_CLICKHOUSE_PASSWORD_FILE",
+                url.host_str().unwrap_or("?")
+            ));
+        }
+        if url.query().is_some() {
+            return Err(format!(
+                "{}: a query is not supported (ClickHouse would read a user and password from it, and it would show in logs and metrics): use COLLECTOR_CLICKHOUSE_USER and COLLECTOR_CLICKHOUSE_PASSWORD_FILE",
                 url.host_str().unwrap_or("?")
             ));
         }
@@ -225,7 +244,7 @@ pub fn clickhouse_shards(s: &str) -> Result<Vec<(String, Vec<Url>)>, String> {
     let mut shards: Vec<(String, Vec<Url>)> = Vec::new();
     for part in s.split(';').map(str::trim).filter(|p| !p.is_empty()) {
         let shown = |p: &str| {
-            if p.contains('@') {
+            if may_hold_password(p) {
                 "<hidden>".to_owned()
             } else {
                 p.to_owned()
