@@ -281,10 +281,19 @@ impl Writer {
     /// data or the drain deadline passes.
     async fn send(&mut self, body: &InsertBody) -> Result<(), Failure> {
         let mut attempt = 0u32;
+        // The body without the rows of sites purged while it was being retried.
+        let mut repurged: Option<InsertBody> = None;
         loop {
             if attempt > 0 {
                 self.metrics.clickhouse.batches_retried.inc();
             }
+            if let Some(left) = self.repurge(repurged.as_ref().unwrap_or(body)) {
+                if left.rows.is_empty() {
+                    return Ok(());
+                }
+                repurged = Some(left);
+            }
+            let body = repurged.as_ref().unwrap_or(body);
             let target = self.replicas.pick();
             // An insert into a replica that hangs (frozen, black-holed) can take up to the
             // insert timeout per replica: the drain deadline must cut it, not wait for it. A
