@@ -203,9 +203,9 @@ impl AtRest for SiteRules {
 impl Measurement<'_> {
     /// Holds a stored row to the §2 rules (contract v5), as intake stores a measurement now:
     /// `url` and `referrer` as the site keeps them (`keep`, `origins`: see
-    /// [`Measurement::minimise`]), `lcp_url` and `inp_script_url` as resource URLs, the
-    /// selectors and the page group masked as a path, dimension values and Server-Timing names
-    /// masked on their decoded text, a Server-Timing description kept for a cache entry only,
+    /// [`Measurement::minimise`]), `lcp_url` and `inp_script_url` as resource URLs, the page
+    /// group masked as a path, selectors, dimension values and Server-Timing names masked on
+    /// their decoded text, a Server-Timing description kept for a cache entry only,
     /// and the user agent with its addresses and tokens masked. Idempotent.
     pub fn minimise_stored(&mut self, keep: &[String], origins: &[String]) {
         self.minimise(keep, origins);
@@ -225,7 +225,8 @@ impl Measurement<'_> {
         .into_iter()
         .flatten()
         {
-            let masked = mask(selector).into_owned();
+            // On its decoded text too, as intake masks a selector ([`super::rules::selector`]).
+            let masked = mask_text(selector).into_owned();
             set(selector, Cow::Owned(masked));
         }
         let page_group = mask(&self.page_group.0).into_owned();
@@ -318,6 +319,23 @@ mod tests {
         let once = m.clone();
         rules().minimise(&mut m);
         assert_eq!(m, once, "idempotent");
+    }
+
+    /// Intake masks a selector on its decoded text (contract v5 §2): so does `migrate`.
+    #[test]
+    fn a_selectors_encoded_secret_is_masked_as_at_intake() {
+        let mut m = leaky(3);
+        m.lcp_target = Some("#u-jane%40example.com".into());
+        m.inp_target = Some("button#o-4111%2D1111%2D1111%2D1111".into());
+        m.cls_target = Some("div.a%2540b".into());
+        rules().minimise(&mut m);
+        assert_eq!(m.lcp_target.as_deref(), Some("#*"));
+        assert_eq!(m.inp_target.as_deref(), Some("button#o-*"));
+        assert_eq!(
+            m.cls_target.as_deref(),
+            Some("div.a%2540b"),
+            "nothing to hide"
+        );
     }
 
     #[test]
