@@ -145,11 +145,9 @@ impl App {
     ) -> App {
         let app = App::launch(spool, sites, clickhouse, options).await;
         let addr = app.addr;
-        wait_until(
-            "/readyz answers 200",
-            Duration::from_secs(10),
-            || async move { get(addr, "/readyz").await.status == 200 },
-        )
+        wait_until("/readyz answers 200", ANSWER_WITHIN, || async move {
+            get(addr, "/readyz").await.status == 200
+        })
         .await;
         app
     }
@@ -240,12 +238,12 @@ impl App {
         self.spool
     }
 
-    /// Waits (at most 10 s) for a collector that cannot start to end, and returns its error;
-    /// panics when it serves or does not end.
+    /// Waits (at most [`ANSWER_WITHIN`]) for a collector that cannot start to end, and returns
+    /// its error; panics when it serves or does not end.
     pub async fn failed(mut self) -> String {
-        let result = tokio::time::timeout(Duration::from_secs(10), self.task.take().unwrap())
+        let result = tokio::time::timeout(ANSWER_WITHIN, self.task.take().unwrap())
             .await
-            .expect("the collector ended within 10 s")
+            .expect("the collector ended within ANSWER_WITHIN")
             .expect("the collector's task did not panic");
         match result {
             Err(e) => e.to_string(),
@@ -316,7 +314,14 @@ impl Answer {
     }
 }
 
-/// One request over a new connection; panics when no HTTP answer comes within 10 s.
+/// How long a helper waits for an answer, and for a starting collector to be ready, before it
+/// fails: an answer takes milliseconds and a start about 2 s here, but a debug build starting
+/// beside the whole test run on 2 cores (a container image building, load average 11) was
+/// measured taking over 10 s to answer its first `/readyz` (fresh-clone run ciD, issue 50).
+pub const ANSWER_WITHIN: Duration = Duration::from_secs(30);
+
+/// One request over a new connection; panics when no HTTP answer comes within
+/// [`ANSWER_WITHIN`].
 pub async fn request(
     addr: SocketAddr,
     method: &str,
@@ -357,9 +362,9 @@ pub async fn request(
             body,
         }
     };
-    tokio::time::timeout(Duration::from_secs(10), answer)
+    tokio::time::timeout(ANSWER_WITHIN, answer)
         .await
-        .unwrap_or_else(|_| panic!("{method} {path}: no answer within 10 s"))
+        .unwrap_or_else(|_| panic!("{method} {path}: no answer within {ANSWER_WITHIN:?}"))
 }
 
 /// `GET path`.
