@@ -12,8 +12,9 @@
 //!   `FINAL`, and when the parts merge): the rewrite. Nothing is deleted, so a row a collector
 //!   inserts meanwhile is never lost, and one key stays one row under `FINAL`, so nothing is
 //!   doubled. A mutation (`ALTER TABLE … UPDATE`) cannot run this module's masking (Rust).
-//! - **`FINAL`, partition by partition.** The version each key shows now is the one minimised,
-//!   so the rewrite keeps which send of a page view wins. The rows are streamed (RowBinary),
+//! - **`FINAL`, partition by partition.** The version each key shows now is the one minimised.
+//!   A resend a collector inserts between the read and the rewrite loses to the rewritten
+//!   earlier send (both are one page view: one row stays, which send was never promised). The rows are streamed (RowBinary),
 //!   [`Options::chunk_rows`] at a time: one INSERT and one progress line on stderr per chunk.
 //! - **Inserts without deduplication** (`insert_deduplicate = 0`): a block equal to one
 //!   inserted before (by a run that was killed, the same rows minimised the same way) must

@@ -21,7 +21,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 
 use super::column::Label;
-use super::minimise::{mask, mask_agent, mask_text, resource_url};
+use super::minimise::{mask_agent, mask_text, resource_url};
 use super::timing::CACHE_ENTRIES;
 use super::{encode, layouts, Measurement};
 use crate::spool::{AtRest, KeptAside, Record};
@@ -229,7 +229,8 @@ impl Measurement<'_> {
             let masked = mask_text(selector).into_owned();
             set(selector, Cow::Owned(masked));
         }
-        let page_group = mask(&self.page_group.0).into_owned();
+        // On its decoded text too: an old row's page group came from its path unminimised.
+        let page_group = mask_text(&self.page_group.0).into_owned();
         if page_group != *self.page_group.0 {
             self.page_group = Label(Cow::Owned(page_group));
         }
