@@ -8,9 +8,13 @@
 //! of Space-Saving, Metwally, Agrawal and El Abbadi, "Efficient computation of frequent and
 //! top-k elements in data streams", 2005, whose newcomer must outcount the least-seen kept
 //! value rather than always replace it). A flood of values each seen once cannot hold the
-//! places against values seen twice or more, whenever the flood came. At most
-//! [`MAX_ADMITTED_PER_DAY`] values are let in per pair and day, so the values stored stay few
-//! whatever the churn.
+//! places against values seen twice or more, whenever the flood came. Once
+//! [`MAX_ADMITTED_PER_DAY`] values were let in per pair and day, a newcomer must be seen more
+//! than twice as often as the least-seen kept value: the values stored stay few whatever the
+//! churn (each doubling of the least count lets in at most [`MAX_DISTINCT`] more), and a flood
+//! that spent the admissions on values seen a few times each cannot freeze the places against
+//! real values seen thousands of times (found by an adversarial review of issue 52: 5,500
+//! sightings, 100 values seen once, 100 twice, ..., 100 ten times, froze them for the day).
 
 use std::collections::HashMap;
 
@@ -19,11 +23,12 @@ use std::collections::HashMap;
 /// [`super::dimensions::OTHER`], and takes the place of the least-seen kept one only by being
 /// seen strictly more often (see [`super::dimensions::DistinctValues`]).
 pub const MAX_DISTINCT: usize = 100;
-/// Most values let in (kept) per site, name and UTC day, replacements included: ten times
-/// [`MAX_DISTINCT`]. Once reached, the kept values no longer change until the day ends, so
-/// the distinct values a collector stores per site, name and day are at most 1,000 (plus
-/// the rare value whose 64-bit hash equals a kept one's), never unbounded, however many
-/// values are sent and however they churn.
+/// Values let in (kept) per site, name and UTC day, replacements included, before the bar
+/// rises: ten times [`MAX_DISTINCT`]. Beyond it a newcomer must be seen more than twice as
+/// often as the least-seen kept value ([`TopValues::see`]), so each further admission comes
+/// with the least count doubled for at most [`MAX_DISTINCT`] of them: with counts below 2^32,
+/// at most 32 × 100 more, so at most 4,200 distinct values stored per site, name and day
+/// (plus the rare value whose 64-bit hash equals a kept one's), never unbounded.
 pub const MAX_ADMITTED_PER_DAY: usize = 10 * MAX_DISTINCT;
 
 /// Cells per row of the [`Sketch`]: 2^16.
@@ -102,9 +107,8 @@ impl TopValues {
     /// as `(other)`). A kept value counts one more. Another is counted in `sketch` (under
     /// `key(value)`: its key there) and let in while fewer than [`MAX_DISTINCT`] are kept, or
     /// in place of the least-seen kept one when its estimate is strictly greater than that
-    /// one's count (the evicted value's count goes back into `sketch`); never once
-    /// [`MAX_ADMITTED_PER_DAY`] were let in (nor counted then: the pair's values can no
-    /// longer change that day).
+    /// one's count (the evicted value's count goes back into `sketch`), or, once
+    /// [`MAX_ADMITTED_PER_DAY`] were let in, strictly greater than twice that count.
     pub(super) fn see(
         &mut self,
         value: u64,
@@ -115,15 +119,17 @@ impl TopValues {
             *count = count.saturating_add(1);
             return true;
         }
-        if self.admitted >= MAX_ADMITTED_PER_DAY {
-            return false;
-        }
         let estimate = sketch.add_one(key(value));
         if self.counts.len() >= MAX_DISTINCT {
             let Some((least, least_count)) = self.least_seen() else {
                 return false;
             };
-            if estimate <= least_count {
+            let bar = if self.admitted >= MAX_ADMITTED_PER_DAY {
+                least_count.saturating_mul(2)
+            } else {
+                least_count
+            };
+            if estimate <= bar {
                 return false;
             }
             self.counts.remove(&least);
@@ -149,7 +155,7 @@ impl TopValues {
         self.counts.len()
     }
 
-    /// Values let in this day (at most [`MAX_ADMITTED_PER_DAY`]).
+    /// Values let in this day.
     #[cfg(test)]
     pub(super) fn admitted(&self) -> usize {
         self.admitted
