@@ -52,7 +52,7 @@ cleanup() {
   # SIGTERM or SIGINT to this script alone (not its process group, as Ctrl-C) reaches the
   # collector through here: it drains, then the stack stops.
   if [[ -n $collector_pid ]] && kill -0 "$collector_pid" 2>/dev/null; then
-    kill -INT "$collector_pid" 2>/dev/null
+    kill -TERM "$collector_pid" 2>/dev/null
     wait "$collector_pid" 2>/dev/null
   fi
   [[ -n $page_pid ]] && kill "$page_pid" 2>/dev/null
@@ -77,6 +77,12 @@ export COLLECTOR_SPOOL_DIR="$stack_dir/spool"
 # The visitor's country, from the CC0 database the install step fetched (stack.env names it).
 [[ -s ${GEO_DB:-} ]] && export COLLECTOR_GEO_DB="$GEO_DB"
 collector_url="http://$COLLECTOR_LISTEN"
+# The same settings for the collector's other commands (sites, report, migrate, sites purge),
+# for an operator's shell: `set -a; . .stack/demo/collector.env; set +a`.
+for v in COLLECTOR_DATABASE_URL COLLECTOR_CLICKHOUSE_URLS COLLECTOR_CLICKHOUSE_DATABASE \
+  COLLECTOR_SPOOL_DIR COLLECTOR_GEO_DB; do
+  if [[ -n ${!v:-} ]]; then printf "%s='%s'\n" "$v" "${!v}"; fi
+done >"$stack_dir/collector.env"
 
 COLLECTOR=("$bin")
 # The page sets the dimension `variant` (an experiment's), which the site declares.
@@ -111,12 +117,17 @@ cat <<MSG
     clickhouse-client --port $CH1_TCP_PORT --query "SELECT id, site, url, page_group, cdn_cache, dimension_values, lcp_ms, received_at FROM collector.measurements FINAL ORDER BY received_at DESC LIMIT 10"
     curl -s '$CH1_URL/' --data-binary "SELECT id, site, url, page_group, cdn_cache, dimension_values, lcp_ms, received_at FROM collector.measurements FINAL ORDER BY received_at DESC LIMIT 10 FORMAT PrettyCompact"
 
+  The collector's other commands against this stack (sites, report, migrate, sites purge) take
+  its settings from the environment; in another shell:
+    set -a; . $stack_dir/collector.env; set +a
   A site's numbers at a glance (p75 and good / needs improvement / poor per device type;
-  --by page_group|country|browser, --format json, --html FILE for a page with charts):
-    COLLECTOR_CLICKHOUSE_URLS=$COLLECTOR_CLICKHOUSE_URLS $bin report --site demo --days 1
-    COLLECTOR_CLICKHOUSE_URLS=$COLLECTOR_CLICKHOUSE_URLS $bin report --site demo --days 1 --by page_group
+  --by page_group|country|browser|dimension:variant, --format json, --html FILE for a page with
+  charts; --crux: the 28 complete days before today, so not today's page views):
+    $bin report --site demo --days 1
+    $bin report --site demo --days 1 --by page_group
 
-  Ctrl-C stops the collector (it drains) and the stack.
+  Ctrl-C stops the collector (it drains) and the stack; started in the background (&), this
+  script ignores SIGINT as every background job of a shell script does: send it SIGTERM.
 
 MSG
 # In the background with a wait, so that a signal to this script runs cleanup (bash defers
