@@ -1,7 +1,8 @@
 //! The tests' child processes: a server just started, waited for until it answers; a tool run
-//! to its end, its output.
+//! to its end, its output; a log for a failure message; a process's memory; a stop with grace.
 
 use std::future::Future;
+use std::path::Path;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
@@ -67,4 +68,43 @@ pub fn output_of(what: &str, cmd: &mut Command) -> String {
         out.status
     );
     text
+}
+
+/// The text of a log file for a failure message; names the file and the error when it cannot
+/// be read (an empty string would look like an empty log).
+pub fn log_text(path: &Path) -> String {
+    std::fs::read_to_string(path)
+        .unwrap_or_else(|e| format!("(the log {} cannot be read: {e})", path.display()))
+}
+
+/// Resident set size of process `pid`, in bytes.
+pub fn rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .unwrap()
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .unwrap();
+    kb * 1024
+}
+
+/// Stops `child` with SIGTERM, waiting up to `grace` for it to exit, then SIGKILL.
+pub fn terminate(child: &mut Child, grace: Duration) {
+    let _ = Command::new("kill")
+        .arg("-TERM")
+        .arg(child.id().to_string())
+        .status();
+    let start = Instant::now();
+    while start.elapsed() < grace {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
 }
