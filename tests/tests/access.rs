@@ -260,25 +260,7 @@ async fn clickhouse_18_16_password_only_over_verified_https() {
     let reader = pki.client();
 
     // The server as set up: nobody gets in without the password.
-    let anonymous = clickhouse_query(&ch.http_url, "SELECT 1").await;
-    assert!(
-        anonymous
-            .as_ref()
-            .is_err_and(|e| e.contains("Unknown user default")),
-        "no password-less default: {anonymous:?}"
-    );
-    let guessed = ch_query(
-        &reader,
-        &ch.https_url,
-        "collector",
-        WRONG_PASSWORD,
-        "SELECT 1",
-    )
-    .await;
-    assert!(
-        guessed.as_ref().is_err_and(|e| e.contains("Code: 193")),
-        "wrong password refused (193): {guessed:?}"
-    );
+    nobody_without_the_password(&ch, &reader).await;
 
     let mut env = TestEnv::empty(Stack::shared()).await;
     env.clickhouse = vec![ch.https_url.clone()];
@@ -286,23 +268,7 @@ async fn clickhouse_18_16_password_only_over_verified_https() {
     let auth = ch_auth(pw, ca);
     env.cli_with(&auth, &["migrate"]).success();
     env.cli(&["sites", "add", "--key", "site-1"]).success();
-    for (refused, why) in [
-        (ch_auth(pw, other_ca), "UnknownIssuer"),
-        (ch_auth(wrong, ca), "Code: 193"),
-    ] {
-        let out = env.cli_with(&refused, &["migrate"]);
-        assert_eq!(
-            out.code, 1,
-            "migrate refused ({why}): {}{}",
-            out.stdout, out.stderr
-        );
-        assert!(
-            out.stderr.contains(why) && out.stderr.contains(&ch.https_url),
-            "migrate names the server and why ({why}): {}",
-            out.stderr
-        );
-        assert!(!out.stderr.contains(WRONG_PASSWORD) && !out.stderr.contains(CH18_PASSWORD));
-    }
+    migrate_refused_with_another_ca_or_password(&env, &ch.https_url, pw, wrong, ca, other_ca);
     let mut settings = auth.clone();
     settings.push(("RUST_LOG", "debug"));
     let c = env.collector(&settings).await;
@@ -357,6 +323,86 @@ async fn clickhouse_18_16_password_only_over_verified_https() {
     println!("18.16, wrong password: {line}");
     assert_secrets_hidden(&bad_pw, &[CH18_PASSWORD, WRONG_PASSWORD]).await;
 
+    https_to_the_plain_port_refused(&env, &ch, pw, ca, &ch18).await;
+
+    // The right CA: what the first refused collector held is stored.
+    bad_ca.set_env("COLLECTOR_CLICKHOUSE_CA_FILE", ca);
+    bad_ca.restart().await;
+    wait_counted(
+        &env,
+        "the 3 held beacons stored once the CA is right",
+        &ch18,
+        &held,
+        3,
+    )
+    .await;
+    bad_ca
+        .wait_metric("collector_spool_records 0", VISIBLE)
+        .await;
+}
+
+/// The 18.16 server `ch` as set up: no password-less `default`, and a wrong password for
+/// `collector` refused (193), asked through `reader`.
+async fn nobody_without_the_password(ch: &Ch18Tls, reader: &reqwest::Client) {
+    let anonymous = clickhouse_query(&ch.http_url, "SELECT 1").await;
+    assert!(
+        anonymous
+            .as_ref()
+            .is_err_and(|e| e.contains("Unknown user default")),
+        "no password-less default: {anonymous:?}"
+    );
+    let guessed = ch_query(
+        reader,
+        &ch.https_url,
+        "collector",
+        WRONG_PASSWORD,
+        "SELECT 1",
+    )
+    .await;
+    assert!(
+        guessed.as_ref().is_err_and(|e| e.contains("Code: 193")),
+        "wrong password refused (193): {guessed:?}"
+    );
+}
+
+/// `migrate` with the server's certificate from another CA (`other_ca`) and with a `wrong`
+/// password file: each refused (exit 1), naming the server `url` and why, without a password.
+fn migrate_refused_with_another_ca_or_password(
+    env: &TestEnv<'_>,
+    url: &str,
+    pw: &str,
+    wrong: &str,
+    ca: &str,
+    other_ca: &str,
+) {
+    for (refused, why) in [
+        (ch_auth(pw, other_ca), "UnknownIssuer"),
+        (ch_auth(wrong, ca), "Code: 193"),
+    ] {
+        let out = env.cli_with(&refused, &["migrate"]);
+        assert_eq!(
+            out.code, 1,
+            "migrate refused ({why}): {}{}",
+            out.stdout, out.stderr
+        );
+        assert!(
+            out.stderr.contains(why) && out.stderr.contains(url),
+            "migrate names the server and why ({why}): {}",
+            out.stderr
+        );
+        assert!(!out.stderr.contains(WRONG_PASSWORD) && !out.stderr.contains(CH18_PASSWORD));
+    }
+}
+
+/// No fall back to plain HTTP: a collector given an https:// URL naming the 18.16 server's
+/// plain HTTP port is refused, its beacons spooled.
+async fn https_to_the_plain_port_refused(
+    env: &TestEnv<'_>,
+    ch: &Ch18Tls,
+    pw: &str,
+    ca: &str,
+    ch18: &Readback<'_>,
+) {
     // No fall back to plain HTTP: an https:// URL naming the server's plain HTTP port. (Its
     // first probe meets no answer within 2 s: 18.16 waits for the rest of a request that is a
     // TLS hello; the cause then logged once a minute is rustls's "corrupt message".)
@@ -375,25 +421,10 @@ async fn clickhouse_18_16_password_only_over_verified_https() {
         &https_to_plain,
         2,
         &["replica down", &https_to_plain],
-        &ch18,
+        ch18,
     )
     .await;
     println!("18.16, https:// to the plain port: {line}");
-
-    // The right CA: what the first refused collector held is stored.
-    bad_ca.set_env("COLLECTOR_CLICKHOUSE_CA_FILE", ca);
-    bad_ca.restart().await;
-    wait_counted(
-        &env,
-        "the 3 held beacons stored once the CA is right",
-        &ch18,
-        &held,
-        3,
-    )
-    .await;
-    bad_ca
-        .wait_metric("collector_spool_records 0", VISIBLE)
-        .await;
 }
 
 /// Issue 37, 2, issue 42, 2 and issue 52, 5: a ClickHouse 26.x server with the users that
@@ -738,8 +769,18 @@ async fn postgres_with_tls_under_each_sslmode() {
     assert_secrets_hidden(&c, &[PG_PASSWORD]).await;
 
     // Another CA under verify-full: a clear error, no settings.
+    another_ca_refused(&env, &pg, pw, &other_ca.to_string()).await;
+
+    // sslmode=require against a server without TLS: fails, never goes on in plain.
+    require_never_goes_on_in_plain(&env, &plain_pg, pw).await;
+}
+
+/// Another CA (`other_ca`) under `verify-full` to `pg`: a clear error naming the certificate
+/// from `sites list`, and a collector that never loads the settings (its beacons 503,
+/// `/readyz` says why, the log names the certificate), without the password anywhere.
+async fn another_ca_refused(env: &TestEnv<'_>, pg: &OwnPg, pw: &str, other_ca: &str) {
     let wrong_ca = pg_url(
-        &pg,
+        pg,
         "access",
         &format!("sslmode=verify-full&sslrootcert={other_ca}"),
     );
@@ -769,9 +810,12 @@ async fn postgres_with_tls_under_each_sslmode() {
     println!("PostgreSQL, another CA, the collector's log: {line}");
     assert!(env.rows(std::slice::from_ref(&id)).await.is_empty());
     assert_secrets_hidden(&refused, &[PG_PASSWORD]).await;
+}
 
-    // sslmode=require against a server without TLS: fails, never goes on in plain.
-    let disable = pg_url(&plain_pg, "access", "sslmode=disable");
+/// `sslmode=require` against `plain_pg`, a server without TLS: the command fails, saying TLS
+/// was refused, and neither it nor a collector goes on in plain (no connection let in after).
+async fn require_never_goes_on_in_plain(env: &TestEnv<'_>, plain_pg: &OwnPg, pw: &str) {
+    let disable = pg_url(plain_pg, "access", "sslmode=disable");
     let plain_store = store_settings(&disable, pw);
     env.cli_with(&plain_store, &["migrate"]).success();
     env.cli_with(&plain_store, &["sites", "add", "--key", "plain-site"])
@@ -782,7 +826,7 @@ async fn postgres_with_tls_under_each_sslmode() {
         "sslmode=disable connected in plain: {}",
         plain_pg.log()
     );
-    let require = pg_url(&plain_pg, "access", "sslmode=require");
+    let require = pg_url(plain_pg, "access", "sslmode=require");
     let out = env.cli_with(&store_settings(&require, pw), &["sites", "list"]);
     assert_ne!(
         out.code, 0,
@@ -1035,8 +1079,58 @@ async fn beacons_must_come_from_the_shops_pages() {
     let env = TestEnv::new(Stack::shared()).await;
     env.add_site("shop", &["--origin", "https://shop.example"]);
     let c = env.collector(&[("COLLECTOR_SITE_RATE", "20")]).await;
-    let origin = [("origin", "https://shop.example".to_owned())];
+    another_hosts_page_rejected(&env, &c).await;
+    // Another host however the URL is written, and the site's host however it is written.
+    hosts_however_written(&env, &c).await;
+
+    // The flood and the visitors, side by side.
     let url = format!("{}/api/v1/measurements", c.url);
+    let flooder = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let visitor = flooder.clone();
+    let length = Duration::from_secs(10);
+    let flood = tokio::spawn(flood_without_origin(flooder, url.clone(), length));
+    let (acked, sent, slowest, visitor_statuses) = visitors(&visitor, &url, length).await;
+    let (flood_statuses, flood_for) = flood.await.unwrap();
+    let flood_sent: usize = flood_statuses.values().sum();
+    println!(
+        "flood without Origin: {flood_sent} in {flood_for:?}, answers {flood_statuses:?}; \
+         visitors: {sent} sent, answers {visitor_statuses:?}, slowest answer {slowest:?}"
+    );
+    assert!(
+        acked.len() * 100 >= sent * 99,
+        "at least 99 % of the visitors' beacons answered 202: {} of {sent} ({visitor_statuses:?})",
+        acked.len()
+    );
+    let stored = env.wait_rows(&acked, VISIBLE).await;
+    assert!(
+        stored.len() * 100 >= sent * 99,
+        "{} stored of {sent}",
+        stored.len()
+    );
+    // The flood's budget: 2/s with a burst of 4 over its run; one second of slack for the
+    // timing of a busy machine (the limiter's clock starts before the first tick).
+    let flood_acked = flood_statuses.get(&202).copied().unwrap_or(0);
+    let budget = 4 + 2 * (flood_for.as_secs() as usize + 1);
+    assert!(
+        flood_acked <= budget,
+        "the flood got {flood_acked} through, its budget is {budget}: {flood_statuses:?}"
+    );
+    assert!(
+        flood_statuses.get(&429).copied().unwrap_or(0) >= flood_sent - budget,
+        "the rest of the flood is answered 429: {flood_statuses:?}"
+    );
+    assert!(
+        flood_sent >= 500,
+        "the flood ran at about 60/s: {flood_sent}"
+    );
+}
+
+/// A beacon of another host's page is rejected (`url_not_allowed`) beside one on the site's
+/// host, and refused (403) alone; neither is stored, the site's one is.
+async fn another_hosts_page_rejected(env: &TestEnv<'_>, c: &Collector) {
     let (good, good_m) = beacon_on("shop", "https://shop.example/cart");
     let (bad, bad_m) = beacon_on("shop", "https://evil.example/cart");
     let (status, answer, _) = c
@@ -1063,18 +1157,26 @@ async fn beacons_must_come_from_the_shops_pages() {
         env.rows(&[bad.clone(), alone.clone()]).await.is_empty(),
         "the beacons of another host's pages are not stored"
     );
-    // Another host however the URL is written, and the site's host however it is written.
-    let hostile = [
-        "https://shop.example@evil.example/",
-        "https://shop.example:pw@evil.example/p",
-        "https://evil.example\\@shop.example/",
-        "https://evil.example#@shop.example",
-        "https://evil.example?@shop.example",
-        "https://evil.example/shop.example",
-        "https://shop.example.evil.example/",
-        "https://evilshop.example/",
-        "https://[::1]/shop.example",
-    ];
+}
+
+/// URLs of another host, however written, that must be rejected for the site
+/// `https://shop.example`.
+const HOSTILE: [&str; 9] = [
+    "https://shop.example@evil.example/",
+    "https://shop.example:pw@evil.example/p",
+    "https://evil.example\\@shop.example/",
+    "https://evil.example#@shop.example",
+    "https://evil.example?@shop.example",
+    "https://evil.example/shop.example",
+    "https://shop.example.evil.example/",
+    "https://evilshop.example/",
+    "https://[::1]/shop.example",
+];
+
+/// [`HOSTILE`] URLs in one batch with URLs of the site's host written in other ways: every one
+/// of another host rejected and not stored, none of the site's.
+async fn hosts_however_written(env: &TestEnv<'_>, c: &Collector) {
+    let hostile = HOSTILE;
     let friendly = [
         "https://SHOP.example/p",
         "http://shop.example:8080/p",
@@ -1118,40 +1220,53 @@ async fn beacons_must_come_from_the_shops_pages() {
             .await,
         (2 + hostile.len()) as f64
     );
+}
 
-    // The flood and the visitors, side by side.
-    let flooder = reqwest::Client::builder()
-        .timeout(Duration::from_secs(10))
-        .build()
-        .unwrap();
-    let visitor = flooder.clone();
-    let length = Duration::from_secs(10);
-    let flood_url = url.clone();
-    let flood = tokio::spawn(async move {
-        let mut tick = tokio::time::interval(Duration::from_micros(1_000_000 / 60));
-        let mut sent = Vec::new();
-        let start = Instant::now();
-        while start.elapsed() < length {
-            tick.tick().await;
-            let (client, url) = (flooder.clone(), flood_url.clone());
-            let (_, m) = beacon_on("shop", "https://shop.example/p/flood");
-            sent.push(tokio::spawn(async move {
-                post_status(&client, &url, &m, &[]).await
-            }));
-        }
-        let elapsed = start.elapsed();
-        let mut statuses = std::collections::BTreeMap::<u16, usize>::new();
-        for s in sent {
-            *statuses.entry(s.await.unwrap()).or_default() += 1;
-        }
-        (statuses, elapsed)
-    });
+/// Beacons without `Origin` to `url` through `client` at 60/s for `length`: the answers by
+/// status, and how long it ran.
+async fn flood_without_origin(
+    flooder: reqwest::Client,
+    flood_url: String,
+    length: Duration,
+) -> (std::collections::BTreeMap<u16, usize>, Duration) {
+    let mut tick = tokio::time::interval(Duration::from_micros(1_000_000 / 60));
+    let mut sent = Vec::new();
+    let start = Instant::now();
+    while start.elapsed() < length {
+        tick.tick().await;
+        let (client, url) = (flooder.clone(), flood_url.clone());
+        let (_, m) = beacon_on("shop", "https://shop.example/p/flood");
+        sent.push(tokio::spawn(async move {
+            post_status(&client, &url, &m, &[]).await
+        }));
+    }
+    let elapsed = start.elapsed();
+    let mut statuses = std::collections::BTreeMap::<u16, usize>::new();
+    for s in sent {
+        *statuses.entry(s.await.unwrap()).or_default() += 1;
+    }
+    (statuses, elapsed)
+}
+
+/// Visitors' beacons with the shop's `Origin` to `url` through `visitor` at 5/s for `length`:
+/// the ids answered 202, the number sent, the slowest answer and the answers by status.
+async fn visitors(
+    visitor: &reqwest::Client,
+    url: &str,
+    length: Duration,
+) -> (
+    Vec<String>,
+    usize,
+    Duration,
+    std::collections::BTreeMap<u16, usize>,
+) {
+    let origin = [("origin", "https://shop.example".to_owned())];
     let mut tick = tokio::time::interval(Duration::from_millis(200));
     let mut visits = Vec::new();
     let start = Instant::now();
     while start.elapsed() < length {
         tick.tick().await;
-        let (client, url, headers) = (visitor.clone(), url.clone(), origin.clone());
+        let (client, url, headers) = (visitor.clone(), url.to_owned(), origin.clone());
         let (id, m) = beacon_on("shop", "https://shop.example/p/visit");
         visits.push(tokio::spawn(async move {
             let sent = Instant::now();
@@ -1171,39 +1286,7 @@ async fn beacons_must_come_from_the_shops_pages() {
             acked.push(id);
         }
     }
-    let (flood_statuses, flood_for) = flood.await.unwrap();
-    let flood_sent: usize = flood_statuses.values().sum();
-    println!(
-        "flood without Origin: {flood_sent} in {flood_for:?}, answers {flood_statuses:?}; \
-         visitors: {sent} sent, answers {visitor_statuses:?}, slowest answer {slowest:?}"
-    );
-    assert!(
-        acked.len() * 100 >= sent * 99,
-        "at least 99 % of the visitors' beacons answered 202: {} of {sent} ({visitor_statuses:?})",
-        acked.len()
-    );
-    let stored = env.wait_rows(&acked, VISIBLE).await;
-    assert!(
-        stored.len() * 100 >= sent * 99,
-        "{} stored of {sent}",
-        stored.len()
-    );
-    // The flood's budget: 2/s with a burst of 4 over its run; one second of slack for the
-    // timing of a busy machine (the limiter's clock starts before the first tick).
-    let flood_acked = flood_statuses.get(&202).copied().unwrap_or(0);
-    let budget = 4 + 2 * (flood_for.as_secs() as usize + 1);
-    assert!(
-        flood_acked <= budget,
-        "the flood got {flood_acked} through, its budget is {budget}: {flood_statuses:?}"
-    );
-    assert!(
-        flood_statuses.get(&429).copied().unwrap_or(0) >= flood_sent - budget,
-        "the rest of the flood is answered 429: {flood_statuses:?}"
-    );
-    assert!(
-        flood_sent >= 500,
-        "the flood ran at about 60/s: {flood_sent}"
-    );
+    (acked, sent, slowest, visitor_statuses)
 }
 
 /// One client rotating the address it claims: `n` beacons back to back from its own loopback
@@ -1381,54 +1464,8 @@ async fn one_client_flooding_a_site_takes_only_its_share_of_the_budget() {
         .build()
         .unwrap();
     let length = Duration::from_secs(15);
-    let (flooder, flood_url) = (http.clone(), url.clone());
-    let flood = tokio::spawn(async move {
-        let mut tick = tokio::time::interval(Duration::from_millis(125));
-        let headers = [
-            ("origin", "https://shop.example".to_owned()),
-            ("x-forwarded-for", "198.51.100.7".to_owned()),
-        ];
-        let mut statuses = std::collections::BTreeMap::<u16, usize>::new();
-        let start = Instant::now();
-        while start.elapsed() < length {
-            tick.tick().await;
-            let batch: Vec<Value> = (0..50)
-                .map(|_| beacon_on("shared", "https://shop.example/p/flood").1)
-                .collect();
-            let status = post_status(&flooder, &flood_url, &json!(batch), &headers).await;
-            *statuses.entry(status).or_default() += 1;
-        }
-        (statuses, start.elapsed())
-    });
-    // A late tick is not made up by a burst: a visitor's beacons stay about a second apart.
-    let mut tick = tokio::time::interval(Duration::from_millis(50));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut visits = Vec::new();
-    let start = Instant::now();
-    let mut k = 0usize;
-    while start.elapsed() < length {
-        tick.tick().await;
-        let headers = vec![
-            ("origin", "https://shop.example".to_owned()),
-            ("x-forwarded-for", format!("192.0.2.{}", k % 20 + 1)),
-        ];
-        k += 1;
-        let (client, url) = (http.clone(), url.clone());
-        let (id, m) = beacon_on("shared", "https://shop.example/p/visit");
-        visits.push(tokio::spawn(async move {
-            (id, post_status(&client, &url, &m, &headers).await)
-        }));
-    }
-    let mut acked = Vec::new();
-    let mut visitor_statuses = std::collections::BTreeMap::<u16, usize>::new();
-    let sent = visits.len();
-    for v in visits {
-        let (id, status) = v.await.unwrap();
-        *visitor_statuses.entry(status).or_default() += 1;
-        if status == 202 {
-            acked.push(id);
-        }
-    }
+    let flood = tokio::spawn(flood_of_one_client(http.clone(), url.clone(), length));
+    let (acked, sent, visitor_statuses) = twenty_visitors(&http, &url, length).await;
     let (flood_statuses, flood_for) = flood.await.unwrap();
     let flood_sent: usize = flood_statuses.values().sum();
     println!(
@@ -1468,4 +1505,70 @@ async fn one_client_flooding_a_site_takes_only_its_share_of_the_budget() {
         json!(1.0),
         "the flood lowered the rate: {answer}"
     );
+}
+
+/// One client (`X-Forwarded-For` 198.51.100.7, the shop's `Origin`) posting 8 requests a
+/// second of 50 beacons each to `flood_url` through `flooder` for `length`: the answers by
+/// status, and how long it ran.
+async fn flood_of_one_client(
+    flooder: reqwest::Client,
+    flood_url: String,
+    length: Duration,
+) -> (std::collections::BTreeMap<u16, usize>, Duration) {
+    let mut tick = tokio::time::interval(Duration::from_millis(125));
+    let headers = [
+        ("origin", "https://shop.example".to_owned()),
+        ("x-forwarded-for", "198.51.100.7".to_owned()),
+    ];
+    let mut statuses = std::collections::BTreeMap::<u16, usize>::new();
+    let start = Instant::now();
+    while start.elapsed() < length {
+        tick.tick().await;
+        let batch: Vec<Value> = (0..50)
+            .map(|_| beacon_on("shared", "https://shop.example/p/flood").1)
+            .collect();
+        let status = post_status(&flooder, &flood_url, &json!(batch), &headers).await;
+        *statuses.entry(status).or_default() += 1;
+    }
+    (statuses, start.elapsed())
+}
+
+/// 20 visitors (`X-Forwarded-For` 192.0.2.1 to .20, the shop's `Origin`) at a beacon a second
+/// each to `url` through `http` for `length`: the ids answered 202, the number sent and the
+/// answers by status.
+async fn twenty_visitors(
+    http: &reqwest::Client,
+    url: &str,
+    length: Duration,
+) -> (Vec<String>, usize, std::collections::BTreeMap<u16, usize>) {
+    // A late tick is not made up by a burst: a visitor's beacons stay about a second apart.
+    let mut tick = tokio::time::interval(Duration::from_millis(50));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut visits = Vec::new();
+    let start = Instant::now();
+    let mut k = 0usize;
+    while start.elapsed() < length {
+        tick.tick().await;
+        let headers = vec![
+            ("origin", "https://shop.example".to_owned()),
+            ("x-forwarded-for", format!("192.0.2.{}", k % 20 + 1)),
+        ];
+        k += 1;
+        let (client, url) = (http.clone(), url.to_owned());
+        let (id, m) = beacon_on("shared", "https://shop.example/p/visit");
+        visits.push(tokio::spawn(async move {
+            (id, post_status(&client, &url, &m, &headers).await)
+        }));
+    }
+    let mut acked = Vec::new();
+    let mut visitor_statuses = std::collections::BTreeMap::<u16, usize>::new();
+    let sent = visits.len();
+    for v in visits {
+        let (id, status) = v.await.unwrap();
+        *visitor_statuses.entry(status).or_default() += 1;
+        if status == 202 {
+            acked.push(id);
+        }
+    }
+    (acked, sent, visitor_statuses)
 }

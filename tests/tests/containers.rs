@@ -1409,6 +1409,51 @@ fn shards_override_services_cluster_file_and_collector_shards_agree() {
     let mut problems = vec![];
 
     // The cluster file: shards of clickhouse-rN:9000, every one a compose service.
+    let cluster = shards_cluster_file(&mut problems);
+    let servers: Vec<&String> = cluster.iter().flatten().collect();
+    for host in &servers {
+        if !all.contains(*host) {
+            problems.push(format!(
+                "cluster replica {host} is no service of compose.yaml + the override"
+            ));
+        }
+    }
+    // Every ClickHouse server of either file is in the cluster.
+    for (doc, file) in [(&base, "compose.yaml"), (&over, SHARDS_OVERRIDE)] {
+        for (name, svc) in doc["services"].as_mapping().unwrap() {
+            let name = name.as_str().unwrap();
+            let image = svc["image"].as_str().unwrap_or_default();
+            if image.starts_with("clickhouse/clickhouse-server")
+                && !servers.iter().any(|s| *s == name)
+            {
+                problems.push(format!(
+                    "{file}: ClickHouse server {name} is not in the cluster file"
+                ));
+            }
+        }
+    }
+
+    // Each server: the cluster file mounted by the override, macros of its shard.
+    servers_mount_the_cluster_file_and_their_macros(&base, &over, &cluster, &mut problems);
+    // Every service that names ClickHouse in compose.yaml names both shards in the override,
+    // without COLLECTOR_CLICKHOUSE_URLS, each shard the cluster file's replicas.
+    services_name_both_shards(&base, &over, &cluster, &mut problems);
+    // The new servers' data volumes are declared, with fixed names like compose.yaml's.
+    for host in servers.iter().filter(|h| !base_names.contains(**h)) {
+        let vol = &over["volumes"][host.as_str()]["name"];
+        if vol.as_str() != Some(&format!("collector-{host}")) {
+            problems.push(format!(
+                "{host}: volume {host} must be named collector-{host}, is {vol:?}"
+            ));
+        }
+    }
+    assert_no_problems(problems);
+}
+
+/// The replicas (hosts) of each shard of the shards' cluster file
+/// ([`stack::deploy::SHARDS_CLUSTER_XML`]); what is wrong with it (not two shards, a shard
+/// without `internal_replication`, a replica on a port other than 9000) added to `problems`.
+fn shards_cluster_file(problems: &mut Vec<String>) -> Vec<Vec<String>> {
     let path = root().join(stack::deploy::SHARDS_CLUSTER_XML);
     let text = xml::read(&path);
     let doc = xml::parse(&path, &text);
@@ -1435,38 +1480,27 @@ fn shards_override_services_cluster_file_and_collector_shards_agree() {
             cluster.len()
         ));
     }
-    let servers: Vec<&String> = cluster.iter().flatten().collect();
-    for host in &servers {
-        if !all.contains(*host) {
-            problems.push(format!(
-                "cluster replica {host} is no service of compose.yaml + the override"
-            ));
-        }
-    }
-    // Every ClickHouse server of either file is in the cluster.
-    for (doc, file) in [(&base, "compose.yaml"), (&over, SHARDS_OVERRIDE)] {
-        for (name, svc) in doc["services"].as_mapping().unwrap() {
-            let name = name.as_str().unwrap();
-            let image = svc["image"].as_str().unwrap_or_default();
-            if image.starts_with("clickhouse/clickhouse-server")
-                && !servers.iter().any(|s| *s == name)
-            {
-                problems.push(format!(
-                    "{file}: ClickHouse server {name} is not in the cluster file"
-                ));
-            }
-        }
-    }
+    cluster
+}
 
-    // Each server: the cluster file mounted by the override, macros of its shard.
-    let mount = |svc: &Value, target: &str| -> Option<String> {
-        svc["volumes"].as_sequence()?.iter().find_map(|v| {
-            let v = v.as_str()?;
-            let mut parts = v.split(':');
-            let (src, dst) = (parts.next()?, parts.next()?);
-            (dst == target).then(|| src.trim_start_matches("./").to_owned())
-        })
-    };
+/// The source (without `./`) of the volume of compose service `svc` mounted at `target`.
+fn mount(svc: &serde_yaml::Value, target: &str) -> Option<String> {
+    svc["volumes"].as_sequence()?.iter().find_map(|v| {
+        let v = v.as_str()?;
+        let mut parts = v.split(':');
+        let (src, dst) = (parts.next()?, parts.next()?);
+        (dst == target).then(|| src.trim_start_matches("./").to_owned())
+    })
+}
+
+/// Each server of `cluster`: the cluster file mounted by the override (`over`), and macros
+/// (its `replica.xml`, of `over` or `base`) of its shard and its own replica name.
+fn servers_mount_the_cluster_file_and_their_macros(
+    base: &serde_yaml::Value,
+    over: &serde_yaml::Value,
+    cluster: &[Vec<String>],
+    problems: &mut Vec<String>,
+) {
     let mut replicas_seen = BTreeSet::new();
     for (j, shard) in cluster.iter().enumerate() {
         for host in shard {
@@ -1503,9 +1537,18 @@ fn shards_override_services_cluster_file_and_collector_shards_agree() {
             }
         }
     }
+}
 
-    // Every service that names ClickHouse in compose.yaml names both shards in the override,
-    // without COLLECTOR_CLICKHOUSE_URLS, each shard the cluster file's replicas.
+/// Every service of `base` that names ClickHouse names both shards in the override (`over`),
+/// `!reset`s `COLLECTOR_CLICKHOUSE_URLS`, and lists each shard with the replicas of
+/// `cluster`, as `http://HOST:8123` URLs.
+fn services_name_both_shards(
+    base: &serde_yaml::Value,
+    over: &serde_yaml::Value,
+    cluster: &[Vec<String>],
+    problems: &mut Vec<String>,
+) {
+    use serde_yaml::Value;
     let want_names = ["default", "b"];
     for (name, svc) in base["services"].as_mapping().unwrap() {
         let name = name.as_str().unwrap();
@@ -1540,7 +1583,7 @@ fn shards_override_services_cluster_file_and_collector_shards_agree() {
         if got_names != want_names {
             problems.push(format!("{name}: shards {got_names:?}, want {want_names:?}"));
         }
-        for ((shard, hosts), want) in parsed.iter().zip(&cluster) {
+        for ((shard, hosts), want) in parsed.iter().zip(cluster) {
             if sorted(hosts.clone()) != sorted(want.clone()) {
                 problems.push(format!(
                     "{name}: shard {shard} lists {hosts:?}, the cluster file's shard has {want:?}"
@@ -1554,16 +1597,6 @@ fn shards_override_services_cluster_file_and_collector_shards_agree() {
             }
         }
     }
-    // The new servers' data volumes are declared, with fixed names like compose.yaml's.
-    for host in servers.iter().filter(|h| !base_names.contains(**h)) {
-        let vol = &over["volumes"][host.as_str()]["name"];
-        if vol.as_str() != Some(&format!("collector-{host}")) {
-            problems.push(format!(
-                "{host}: volume {host} must be named collector-{host}, is {vol:?}"
-            ));
-        }
-    }
-    assert_no_problems(problems);
 }
 
 /// The trimmed text at `path` below `node`, "" when missing.

@@ -209,16 +209,7 @@ async fn a_full_disk_turns_not_ready_and_recovers_by_itself_also_across_a_restar
         "nothing acknowledged before the disk was full"
     );
     let first_fill = acked.len();
-    let (status, body) = readyz(&c).await;
-    assert_eq!(status, 503, "/readyz while the disk is full: {body}");
-    assert!(
-        body.contains("disk full"),
-        "/readyz names the cause: {body}"
-    );
-    assert_eq!(c.metric("collector_spool_disk_full").await, 1.0);
-    let (_, status, retry_after, body) = post_one(&c, &env.site).await;
-    assert_eq!(status, 503, "intake while the disk is full: {body}");
-    assert!(retry_after.is_some(), "503 without Retry-After: {body}");
+    full_disk_refuses(&c, &env.site).await;
     let full_segments = segments(&spool);
     assert!(!full_segments.is_empty());
 
@@ -247,15 +238,7 @@ async fn a_full_disk_turns_not_ready_and_recovers_by_itself_also_across_a_restar
     wait_readyz(&c, 503, "disk full").await;
     let held = segments(&spool);
     c.restart().await; // SIGKILL, then start; waits for /healthz 200 (panics if it exits)
-    assert_eq!(c.status_of("/healthz").await, 200);
-    let (status, body) = readyz(&c).await;
-    assert_eq!(status, 503, "/readyz after a start on a full disk: {body}");
-    assert!(body.contains("disk full"), "{body}");
-    assert_eq!(c.metric("collector_spool_disk_full").await, 1.0);
-    assert!(
-        c.logs().contains("spool: cannot start a segment at open"),
-        "the start on a full disk is logged"
-    );
+    alive_and_not_ready_on_a_full_disk(&c).await;
     stack.replica(1).start().unwrap();
     let back = Instant::now();
     wait_readyz(&c, 200, "ready").await;
@@ -284,4 +267,33 @@ async fn a_full_disk_turns_not_ready_and_recovers_by_itself_also_across_a_restar
     );
     drop(c);
     drop(tmpfs);
+}
+
+/// While the disk is full: `/readyz` of `c` is 503 naming the cause, the metric says so, and a
+/// beacon of `site` is answered 503 with `Retry-After`.
+async fn full_disk_refuses(c: &Collector, site: &str) {
+    let (status, body) = readyz(c).await;
+    assert_eq!(status, 503, "/readyz while the disk is full: {body}");
+    assert!(
+        body.contains("disk full"),
+        "/readyz names the cause: {body}"
+    );
+    assert_eq!(c.metric("collector_spool_disk_full").await, 1.0);
+    let (_, status, retry_after, body) = post_one(c, site).await;
+    assert_eq!(status, 503, "intake while the disk is full: {body}");
+    assert!(retry_after.is_some(), "503 without Retry-After: {body}");
+}
+
+/// After a start on a full disk: `c` is alive (`/healthz` 200), not ready (503, "disk full"),
+/// says so in its metric and logs the start.
+async fn alive_and_not_ready_on_a_full_disk(c: &Collector) {
+    assert_eq!(c.status_of("/healthz").await, 200);
+    let (status, body) = readyz(c).await;
+    assert_eq!(status, 503, "/readyz after a start on a full disk: {body}");
+    assert!(body.contains("disk full"), "{body}");
+    assert_eq!(c.metric("collector_spool_disk_full").await, 1.0);
+    assert!(
+        c.logs().contains("spool: cannot start a segment at open"),
+        "the start on a full disk is logged"
+    );
 }

@@ -509,6 +509,37 @@ async fn copies_per_id(env: &TestEnv<'_>) -> HashMap<String, u64> {
 async fn edge_keeps_acknowledged_beacons_through_crashes_of_its_parts() {
     let stack = Stack::shared();
     let env = TestEnv::new(stack).await;
+    let (edge, up_took) = edge_up(stack, &env).await;
+    let load = Load::start(
+        &edge.env["EDGE_CLIENT_NETNS"],
+        &edge.env["EDGE_URL"],
+        Path::new(&edge.env["EDGE_CA"]),
+        "demo",
+    );
+    let steps = run_steps(&edge, &load);
+
+    let outcomes = tokio::task::block_in_place(|| load.finish());
+    let acked: Vec<String> = outcomes
+        .iter()
+        .filter(|o| o.status == 202)
+        .map(|o| o.id.clone())
+        .collect();
+    env.assert_stored_once(&acked, Duration::from_secs(120))
+        .await;
+    let copies = copies_per_id(&env).await;
+    let all: Vec<(&Step, Figures)> = steps
+        .iter()
+        .map(|s| (s, figures(s, &outcomes, &copies)))
+        .collect();
+    let report = report(&all, &outcomes, up_took);
+    println!("{report}");
+    let _ = std::fs::write(root().join("target/edge-failover-report.md"), &report);
+    check_steps(&all, &outcomes, &report);
+}
+
+/// Brings up the edge on `stack` for the test's database, with merges stopped on its table
+/// and the edge's logs registered with its diagnostics; the edge and how long it took.
+async fn edge_up(stack: &'static Stack, env: &TestEnv<'_>) -> (Edge, Duration) {
     // Every copy that reaches ClickHouse stays a row of its own until the end, so that the
     // duplicates can be counted; FINAL folds them at query time.
     for url in stack.clickhouse_urls() {
@@ -531,12 +562,11 @@ async fn edge_keeps_acknowledged_beacons_through_crashes_of_its_parts() {
     ] {
         env.diag.file(part, &edge.dir.join(part));
     }
-    let load = Load::start(
-        &edge.env["EDGE_CLIENT_NETNS"],
-        &edge.env["EDGE_URL"],
-        Path::new(&edge.env["EDGE_CA"]),
-        "demo",
-    );
+    (edge, up_took)
+}
+
+/// The faults, one step each, under `load`; the steps with their times and notes.
+fn run_steps(edge: &Edge, load: &Load) -> Vec<Step> {
     let mut steps: Vec<Step> = Vec::new();
     // A step counts the beacons sent from the end of the step before to its own end. Before its
     // fault, every request of the step before has its answer: a request sent just before the
@@ -568,36 +598,7 @@ async fn edge_keeps_acknowledged_beacons_through_crashes_of_its_parts() {
     });
 
     step("active edge's proxy SIGKILLed", &mut |notes| {
-        let before = edge.status()["EDGE_ACTIVE"].clone();
-        assert_ne!(before, "none");
-        let other = if before == "edge1" { "edge2" } else { "edge1" };
-        let n = &before[4..];
-        let t = Instant::now();
-        notes.push(edge.fault("kill-active-proxy"));
-        edge.wait_active(other);
-        let moved = t.elapsed();
-        edge.wait_status(&format!("the proxy of {before} serving again"), WAIT, |s| {
-            s[&format!("EDGE{n}_PROXY")] == "serving"
-        });
-        let restarted = t.elapsed();
-        notes.push(format!(
-            "address moved to {other} after {}; the proxy of {before} served again after {}",
-            secs(moved),
-            secs(restarted)
-        ));
-        // Three failed checks (1 s apart) and the peer's takeover: well within 15 s.
-        assert!(
-            moved < Duration::from_secs(15),
-            "the address took {moved:?} to move: three failed checks 1 s apart (fall 3) lower \
-             the priority and the peer takes over at its next advertisement (advert_int 1 s): \
-             about 4-5 s; 15 s leaves the rest to a loaded machine"
-        );
-        // The stand-in supervisor waits RestartSec=5 (as systemd would) before restarting.
-        assert!(
-            restarted >= Duration::from_secs(5),
-            "the proxy was back after {restarted:?}, before RestartSec=5 (no tolerance: the \
-             supervisor's wait is the least time)"
-        );
+        kill_active_proxy(edge, notes);
         sleep(Duration::from_secs(3));
     });
 
@@ -629,17 +630,47 @@ async fn edge_keeps_acknowledged_beacons_through_crashes_of_its_parts() {
         // Requests held by the edge while no path was open are answered now.
         sleep(Duration::from_secs(4));
     });
+    steps
+}
 
-    let outcomes = tokio::task::block_in_place(|| load.finish());
-    let acked: Vec<String> = outcomes
-        .iter()
-        .filter(|o| o.status == 202)
-        .map(|o| o.id.clone())
-        .collect();
-    env.assert_stored_once(&acked, Duration::from_secs(120))
-        .await;
-    let copies = copies_per_id(&env).await;
+/// SIGKILLs the active edge's proxy: the address moves to the peer within 15 s, and the
+/// supervisor restarts the proxy no sooner than its RestartSec=5.
+fn kill_active_proxy(edge: &Edge, notes: &mut Vec<String>) {
+    let before = edge.status()["EDGE_ACTIVE"].clone();
+    assert_ne!(before, "none");
+    let other = if before == "edge1" { "edge2" } else { "edge1" };
+    let n = &before[4..];
+    let t = Instant::now();
+    notes.push(edge.fault("kill-active-proxy"));
+    edge.wait_active(other);
+    let moved = t.elapsed();
+    edge.wait_status(&format!("the proxy of {before} serving again"), WAIT, |s| {
+        s[&format!("EDGE{n}_PROXY")] == "serving"
+    });
+    let restarted = t.elapsed();
+    notes.push(format!(
+        "address moved to {other} after {}; the proxy of {before} served again after {}",
+        secs(moved),
+        secs(restarted)
+    ));
+    // Three failed checks (1 s apart) and the peer's takeover: well within 15 s.
+    assert!(
+        moved < Duration::from_secs(15),
+        "the address took {moved:?} to move: three failed checks 1 s apart (fall 3) lower \
+         the priority and the peer takes over at its next advertisement (advert_int 1 s): \
+         about 4-5 s; 15 s leaves the rest to a loaded machine"
+    );
+    // The stand-in supervisor waits RestartSec=5 (as systemd would) before restarting.
+    assert!(
+        restarted >= Duration::from_secs(5),
+        "the proxy was back after {restarted:?}, before RestartSec=5 (no tolerance: the \
+         supervisor's wait is the least time)"
+    );
+}
 
+/// The report of the run (printed, and written to `target/edge-failover-report.md`): a table
+/// of the steps' figures, the steps' notes and the first failures of each step.
+fn report(all: &[(&Step, Figures)], outcomes: &[Outcome], up_took: Duration) -> String {
     let mut report = format!(
         "edge failover test: {} beacons/s over HTTPS to the floating address, keepalived checks every {CHECK_INTERVAL_S} s; \
          topology up in {}\n\n\
@@ -648,9 +679,7 @@ async fn edge_keeps_acknowledged_beacons_through_crashes_of_its_parts() {
         BEACONS_PER_SECOND,
         secs(up_took)
     );
-    let mut all = Vec::new();
-    for s in &steps {
-        let f = figures(s, &outcomes, &copies);
+    for (s, f) in all {
         let failed = if f.failed.is_empty() {
             "0".to_owned()
         } else {
@@ -679,7 +708,6 @@ async fn edge_keeps_acknowledged_beacons_through_crashes_of_its_parts() {
             secs(f.gap),
             secs(f.slowest)
         ));
-        all.push((s, f));
     }
     report.push_str(
         "\nSteps count the beacons sent from the end of the step before (whose requests all had their answers before the next fault) to their own end. Failed: answered other than 202, or not at \
@@ -688,13 +716,13 @@ async fn edge_keeps_acknowledged_beacons_through_crashes_of_its_parts() {
          copies a collector answered as duplicates; a collector killed at the start of a step \
          replays its last unconfirmed batch, whose beacons may belong to the step before.\n\n",
     );
-    for s in &steps {
+    for (s, _) in all {
         for n in &s.notes {
             report.push_str(&format!("- {}: {n}\n", s.name));
         }
     }
     // The first failures of each step, for the reader.
-    for s in &steps {
+    for (s, _) in all {
         let failed = outcomes
             .iter()
             .filter(|o| o.sent >= s.start && o.sent < s.end && o.status != 202);
@@ -709,12 +737,16 @@ async fn edge_keeps_acknowledged_beacons_through_crashes_of_its_parts() {
             ));
         }
     }
-    println!("{report}");
-    let _ = std::fs::write(root().join("target/edge-failover-report.md"), &report);
+    report
+}
 
+/// What every step must show: its acknowledged beacons stored, something acknowledged; the
+/// planned restart failing and holding no request; beacons held and delivered while both
+/// paths were down.
+fn check_steps(all: &[(&Step, Figures)], outcomes: &[Outcome], report: &str) {
     // Every acknowledged beacon is stored exactly once (asserted above, under FINAL); every
     // acknowledged beacon of every step is among the stored ones.
-    for (s, f) in &all {
+    for (s, f) in all {
         assert!(
             f.stored >= f.acked,
             "{}: {} acknowledged but only {} stored",

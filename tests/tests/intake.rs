@@ -214,17 +214,52 @@ async fn bad_requests_get_their_status_and_store_nothing() {
     env.add_site("off", &["--disabled"]);
     let c = env.collector(&[]).await;
     let mut bad_ids = Vec::new();
+    let (cases, strict) = bad_cases(&env.site, &mut bad_ids);
+    for (name, body, headers, want) in cases {
+        let (status, answer, resp_headers) = c.post(body, &headers).await;
+        assert_eq!(status, want, "{name}: {answer}");
+        assert!(
+            answer["error"].is_string(),
+            "{name}: JSON error body, got {answer}"
+        );
+        assert!(resp_headers.get("retry-after").is_none(), "{name}");
+    }
+
+    // A refusal is readable by the refused page (CORS on the 403), so its script stops there.
+    let (s, _, h) = c
+        .post(strict.clone(), &[("origin", "https://evil.example")])
+        .await;
+    assert_eq!(s, 403);
+    assert_eq!(h["access-control-allow-origin"], "https://evil.example");
+
+    // The allowed origin and no origin both pass for the strict site.
+    let (s, _, h) = c
+        .post(strict.clone(), &[("origin", "https://shop.example")])
+        .await;
+    assert_eq!(s, 202);
+    assert_eq!(h["access-control-allow-origin"], "https://shop.example");
+    let (_, strict_again) = measurement("strict");
+    let (s, _, _) = c.post(strict_again.to_string(), &[]).await;
+    assert_eq!(s, 202);
+
+    nothing_refused_stored(&env, &c, &bad_ids, &strict).await;
+}
+
+/// The bad requests, each a case (name, body, headers, the status it must get), for the site
+/// `site` and the sites `strict` (origin `https://shop.example`), `off` (disabled) and none;
+/// the ids of every measurement in them added to `bad_ids`; and the `strict` site's body.
+fn bad_cases<'a>(site: &str, bad_ids: &mut Vec<String>) -> (Vec<Case<'a>>, String) {
     let mut fresh = |site: &str| {
         let (id, m) = measurement(site);
         bad_ids.push(id);
         m
     };
 
-    let valid = fresh(&env.site).to_string();
-    let big = json!([fresh(&env.site), {"padding": "x".repeat(70 * 1024)}]).to_string();
+    let valid = fresh(site).to_string();
+    let big = json!([fresh(site), {"padding": "x".repeat(70 * 1024)}]).to_string();
     let bomb = gzip(&[b' '; 10 * 1024 * 1024]);
     let truncated = {
-        let g = gzip(fresh(&env.site).to_string().as_bytes());
+        let g = gzip(fresh(site).to_string().as_bytes());
         g[..g.len() - 8].to_vec()
     };
     let unknown = fresh("no-such-site").to_string();
@@ -286,36 +321,20 @@ async fn bad_requests_get_their_status_and_store_nothing() {
             400,
         ),
     ];
-    for (name, body, headers, want) in cases {
-        let (status, answer, resp_headers) = c.post(body, &headers).await;
-        assert_eq!(status, want, "{name}: {answer}");
-        assert!(
-            answer["error"].is_string(),
-            "{name}: JSON error body, got {answer}"
-        );
-        assert!(resp_headers.get("retry-after").is_none(), "{name}");
-    }
+    (cases, strict)
+}
 
-    // A refusal is readable by the refused page (CORS on the 403), so its script stops there.
-    let (s, _, h) = c
-        .post(strict.clone(), &[("origin", "https://evil.example")])
-        .await;
-    assert_eq!(s, 403);
-    assert_eq!(h["access-control-allow-origin"], "https://evil.example");
-
-    // The allowed origin and no origin both pass for the strict site.
-    let (s, _, h) = c
-        .post(strict.clone(), &[("origin", "https://shop.example")])
-        .await;
-    assert_eq!(s, 202);
-    assert_eq!(h["access-control-allow-origin"], "https://shop.example");
-    let (_, strict_again) = measurement("strict");
-    let (s, _, _) = c.post(strict_again.to_string(), &[]).await;
-    assert_eq!(s, 202);
-
+/// Nothing of the refused requests (`bad_ids`) was stored but the strict site's measurement
+/// (`strict`), sent again with an allowed origin; unknown and disabled sites are counted.
+async fn nothing_refused_stored(
+    env: &TestEnv<'_>,
+    c: &Collector,
+    bad_ids: &[String],
+    strict: &str,
+) {
     // Nothing of the refused requests was stored: once a later marker is visible, the
     // writer (which keeps spool order) has passed everything before it.
-    let strict_id = serde_json::from_str::<Value>(&strict).unwrap()["id"]
+    let strict_id = serde_json::from_str::<Value>(strict).unwrap()["id"]
         .as_str()
         .unwrap()
         .to_owned();
@@ -323,7 +342,7 @@ async fn bad_requests_get_their_status_and_store_nothing() {
     assert_eq!(c.post_json(&m).await.0, 202);
     env.wait_rows(std::slice::from_ref(&marker), VISIBLE).await;
     let stored: Vec<String> = env
-        .rows(&bad_ids)
+        .rows(bad_ids)
         .await
         .iter()
         .map(|r| col(r, "id").as_str().unwrap().to_owned())
@@ -576,34 +595,7 @@ fn stored<'a>(rows: &'a [Value], id: &str, column: &str) -> &'a Value {
 async fn every_broken_piece_costs_only_itself() {
     let env = TestEnv::new(Stack::shared()).await;
     let c = env.collector(&[]).await;
-    let mut ids = Vec::new();
-    let mut items: Vec<String> = Vec::new();
-    // Each item is raw JSON text: the faults are ones a JSON encoder cannot write.
-    let mut item = |extra: &str| {
-        let (id, m) = measurement(&env.site);
-        ids.push(id);
-        let text = m.to_string();
-        items.push(format!("{}{extra}}}", &text[..text.len() - 1]));
-    };
-    item(r#","lcp_ms":1e400"#); // 0: beyond f64
-    item(r#","referrer":"https://ref.example/q=\ud83d""#); // 1: cut mid-emoji
-    item(r#","lcp_ms":1,"lcp_ms":2"#); // 2: duplicated key
-    item(r#","viewport_width":1280.0"#); // 3: an integral float
-    item(r#","viewport_width":1280.5"#); // 4: a fraction
-    item(r#","referrer":"https://user:secret@Ref.Example/x#frag""#); // 5
-    item(r#","referrer":"javascript:alert(1)""#); // 6
-    item(r#","navigation_type":"back-forward-cache""#); // 7: web-vitals' spelling
-    item(r#","navigation_type":"back-forward""#); // 8
-    let long_fragment = format!(r#","url":"https://shop.example/long#{}""#, "f".repeat(3000));
-    item(&long_fragment); // 9: raw URL > 2048 bytes, stored form short
-    let (inner_id, _) = measurement(&env.site);
-    items.push(format!(
-        r#"["{inner_id}","{}","https://shop.example/"]"#,
-        env.site
-    )); // 10: an inner array is no measurement
-    items.push("1e400".into()); // 11: a number item beyond f64
-    let body = format!("[{}]", items.join(","));
-    assert!(body.len() < 64 * 1024);
+    let (ids, inner_id, body) = broken_pieces(&env.site);
     let (status, answer, _) = c.post(body, &[("content-type", "text/plain")]).await;
     assert_eq!(status, 202, "{answer}");
     assert_eq!(answer["accepted"], 10, "{answer}");
@@ -624,7 +616,50 @@ async fn every_broken_piece_costs_only_itself() {
         ])
     );
 
-    let rows = env.wait_rows(&ids, VISIBLE).await;
+    each_piece_stored_without_its_fault(&env, &ids, &inner_id).await;
+
+    single_objects_lose_the_field_not_the_body(&env, &c).await;
+}
+
+/// One body of 12 items for `site`, each broken in its own way (raw JSON text: the faults are
+/// ones a JSON encoder cannot write): the ids of the 10 measurements, the id in the inner array
+/// (item 10), and the body.
+fn broken_pieces(site: &str) -> (Vec<String>, String, String) {
+    let mut ids = Vec::new();
+    let mut items: Vec<String> = Vec::new();
+    // Each item is raw JSON text: the faults are ones a JSON encoder cannot write.
+    let mut item = |extra: &str| {
+        let (id, m) = measurement(site);
+        ids.push(id);
+        let text = m.to_string();
+        items.push(format!("{}{extra}}}", &text[..text.len() - 1]));
+    };
+    item(r#","lcp_ms":1e400"#); // 0: beyond f64
+    item(r#","referrer":"https://ref.example/q=\ud83d""#); // 1: cut mid-emoji
+    item(r#","lcp_ms":1,"lcp_ms":2"#); // 2: duplicated key
+    item(r#","viewport_width":1280.0"#); // 3: an integral float
+    item(r#","viewport_width":1280.5"#); // 4: a fraction
+    item(r#","referrer":"https://user:secret@Ref.Example/x#frag""#); // 5
+    item(r#","referrer":"javascript:alert(1)""#); // 6
+    item(r#","navigation_type":"back-forward-cache""#); // 7: web-vitals' spelling
+    item(r#","navigation_type":"back-forward""#); // 8
+    let long_fragment = format!(r#","url":"https://shop.example/long#{}""#, "f".repeat(3000));
+    item(&long_fragment); // 9: raw URL > 2048 bytes, stored form short
+    let (inner_id, _) = measurement(site);
+    items.push(format!(
+        r#"["{inner_id}","{}","https://shop.example/"]"#,
+        site
+    )); // 10: an inner array is no measurement
+    items.push("1e400".into()); // 11: a number item beyond f64
+    let body = format!("[{}]", items.join(","));
+    assert!(body.len() < 64 * 1024);
+    (ids, inner_id, body)
+}
+
+/// Each of the 10 measurements of [`broken_pieces`] (`ids`) stored with its broken field
+/// dropped or normalised and the rest kept; the inner array's id (`inner_id`) not stored.
+async fn each_piece_stored_without_its_fault(env: &TestEnv<'_>, ids: &[String], inner_id: &str) {
+    let rows = env.wait_rows(ids, VISIBLE).await;
     assert_eq!(rows.len(), 10);
     assert_eq!(stored(&rows, &ids[0], "lcp_ms"), &Value::Null);
     assert_eq!(stored(&rows, &ids[0], "fcp_ms"), 800.0, "the rest is kept");
@@ -650,10 +685,14 @@ async fn every_broken_piece_costs_only_itself() {
     assert_eq!(stored(&rows, &ids[8], "navigation_type"), "back_forward");
     assert_eq!(stored(&rows, &ids[9], "url"), "https://shop.example/long");
     assert!(
-        env.rows(std::slice::from_ref(&inner_id)).await.is_empty(),
+        env.rows(&[inner_id.to_owned()]).await.is_empty(),
         "the inner array's id was not stored"
     );
+}
 
+/// As single objects: the same faults cost the field, not the body; a fault in a required
+/// field costs its measurement only; broken syntax is still a malformed body.
+async fn single_objects_lose_the_field_not_the_body(env: &TestEnv<'_>, c: &Collector) {
     // As single objects: the same faults cost the field, not the body.
     for fault in [
         r#","lcp_ms":1e400"#,
@@ -828,12 +867,20 @@ async fn http_edges_are_answered_as_http_says() {
     assert!(answer["error"].is_string());
 
     // Repeated and trailing slashes reach the intake; nothing redirects; every error is JSON.
+    ids.extend(paths_as_http_says(&c, &env.site).await);
+    env.wait_rows(&ids, VISIBLE).await;
+}
+
+/// Repeated and trailing slashes reach the intake of `c` (a beacon of `site` each: their ids);
+/// nothing redirects; every error is JSON.
+async fn paths_as_http_says(c: &Collector, site: &str) -> Vec<String> {
+    let mut ids = Vec::new();
     for path in [
         "//api/v1/measurements",
         "/api/v1/measurements/",
         "//api//v1/measurements//",
     ] {
-        let (id, m) = measurement(&env.site);
+        let (id, m) = measurement(site);
         ids.push(id);
         let r = http()
             .post(format!("{}{path}", c.url))
@@ -876,7 +923,7 @@ async fn http_edges_are_answered_as_http_says() {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
-    env.wait_rows(&ids, VISIBLE).await;
+    ids
 }
 
 /// Issue 13, kind 7: a 304 only for the ETag of the variant this request would get, and the

@@ -333,42 +333,44 @@ fn exported_series(text: &str) -> BTreeSet<String> {
     names
 }
 
+/// PromQL keywords besides the grouping ones ([`GROUPING`], keywords too), for [`metric_names`].
+const KEYWORDS: &[&str] = &[
+    "bool",
+    "and",
+    "or",
+    "unless",
+    "offset",
+    "atan2",
+    "inf",
+    "nan",
+    // Aggregations, which may stand before `by (...)` rather than before their `(`.
+    "sum",
+    "min",
+    "max",
+    "avg",
+    "group",
+    "stddev",
+    "stdvar",
+    "count",
+    "count_values",
+    "bottomk",
+    "topk",
+    "quantile",
+];
+/// PromQL's grouping keywords, before a label list, for [`metric_names`].
+const GROUPING: &[&str] = &[
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+];
+
 /// Metric names a PromQL expression selects: identifiers outside label matchers, strings,
 /// range brackets and grouping label lists, that are neither functions, aggregations (an
 /// identifier followed by `(`), keywords nor Grafana variables.
 fn metric_names(expr: &str) -> BTreeSet<String> {
-    // Keywords besides the grouping ones (`GROUPING`, keywords too).
-    const KEYWORDS: &[&str] = &[
-        "bool",
-        "and",
-        "or",
-        "unless",
-        "offset",
-        "atan2",
-        "inf",
-        "nan",
-        // Aggregations, which may stand before `by (...)` rather than before their `(`.
-        "sum",
-        "min",
-        "max",
-        "avg",
-        "group",
-        "stddev",
-        "stdvar",
-        "count",
-        "count_values",
-        "bottomk",
-        "topk",
-        "quantile",
-    ];
-    const GROUPING: &[&str] = &[
-        "by",
-        "without",
-        "on",
-        "ignoring",
-        "group_left",
-        "group_right",
-    ];
     let chars: Vec<char> = expr.chars().collect();
     let (mut names, mut i, mut last_word) = (BTreeSet::new(), 0, String::new());
     let skip_to = |i: usize, close: char| -> usize {
@@ -699,12 +701,52 @@ async fn prometheus_scrapes_the_collector_and_alerts_on_no_healthy_replica() {
     let prom = Prometheus::start(std::slice::from_ref(&instance), &env.diag).await;
     let long = Duration::from_secs(240);
 
+    scraped_with_labels(&prom, &instance).await;
+    healthy_raises_nothing(&prom, &env).await;
+    let ids = no_healthy_replica_fires(&prom, &env, &mut collector, &instance, long).await;
+
+    // The replicas return: the alert resolves, the spool empties.
+    let returned = Instant::now();
+    for i in 1..=2 {
+        stack.replica(i).start().unwrap();
+    }
+    prom.wait_resolved("CollectorNoHealthyReplica", long).await;
+    eprintln!(
+        "CollectorNoHealthyReplica resolved {:?} after the replicas were started",
+        returned.elapsed()
+    );
+    env.assert_stored_once(&ids, long).await;
+    collector
+        .wait_metric(
+            "collector_spool_oldest_record_age_seconds 0.0",
+            Duration::from_secs(30),
+        )
+        .await;
+
+    // The collector goes away: CollectorDown fires after its minute (the instant is taken
+    // before the kill: issue 38 saw 59.34 s from one taken after it, against a bound that
+    // ignored the scrape in flight).
+    let gone = Instant::now();
+    collector.kill().await;
+    let down = prom.wait_firing("CollectorDown", long).await;
+    assert_eq!(down["labels"]["instance"], instance.as_str(), "{down}");
+    assert_fired_after_its_for("CollectorDown", Duration::from_secs(60), gone.elapsed());
+    eprintln!(
+        "CollectorDown fired {:?} after the collector was killed",
+        gone.elapsed()
+    );
+    drop(prom);
+}
+
+/// The target is up, and what it exports arrives with its labels (`instance`); both replicas
+/// are healthy in one scrape.
+async fn scraped_with_labels(prom: &Prometheus, instance: &str) {
     // The target is up, and what it exports arrives with its labels.
     prom.wait_query("up{job=\"collector\"} == 1", Duration::from_secs(60))
         .await;
     let info = prom.wait_query("collector_build_info", SERIES).await;
     assert_eq!(info.len(), 1, "{info:?}");
-    assert_eq!(info[0]["metric"]["instance"], instance.as_str());
+    assert_eq!(info[0]["metric"]["instance"], instance);
     assert!(
         info[0]["metric"]["revision"]
             .as_str()
@@ -717,7 +759,11 @@ async fn prometheus_scrapes_the_collector_and_alerts_on_no_healthy_replica() {
         SERIES,
     )
     .await;
+}
 
+/// Every rule evaluates without error on the real series, a healthy collector has nothing
+/// pending or firing, and every dashboard query is valid PromQL for this Prometheus.
+async fn healthy_raises_nothing(prom: &Prometheus, env: &TestEnv<'_>) {
     // Every rule evaluates without error on the real series, and a healthy collector has
     // nothing pending or firing. Wait for an evaluation that saw the target.
     let start = Instant::now();
@@ -778,7 +824,20 @@ async fn prometheus_scrapes_the_collector_and_alerts_on_no_healthy_replica() {
         with_data >= 10,
         "only {with_data} dashboard queries had data"
     );
+}
 
+/// Every replica of `env`'s stack stops: `CollectorNoHealthyReplica` goes pending, then fires
+/// after its minute; the beacon sent meanwhile is late, and says so through Prometheus and,
+/// after a restart, from what the spool holds. The ids of the beacons sent before and after
+/// the stop.
+async fn no_healthy_replica_fires(
+    prom: &Prometheus,
+    env: &TestEnv<'_>,
+    collector: &mut Collector,
+    instance: &str,
+    long: Duration,
+) -> [String; 2] {
+    let stack = env.stack;
     // Every replica stops: the alert goes pending, then fires after its minute.
     let (id0, m0) = measurement(&env.site);
     let posted = Instant::now();
@@ -792,7 +851,7 @@ async fn prometheus_scrapes_the_collector_and_alerts_on_no_healthy_replica() {
     let sent = Instant::now();
     let alert = prom.wait_firing("CollectorNoHealthyReplica", long).await;
     let to_fire = stopped.elapsed();
-    assert_eq!(alert["labels"]["instance"], instance.as_str(), "{alert}");
+    assert_eq!(alert["labels"]["instance"], instance, "{alert}");
     assert_eq!(alert["labels"]["severity"], "page", "{alert}");
     assert_eq!(
         alert["annotations"]["summary"],
@@ -827,7 +886,7 @@ async fn prometheus_scrapes_the_collector_and_alerts_on_no_healthy_replica() {
     // age either way.
     collector.restart().await;
     let (least, grain) = (sent.elapsed().as_secs_f64(), 1.0);
-    let age = metric_value(&collector, "collector_spool_oldest_record_age_seconds").await;
+    let age = metric_value(collector, "collector_spool_oldest_record_age_seconds").await;
     let most = posted.elapsed().as_secs_f64();
     assert!(
         age > least - grain && age < most + grain,
@@ -835,35 +894,5 @@ async fn prometheus_scrapes_the_collector_and_alerts_on_no_healthy_replica() {
          {most:.3} s ago (tolerance {grain} s: received_at and the wall clock in whole seconds)"
     );
 
-    // The replicas return: the alert resolves, the spool empties.
-    let returned = Instant::now();
-    for i in 1..=2 {
-        stack.replica(i).start().unwrap();
-    }
-    prom.wait_resolved("CollectorNoHealthyReplica", long).await;
-    eprintln!(
-        "CollectorNoHealthyReplica resolved {:?} after the replicas were started",
-        returned.elapsed()
-    );
-    env.assert_stored_once(&[id0, id1], long).await;
-    collector
-        .wait_metric(
-            "collector_spool_oldest_record_age_seconds 0.0",
-            Duration::from_secs(30),
-        )
-        .await;
-
-    // The collector goes away: CollectorDown fires after its minute (the instant is taken
-    // before the kill: issue 38 saw 59.34 s from one taken after it, against a bound that
-    // ignored the scrape in flight).
-    let gone = Instant::now();
-    collector.kill().await;
-    let down = prom.wait_firing("CollectorDown", long).await;
-    assert_eq!(down["labels"]["instance"], instance.as_str(), "{down}");
-    assert_fired_after_its_for("CollectorDown", Duration::from_secs(60), gone.elapsed());
-    eprintln!(
-        "CollectorDown fired {:?} after the collector was killed",
-        gone.elapsed()
-    );
-    drop(prom);
+    [id0, id1]
 }

@@ -51,53 +51,10 @@ async fn migrate_sites_and_serve_work_through_pgbouncer_in_transaction_mode() {
     let via = [("COLLECTOR_DATABASE_URL", url.as_str())];
 
     // migrate through the pooler, twice (idempotent: the second finds everything there).
-    for run in 1..=2 {
-        let out = env.cli_with(&via, &["migrate"]);
-        assert_eq!(
-            out.code,
-            0,
-            "migrate run {run} through pgbouncer:\nstdout: {}\nstderr: {}\npgbouncer: {}",
-            out.stdout,
-            out.stderr,
-            bouncer.log()
-        );
-        assert!(
-            out.stdout.contains("postgres: schema applied"),
-            "{}",
-            out.stdout
-        );
-    }
+    migrate_twice(&env, &bouncer, &via);
 
     // 20 consecutive `sites` commands, each a new client of the pooler: every one succeeds.
-    env.cli_with(&via, &["sites", "add", "--key", &env.site])
-        .success();
-    let mut failures = Vec::new();
-    for i in 0..20 {
-        let key = format!("pool-{}", i / 4);
-        let out = match i % 4 {
-            0 => env.cli_with(
-                &via,
-                &["sites", "add", "--key", &key, "--sample-rate", "0.5"],
-            ),
-            1 => env.cli_with(&via, &["sites", "disable", &key]),
-            2 => env.cli_with(&via, &["sites", "enable", &key]),
-            _ => env.cli_with(&via, &["sites", "list"]),
-        };
-        if out.code != 0 || (i % 4 == 3 && !out.stdout.contains(&key)) {
-            failures.push(format!(
-                "call {i} ({key}): exit {}: {}{}",
-                out.code,
-                out.stdout.trim(),
-                out.stderr.trim()
-            ));
-        }
-    }
-    assert!(
-        failures.is_empty(),
-        "{} of 20 sites commands failed through pgbouncer:\n{}",
-        failures.len(),
-        failures.join("\n")
-    );
+    twenty_sites_commands(&env, &via);
 
     // A running collector whose settings store is the pooler.
     let c = env
@@ -106,22 +63,7 @@ async fn migrate_sites_and_serve_work_through_pgbouncer_in_transaction_mode() {
             ("COLLECTOR_SETTINGS_TTL", "2s"),
         ])
         .await;
-    let (limit, every) = (Duration::from_secs(30), Duration::from_millis(100));
-    poll_until(&c.diag, limit, every, || async {
-        match c.status_of("/readyz").await {
-            200 => Ok(()),
-            _ => Err(format!(
-                "collector behind pgbouncer never ready:\n{}",
-                c.logs()
-            )),
-        }
-    })
-    .await;
-    assert!(
-        c.logs().contains("settings: loaded every site"),
-        "no full load at start:\n{}",
-        c.logs()
-    );
+    ready_with_every_site_loaded(&c).await;
     let mut acked = Vec::new();
     let (id, m) = measurement(&env.site);
     assert_eq!(c.post_json(&m).await.0, 202);
@@ -136,29 +78,7 @@ async fn migrate_sites_and_serve_work_through_pgbouncer_in_transaction_mode() {
     acked.push(id);
 
     // Through several reloads (TTL 2 s) the store stays up and its queries keep flowing.
-    let queries = "collector_settings_store_queries_total";
-    let q0 = c.metric(queries).await;
-    let start = Instant::now();
-    let mut samples = 0;
-    loop {
-        assert_eq!(
-            c.metric("collector_settings_store_up").await,
-            1.0,
-            "settings store marked down behind pgbouncer after {samples} samples:\n{}",
-            c.logs()
-        );
-        samples += 1;
-        let q = c.metric(queries).await;
-        if q >= q0 + 3.0 {
-            break;
-        }
-        if start.elapsed() >= Duration::from_secs(30) {
-            c.diag
-                .give_up(format!("{queries} moved from {q0} to {q} only in 30 s"))
-                .await;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    store_up_through_reloads(&c).await;
     // Beacons of both sites after the reloads, every one accepted.
     for site in [env.site.as_str(), "late-site", "pool-0"] {
         let (id, m) = measurement(site);
@@ -183,4 +103,108 @@ async fn migrate_sites_and_serve_work_through_pgbouncer_in_transaction_mode() {
         Vec::<&str>::new(),
         "warnings while serving through pgbouncer"
     );
+}
+
+/// `migrate` through the pooler (the settings `via`), twice: both succeed, the second finding
+/// everything there.
+fn migrate_twice(env: &TestEnv<'_>, bouncer: &PgBouncer, via: &[(&str, &str)]) {
+    for run in 1..=2 {
+        let out = env.cli_with(via, &["migrate"]);
+        assert_eq!(
+            out.code,
+            0,
+            "migrate run {run} through pgbouncer:\nstdout: {}\nstderr: {}\npgbouncer: {}",
+            out.stdout,
+            out.stderr,
+            bouncer.log()
+        );
+        assert!(
+            out.stdout.contains("postgres: schema applied"),
+            "{}",
+            out.stdout
+        );
+    }
+}
+
+/// 20 consecutive `sites` commands (add, disable, enable, list) through the pooler (the
+/// settings `via`), each a new client of it: every one succeeds.
+fn twenty_sites_commands(env: &TestEnv<'_>, via: &[(&str, &str)]) {
+    env.cli_with(via, &["sites", "add", "--key", &env.site])
+        .success();
+    let mut failures = Vec::new();
+    for i in 0..20 {
+        let key = format!("pool-{}", i / 4);
+        let out = match i % 4 {
+            0 => env.cli_with(
+                via,
+                &["sites", "add", "--key", &key, "--sample-rate", "0.5"],
+            ),
+            1 => env.cli_with(via, &["sites", "disable", &key]),
+            2 => env.cli_with(via, &["sites", "enable", &key]),
+            _ => env.cli_with(via, &["sites", "list"]),
+        };
+        if out.code != 0 || (i % 4 == 3 && !out.stdout.contains(&key)) {
+            failures.push(format!(
+                "call {i} ({key}): exit {}: {}{}",
+                out.code,
+                out.stdout.trim(),
+                out.stderr.trim()
+            ));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of 20 sites commands failed through pgbouncer:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+/// Waits (30 s) until the collector `c` behind the pooler is ready, and asserts it loaded every
+/// site at the start.
+async fn ready_with_every_site_loaded(c: &Collector) {
+    let (limit, every) = (Duration::from_secs(30), Duration::from_millis(100));
+    poll_until(&c.diag, limit, every, || async {
+        match c.status_of("/readyz").await {
+            200 => Ok(()),
+            _ => Err(format!(
+                "collector behind pgbouncer never ready:\n{}",
+                c.logs()
+            )),
+        }
+    })
+    .await;
+    assert!(
+        c.logs().contains("settings: loaded every site"),
+        "no full load at start:\n{}",
+        c.logs()
+    );
+}
+
+/// Through several reloads (TTL 2 s, until 3 more store queries) the store of `c` stays up;
+/// gives up after 30 s.
+async fn store_up_through_reloads(c: &Collector) {
+    let queries = "collector_settings_store_queries_total";
+    let q0 = c.metric(queries).await;
+    let start = Instant::now();
+    let mut samples = 0;
+    loop {
+        assert_eq!(
+            c.metric("collector_settings_store_up").await,
+            1.0,
+            "settings store marked down behind pgbouncer after {samples} samples:\n{}",
+            c.logs()
+        );
+        samples += 1;
+        let q = c.metric(queries).await;
+        if q >= q0 + 3.0 {
+            break;
+        }
+        if start.elapsed() >= Duration::from_secs(30) {
+            c.diag
+                .give_up(format!("{queries} moved from {q0} to {q} only in 30 s"))
+                .await;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

@@ -213,6 +213,14 @@ fn derived_v4(i: usize, path: &str, m: &mut Value) {
 /// worked out by hand; every percentile sits inside a run of equal values, so that ClickHouse's
 /// interpolating `quantile` and an exact one agree.
 fn expected_answers(d0: &str, d1: &str) -> Vec<(&'static str, Vec<Value>)> {
+    let mut answers = expected_vitals(d0, d1);
+    answers.extend(expected_breakdowns());
+    answers
+}
+
+/// [`expected_answers`] of the queries of the vitals themselves: per day and device, LCP's
+/// distribution and histogram, the slowest pages.
+fn expected_vitals(d0: &str, d1: &str) -> Vec<(&'static str, Vec<Value>)> {
     vec![
         (
             "vitals_by_day_and_device",
@@ -266,6 +274,13 @@ fn expected_answers(d0: &str, d1: &str) -> Vec<(&'static str, Vec<Value>)> {
                    "lcp_p75_ms": 3000}),
             ],
         ),
+    ]
+}
+
+/// [`expected_answers`] of the queries that break the vitals down: by page group, CDN cache,
+/// dimension and browser.
+fn expected_breakdowns() -> Vec<(&'static str, Vec<Value>)> {
+    vec![
         // The site's rule `product=/p/*`; `/` has no rule: its automatic group is itself.
         // Weighted p75s are exact: the value where the cumulated weight reaches 3/4.
         (
@@ -538,6 +553,25 @@ async fn the_documented_attribution_queries_say_what_to_fix() {
     env.cli(&["sites", "add", "--key", "fix"]).success();
     let c = env.collector(&[]).await;
     let day0 = (now_ms() / DAY_MS - 1) * DAY_MS;
+    let ids = send_attribution_beacons(&c, day0).await;
+    env.wait_rows(&ids, VISIBLE).await;
+    let d0 = utc_date(day0 / 1000);
+    let d1 = utc_date((day0 + DAY_MS) / 1000);
+    let params = [
+        ("site", "'fix'".to_owned()),
+        ("from", format!("toDateTime('{d0} 00:00:00', 'UTC')")),
+        ("to", format!("toDateTime('{d1} 00:00:00', 'UTC')")),
+    ];
+    let expected = attribution_answers();
+    for (name, rows) in expected {
+        let sql = bind(&documented(name), &env.db, &params);
+        assert_rows(name, &rows_of(&env, &sql).await, &rows);
+    }
+}
+
+/// Four beacons of site `fix` on the day starting at `day0` (ms), with attribution: two of
+/// `/product` (the hero image), a text LCP of `/cart`, and a crawler's; their ids.
+async fn send_attribution_beacons(c: &Collector, day0: i64) -> Vec<String> {
     let hero = json!({"lcp_target": "main>img.hero", "lcp_url": "https://cdn.example/hero.jpg",
         "inp_target": "#add", "inp_type": "pointer", "inp_script_url": "https://shop.example/app.js",
         "cls_target": "main>img.hero"});
@@ -603,15 +637,13 @@ async fn the_documented_attribution_queries_say_what_to_fix() {
         assert_eq!(a["dropped_fields"], json!([]), "{a}");
         ids.push(id);
     }
-    env.wait_rows(&ids, VISIBLE).await;
-    let d0 = utc_date(day0 / 1000);
-    let d1 = utc_date((day0 + DAY_MS) / 1000);
-    let params = [
-        ("site", "'fix'".to_owned()),
-        ("from", format!("toDateTime('{d0} 00:00:00', 'UTC')")),
-        ("to", format!("toDateTime('{d1} 00:00:00', 'UTC')")),
-    ];
-    let expected = [
+    ids
+}
+
+/// What each documented attribution query must answer for [`send_attribution_beacons`]'s
+/// beacons, worked out by hand (the crawler's not counted).
+fn attribution_answers() -> [(&'static str, Vec<Value>); 3] {
+    [
         (
             "lcp_causes",
             vec![
@@ -636,9 +668,5 @@ async fn the_documented_attribution_queries_say_what_to_fix() {
                 "cls_p75": 0.175, "largest_shift_avg": 0.125, "shift_time_median_ms": 1100}),
             ],
         ),
-    ];
-    for (name, rows) in expected {
-        let sql = bind(&documented(name), &env.db, &params);
-        assert_rows(name, &rows_of(&env, &sql).await, &rows);
-    }
+    ]
 }

@@ -461,23 +461,7 @@ async fn random_site_keys_cost_the_store_a_bounded_rate() {
     let secs = start.elapsed().as_secs_f64();
     let spent = c.metric("collector_settings_store_queries_total").await - before;
     let added = added.expect("the late site was added");
-    let mut known = std::collections::BTreeMap::<u16, usize>::new();
-    let mut random = std::collections::BTreeMap::<u16, usize>::new();
-    let mut late_first: Option<Duration> = None;
-    for a in answers {
-        let (site, sent, status, retry_after) = a.await.unwrap();
-        if site.starts_with("rnd-") {
-            *random.entry(status).or_default() += 1;
-            assert!(status != 429 || retry_after, "a 429 without Retry-After");
-        } else if site == "added-later" {
-            if status == 202 {
-                let after = sent.saturating_duration_since(added);
-                late_first = Some(late_first.map_or(after, |f| f.min(after)));
-            }
-        } else {
-            *known.entry(status).or_default() += 1;
-        }
-    }
+    let (known, random, late_first) = tally(answers, added).await;
     assert_eq!(
         known.keys().copied().collect::<Vec<_>>(),
         vec![202],
@@ -518,4 +502,38 @@ async fn random_site_keys_cost_the_store_a_bounded_rate() {
         "{spent} store queries in {secs:.1} s ({:.1}/s), random keys {random:?}, the late site accepted {late_first:?} after its addition",
         spent / secs
     );
+}
+
+/// One beacon's answer: its site, when it was sent, its status and whether it had
+/// `Retry-After`.
+type Answer = tokio::task::JoinHandle<(String, Instant, u16, bool)>;
+
+/// The `answers` by status for the known site and for random keys (each 429 asserted to have
+/// `Retry-After`), and the first acceptance of the site added at `added`, after its addition.
+async fn tally(
+    answers: Vec<Answer>,
+    added: Instant,
+) -> (
+    std::collections::BTreeMap<u16, usize>,
+    std::collections::BTreeMap<u16, usize>,
+    Option<Duration>,
+) {
+    let mut known = std::collections::BTreeMap::<u16, usize>::new();
+    let mut random = std::collections::BTreeMap::<u16, usize>::new();
+    let mut late_first: Option<Duration> = None;
+    for a in answers {
+        let (site, sent, status, retry_after) = a.await.unwrap();
+        if site.starts_with("rnd-") {
+            *random.entry(status).or_default() += 1;
+            assert!(status != 429 || retry_after, "a 429 without Retry-After");
+        } else if site == "added-later" {
+            if status == 202 {
+                let after = sent.saturating_duration_since(added);
+                late_first = Some(late_first.map_or(after, |f| f.min(after)));
+            }
+        } else {
+            *known.entry(status).or_default() += 1;
+        }
+    }
+    (known, random, late_first)
 }

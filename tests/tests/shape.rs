@@ -443,40 +443,7 @@ async fn a_collector_killed_mid_stream_while_clients_resend_to_the_other_loses_n
         );
         let site = env.site.clone();
         senders.push(tokio::spawn(async move {
-            let client = reqwest::Client::builder()
-                .timeout(Duration::from_secs(5))
-                .build()
-                .unwrap();
-            while !*stopped.borrow() {
-                let (id, m) = measurement(&site);
-                let body = m.to_string();
-                let first = client
-                    .post(&url_a)
-                    .header("content-type", "application/json")
-                    .body(body.clone())
-                    .send()
-                    .await;
-                let mut ok = matches!(&first, Ok(r) if r.status().as_u16() == 202);
-                if !ok {
-                    resent.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                    for _ in 0..5 {
-                        let r = client
-                            .post(&url_b)
-                            .header("content-type", "application/json")
-                            .body(body.clone())
-                            .send()
-                            .await;
-                        if matches!(&r, Ok(r) if r.status().as_u16() == 202) {
-                            ok = true;
-                            break;
-                        }
-                        tokio::time::sleep(Duration::from_millis(200)).await;
-                    }
-                    assert!(ok, "the second collector did not take {id}");
-                }
-                acked.lock().unwrap().push(id);
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
+            send_with_resends(site, url_a, url_b, acked, resent, stopped).await
         }));
     }
     let wait_acked = |n: usize| {
@@ -522,4 +489,54 @@ async fn a_collector_killed_mid_stream_while_clients_resend_to_the_other_loses_n
         raw,
         as_i64(col(&counts[0], "n"))
     );
+}
+
+/// The ids acknowledged so far, which the senders record in.
+type Acked = std::sync::Arc<std::sync::Mutex<Vec<String>>>;
+
+/// One client sending beacons of `site` to `url_a` until `stopped`, resending each that was not
+/// answered 202 to `url_b` (up to 5 times, 200 ms apart; it must take it): each acknowledged id
+/// recorded in `acked`, each resend counted in `resent`.
+async fn send_with_resends(
+    site: String,
+    url_a: String,
+    url_b: String,
+    acked: Acked,
+    resent: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    stopped: tokio::sync::watch::Receiver<bool>,
+) {
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    while !*stopped.borrow() {
+        let (id, m) = measurement(&site);
+        let body = m.to_string();
+        let first = client
+            .post(&url_a)
+            .header("content-type", "application/json")
+            .body(body.clone())
+            .send()
+            .await;
+        let mut ok = matches!(&first, Ok(r) if r.status().as_u16() == 202);
+        if !ok {
+            resent.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            for _ in 0..5 {
+                let r = client
+                    .post(&url_b)
+                    .header("content-type", "application/json")
+                    .body(body.clone())
+                    .send()
+                    .await;
+                if matches!(&r, Ok(r) if r.status().as_u16() == 202) {
+                    ok = true;
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            assert!(ok, "the second collector did not take {id}");
+        }
+        acked.lock().unwrap().push(id);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }

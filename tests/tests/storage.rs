@@ -334,6 +334,23 @@ fn start_migrate(env: &TestEnv<'_>, output: fn() -> Stdio) -> std::process::Chil
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrate_moves_a_v1_table_with_rows_to_v2_while_a_collector_writes() {
     let env = TestEnv::empty(Stack::shared()).await;
+    let (v1_rows, unmerged) = v1_table(&env).await;
+
+    // The first run, killed once part of the copy is in v2.
+    let copied_at_kill = migrate_killed_halfway(&env, v1_rows).await;
+
+    // A collector of this release writes before and during the second run.
+    // The collector lives until the end: what it acknowledged is still to be written.
+    let (_c, acked, out) = migrate_again_while_a_collector_writes(&env).await;
+    check_migrate_summary(&out, v1_rows, copied_at_kill);
+    env.wait_rows(&acked, VISIBLE).await;
+    check_v2_after_migrate(&env, v1_rows, &unmerged, acked.len()).await;
+}
+
+/// A v1 table (sorted by `id` alone) of `env`'s database on both replicas, holding 200,000
+/// rows over four or five months and one id more stored twice, unmerged: its rows counted
+/// under v1's `FINAL` (200,001), and that id.
+async fn v1_table(env: &TestEnv<'_>) -> (i64, String) {
     let db = env.db.clone();
     let v1 = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
@@ -341,12 +358,12 @@ async fn migrate_moves_a_v1_table_with_rows_to_v2_while_a_collector_writes() {
     ))
     .expect("schema/clickhouse/v1/measurements.sql");
     for i in 0..env.stack.clickhouse_urls().len() {
-        exec(&env, i, &format!("CREATE DATABASE IF NOT EXISTS {db}")).await;
-        exec(&env, i, &v1.replace("{database}", &db)).await;
+        exec(env, i, &format!("CREATE DATABASE IF NOT EXISTS {db}")).await;
+        exec(env, i, &v1.replace("{database}", &db)).await;
     }
     let v1_rows: i64 = 200_000;
     exec(
-        &env,
+        env,
         0,
         &format!(
             "INSERT INTO {db}.measurements (id, site, received_at, url, ts, user_agent) \
@@ -358,17 +375,17 @@ async fn migrate_moves_a_v1_table_with_rows_to_v2_while_a_collector_writes() {
     )
     .await;
     let total = format!("SELECT count() FROM {db}.measurements");
-    assert_eq!(count(&env, &total).await, v1_rows);
+    assert_eq!(count(env, &total).await, v1_rows);
     // One more id, stored twice without ts and not merged yet (merges stopped), its copies
     // received 30 s apart across midnight of 14 October: one row under v1's FINAL, and it must
     // stay one in v2, although its copies would file under two days there.
     for i in 0..env.stack.clickhouse_urls().len() {
-        exec(&env, i, &format!("SYSTEM STOP MERGES {db}.measurements")).await;
+        exec(env, i, &format!("SYSTEM STOP MERGES {db}.measurements")).await;
     }
     let unmerged = uuid::Uuid::new_v4().to_string();
     for at in [1_792_022_390, 1_792_022_420] {
         exec(
-            &env,
+            env,
             0,
             &format!(
                 "INSERT INTO {db}.measurements (id, site, received_at, url, ts, user_agent) \
@@ -377,11 +394,18 @@ async fn migrate_moves_a_v1_table_with_rows_to_v2_while_a_collector_writes() {
         )
         .await;
     }
-    assert_eq!(count(&env, &total).await, v1_rows + 2);
+    assert_eq!(count(env, &total).await, v1_rows + 2);
     let v1_rows = v1_rows + 1;
 
-    // The first run, killed once part of the copy is in v2.
-    let mut first = start_migrate(&env, Stdio::null);
+    (v1_rows, unmerged)
+}
+
+/// Runs `migrate` and kills it (SIGKILL) once part of the copy is in v2; the rows v2 held at
+/// the kill, fewer than `v1_rows`.
+async fn migrate_killed_halfway(env: &TestEnv<'_>, v1_rows: i64) -> i64 {
+    let db = &env.db;
+    let total = format!("SELECT count() FROM {db}.measurements");
+    let mut first = start_migrate(env, Stdio::null);
     let start = Instant::now();
     let copied_at_kill = loop {
         let v2 = env
@@ -394,7 +418,7 @@ async fn migrate_moves_a_v1_table_with_rows_to_v2_while_a_collector_writes() {
             )
             .await;
         if as_i64(col(&v2[0], "n")) == Some(1) {
-            let n = count(&env, &total).await;
+            let n = count(env, &total).await;
             if n > 0 {
                 first.kill().expect("kill migrate");
                 break n;
@@ -415,7 +439,15 @@ async fn migrate_moves_a_v1_table_with_rows_to_v2_while_a_collector_writes() {
         "killed halfway: {copied_at_kill} of {v1_rows} copied"
     );
 
-    // A collector of this release writes before and during the second run.
+    copied_at_kill
+}
+
+/// Registers `site-1`, starts a collector and posts 30 beacons before and 30 during a second
+/// `migrate`; the collector, the acknowledged ids and the migrate's output (asserted
+/// successful).
+async fn migrate_again_while_a_collector_writes(
+    env: &TestEnv<'_>,
+) -> (Collector, Vec<String>, std::process::Output) {
     env.cli(&["sites", "add", "--key", "site-1"]).success();
     let c = env.collector(&[]).await;
     let mut acked = Vec::new();
@@ -425,7 +457,7 @@ async fn migrate_moves_a_v1_table_with_rows_to_v2_while_a_collector_writes() {
         acked.push(id);
     }
     let second = {
-        let cmd = start_migrate(&env, Stdio::piped);
+        let cmd = start_migrate(env, Stdio::piped);
         tokio::task::spawn_blocking(move || cmd.wait_with_output().unwrap())
     };
     for _ in 0..30 {
@@ -440,6 +472,13 @@ async fn migrate_moves_a_v1_table_with_rows_to_v2_while_a_collector_writes() {
         "{stdout}{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    (c, acked, out)
+}
+
+/// The second run's summary: all `v1_rows` in at least 4 months, copied now or there
+/// already, and only what the killed run had not copied (`copied_at_kill` seen at the kill).
+fn check_migrate_summary(out: &std::process::Output, v1_rows: i64, copied_at_kill: i64) {
+    let stdout = String::from_utf8_lossy(&out.stdout);
     // "… copied into measurements: R rows in 4 months, C copied now, T there already"
     let summary = stdout
         .lines()
@@ -461,40 +500,38 @@ async fn migrate_moves_a_v1_table_with_rows_to_v2_while_a_collector_writes() {
         there_already >= copied_at_kill && copied_now > 0,
         "the second run copied only what the killed one had not ({copied_at_kill} seen at the kill): {summary}"
     );
-    env.wait_rows(&acked, VISIBLE).await;
+}
 
+/// After the migration: v1's unmerged copies are one row, every v1 id and every one of
+/// `acked` acknowledged beacons is in v2 exactly once (under `FINAL` and without it), v1 is
+/// kept, and copied rows get the derived columns.
+async fn check_v2_after_migrate(env: &TestEnv<'_>, v1_rows: i64, unmerged: &str, acked: usize) {
+    let db = &env.db;
+    let total = format!("SELECT count() FROM {db}.measurements");
     assert_eq!(
         count(
-            &env,
+            env,
             &format!("SELECT count() FROM {db}.measurements FINAL WHERE id = '{unmerged}'")
         )
         .await,
         1,
         "v1's unmerged copies of one id are one row in v2"
     );
-    let want = v1_rows + acked.len() as i64;
+    let want = v1_rows + acked as i64;
     assert_eq!(
-        count(
-            &env,
-            &format!("SELECT count() FROM {db}.measurements FINAL")
-        )
-        .await,
+        count(env, &format!("SELECT count() FROM {db}.measurements FINAL")).await,
         want,
         "rows after FINAL"
     );
     assert_eq!(
-        count(
-            &env,
-            &format!("SELECT uniqExact(id) FROM {db}.measurements")
-        )
-        .await,
+        count(env, &format!("SELECT uniqExact(id) FROM {db}.measurements")).await,
         want,
         "distinct ids"
     );
-    assert_eq!(count(&env, &total).await, want, "no copy doubled a row");
+    assert_eq!(count(env, &total).await, want, "no copy doubled a row");
     assert_eq!(
         count(
-            &env,
+            env,
             &format!(
                 "SELECT count() FROM {db}.measurements_v1 WHERE id NOT IN (SELECT id FROM {db}.measurements)"
             )
@@ -504,13 +541,13 @@ async fn migrate_moves_a_v1_table_with_rows_to_v2_while_a_collector_writes() {
         "every v1 id is in v2"
     );
     assert_eq!(
-        count(&env, &format!("SELECT count() FROM {db}.measurements_v1")).await,
+        count(env, &format!("SELECT count() FROM {db}.measurements_v1")).await,
         v1_rows + 1,
         "v1 kept, its unmerged copies too, until the operator drops it"
     );
     assert_eq!(
         one_value(
-            &env,
+            env,
             &format!("SELECT groupUniqArray(device_type) FROM {db}.measurements WHERE id IN (SELECT id FROM {db}.measurements_v1)")
         )
         .await,

@@ -104,22 +104,7 @@ async fn every_sync_failing_for_10_s_keeps_the_collector_unready_in_one_new_segm
     let env = TestEnv::new(Stack::shared()).await;
     let fifo = tempfile::tempdir().unwrap();
     let prefix = fifo.path().join("fiu-ctrl");
-    // What `fiu-run -x -f PREFIX collector serve` exports before it execs the collector.
-    let c = env
-        .collector(&[
-            ("LD_PRELOAD", FIU_PRELOAD),
-            ("FIU_CTRL_FIFO", prefix.to_str().unwrap()),
-            ("FIU_ENABLE", ""),
-        ])
-        .await;
-    let control = fifo.path().join(format!("fiu-ctrl-{}.in", c.pid()));
-    assert!(
-        control.exists(),
-        "libfiu's control FIFO {} is missing: the preload did not load (scripts/stack.sh \
-         install: Debian package fiu-utils)\n{}",
-        control.display(),
-        c.logs()
-    );
+    let c = collector_under_fiu(&env, &prefix).await;
     let spool = c.spool.path().to_owned();
 
     let mut acked = send_acked(&c, &env.site, OUTSIDE).await;
@@ -131,38 +116,13 @@ async fn every_sync_failing_for_10_s_keeps_the_collector_unready_in_one_new_segm
 
     fiu_ctrl(&prefix, c.pid(), FDATASYNC_FAILS);
     let spell = Instant::now();
-    let (mut samples, mut not_ready, mut refused) = (0, 0, 0);
-    let mut ready_samples = Vec::new();
-    let mut last_seen = last_before;
-    while spell.elapsed() < SPELL {
-        if samples % 3 == 0 {
-            let (id, m) = measurement(&env.site);
-            let (status, body, headers) = c
-                .post(m.to_string(), &[("content-type", "application/json")])
-                .await;
-            assert_eq!(
-                status,
-                503,
-                "beacon {id} at {:.1?} into the spell, while every fdatasync fails: {body}\n{}",
-                spell.elapsed(),
-                c.logs()
-            );
-            assert!(
-                headers.contains_key("retry-after"),
-                "503 without Retry-After: {body}"
-            );
-            refused += 1;
-        }
-        let (status, body) = readyz(&c).await;
-        samples += 1;
-        if status == 503 {
-            not_ready += 1;
-        } else {
-            ready_samples.push(format!("{status} at {:.1?}: {body}", spell.elapsed()));
-        }
-        last_seen = last_seen.max(*segment_numbers(&spool).last().unwrap_or(&0));
-        tokio::time::sleep(SAMPLE_EVERY).await;
-    }
+    let Spell {
+        samples,
+        not_ready,
+        refused,
+        ready_samples,
+        last_seen,
+    } = sample_the_spell(&c, &env.site, &spool, last_before, spell).await;
     fiu_ctrl(&prefix, c.pid(), "disable name=posix/io/sync/fdatasync");
     let back = Instant::now();
     assert!(
@@ -181,18 +141,7 @@ async fn every_sync_failing_for_10_s_keeps_the_collector_unready_in_one_new_segm
 
     // Syncs work again: ready within a few trials (one every 0.5 s; 10 s is the tolerance of
     // a loaded machine), and 202 again.
-    loop {
-        let (status, body) = readyz(&c).await;
-        if status == 200 {
-            break;
-        }
-        assert!(
-            back.elapsed() < Duration::from_secs(10),
-            "/readyz still {status} 10 s after fdatasync works again: {body}\n{}",
-            c.logs()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    ready_again_within_10_s(&c, back).await;
     let ready_after = back.elapsed();
     acked.extend(send_acked(&c, &env.site, OUTSIDE).await);
     env.assert_stored_once(&acked, WAIT).await;
@@ -206,8 +155,123 @@ async fn every_sync_failing_for_10_s_keeps_the_collector_unready_in_one_new_segm
     // again. (Intake's own line per refused beacon, limited to one a second, is not the
     // spool's; a confirmation that landed as the spell began may fail its cursor sync, as it
     // should.)
-    let log = c.logs();
-    let spell_log = &log[log_before..];
+    spool_logs_the_spell_once(&c.logs()[log_before..]);
+    eprintln!(
+        "sync_fails: {samples} /readyz samples in the {SPELL:?} spell, {not_ready} answered 503; \
+         {refused} beacons refused with 503; {} new segment file(s); ready {ready_after:.1?} \
+         after fdatasync worked again; {} acknowledged ids stored once",
+        last_seen - last_before,
+        acked.len()
+    );
+}
+
+/// A collector on `env` run as `fiu-run -x -f PREFIX collector serve` runs it (libfiu
+/// preloaded, its control FIFO under `prefix`); panics when the FIFO is missing.
+async fn collector_under_fiu(env: &TestEnv<'_>, prefix: &std::path::Path) -> Collector {
+    // What `fiu-run -x -f PREFIX collector serve` exports before it execs the collector.
+    let c = env
+        .collector(&[
+            ("LD_PRELOAD", FIU_PRELOAD),
+            ("FIU_CTRL_FIFO", prefix.to_str().unwrap()),
+            ("FIU_ENABLE", ""),
+        ])
+        .await;
+    let control = prefix.with_file_name(format!("fiu-ctrl-{}.in", c.pid()));
+    assert!(
+        control.exists(),
+        "libfiu's control FIFO {} is missing: the preload did not load (scripts/stack.sh \
+         install: Debian package fiu-utils)\n{}",
+        control.display(),
+        c.logs()
+    );
+    c
+}
+
+/// What the spell's samples saw.
+struct Spell {
+    /// `/readyz` samples taken.
+    samples: usize,
+    /// Of them, answered 503.
+    not_ready: usize,
+    /// Beacons refused with 503 (each asserted so, with `Retry-After`).
+    refused: usize,
+    /// The samples not answered 503: status, time into the spell and body.
+    ready_samples: Vec<String>,
+    /// The highest segment number seen.
+    last_seen: u64,
+}
+
+/// Samples `c` for [`SPELL`] from `spell` on, while every fdatasync fails: `/readyz` every
+/// [`SAMPLE_EVERY`], a beacon of `site` every third sample (each must be 503 with
+/// `Retry-After`), and the segment numbers of `spool` (from `last_before`).
+async fn sample_the_spell(
+    c: &Collector,
+    site: &str,
+    spool: &std::path::Path,
+    last_before: u64,
+    spell: Instant,
+) -> Spell {
+    let (mut samples, mut not_ready, mut refused) = (0, 0, 0);
+    let mut ready_samples = Vec::new();
+    let mut last_seen = last_before;
+    while spell.elapsed() < SPELL {
+        if samples % 3 == 0 {
+            let (id, m) = measurement(site);
+            let (status, body, headers) = c
+                .post(m.to_string(), &[("content-type", "application/json")])
+                .await;
+            assert_eq!(
+                status,
+                503,
+                "beacon {id} at {:.1?} into the spell, while every fdatasync fails: {body}\n{}",
+                spell.elapsed(),
+                c.logs()
+            );
+            assert!(
+                headers.contains_key("retry-after"),
+                "503 without Retry-After: {body}"
+            );
+            refused += 1;
+        }
+        let (status, body) = readyz(c).await;
+        samples += 1;
+        if status == 503 {
+            not_ready += 1;
+        } else {
+            ready_samples.push(format!("{status} at {:.1?}: {body}", spell.elapsed()));
+        }
+        last_seen = last_seen.max(*segment_numbers(spool).last().unwrap_or(&0));
+        tokio::time::sleep(SAMPLE_EVERY).await;
+    }
+    Spell {
+        samples,
+        not_ready,
+        refused,
+        ready_samples,
+        last_seen,
+    }
+}
+
+/// Syncs work again since `back`: `c` is ready within a few trials (one every 0.5 s; 10 s is
+/// the tolerance of a loaded machine).
+async fn ready_again_within_10_s(c: &Collector, back: Instant) {
+    loop {
+        let (status, body) = readyz(c).await;
+        if status == 200 {
+            break;
+        }
+        assert!(
+            back.elapsed() < Duration::from_secs(10),
+            "/readyz still {status} 10 s after fdatasync works again: {body}\n{}",
+            c.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The spool's one warning in `spell_log` (the collector's log since the spell began) when the
+/// spell starts, and one line when a real sync succeeds again.
+fn spool_logs_the_spell_once(spell_log: &str) {
     let warnings: Vec<&str> = warning_lines(spell_log)
         .into_iter()
         .filter(|l| {
@@ -227,12 +291,5 @@ async fn every_sync_failing_for_10_s_keeps_the_collector_unready_in_one_new_segm
     assert_eq!(
         writing_again, 1,
         "one line when a sync succeeds again:\n{spell_log}"
-    );
-    eprintln!(
-        "sync_fails: {samples} /readyz samples in the {SPELL:?} spell, {not_ready} answered 503; \
-         {refused} beacons refused with 503; {} new segment file(s); ready {ready_after:.1?} \
-         after fdatasync worked again; {} acknowledged ids stored once",
-        last_seen - last_before,
-        acked.len()
     );
 }

@@ -280,20 +280,7 @@ impl Browser {
                     "--enable-chrome-logs".to_string(),
                     format!("--log-path={}", console.display()),
                 ]);
-                let args = vec![
-                    "--enable-logging=stderr".to_string(),
-                    "--v=0".into(),
-                    "--headless".into(),
-                    "--no-sandbox".into(),
-                    "--disable-gpu".into(),
-                    "--disable-background-networking".into(),
-                    "--disable-component-update".into(),
-                    "--disable-sync".into(),
-                    "--no-first-run".into(),
-                    "--disable-quic".into(),
-                    "--window-size=1280,900".into(),
-                    format!("--user-data-dir={}", profile.path().display()),
-                ];
+                let args = chromium_args(profile.path());
                 caps.insert(
                     "goog:chromeOptions".into(),
                     json!({ "binary": "/usr/bin/chromium", "args": args }),
@@ -311,25 +298,7 @@ impl Browser {
             Engine::Firefox => {
                 let mut c = Command::new("geckodriver");
                 c.args(["--port", &port.to_string(), "--log", "fatal"]);
-                caps.insert(
-                    "moz:firefoxOptions".into(),
-                    json!({
-                        "binary": "/usr/bin/firefox-esr",
-                        "args": ["-headless", "-profile", profile.path()],
-                        // No update checks, telemetry or other calls out of this machine.
-                        "prefs": {
-                            "app.update.enabled": false,
-                            "datareporting.policy.dataSubmissionEnabled": false,
-                            "toolkit.telemetry.enabled": false,
-                            "network.captive-portal-service.enabled": false,
-                            "browser.safebrowsing.malware.enabled": false,
-                            "browser.safebrowsing.phishing.enabled": false,
-                            // Every page's console to Firefox's stdout, which geckodriver
-                            // passes on to its own.
-                            "devtools.console.stdout.content": true,
-                        },
-                    }),
-                );
+                caps.insert("moz:firefoxOptions".into(), firefox_options(profile.path()));
                 start_driver(c, port, "geckodriver", &console, vec![console.clone()]).await
             }
             Engine::WebKit => {
@@ -429,6 +398,45 @@ impl Browser {
     pub async fn quit(self) {
         let _ = self.client.clone().close().await;
     }
+}
+
+/// Chromium's arguments for a session in the profile folder `profile`: headless, its log
+/// (with every page's console) on stderr, nothing called out of this machine.
+fn chromium_args(profile: &std::path::Path) -> Vec<String> {
+    vec![
+        "--enable-logging=stderr".to_string(),
+        "--v=0".into(),
+        "--headless".into(),
+        "--no-sandbox".into(),
+        "--disable-gpu".into(),
+        "--disable-background-networking".into(),
+        "--disable-component-update".into(),
+        "--disable-sync".into(),
+        "--no-first-run".into(),
+        "--disable-quic".into(),
+        "--window-size=1280,900".into(),
+        format!("--user-data-dir={}", profile.display()),
+    ]
+}
+
+/// `moz:firefoxOptions` for a session of Firefox ESR in the profile folder `profile`.
+fn firefox_options(profile: &std::path::Path) -> Value {
+    json!({
+        "binary": "/usr/bin/firefox-esr",
+        "args": ["-headless", "-profile", profile],
+        // No update checks, telemetry or other calls out of this machine.
+        "prefs": {
+            "app.update.enabled": false,
+            "datareporting.policy.dataSubmissionEnabled": false,
+            "toolkit.telemetry.enabled": false,
+            "network.captive-portal-service.enabled": false,
+            "browser.safebrowsing.malware.enabled": false,
+            "browser.safebrowsing.phishing.enabled": false,
+            // Every page's console to Firefox's stdout, which geckodriver
+            // passes on to its own.
+            "devtools.console.stdout.content": true,
+        },
+    })
 }
 
 /// The page's own record, first in the head of every shop page the tests serve: uncaught
