@@ -19,7 +19,7 @@ pub use media::{content_type_ok, encoding, inflate, Encoding};
 
 pub use crate::measurement::rules::{is_site_key, normalise_url, MAX_USER_AGENT_BYTES};
 use crate::measurement::{judge, rules::truncate};
-pub use crate::measurement::{Context, Rejection, Valid};
+pub use crate::measurement::{Context, Judged, Rejection};
 
 /// Largest accepted body, in bytes, after decompression (contract §2: 64 KiB).
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
@@ -57,11 +57,11 @@ pub fn rejection_reasons() -> impl Iterator<Item = Rejection> {
 }
 
 /// Validates one body element against the field rules of the contract (§2), as the field
-/// table declares them ([`crate::measurement::judge`]).
+/// table declares them ([`crate::measurement::judge`]), knowing no site.
 ///
 /// Errors (rejections): `not a measurement object`, and a required field missing or invalid
 /// (`missing id`, `invalid id`, `missing site`, `invalid site`, `missing url`, `invalid url`).
-pub fn validate<'a>(item: Item<'a>, ctx: &Context<'a>) -> Result<Valid<'a>, Rejection> {
+pub fn validate<'a>(item: Item<'a>, ctx: &Context<'a>) -> Result<Judged<'a>, Rejection> {
     judge(item?, ctx)
 }
 

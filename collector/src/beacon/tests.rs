@@ -3,7 +3,8 @@
 use super::*;
 use crate::measurement::filing::{FILING_MAX_AHEAD_MS, MAX_TS_AHEAD_MS, MAX_TS_BEHIND_MS};
 use crate::measurement::rules::MAX_SELECTOR_BYTES;
-use crate::measurement::DateTime;
+use crate::measurement::site::SiteColumns;
+use crate::measurement::{DateTime, Measurement};
 
 const NOW: i64 = 1_780_000_000_000;
 const ID: &str = "7f1c2a3e-9b4d-4c6e-8f00-123456789abc";
@@ -25,14 +26,45 @@ fn ctx() -> Context<'static> {
     }
 }
 
-fn one(json: &str) -> Result<Valid<'static>, Rejection> {
+/// A judged measurement as these tests read it: its row, with the columns only the site
+/// stage sets at what no site changes (the rate sent, else 1; the dimensions sent; no page
+/// group), and what judging dropped.
+#[derive(Debug, PartialEq)]
+struct Valid {
+    measurement: Measurement<'static>,
+    dropped: Vec<&'static str>,
+    clock_skewed: bool,
+}
+
+/// `judged` as a row of no site's rules (see [`Valid`]).
+fn row_of(mut judged: Judged<'_>) -> Measurement<'_> {
+    let (names, values) = judged
+        .dimensions
+        .take()
+        .unwrap_or_default()
+        .into_iter()
+        .unzip();
+    let sample_rate = judged.sample_rate.unwrap_or(1.0);
+    judged.into_row(SiteColumns {
+        sample_rate,
+        dimension_names: names,
+        dimension_values: values,
+        page_group: Default::default(),
+    })
+}
+
+fn one(json: &str) -> Result<Valid, Rejection> {
     let text = text(json.as_bytes());
     let mut items = parse(&text).expect("parses");
     assert_eq!(items.len(), 1);
-    validate(items.remove(0), &ctx()).map(|v| Valid {
-        measurement: v.measurement.into_owned(),
-        dropped: v.dropped,
-        clock_skewed: v.clock_skewed,
+    validate(items.remove(0), &ctx()).map(|mut v| {
+        let dropped = std::mem::take(&mut v.dropped);
+        let clock_skewed = v.clock_skewed;
+        Valid {
+            measurement: row_of(v).into_owned(),
+            dropped,
+            clock_skewed,
+        }
     })
 }
 
@@ -391,7 +423,7 @@ fn a_ts_files_the_page_view_whether_or_not_it_is_stored() {
             ..ctx()
         };
         let v = validate(item, &ctx).unwrap();
-        (v.measurement.ts, v.measurement.page_view_at, v.clock_skewed)
+        (v.ts, v.page_view_at, v.clock_skewed)
     };
     let ts = NOW + MAX_TS_AHEAD_MS + 20_000;
     let first = at(ts, NOW);
@@ -471,7 +503,7 @@ fn only_objects_are_measurements() {
     let items = parse(&text).unwrap();
     let results: Vec<_> = items
         .into_iter()
-        .map(|i| validate(i, &ctx()).map(|v| v.measurement.site.into_owned()))
+        .map(|i| validate(i, &ctx()).map(|v| v.site.into_owned()))
         .collect();
     assert_eq!(
         results,
@@ -633,7 +665,7 @@ fn beacon_cost() {
         let items = parse(&text).unwrap();
         let valid: Vec<_> = items
             .into_iter()
-            .map(|item| validate(item, &ctx()).unwrap().measurement)
+            .map(|item| row_of(validate(item, &ctx()).unwrap()))
             .collect();
         bytes += crate::measurement::encode(&valid).payload.len();
     }
@@ -666,27 +698,54 @@ fn v4_intake_cost() {
     let declared = vec!["variant".to_owned(), "page_type".to_owned()];
     let keep = vec!["utm_*".to_owned()];
     let distinct = DistinctValues::default();
+    let sampler =
+        crate::sampling::Sampler::new(0, std::sync::Arc::new(crate::metrics::Metrics::new()));
+    let site = crate::measurement::site::SiteRules {
+        key: "shop-1",
+        keep_query: &keep,
+        origins: &[],
+        page_groups: &groups,
+        dimensions: &declared,
+        sample_rate: 1.0,
+        sampler: &sampler,
+        distinct: &distinct,
+    };
     const N: u32 = 20_000;
-    // `groups`: the page group from the preset; `dims`: the dimensions settled.
+    // `groups`: the page group from the preset; `dims`: the whole site stage, the dimensions
+    // settled too.
     let run = |body: &str, groups: Option<&PageGroups>, dims: bool| {
         let start = std::time::Instant::now();
         let mut bytes = 0;
         for _ in 0..N {
             let text = text(body.as_bytes());
-            let mut valid: Vec<_> = parse(&text)
+            let valid: Vec<_> = parse(&text)
                 .unwrap()
                 .into_iter()
-                .map(|item| validate(item, &ctx()).unwrap().measurement)
+                .map(|item| {
+                    let mut judged = validate(item, &ctx()).unwrap();
+                    if dims {
+                        let (m, dropped) = crate::measurement::site::settle(judged, &site);
+                        assert!(dropped.is_empty());
+                        return m;
+                    }
+                    crate::measurement::minimise::urls(
+                        &mut judged.url,
+                        &mut judged.referrer,
+                        &keep,
+                        &[],
+                    );
+                    let page_group = groups.map_or_else(Default::default, |g| {
+                        crate::measurement::Label(g.group_of(&judged.url).into())
+                    });
+                    let sample_rate = judged.sample_rate.unwrap_or(1.0);
+                    judged.into_row(SiteColumns {
+                        sample_rate,
+                        dimension_names: vec![],
+                        dimension_values: vec![],
+                        page_group,
+                    })
+                })
                 .collect();
-            for m in &mut valid {
-                m.minimise(&keep, &[]);
-                if let Some(g) = groups {
-                    m.page_group = crate::measurement::Label(g.group_of(&m.url).into());
-                }
-                if dims {
-                    assert!(m.settle_dimensions(&declared, &distinct).is_empty());
-                }
-            }
             bytes += crate::measurement::encode(&valid).payload.len();
         }
         (start.elapsed() / N, bytes / N as usize)

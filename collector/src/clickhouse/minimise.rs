@@ -1,7 +1,8 @@
 //! Rows an earlier release stored, held to today's rules (contract v5 §5): `collector migrate`
 //! reads every partition of `measurements` and of the `measurements_v1` copy, minimises each
-//! row in Rust as intake minimises a measurement now ([`Measurement::minimise_stored`], with
-//! its site's `--keep-query` and origins from PostgreSQL), and inserts the rows that changed
+//! row in Rust as intake minimises a measurement now
+//! ([`crate::measurement::stored::minimise_row`], with its site's `--keep-query` and origins
+//! from PostgreSQL), and inserts the rows that changed
 //! again, so that the `ReplacingMergeTree` replaces the old version by the new one.
 //!
 //! Why so, and why it is safe while collectors write (docs/privacy.md, "Data stored before v5"):

@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::OwnedSemaphorePermit;
 
 use crate::beacon::{
-    self, Context, Encoding, Valid, MAX_BODY_BYTES, UNKNOWN_SITE, URL_NOT_ALLOWED,
+    self, Context, Encoding, Judged, MAX_BODY_BYTES, UNKNOWN_SITE, URL_NOT_ALLOWED,
 };
 use crate::client_ip::client_ip;
 use crate::dedup::{Claim, ClaimGuard};
@@ -426,7 +426,7 @@ fn validate<'a>(
     text: &'a str,
     found: &Found<'a>,
     report: &mut Accepted,
-) -> Result<Vec<(usize, Valid<'a>)>, IntakeError> {
+) -> Result<Vec<(usize, Judged<'a>)>, IntakeError> {
     let items = beacon::parse(text)?;
     let ctx = Context {
         received_at_ms: SystemTime::now()
@@ -450,20 +450,29 @@ fn validate<'a>(
     Ok(valid)
 }
 
+/// A measurement of the request once its site's rules made it a row: its index in the body,
+/// the row, and what judging it dropped.
+struct Kept<'a> {
+    index: usize,
+    row: Measurement<'a>,
+    /// Names of the optional fields dropped as invalid.
+    dropped: Vec<&'static str>,
+    /// Whether its `ts` was withheld for clock skew.
+    clock_skewed: bool,
+}
+
 /// Site settings and origin: measurements of unknown or disabled sites are rejected, and so are
 /// those whose page is not on one of their site's origins (`url_not_allowed`, contract v4 §2);
-/// each kept measurement gets the `sample_rate` it was drawn at, as the sampler settles it and
-/// counts it toward its site's demand as `client`'s ([`crate::sampling::Sampler::settle`],
-/// [`crate::sampling::Sampler::observe`]), and is minimised as its site keeps URLs
-/// ([`Measurement::minimise`], contract v4 §2; before anything reaches disk);
-/// [`lookup_sites`] refuses the whole request first if it must. With nothing left: 403
-/// listing every rejection.
+/// each kept measurement meets its site's rules ([`measurement::site::settle`]: minimised, its
+/// page group, dimensions and sample rate) and counts toward its site's demand as `client`'s
+/// ([`crate::sampling::Sampler::observe`]); [`lookup_sites`] refuses the whole request first if
+/// it must. With nothing left: 403 listing every rejection.
 async fn judge_sites<'a>(
     state: &AppState,
     request: &Request<'_>,
-    valid: Vec<(usize, Valid<'a>)>,
+    valid: Vec<(usize, Judged<'a>)>,
     report: &mut Accepted,
-) -> Result<(Vec<(usize, Valid<'a>)>, Placement, SiteClients), IntakeError> {
+) -> Result<(Vec<Kept<'a>>, Placement, SiteClients), IntakeError> {
     let origin = request
         .headers
         .get(header::ORIGIN)
@@ -472,31 +481,41 @@ async fn judge_sites<'a>(
     let placement = place(state, &sites, valid.len())?;
     let clients = site_clients(state, request, &sites);
     let mut kept = Vec::with_capacity(valid.len());
-    for (index, mut v) in valid {
-        match &sites[&*v.measurement.site] {
-            Some(site) if !site.allows_page(&v.measurement.url) => report.rejected.push(Rejected {
+    for (index, mut judged) in valid {
+        match &sites[&*judged.site] {
+            Some(site) if !site.allows_page(&judged.url) => report.rejected.push(Rejected {
                 index,
                 error: URL_NOT_ALLOWED,
             }),
             Some(site) => {
-                let m = &mut v.measurement;
                 let client = client_of(&clients, &site.key, request.client);
                 if client != request.client {
                     // Named by the shop's own proxy: its country, not the proxy's.
-                    m.country = Label(Cow::Owned(state.countries.country(client)));
+                    judged.country = Label(Cow::Owned(state.countries.country(client)));
                 }
-                let sent = (m.sample_rate >= 0.0).then_some(m.sample_rate);
-                m.sample_rate = state.sampler.settle(&site.key, site.sample_rate, sent);
+                let (dropped, clock_skewed) =
+                    (std::mem::take(&mut judged.dropped), judged.clock_skewed);
+                let (row, dims) = measurement::site::settle(judged, &site_rules(state, site));
                 // Only browsers' beacons (they send Origin on every POST) count toward the
                 // demand, each client address a bounded share of it: a flood without Origin,
                 // or from a few addresses, must not lower a shop's rate.
                 if origin.is_some() {
                     state
                         .sampler
-                        .observe(&site.key, site.sample_rate, client, [m.sample_rate]);
+                        .observe(&site.key, site.sample_rate, client, [row.sample_rate]);
                 }
-                settle(state, site, &mut v.measurement, index, report);
-                kept.push((index, v));
+                for field in dims {
+                    report.dropped_fields.push(DroppedField {
+                        index,
+                        field: Cow::Owned(field),
+                    });
+                }
+                kept.push(Kept {
+                    index,
+                    row,
+                    dropped,
+                    clock_skewed,
+                });
             }
             None => report.rejected.push(Rejected {
                 index,
@@ -510,6 +529,20 @@ async fn judge_sites<'a>(
         return Err(IntakeError::UnknownSite(rejected));
     }
     Ok((kept, placement, clients))
+}
+
+/// The rules of `site` as the site stage reads them.
+fn site_rules<'s>(state: &'s AppState, site: &'s LoadedSite) -> measurement::site::SiteRules<'s> {
+    measurement::site::SiteRules {
+        key: &site.key,
+        keep_query: &site.keep_query,
+        origins: &site.allowed_origins,
+        page_groups: &site.page_groups,
+        dimensions: &site.dimensions,
+        sample_rate: site.sample_rate,
+        sampler: &state.sampler,
+        distinct: &state.dimension_values,
+    }
 }
 
 /// What intake knows of a request before any site: the peer, the headers, and the client the
@@ -585,39 +618,17 @@ fn place(
     Ok(placement)
 }
 
-/// What intake sets of a measurement once its site is known (contract v4 §2): the URL and
-/// referrer minimised as the site keeps them ([`Measurement::minimise`]; before anything
-/// reaches disk), the page group from the site's compiled rules
-/// ([`crate::measurement::page_groups`]), and the dimensions the site declared
-/// ([`Measurement::settle_dimensions`]; the others listed as dropped fields).
-fn settle(
-    state: &AppState,
-    site: &LoadedSite,
-    m: &mut Measurement<'_>,
-    index: usize,
-    report: &mut Accepted,
-) {
-    m.minimise(&site.keep_query, &site.allowed_origins);
-    m.page_group = Label(Cow::Owned(site.page_groups.group_of(&m.url)));
-    for field in m.settle_dimensions(&site.dimensions, &state.dimension_values) {
-        report.dropped_fields.push(DroppedField {
-            index,
-            field: Cow::Owned(field),
-        });
-    }
-}
-
 /// Looks up each distinct site of the request once: `None` for an unknown or disabled one.
 /// An `Origin` a known site does not allow refuses the whole request (403), and so does a
 /// never-seen site while the settings store is unreachable (503).
 async fn lookup_sites(
     state: &AppState,
     origin: Option<&str>,
-    valid: &[(usize, Valid<'_>)],
+    valid: &[(usize, Judged<'_>)],
 ) -> Result<HashMap<String, Option<Arc<LoadedSite>>>, IntakeError> {
     let mut sites = HashMap::new();
     for (_, v) in valid {
-        let key: &str = &v.measurement.site;
+        let key: &str = &v.site;
         if sites.contains_key(key) {
             continue;
         }
@@ -649,11 +660,11 @@ async fn lookup_sites(
 /// a beacon because a loud one spiked.
 fn shed_loud(
     state: &AppState,
-    valid: &[(usize, Valid<'_>)],
+    valid: &[Kept<'_>],
     placement: &Placement,
 ) -> Result<(), IntakeError> {
     let loud = |site: &str| state.sampler.over_budget(site);
-    if !valid.iter().any(|(_, v)| loud(&v.measurement.site)) {
+    if !valid.iter().any(|k| loud(&k.row.site)) {
         return Ok(());
     }
     // The room that matters is that of the loud sites' shards' spools.
@@ -679,11 +690,11 @@ fn check_rates(
     request: IpAddr,
     clients: &SiteClients,
     with_origin: bool,
-    valid: &[(usize, Valid<'_>)],
+    valid: &[Kept<'_>],
 ) -> Result<(), IntakeError> {
     let mut per_site: HashMap<&str, u32> = HashMap::new();
-    for (_, v) in valid {
-        *per_site.entry(&*v.measurement.site).or_default() += 1;
+    for k in valid {
+        *per_site.entry(&*k.row.site).or_default() += 1;
     }
     for (site, n) in per_site {
         let client = client_of(clients, site, request);
@@ -713,35 +724,35 @@ fn check_rates(
 /// clocks of the kept measurements go to the report.
 async fn claim<'a>(
     state: &AppState,
-    valid: Vec<(usize, Valid<'a>)>,
+    valid: Vec<Kept<'a>>,
     report: &mut Accepted,
 ) -> (Vec<Measurement<'a>>, Vec<(usize, ClaimGuard)>) {
     let mut guards = Vec::with_capacity(valid.len());
     let mut to_store = Vec::with_capacity(valid.len());
     let mut seen = HashSet::with_capacity(valid.len());
-    for (index, v) in valid {
-        for &field in &v.dropped {
+    for k in valid {
+        for &field in &k.dropped {
             report.dropped_fields.push(DroppedField {
-                index,
+                index: k.index,
                 field: Cow::Borrowed(field),
             });
         }
-        report.clock_skewed += v.clock_skewed as u64;
-        if !seen.insert(v.measurement.id) {
+        report.clock_skewed += k.clock_skewed as u64;
+        if !seen.insert(k.row.id) {
             report.duplicates += 1;
             continue;
         }
-        match state.dedup.claim(v.measurement.id) {
+        match state.dedup.claim(k.row.id) {
             Claim::New(guard) => {
                 guards.push((to_store.len(), guard));
-                to_store.push(v.measurement);
+                to_store.push(k.row);
             }
             Claim::Duplicate => report.duplicates += 1,
             Claim::InFlight(other) => {
                 if other.wait(CLAIM_WAIT).await {
                     report.duplicates += 1;
                 } else {
-                    to_store.push(v.measurement);
+                    to_store.push(k.row);
                 }
             }
         }

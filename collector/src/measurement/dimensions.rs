@@ -7,7 +7,7 @@
 //! - [`dimensions`], the field's rule at judgment: a JSON object whose values are strings (any
 //!   other value makes the field invalid, dropped whole as `dimensions`). Every pair sent is
 //!   kept, names in byte order, for the next step.
-//! - [`Measurement::settle_dimensions`] at intake, once the site is known: a pair whose name
+//! - [`settle`] in the site stage ([`super::site`]), once the site is known: a pair whose name
 //!   the site did not declare, or whose value is longer than [`MAX_VALUE_BYTES`], is dropped
 //!   and listed as `dimensions.NAME` (counted in `collector_measurements_field_dropped_total`
 //!   under `field="dimensions"`: a label from the client's names would be an unbounded label
@@ -26,7 +26,6 @@ use serde_json::value::RawValue;
 use super::heavy_hitters::{Sketch, TopValues};
 pub use super::heavy_hitters::{MAX_ADMITTED_PER_DAY, MAX_DISTINCT};
 use super::rules::{self, Field};
-use super::Measurement;
 
 /// Longest value stored, in bytes (contract v4 §2).
 pub const MAX_VALUE_BYTES: usize = 64;
@@ -66,18 +65,6 @@ pub fn dimensions(value: Option<&RawValue>) -> Field<Pairs<'_>> {
         }
     }
     Field::Valid(out)
-}
-
-/// One of the parallel arrays of the judged pairs (names or values); empty when absent or
-/// dropped.
-pub fn column<'a>(
-    judged: &Field<Pairs<'a>>,
-    part: impl Fn(&(Cow<'a, str>, Cow<'a, str>)) -> Cow<'a, str>,
-) -> Vec<Cow<'a, str>> {
-    match judged {
-        Field::Valid(pairs) => pairs.iter().map(part).collect(),
-        _ => Vec::new(),
-    }
 }
 
 /// The values stored as themselves per site, name and UTC day by this collector: those seen
@@ -152,40 +139,46 @@ impl DistinctValues {
     }
 }
 
-impl Measurement<'_> {
-    /// Keeps of the dimensions sent the ones `declared` by the site, their values masked and
-    /// bounded by `distinct` (see the module doc); returns the names dropped, each as
-    /// `dimensions.NAME`.
-    pub fn settle_dimensions(
-        &mut self,
-        declared: &[String],
-        distinct: &DistinctValues,
-    ) -> Vec<String> {
-        let mut dropped = Vec::new();
-        if self.dimension_names.is_empty() {
-            return dropped;
-        }
-        let day = self.received_at.0 / 86_400;
-        let names = std::mem::take(&mut self.dimension_names);
-        let values = std::mem::take(&mut self.dimension_values);
-        for (name, value) in names.into_iter().zip(values) {
-            if !declared.iter().any(|d| *d == name) || value.len() > MAX_VALUE_BYTES {
-                if dropped.len() < MAX_LISTED_DROPPED {
-                    let listed = rules::truncate(&name, MAX_LISTED_NAME_BYTES);
-                    dropped.push(format!("dimensions.{listed}"));
-                }
-                continue;
+/// The dimensions a site stores of those sent: the `dimension_names` and `dimension_values`
+/// columns, and the names dropped, each as `dimensions.NAME`.
+#[derive(Debug, Default, PartialEq)]
+pub struct Settled<'a> {
+    /// The names kept, in byte order.
+    pub names: Vec<Cow<'a, str>>,
+    /// Their values as stored, in the same order.
+    pub values: Vec<Cow<'a, str>>,
+    /// The names dropped, each as `dimensions.NAME`, at most [`MAX_LISTED_DROPPED`].
+    pub dropped: Vec<String>,
+}
+
+/// Keeps of the pairs sent (`sent`, in byte order) the ones `declared` by `site`, their values
+/// masked and bounded by `distinct` for the UTC day `day` (days since the Unix epoch; see the
+/// module doc).
+pub fn settle<'a>(
+    sent: Pairs<'a>,
+    declared: &[String],
+    distinct: &DistinctValues,
+    site: &str,
+    day: u32,
+) -> Settled<'a> {
+    let mut out = Settled::default();
+    for (name, value) in sent {
+        if !declared.iter().any(|d| *d == name) || value.len() > MAX_VALUE_BYTES {
+            if out.dropped.len() < MAX_LISTED_DROPPED {
+                let listed = rules::truncate(&name, MAX_LISTED_NAME_BYTES);
+                out.dropped.push(format!("dimensions.{listed}"));
             }
-            let masked = match super::minimise::mask_text(&value) {
-                Cow::Borrowed(_) => value,
-                Cow::Owned(m) => Cow::Owned(m),
-            };
-            let stored = distinct.admit(&self.site, &name, day, masked);
-            self.dimension_names.push(name);
-            self.dimension_values.push(stored);
+            continue;
         }
-        dropped
+        let masked = match super::minimise::mask_text(&value) {
+            Cow::Borrowed(_) => value,
+            Cow::Owned(m) => Cow::Owned(m),
+        };
+        let stored = distinct.admit(site, &name, day, masked);
+        out.names.push(name);
+        out.values.push(stored);
     }
+    out
 }
 
 #[cfg(test)]
@@ -215,53 +208,64 @@ mod tests {
         assert_eq!(judge("{}"), Field::Valid(vec![]));
     }
 
-    fn row(pairs: &[(&str, &str)]) -> Measurement<'static> {
-        Measurement {
-            site: "shop".into(),
-            received_at: super::super::DateTime(86_400 * 20_000 + 5),
-            dimension_names: pairs.iter().map(|p| Cow::Owned(p.0.to_owned())).collect(),
-            dimension_values: pairs.iter().map(|p| Cow::Owned(p.1.to_owned())).collect(),
-            ..Default::default()
-        }
+    /// The pairs sent.
+    fn sent(pairs: &[(&str, &str)]) -> Pairs<'static> {
+        pairs
+            .iter()
+            .map(|p| (Cow::Owned(p.0.to_owned()), Cow::Owned(p.1.to_owned())))
+            .collect()
+    }
+
+    /// `pairs` settled for site `shop` on day 20,000.
+    fn settled(pairs: &[(&str, &str)], declared: &[String]) -> Settled<'static> {
+        settle(
+            sent(pairs),
+            declared,
+            &DistinctValues::default(),
+            "shop",
+            20_000,
+        )
     }
 
     #[test]
     fn undeclared_and_long_ones_are_dropped_and_values_masked() {
         let declared = vec!["variant".to_owned(), "page_type".to_owned()];
         let long = "x".repeat(65);
-        let mut m = row(&[
-            ("ab", "1"),
-            ("page_type", &long),
-            ("variant", "alice@example.com"),
-        ]);
-        let dropped = m.settle_dimensions(&declared, &DistinctValues::default());
-        assert_eq!(dropped, ["dimensions.ab", "dimensions.page_type"]);
-        assert_eq!(m.dimension_names, ["variant"]);
-        assert_eq!(m.dimension_values, ["*"]);
+        let s = settled(
+            &[
+                ("ab", "1"),
+                ("page_type", &long),
+                ("variant", "alice@example.com"),
+            ],
+            &declared,
+        );
+        assert_eq!(s.dropped, ["dimensions.ab", "dimensions.page_type"]);
+        assert_eq!(s.names, ["variant"]);
+        assert_eq!(s.values, ["*"]);
     }
 
     #[test]
     fn percent_encoded_addresses_and_numbers_are_masked_too() {
         let declared = vec!["customer".to_owned(), "variant".to_owned()];
-        let mut m = row(&[
-            ("customer", "for%20jane%40example.com"),
-            ("variant", "50%25%20off"),
-        ]);
-        m.settle_dimensions(&declared, &DistinctValues::default());
-        assert_eq!(m.dimension_values, ["for *", "50%25%20off"]);
-        let mut m = row(&[("customer", "%34%31%31%31111111111111")]);
-        m.settle_dimensions(&declared, &DistinctValues::default());
-        assert_eq!(m.dimension_values, ["*"], "4111… a card number, encoded");
+        let s = settled(
+            &[
+                ("customer", "for%20jane%40example.com"),
+                ("variant", "50%25%20off"),
+            ],
+            &declared,
+        );
+        assert_eq!(s.values, ["for *", "50%25%20off"]);
+        let s = settled(&[("customer", "%34%31%31%31111111111111")], &declared);
+        assert_eq!(s.values, ["*"], "4111… a card number, encoded");
     }
 
     #[test]
     fn many_undeclared_names_list_sixteen() {
         let names: Vec<String> = (0..100).map(|i| format!("n{i:03}")).collect();
         let pairs: Vec<(&str, &str)> = names.iter().map(|n| (n.as_str(), "v")).collect();
-        let mut m = row(&pairs);
-        let dropped = m.settle_dimensions(&["variant".to_owned()], &DistinctValues::default());
-        assert_eq!(dropped.len(), MAX_LISTED_DROPPED);
-        assert!(m.dimension_names.is_empty());
+        let s = settled(&pairs, &["variant".to_owned()]);
+        assert_eq!(s.dropped.len(), MAX_LISTED_DROPPED);
+        assert!(s.names.is_empty());
     }
 
     /// Whether `value` of dimension `v` of site `s` on `day` is stored as itself.

@@ -1,7 +1,8 @@
 //! The field table: every field of a measurement, once, in column order: its doc (units,
 //! bounds), its Rust and so ClickHouse type, whether the browser sends it (`required`,
-//! `optional`) or the collector derives it (`derived`), its rule, and the layout it was added
-//! in. Everything else reads this table (see [`super::table`] for what it makes).
+//! `optional`, `settled`) or the collector derives it (`derived`; `site`: the site stage), its
+//! rule, and the layout it was added in. Everything else reads this table (see
+//! [`super::table`] for what it makes).
 //!
 //! Adding a column is: an entry at the end, under a new `layout` section (rows of earlier
 //! layouts read with the new column at its default; a derivation for them goes in
@@ -26,8 +27,8 @@ measurement_table! {
         /// The page's navigation Server-Timing entries (contract v4): at most 10 of `{"name",
         /// "dur", "desc"}`, stored as the `server_timing_*` arrays ([`timing`]).
         server_timing: Vec<timing::Timing<'a>> = optional(timing::server_timing),
-        /// Values under the names the site declared (contract v4), stored as the
-        /// `dimension_*` arrays once intake knows the site ([`dimensions`]).
+        /// Values under names (contract v4), stored as the `dimension_*` arrays by the site
+        /// stage, which keeps the names the site declared ([`dimensions::settle`]).
         dimensions: dimensions::Pairs<'a> = optional(dimensions::dimensions),
     }
 
@@ -73,11 +74,11 @@ measurement_table! {
         /// The request's `User-Agent`, at most [`rules::MAX_USER_AGENT_BYTES`].
         user_agent: Cow<'a, str> = derived(Cow::Borrowed(ctx.user_agent)),
         /// The `sample_rate` its page view was sampled at, 0 to 1, so that an aggregate can
-        /// weight each row by its inverse: the rate the script drew at (contract v4), as intake
-        /// settles it against the site ([`crate::sampling`]; [`rules::NOT_SENT`] until then).
+        /// weight each row by its inverse: the rate the script drew at (contract v4), as the
+        /// site stage settles it against the site ([`super::site`], [`crate::sampling`]).
         /// Rows of layout 1 without it read as 1 (every page view was sent then).
         #[serde(default = "every_page_view")]
-        sample_rate: f64 = sent(rules::rate),
+        sample_rate: f64 = settled(rules::rate),
     }
 
     layout 3 {
@@ -172,21 +173,21 @@ measurement_table! {
         #[serde(default)]
         cdn_cache: Label<'a> = derived(timing::cdn_cache(&server_timing)),
         /// The names of the dimensions stored, at most 5, each declared by the site
-        /// (`--dimension`), in byte order; intake keeps the declared ones
-        /// ([`Measurement::settle_dimensions`]).
+        /// (`--dimension`), in byte order: the site stage keeps the declared ones of those sent
+        /// ([`dimensions::settle`]).
         #[serde(default)]
-        dimension_names: Vec<Cow<'a, str>> = derived(dimensions::column(&dimensions, |p| p.0.clone())),
+        dimension_names: Vec<Cow<'a, str>> = site(),
         /// Their values, at most 64 bytes, masked as a URL's path; per site, name and UTC day
         /// a collector keeps the 100 seen most often, the others `(other)` (contract v5 §2,
         /// [`dimensions::DistinctValues`]).
         #[serde(default)]
-        dimension_values: Vec<Cow<'a, str>> = derived(dimensions::column(&dimensions, |p| p.1.clone())),
+        dimension_values: Vec<Cow<'a, str>> = site(),
         /// The page group (contract v4): the name of the site's first page-group rule the
         /// minimised path matches, else the path with its variable parts as `*`
-        /// ([`super::page_groups`]); set by intake, which knows the site. Rows of earlier
+        /// ([`super::page_groups`]); set by the site stage ([`super::site`]). Rows of earlier
         /// layouts: empty.
         #[serde(default)]
-        page_group: Label<'a> = derived(Label::default()),
+        page_group: Label<'a> = site(),
     }
 }
 

@@ -601,21 +601,24 @@ pub fn referrer(
     }
 }
 
-impl super::Measurement<'_> {
-    /// Minimises this measurement's `url` and `referrer` as its site keeps them: `keep`, the
-    /// query parameters it keeps; `origins`, its allowed origins (`scheme://host[:port]`),
-    /// whose hosts count as the same site for a referrer.
-    pub fn minimise(&mut self, keep: &[String], origins: &[String]) {
-        if let Some(url) = page_url(&self.url, keep) {
-            self.url = Cow::Owned(url);
-        }
-        let page_host = Url::parse(&self.url).ok();
-        let page_host = page_host.as_ref().and_then(Url::host_str);
-        let same_site = |host: &str| origins.iter().any(|o| origin_host(o) == host);
-        if let Some(r) = &self.referrer {
-            let minimised = referrer(r, page_host, same_site, keep);
-            self.referrer = minimised.map(Cow::Owned);
-        }
+/// Minimises a measurement's `url` and `referrer` as its site keeps them: `keep`, the query
+/// parameters it keeps; `origins`, its allowed origins (`scheme://host[:port]`), whose hosts
+/// count as the same site for a referrer.
+pub fn urls(
+    url: &mut Cow<'_, str>,
+    referrer: &mut Option<Cow<'_, str>>,
+    keep: &[String],
+    origins: &[String],
+) {
+    if let Some(minimised) = page_url(url, keep) {
+        *url = Cow::Owned(minimised);
+    }
+    let page_host = Url::parse(url).ok();
+    let page_host = page_host.as_ref().and_then(Url::host_str);
+    let same_site = |host: &str| origins.iter().any(|o| origin_host(o) == host);
+    if let Some(r) = referrer.as_deref() {
+        let minimised = self::referrer(r, page_host, same_site, keep);
+        *referrer = minimised.map(Cow::Owned);
     }
 }
 

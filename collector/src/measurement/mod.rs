@@ -3,7 +3,9 @@
 //!
 //! - [`fields`]: the table: every field's doc, type, kind (sent or derived), rule and layout;
 //!   [`table`]'s macro makes from it the row ([`Measurement`]), the request object
-//!   ([`RawBeacon`]), [`FIELDS`], [`COLUMNS`], the RowBinary codec and [`judge`].
+//!   ([`RawBeacon`]), [`FIELDS`], [`COLUMNS`], the RowBinary codec, [`judge`] and what it
+//!   makes, [`Judged`] (the measurement before any site).
+//! - [`site`]: the site stage, where a [`Judged`] meets its site's rules and becomes the row.
 //! - [`column`]: RowBinary type by type; [`rules`]: the field rules of contract §2;
 //!   [`filing`]: `page_view_at`; [`layouts`]: rows of earlier layouts made current;
 //!   [`stored`]: rows at rest (earlier spools, kept-aside files) held to today's rules.
@@ -42,11 +44,12 @@ pub mod layouts;
 pub mod minimise;
 pub mod page_groups;
 pub mod rules;
+pub mod site;
 pub mod stored;
 pub mod timing;
 
 pub use column::{Column, DateTime, IntoOwned, Label, RowDecodeError};
-pub use fields::{judge, Measurement, RawBeacon, COLUMNS, FIELDS, LAYOUT_SECTIONS};
+pub use fields::{judge, Judged, Measurement, RawBeacon, COLUMNS, FIELDS, LAYOUT_SECTIONS};
 pub use layouts::read_record;
 pub use rules::{Context, Field, Rejection};
 
@@ -76,18 +79,6 @@ pub struct FieldSpec {
     pub missing: Rejection,
     /// The rejection of a measurement whose (required) field is invalid.
     pub invalid: Rejection,
-}
-
-/// A measurement that passed validation, with what was dropped on the way. It borrows its
-/// strings from the request body and headers where it can (`'a`).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Valid<'a> {
-    /// The row to store. Its `sample_rate` is 1 until intake sets the site's.
-    pub measurement: Measurement<'a>,
-    /// Names of the optional fields that were present but invalid, and dropped.
-    pub dropped: Vec<&'static str>,
-    /// Whether a present `ts` was outside the accepted skew and stored as NULL.
-    pub clock_skewed: bool,
 }
 
 /// The current layout: the table's last section.

@@ -208,10 +208,6 @@ pub fn resource_url(value: Option<&RawValue>) -> Field<Cow<'_, str>> {
     })
 }
 
-/// What a `sent(rule)` column holds until intake settles it when its field was not sent (or
-/// was invalid): no rate is negative.
-pub const NOT_SENT: f64 = -1.0;
-
 /// A sampling rate: a number from 0 to 1 (contract v4 `sample_rate`).
 pub fn rate(value: Option<&RawValue>) -> Field<f64> {
     within(value, 1.0)

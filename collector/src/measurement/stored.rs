@@ -4,8 +4,8 @@
 //! purged site are dropped. The spool calls [`SiteRules::frame`] and [`SiteRules::kept_aside`]
 //! through [`crate::spool::AtRest`]; it never reads a row itself.
 //!
-//! Every stored string is held to the §2 rules ([`Measurement::minimise_stored`]): the `url`
-//! and `referrer` as the site keeps them ([`Measurement::minimise`]), the resource URLs to
+//! Every stored string is held to the §2 rules ([`minimise_row`]): the `url`
+//! and `referrer` as the site keeps them ([`super::minimise::urls`]), the resource URLs to
 //! their masked path, the selectors and the page group masked as a path, dimension values and
 //! Server-Timing names masked on their decoded text, a Server-Timing description kept for a
 //! cache entry only, and the user agent's addresses and tokens masked. Masking what is already
@@ -45,7 +45,7 @@ pub struct SiteRules {
     dropped: Mutex<HashMap<String, u64>>,
 }
 
-/// The columns [`Measurement::minimise_stored`] may change: the only ones a kept-aside row is
+/// The columns [`minimise_row`] may change: the only ones a kept-aside row is
 /// rewritten in (the others keep their text as it was written).
 const MINIMISED: [&str; 12] = [
     "url",
@@ -115,7 +115,7 @@ impl SiteRules {
     /// `m` held to the rules: minimised with its site's settings.
     pub fn minimise(&self, m: &mut Measurement<'_>) {
         let keeps = self.keeps(&m.site);
-        m.minimise_stored(&keeps.keep_query, &keeps.origins);
+        minimise_row(m, &keeps.keep_query, &keeps.origins);
     }
 
     /// The rows of a spool frame of `layout` as intake would write them today: a record of the
@@ -200,63 +200,61 @@ impl AtRest for SiteRules {
     }
 }
 
-impl Measurement<'_> {
-    /// Holds a stored row to the §2 rules (contract v5), as intake stores a measurement now:
-    /// `url` and `referrer` as the site keeps them (`keep`, `origins`: see
-    /// [`Measurement::minimise`]), `lcp_url` and `inp_script_url` as resource URLs, the page
-    /// group masked as a path, selectors, dimension values and Server-Timing names masked on
-    /// their decoded text, a Server-Timing description kept for a cache entry only,
-    /// and the user agent with its addresses and tokens masked. Idempotent.
-    pub fn minimise_stored(&mut self, keep: &[String], origins: &[String]) {
-        self.minimise(keep, origins);
-        for url in [&mut self.lcp_url, &mut self.inp_script_url]
-            .into_iter()
-            .flatten()
-        {
-            if let Some(minimised) = resource_url(url) {
-                set(url, Cow::Owned(minimised));
-            }
-        }
-        for selector in [
-            &mut self.lcp_target,
-            &mut self.inp_target,
-            &mut self.cls_target,
-        ]
+/// Holds a stored row to the §2 rules (contract v5), as intake stores a measurement now:
+/// `url` and `referrer` as the site keeps them (`keep`, `origins`: see
+/// [`super::minimise::urls`]), `lcp_url` and `inp_script_url` as resource URLs, the page
+/// group masked as a path, selectors, dimension values and Server-Timing names masked on
+/// their decoded text, a Server-Timing description kept for a cache entry only,
+/// and the user agent with its addresses and tokens masked. Idempotent.
+pub fn minimise_row(row: &mut Measurement<'_>, keep: &[String], origins: &[String]) {
+    super::minimise::urls(&mut row.url, &mut row.referrer, keep, origins);
+    for url in [&mut row.lcp_url, &mut row.inp_script_url]
         .into_iter()
         .flatten()
-        {
-            // On its decoded text too, as intake masks a selector ([`super::rules::selector`]).
-            let masked = mask_text(selector).into_owned();
-            set(selector, Cow::Owned(masked));
+    {
+        if let Some(minimised) = resource_url(url) {
+            set(url, Cow::Owned(minimised));
         }
-        // On its decoded text too: an old row's page group came from its path unminimised.
-        let page_group = mask_text(&self.page_group.0).into_owned();
-        if page_group != *self.page_group.0 {
-            self.page_group = Label(Cow::Owned(page_group));
-        }
-        for value in self
-            .dimension_values
-            .iter_mut()
-            .chain(self.server_timing_name.iter_mut())
-        {
-            let masked = mask_text(value).into_owned();
-            set(value, Cow::Owned(masked));
-        }
-        for (name, desc) in self
-            .server_timing_name
-            .iter()
-            .zip(self.server_timing_desc.iter_mut())
-        {
-            let kept = if CACHE_ENTRIES.contains(&name.as_ref()) {
-                mask_text(desc).into_owned()
-            } else {
-                String::new()
-            };
-            set(desc, Cow::Owned(kept));
-        }
-        let agent = mask_agent(&self.user_agent).into_owned();
-        set(&mut self.user_agent, Cow::Owned(agent));
     }
+    for selector in [
+        &mut row.lcp_target,
+        &mut row.inp_target,
+        &mut row.cls_target,
+    ]
+    .into_iter()
+    .flatten()
+    {
+        // On its decoded text too, as intake masks a selector ([`super::rules::selector`]).
+        let masked = mask_text(selector).into_owned();
+        set(selector, Cow::Owned(masked));
+    }
+    // On its decoded text too: an old row's page group came from its path unminimised.
+    let page_group = mask_text(&row.page_group.0).into_owned();
+    if page_group != *row.page_group.0 {
+        row.page_group = Label(Cow::Owned(page_group));
+    }
+    for value in row
+        .dimension_values
+        .iter_mut()
+        .chain(row.server_timing_name.iter_mut())
+    {
+        let masked = mask_text(value).into_owned();
+        set(value, Cow::Owned(masked));
+    }
+    for (name, desc) in row
+        .server_timing_name
+        .iter()
+        .zip(row.server_timing_desc.iter_mut())
+    {
+        let kept = if CACHE_ENTRIES.contains(&name.as_ref()) {
+            mask_text(desc).into_owned()
+        } else {
+            String::new()
+        };
+        set(desc, Cow::Owned(kept));
+    }
+    let agent = mask_agent(&row.user_agent).into_owned();
+    set(&mut row.user_agent, Cow::Owned(agent));
 }
 
 /// Replaces `slot` with `value` when they differ (a borrowed slot stays borrowed otherwise).

@@ -15,15 +15,18 @@
 //! - In the section `sent without a column since layout N`, a request field that has no
 //!   column of its own (`server_timing`, `dimensions`): judged first, dropped alone when
 //!   invalid, as `optional`; derived columns read it by name, as a [`super::Field`].
-//! - `sent(rule)`: a request field whose column intake settles later against the site (the
-//!   `sample_rate`, [`crate::sampling`]): judged as `optional`, its column holds the valid
-//!   value sent, or [`super::rules::NOT_SENT`], until intake sets it.
+//! - `settled(rule)`: a request field whose column the site stage sets ([`super::site`]; the
+//!   `sample_rate`, [`crate::sampling`]): judged as `optional`; [`super::Judged`] holds the
+//!   valid value sent, if any, and the site stage gives the column its value.
+//! - `site()`: a column only the site stage sets ([`super::site::SiteColumns`]): absent from
+//!   the judgement (its slot in [`super::Judged`] is `()`).
 //!
 //! From that the macro makes: [`super::Measurement`] (the row, also its JSON form through
-//! serde), [`super::RawBeacon`] and its setter (the request fields a body's object is read
-//! into), [`super::FIELDS`] and [`super::COLUMNS`] (names, kinds, layouts, rejections),
-//! `Measurement::columns` (the ClickHouse types, which the schema test checks the DDL
-//! against), the RowBinary encoder and decoders, and [`super::judge`] (one object's
+//! serde), [`super::Judged`] (what [`super::judge`] makes of one object, before any site) and
+//! `Judged::into_row`, [`super::RawBeacon`] and its setter (the request fields a body's
+//! object is read into), [`super::FIELDS`] and [`super::COLUMNS`] (names, kinds, layouts,
+//! rejections), `Measurement::columns` (the ClickHouse types, which the schema test checks
+//! the DDL against), the RowBinary encoder and decoders, and [`super::judge`] (one object's
 //! validation, field by field in table order).
 
 /// Whether fields of a kind are read from the request body.
@@ -34,10 +37,13 @@ macro_rules! is_request {
     (optional) => {
         true
     };
-    (sent) => {
+    (settled) => {
         true
     };
     (derived) => {
+        false
+    };
+    (site) => {
         false
     };
 }
@@ -50,10 +56,13 @@ macro_rules! field_kind {
     (optional) => {
         $crate::measurement::FieldKind::Optional
     };
-    (sent) => {
+    (settled) => {
         $crate::measurement::FieldKind::Optional
     };
     (derived) => {
+        $crate::measurement::FieldKind::Derived
+    };
+    (site) => {
         $crate::measurement::FieldKind::Derived
     };
 }
@@ -71,8 +80,11 @@ macro_rules! judge_field {
             _ => return Err(concat!("invalid ", stringify!($name))),
         };
     };
-    (sent, $name:ident, $raw:ident, $dropped:ident, $withheld:ident, $($rule:tt)*) => {
+    (settled, $name:ident, $raw:ident, $dropped:ident, $withheld:ident, $($rule:tt)*) => {
         judge_field!(optional, $name, $raw, $dropped, $withheld, $($rule)*);
+    };
+    (site, $name:ident, $raw:ident, $dropped:ident, $withheld:ident,) => {
+        let $name = ();
     };
     (optional, $name:ident, $raw:ident, $dropped:ident, $withheld:ident, $($rule:tt)*) => {
         let $name = ($($rule)*)($raw.$name);
@@ -87,18 +99,45 @@ macro_rules! judge_field {
     };
 }
 
-/// A judged field as its column stores it.
-macro_rules! to_column {
+/// A judged field as [`super::Judged`] holds it: an optional or settled field's value if it
+/// is stored, any other as it is.
+macro_rules! to_judged {
     (optional, $value:expr) => {
         $value.stored()
     };
-    (sent, $value:expr) => {
-        $value
-            .stored()
-            .unwrap_or($crate::measurement::rules::NOT_SENT)
+    (settled, $value:expr) => {
+        $value.stored()
     };
     ($other:ident, $value:expr) => {
         $value
+    };
+}
+
+/// The type of a column's slot in [`super::Judged`]: a settled field's value sent, if any;
+/// nothing of a column only the site sets; any other column's own type.
+macro_rules! judged_type {
+    (settled, $ty:ty) => {
+        Option<$ty>
+    };
+    (site, $ty:ty) => {
+        ()
+    };
+    ($other:ident, $ty:ty) => {
+        $ty
+    };
+}
+
+/// A column of the row made from [`super::Judged`] (`$judged`) and what the site stage set
+/// (`$site`, [`super::site::SiteColumns`]).
+macro_rules! from_judged {
+    (settled, $name:ident, $judged:ident, $site:ident) => {
+        $site.$name
+    };
+    (site, $name:ident, $judged:ident, $site:ident) => {
+        $site.$name
+    };
+    ($other:ident, $name:ident, $judged:ident, $site:ident) => {
+        $judged.$name
     };
 }
 
@@ -132,6 +171,38 @@ macro_rules! measurement_table {
         #[derive(Debug, Clone, Default, PartialEq, ::serde::Serialize, ::serde::Deserialize)]
         pub struct Measurement<$lt> {
             $($($(#[$attr])* pub $name: $ty,)*)*
+        }
+
+        /// One measurement object judged by the table's rules, before any site: every column
+        /// that needs no site, the value sent of each `settled` field, and each field sent
+        /// without a column (`dimensions`, the site stage's input); with what was dropped on
+        /// the way. It borrows its strings from the request body and headers where it can.
+        #[derive(Debug, Clone, PartialEq)]
+        pub struct Judged<$lt> {
+            $(
+                $(#[$iattr])*
+                pub $iname: Option<$ity>,
+            )*
+            $($(
+                #[doc = concat!("`", stringify!($name), "` ([`Measurement::", stringify!($name), "`]).")]
+                pub $name: judged_type!($kind, $ty),
+            )*)*
+            /// Names of the optional fields that were present but invalid, and dropped.
+            pub dropped: Vec<&'static str>,
+            /// Whether a present `ts` was outside the accepted skew and stored as NULL.
+            pub clock_skewed: bool,
+        }
+
+        impl<$lt> Judged<$lt> {
+            /// The row: the judged columns, and those the site stage set.
+            pub fn into_row(
+                self,
+                site: $crate::measurement::site::SiteColumns<$lt>,
+            ) -> Measurement<$lt> {
+                Measurement {
+                    $($($name: from_judged!($kind, $name, self, site),)*)*
+                }
+            }
         }
 
         /// One measurement object of a body with its request fields undecoded; unknown fields
@@ -237,14 +308,14 @@ macro_rules! measurement_table {
             }
         }
 
-        /// Judges one measurement object by the table's rules, field by field in table order:
-        /// the row with every derived column set, what was dropped, and whether a `ts` was
-        /// withheld for clock skew. Errors: the first required field missing or invalid
-        /// (`missing id`, `invalid url`, ...).
+        /// Judges one measurement object by the table's rules, field by field in table order,
+        /// knowing no site: every column that needs no site, what was dropped, and whether a
+        /// `ts` was withheld for clock skew. Errors: the first required field missing or
+        /// invalid (`missing id`, `invalid url`, ...).
         pub fn judge<$lt>(
             raw: RawBeacon<$lt>,
             $ctx: &$crate::measurement::Context<$lt>,
-        ) -> Result<$crate::measurement::Valid<$lt>, $crate::measurement::Rejection> {
+        ) -> Result<Judged<$lt>, $crate::measurement::Rejection> {
             let mut dropped = Vec::new();
             let mut withheld = false;
             $(
@@ -254,10 +325,9 @@ macro_rules! measurement_table {
                 }
             )*
             $($(judge_field!($kind, $name, raw, dropped, withheld, $($rule)*);)*)*
-            Ok($crate::measurement::Valid {
-                measurement: Measurement {
-                    $($($name: to_column!($kind, $name),)*)*
-                },
+            Ok(Judged {
+                $($iname: $iname.stored(),)*
+                $($($name: to_judged!($kind, $name),)*)*
                 dropped,
                 clock_skewed: withheld,
             })
