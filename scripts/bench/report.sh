@@ -48,8 +48,8 @@ SELECT generateUUIDv4(), '$1', t, 'https://shop.example/p', toInt64(toUInt32(t))
   ['Chrome Mobile', 'Chrome', 'Firefox', 'Mobile Safari', 'Edge', 'Samsung Internet'][number % 6 + 1],
   '131', ['Android', 'Windows', 'iOS'][number % 3 + 1], 'DE',
   ['release'], [toString(number % 2 + 412)], 'product'
-FROM (SELECT number, toDateTime(toUInt32(now()) - intHash32(number) % ($2 * 86400), 'UTC') AS t
-      FROM numbers($3, 1000000))
+FROM (SELECT number, toDateTime(${5:-toUInt32(now())} - intHash32(number) % ($2 * 86400), 'UTC') AS t
+      FROM numbers($3, ${4:-1000000}))
 SQL
 }
 
@@ -62,10 +62,19 @@ if ((load)); then
 fi
 echo "rows per site:"; echo "SELECT site, count() FROM ${db}.measurements GROUP BY site ORDER BY site" | ch
 echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"
+started=$(echo "SELECT toUnixTimestamp(now())" | ch)
+# The CrUX view of each site: the first view with the daily roll-up emptied (every day computed
+# from the rows and stored), RUNS views reading the stored days, then one after a late row for
+# yesterday (that day computed again).
+crux() { /usr/bin/time -f "report --crux --site $1 ($2): %e s" "$bin" report --site "$1" --crux --format json >/dev/null; }
 for site in big year; do
-  for _ in $(seq "$runs"); do
-    /usr/bin/time -f "report --crux --site $site: %e s" "$bin" report --site "$site" --crux --format json >/dev/null
-  done
+  echo "ALTER TABLE ${db}.crux_day_marks DELETE WHERE site = '$site'" | ch
+  until [[ $(echo "SELECT count() FROM ${db}.crux_day_marks WHERE site = '$site'" | ch) == 0 ]]; do sleep 0.2; done
+  crux "$site" "roll-up empty"
+  for _ in $(seq "$runs"); do crux "$site" "roll-up full"; done
+  # One row at 23:00 yesterday (UTC), received now.
+  chunk "$site" 1 0 1 "toUInt32(toStartOfDay(now())) - 3600 + 86400" | ch
+  crux "$site" "a late row yesterday"
 done
 for _ in $(seq "$runs"); do
   /usr/bin/time -f "report --compare release=412,413 --site big: %e s" \
@@ -73,16 +82,20 @@ for _ in $(seq "$runs"); do
 done
 echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "SYSTEM FLUSH LOGS" | ch
-echo "the server's query log (ms, rows read, bytes read, CPU s, memory):"
+echo "every query the commands sent, oldest first (ms, rows read, bytes read, CPU s, memory):"
 ch <<SQL
 SELECT query_duration_ms AS ms, read_rows, formatReadableSize(read_bytes) AS read,
   round(ProfileEvents['UserTimeMicroseconds'] / 1e6, 2) AS cpu_s, formatReadableSize(memory_usage) AS memory,
   extract(query, 'site = ''([a-z]+)''') AS site,
-  multiIf(query LIKE '%quantileExactWeightedMerge%', 'crux', query LIKE '%quantilesExactWeightedIf%', 'compare 3',
+  multiIf(query LIKE 'INSERT INTO ${db}.crux_days%', 'crux: store days', query LIKE 'INSERT INTO ${db}.crux_day_marks%', 'crux: marks',
+          query LIKE '%count() AS rows%', 'crux: day rows', query LIKE '%FROM ${db}.crux_day_marks%', 'crux: read marks',
+          query LIKE '%quantileExactWeightedMerge%', 'crux: view', query LIKE '%quantilesExactWeightedIf%', 'compare 3',
           query LIKE '%pow(1 / sample_rate%', 'compare 2', 'compare 1') AS kind
 FROM system.query_log
-WHERE type = 'QueryFinish' AND current_database = currentDatabase() AND event_time > now() - 3600
-  AND query LIKE '%FROM ${db}.measurements FINAL%' AND query NOT LIKE '%system.query_log%'
-ORDER BY event_time DESC LIMIT $((runs * 5))
+WHERE type = 'QueryFinish' AND event_time >= toDateTime($started)
+  AND (query LIKE '%${db}.measurements%' OR query LIKE '%${db}.crux_d%') AND query NOT LIKE '%system.query_log%'
+  AND query NOT LIKE 'ALTER%' AND query NOT LIKE 'SELECT count() FROM ${db}.crux_day_marks%'
+  AND query NOT LIKE 'INSERT INTO ${db}.measurements%' AND query NOT LIKE 'SELECT site, count()%'
+ORDER BY event_time, query_start_time_microseconds
 FORMAT PrettyCompactMonoBlock
 SQL

@@ -10,7 +10,11 @@
 //!   values at the display resolution). A Firefox-only site: not enough data everywhere.
 //! - `--compare release=412,413` and `--deploy`: two releases of 2,000 page views each, one
 //!   300 ms slower: marked real, the interval holds 300 ms. The same release twice: not real.
+//! - The daily roll-up `--crux` reads: the same answer from the stored days, late and erased
+//!   rows followed, and the rows alone where the server has no roll-up.
 //! - The CrUX page in headless Chromium: it loads nothing; its screenshot is saved.
+
+use std::time::Duration;
 
 use collector_tests::common;
 
@@ -402,6 +406,136 @@ async fn crux_answers_what_the_rows_say_on_clickhouse_26() {
     ])
     .success();
     screenshot(&env, &html, "crux-screenshot.png").await;
+}
+
+/// The cohorts of a `--crux` answer, each checked against `rows`.
+fn check_crux(report: &Value, rows: &[Row]) {
+    let days: Vec<String> = field(report, "days")
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d.as_str().unwrap().to_owned())
+        .collect();
+    for c in field(report, "cohorts").as_array().unwrap() {
+        check_cohort(c, rows, &days);
+    }
+}
+
+/// How many marks of `site`'s days the roll-up holds on the first server.
+async fn marks(env: &TestEnv<'_>, site: &str) -> i64 {
+    let sql = format!(
+        "SELECT count() AS n FROM {}.crux_day_marks WHERE site = '{site}'",
+        env.db
+    );
+    let rows = env.query(0, &sql).await;
+    rows.first()
+        .and_then(|r| as_i64(col(r, "n")))
+        .unwrap_or_else(|| panic!("no count of crux_day_marks: {rows:?}"))
+}
+
+/// 150 desktop Chrome page views eight days ago with a poor LCP (9,000.5 ms): enough to move the
+/// desktop p75s of that day and of the range.
+fn late_rows() -> Vec<Row> {
+    (0..150)
+        .map(|i| Row {
+            device: "desktop",
+            agent: 1,
+            soft: false,
+            rate: 1.0,
+            at: today() - 8 * DAY + 3_600 + i,
+            release: "",
+            metrics: [
+                Some(9_000.5),
+                Some(48.0),
+                Some(0.01),
+                Some(900.0),
+                Some(100.0),
+            ],
+        })
+        .collect()
+}
+
+/// The daily roll-up (docs/queries.md, "The CrUX view"): a second view reads the days stored
+/// by the first and answers the same without computing any again; rows arriving late for a past
+/// day, and then their erasure, each change the answer exactly as the rows say; a server
+/// without the roll-up's tables answers from the rows, and says so.
+async fn the_rollup_follows_the_rows(env: &TestEnv<'_>) {
+    let mut rows = crux_rows();
+    insert(env, "shop", &rows).await;
+    let first = report_json(env, "shop", &["--crux"]);
+    check_crux(&first, &rows);
+    let computed = marks(env, "shop").await;
+    let days = field(&first, "days").as_array().unwrap();
+    let with_rows: std::collections::BTreeSet<String> = rows
+        .iter()
+        .map(|r| utc_date(r.at))
+        .filter(|d| days.contains(&json!(d)))
+        .collect();
+    assert_eq!(computed, with_rows.len() as i64, "a mark per day with rows");
+    let second = report_json(env, "shop", &["--crux"]);
+    assert_eq!(field(&second, "cohorts"), field(&first, "cohorts"));
+    assert_eq!(marks(env, "shop").await, computed, "nothing computed again");
+
+    let late = late_rows();
+    insert(env, "shop", &late).await;
+    rows.extend(late.iter().cloned());
+    let third = report_json(env, "shop", &["--crux"]);
+    check_crux(&third, &rows);
+    assert_ne!(field(&third, "cohorts"), field(&first, "cohorts"));
+    assert_eq!(
+        marks(env, "shop").await,
+        computed + 1,
+        "one day computed again"
+    );
+
+    let erase = format!(
+        "ALTER TABLE {}.measurements DELETE WHERE site = 'shop' AND lcp_ms = 9000.5",
+        env.db
+    );
+    env.exec(0, &erase).await;
+    let gone = "WHERE site = 'shop' AND lcp_ms = 9000.5";
+    wait_until(
+        &env.diag,
+        "the erasure's mutation",
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || async {
+            match env.count(gone).await {
+                0 => Ok(()),
+                n => Err(format!("{n} rows left")),
+            }
+        },
+    )
+    .await;
+    rows.truncate(rows.len() - late.len());
+    let fourth = report_json(env, "shop", &["--crux"]);
+    check_crux(&fourth, &rows);
+    assert_eq!(field(&fourth, "cohorts"), field(&first, "cohorts"));
+
+    for table in ["crux_days", "crux_day_marks"] {
+        env.exec(0, &format!("DROP TABLE {}.{table}", env.db)).await;
+    }
+    let out = env.cli(&["report", "--site", "shop", "--crux", "--format", "json"]);
+    out.success();
+    assert!(
+        out.stderr.contains("no CrUX roll-up on this server"),
+        "{}",
+        out.stderr
+    );
+    let fifth: Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(field(&fifth, "cohorts"), field(&first, "cohorts"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rollup_follows_the_rows_on_clickhouse_18() {
+    let env = TestEnv::new(Stack::shared()).await;
+    the_rollup_follows_the_rows(&env).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rollup_follows_the_rows_on_clickhouse_26() {
+    let env = TestEnv::on_ch26(Stack::shared()).await;
+    the_rollup_follows_the_rows(&env).await;
 }
 
 /// Opens `html` in headless Chromium: it must load nothing and run nothing; saves its

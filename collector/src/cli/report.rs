@@ -16,7 +16,7 @@ use clap::Args;
 use super::RunError;
 use crate::config::Config;
 use crate::report::compare::{self, Sides};
-use crate::report::{self, crux, sql, GroupBy, Report};
+use crate::report::{self, crux, crux_days, sql, GroupBy, Report};
 
 /// The longest range a report covers: the longest retention (100 years).
 pub const MAX_DAYS: u32 = 36_525;
@@ -305,19 +305,76 @@ async fn fetch_crux(
 ) -> Result<crux::CruxReport, ReportError> {
     let range = crux::range(now);
     let database = &config.clickhouse.database;
-    let query = crux::query(database, site, range.0, range.1);
-    let (rows, server) = first_answer(config, site, |client| {
-        let query = &query;
-        async move {
-            let rows: Vec<sql::Row> = client.query(query).fetch_all().await.map_err(chain)?;
-            if rows.is_empty() && !known(&client, database, site).await? {
-                return Ok(None);
-            }
-            Ok(Some(rows))
+    let (rows, server) = first_answer(config, site, |client| async move {
+        let rows = crux_rows(&client, database, site, range).await?;
+        if rows.is_empty() && !known(&client, database, site).await? {
+            return Ok(None);
         }
+        Ok(Some(rows))
     })
     .await?;
     crux::assemble(site, &server, range, rows).map_err(|why| ReportError::BadAnswer { server, why })
+}
+
+/// The CrUX view's answer from one server: the days its roll-up holds as they are now read
+/// from it; the others computed from the rows, stored in the roll-up where the server lets this
+/// user write it, and read (docs/queries.md, "The CrUX view"). A server without the roll-up's
+/// tables, or a user that may not write them, still gets the whole view from the rows; a line
+/// on stderr says so.
+async fn crux_rows(
+    client: &clickhouse::Client,
+    database: &str,
+    site: &str,
+    (from, to): (u64, u64),
+) -> Result<Vec<sql::Row>, String> {
+    let found: Vec<crux_days::DayRows> = client
+        .query(&crux_days::rows_query(database, site, from, to))
+        .fetch_all()
+        .await
+        .map_err(chain)?;
+    let marks = client
+        .query(&crux_days::marks_query(database, site, from, to))
+        .fetch_all::<crux_days::Mark>()
+        .await;
+    let mut plan = crux_days::plan(&found, marks.as_deref().unwrap_or_default());
+    let days: Vec<u16> = plan.stale.iter().map(|d| d.day).collect();
+    let computation: u64 = rand::random();
+    let store = crux_days::store_query(database, site, &days, computation);
+    if let (Ok(_), Some(store)) = (&marks, store) {
+        let stored = async {
+            client.query(&store).execute().await?;
+            let marks = crux_days::marks_insert(database, site, &plan.stale, computation);
+            client.query(&marks).execute().await
+        };
+        match stored.await {
+            Ok(()) => plan.stored_as(computation),
+            Err(e) => eprintln!(
+                "collector: the CrUX roll-up was not written ({}); {} days read from the rows",
+                chain(e),
+                days.len()
+            ),
+        }
+    } else if let Err(e) = &marks {
+        eprintln!(
+            "collector: no CrUX roll-up on this server ({e}; `collector migrate` makes it); the view reads every row"
+        );
+    }
+    let days: Vec<u16> = plan.stale.iter().map(|d| d.day).collect();
+    let sources: Vec<String> = [
+        crux_days::stored_select(database, site, &plan.stored),
+        crux_days::cohort_select(database, site, &days),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    if sources.is_empty() {
+        return Ok(Vec::new());
+    }
+    client
+        .query(&crux_days::query(&sources))
+        .fetch_all()
+        .await
+        .map_err(chain)
 }
 
 /// The comparison (`--compare` or `--deploy`).

@@ -21,8 +21,15 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-/// The tables that hold rows: this layout's and a v1 table moved aside by `migrate`.
-pub const TABLES: [&str; 2] = ["measurements", super::schema::V1_TABLE];
+/// The tables that hold a site's rows: this layout's, a v1 table moved aside by `migrate`, and
+/// the CrUX view's daily roll-up (figures, not page views, but a purged site leaves nothing;
+/// monthly partitions by `day`, so retention drops them alike).
+pub const TABLES: [&str; 4] = [
+    "measurements",
+    super::schema::V1_TABLE,
+    "crux_days",
+    "crux_day_marks",
+];
 /// How long one site deletion may take on one server before the command gives up (it can
 /// be run again; ClickHouse goes on with the mutation meanwhile).
 pub const MUTATION_TIMEOUT: Duration = Duration::from_secs(600);

@@ -33,6 +33,20 @@ pub const CLICKHOUSE: &[(&str, &str)] = &[
     ),
 ];
 
+/// The tables of the CrUX view's daily roll-up (`crux_days`, `crux_day_marks`:
+/// [`crate::report::crux_days`]), one statement each. One per server in both table forms: a
+/// cache of `measurements` that each server computes from its own rows, so not replicated.
+pub const CRUX_ROLLUP: &[(&str, &str)] = &[
+    (
+        "004_crux_days.sql",
+        include_str!("../../../schema/clickhouse/004_crux_days.sql"),
+    ),
+    (
+        "005_crux_day_marks.sql",
+        include_str!("../../../schema/clickhouse/005_crux_day_marks.sql"),
+    ),
+];
+
 /// The engine clause of `002_measurements.sql` (exactly once in it), which the single-server
 /// form replaces.
 pub const REPLICATED_ENGINE: &str =
@@ -275,7 +289,8 @@ impl From<String> for SchemaError {
 
 /// Applies the ClickHouse schema for `database` through `client` (whose own database, if
 /// set, must exist: use `system`): the database; a v1 `measurements` moved aside to
-/// [`V1_TABLE`] (`RENAME`, per replica: a rename is not replicated); v2 created. Safe to run
+/// [`V1_TABLE`] (`RENAME`, per replica: a rename is not replicated); v2 created; the CrUX
+/// roll-up's tables ([`CRUX_ROLLUP`]) created. Safe to run
 /// from several collectors and `migrate` at once: a rename that lost the race is checked
 /// against what the winner left. Errors name the file and carry ClickHouse's message.
 pub async fn apply_clickhouse(
@@ -361,6 +376,11 @@ pub async fn apply_clickhouse(
         })?;
     for sql in missing_column_statements(database, &present) {
         run(sql.clone()).await.map_err(|e| format!("{sql}: {e}"))?;
+    }
+    for (file, sql) in CRUX_ROLLUP {
+        run(statement(sql, database))
+            .await
+            .map_err(|e| format!("{file}: {e}"))?;
     }
     let engine = engine_of(client, database).await.map_err(|e| {
         format!(

@@ -10,17 +10,8 @@
 //!   (weighted by `1 / sample_rate` as everywhere in the report), whether the site passes Core
 //!   Web Vitals ([`Verdict`]), and each p75 per day ([`Trend`], [`DAYS`] points).
 //!
-//! One query: an inner `GROUP BY` (form factor, day, soft or not) reads the site's rows once,
-//! keeping each metric's p75 as a `quantileExactWeightedState` (the exact weighted
-//! distribution of the values at the display resolution, [`Metric::at_resolution`]: one entry
-//! per millisecond, not one per page view); the outer query spreads each of those at most 168
-//! groups over the cohorts it belongs to (its form factor and all; hard and hard-and-soft, or
-//! only the latter; its day and the whole range) with `arrayJoin` and merges the states
-//! (`quantileExactWeightedMerge`), so every p75 is exact over its cohort's rows at that
-//! resolution. Its answer is one [`sql::Row`] per (cohort, navigations, day) whose group reads
-//! `FORM/NAVIGATIONS/DAY` (`all` for the whole range). The cohort's filter is a `PREWHERE`: the
-//! metric columns are read only for the rows kept (docs/benchmarks.md, "The CrUX view of a
-//! 10 M-row shop", has the cost).
+//! The SQL, over the rows and over the daily roll-up that makes a view of a busy shop fast, is
+//! [`super::crux_days`]; this module is what the view is and how its answer is assembled.
 
 use std::collections::BTreeMap;
 
@@ -301,70 +292,7 @@ pub fn range(now: u64) -> (u64, u64) {
     (today - u64::from(DAYS) * 86_400, today)
 }
 
-/// The query of the CrUX view of `site` over `[from, to)` (UTC midnights).
-pub fn query(database: &str, site: &str, from: u64, to: u64) -> String {
-    let inner = inner_query(database, site, from, to);
-    let per_metric = |name: &str, item: &dyn Fn(usize) -> String| {
-        let items: Vec<String> = (0..Metric::ALL.len()).map(item).collect();
-        format!("    [{}] AS {name}", items.join(", "))
-    };
-    let columns = [
-        "    concat(arrayJoin([ff, 'all']), '/', \
-         arrayJoin(if(soft, ['hard_and_soft'], ['hard', 'hard_and_soft'])), '/', \
-         arrayJoin([toString(day), 'all'])) AS grp"
-            .to_owned(),
-        "    sum(n) AS measurements".to_owned(),
-        "    sum(pv) AS page_views".to_owned(),
-        per_metric("measured", &|i| format!("sum(m{i})")),
-        per_metric("measured_page_views", &|i| format!("sum(v{i})")),
-        per_metric("p75", &|i| {
-            format!("toNullable(quantileExactWeightedMerge(0.75)(q{i}))")
-        }),
-        per_metric("good_page_views", &|i| format!("sum(g{i})")),
-        per_metric("poor_page_views", &|i| format!("sum(p{i})")),
-    ];
-    format!(
-        "SELECT\n{}\nFROM\n(\n{inner}\n)\nGROUP BY grp\nORDER BY grp",
-        columns.join(",\n")
-    )
-}
-
-/// The inner query: the site's Chromium rows of the range, per form factor, day and soft or
-/// not, each metric's figures as sums and its p75 as an aggregation state.
-fn inner_query(database: &str, site: &str, from: u64, to: u64) -> String {
-    let mut columns = vec![
-        "toString(device_type) AS ff".to_owned(),
-        "toDate(page_view_at, 'UTC') AS day".to_owned(),
-        "ifNull(navigation_type, '') = 'soft_navigation' AS soft".to_owned(),
-        "count() AS n".to_owned(),
-        "sum(1 / sample_rate) AS pv".to_owned(),
-    ];
-    for (i, m) in Metric::ALL.iter().enumerate() {
-        let (c, (good, poor)) = (m.column(), m.thresholds());
-        columns.extend([
-            format!("count({c}) AS m{i}"),
-            format!("ifNull(sumIf(1 / sample_rate, {c} IS NOT NULL), 0) AS v{i}"),
-            format!(
-                "quantileExactWeightedState(0.75)({}, toUInt64(round(1000 / sample_rate))) AS q{i}",
-                m.resolution_sql()
-            ),
-            format!("ifNull(sumIf(1 / sample_rate, {c} <= {good}), 0) AS g{i}"),
-            format!("ifNull(sumIf(1 / sample_rate, {c} > {poor}), 0) AS p{i}"),
-        ]);
-    }
-    // PREWHERE: the metrics are read only for the rows the cohort keeps. Before FINAL is
-    // safe here: every column it tests is the same in every send of one page view (its id).
-    format!(
-        "    SELECT {}\n    FROM {database}.measurements FINAL\n    PREWHERE {}\n      AND device_type IN ('mobile', 'tablet', 'desktop')\n      AND {}\n    GROUP BY ff, day, soft",
-        columns.join(", "),
-        sql::filter(site, from, to)
-            .trim_start_matches("WHERE ")
-            .replace('\n', "\n    "),
-        chromium_filter()
-    )
-}
-
-/// The view from the query's answer (`rows`, see [`query`]), for the days from `from`.
+/// The view from the query's answer (`rows`, see [`super::crux_days::query`]), for the days from `from`.
 pub fn assemble(
     site: &str,
     server: &str,
@@ -516,13 +444,6 @@ mod tests {
         let (from, to) = range(1_796_299_200);
         assert_eq!(sql::utc(from), "2026-11-05 00:00:00");
         assert_eq!(sql::utc(to), "2026-12-03 00:00:00");
-        let q = query("db", "shop", from, to);
-        assert!(q.contains("page_view_at >= toDateTime('2026-11-05 00:00:00', 'UTC') AND page_view_at < toDateTime('2026-12-03 00:00:00', 'UTC')"), "{q}");
-        assert!(
-            q.contains("device_type IN ('mobile', 'tablet', 'desktop')"),
-            "{q}"
-        );
-        assert!(q.contains("GROUP BY ff, day, soft"), "{q}");
     }
 
     /// The verdict: all three good passes; one not good fails; one short of data, none.

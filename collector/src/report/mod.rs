@@ -7,6 +7,7 @@
 //! - [`sql`]: the query per group, built with escaped literals (ClickHouse 18.16 has no query
 //!   parameters), and its answer read into a [`Report`];
 //! - [`crux`]: `--crux`, the 28 days as CrUX counts them: cohorts, verdict, daily trend;
+//!   [`crux_days`]: its SQL, over the rows and over the daily roll-up a busy shop's view reads;
 //! - [`compare`]: `--compare NAME=A,B` and `--deploy T`: its three queries and the answer;
 //! - [`stats`]: the 95 % intervals of a weighted p75 and of a difference, and why they hold;
 //! - [`table`]: the terminal tables; [`html`]: the self-contained pages with inline SVG charts;
@@ -18,6 +19,7 @@
 
 pub mod compare;
 pub mod crux;
+pub mod crux_days;
 pub mod html;
 pub mod sql;
 pub mod stats;
