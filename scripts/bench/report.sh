@@ -30,7 +30,8 @@ export COLLECTOR_CLICKHOUSE_URLS=$url COLLECTOR_CLICKHOUSE_DATABASE=$db \
 bin=${COLLECTOR_BIN:-target/debug/collector}
 ch() { curl -sS --fail-with-body "$url/?max_memory_usage=4000000000" --data-binary @-; }
 
-# Rows of site $1 spread over the last $2 days, numbers $3 to $3 + 999,999.
+# Rows of site $1 spread over the last $2 days, numbers $3 to $3 + 999,999 (or $4 rows; $5: the
+# time of row `number`, unix seconds, instead).
 chunk() {
   cat <<SQL
 INSERT INTO ${db}.measurements (id, site, received_at, url, ts, page_view_at, navigation_type,
@@ -48,7 +49,7 @@ SELECT generateUUIDv4(), '$1', t, 'https://shop.example/p', toInt64(toUInt32(t))
   ['Chrome Mobile', 'Chrome', 'Firefox', 'Mobile Safari', 'Edge', 'Samsung Internet'][number % 6 + 1],
   '131', ['Android', 'Windows', 'iOS'][number % 3 + 1], 'DE',
   ['release'], [toString(number % 2 + 412)], 'product'
-FROM (SELECT number, toDateTime(${5:-toUInt32(now())} - intHash32(number) % ($2 * 86400), 'UTC') AS t
+FROM (SELECT number, toDateTime(${5:-toUInt32(now()) - intHash32(number) % ($2 * 86400)}, 'UTC') AS t
       FROM numbers($3, ${4:-1000000}))
 SQL
 }
@@ -73,7 +74,7 @@ for site in big year; do
   crux "$site" "roll-up empty"
   for _ in $(seq "$runs"); do crux "$site" "roll-up full"; done
   # One row at 23:00 yesterday (UTC), received now.
-  chunk "$site" 1 0 1 "toUInt32(toStartOfDay(now())) - 3600 + 86400" | ch
+  chunk "$site" 1 0 1 "toUInt32(toStartOfDay(now())) - 3600" | ch
   crux "$site" "a late row yesterday"
 done
 for _ in $(seq "$runs"); do
