@@ -3,12 +3,12 @@
 # then runs them, as Rust tests (what each one proves is in the test files):
 #
 #   scripts/check-containers.sh           the container files without an engine:
-#                                         tests/tests/containers.rs (docker-compose, caddy,
+#                                         tests/tests/containers/ (docker-compose, caddy,
 #                                         PostgreSQL 15; scripts/test.sh runs them with the
 #                                         other tests, not through this script)
 #   scripts/check-containers.sh --engine  the image and the compose services with podman, run
 #                                         by scripts/test.sh beside the tests:
-#                                         tests/tests/containers_engine.rs (podman, runc,
+#                                         tests/tests/containers_engine/ (podman, runc,
 #                                         debootstrap, docker-compose); its tests are #[ignore]d,
 #                                         so that no other `cargo test` runs them, and run here
 #                                         with --ignored, one at a time

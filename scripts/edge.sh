@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # scripts/edge.sh - the edge in front of the collectors (deploy/edge/: HAProxy and keepalived),
 # built on this machine in network namespaces on top of a stack started by scripts/stack.sh, and
-# broken on purpose. The tests drive it (tests/tests/edge_failover.rs); anyone can reproduce each
+# broken on purpose. The tests drive it (tests/tests/edge_failover/); anyone can reproduce each
 # step by hand.
 #
 # Subcommands
@@ -270,7 +270,7 @@ edge_env() {
         "EDGE_USER=root" "EDGE_GROUP=root" "EDGE_CHROOT=/"
     # EDGE_USER, EDGE_GROUP, EDGE_CHROOT: this topology's edges reach the collectors through
     # `namespace` (setns for every connection), which only root may do; the shipped default
-    # (haproxy, /var/lib/haproxy) is tested on its own (tests/tests/access.rs).
+    # (haproxy, /var/lib/haproxy) is tested on its own (tests/tests/access/).
     # Only when given: otherwise haproxy.cfg's default applies.
     [[ -z ${EDGE_HOLD_MS:-} ]] || echo "EDGE_HOLD_MS=$EDGE_HOLD_MS"
     # EDGE_MAXCONN: HAProxy needs two descriptors per connection, and the hard limit of open

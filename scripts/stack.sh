@@ -96,7 +96,7 @@ DEMO_PACKAGES=(clickhouse-server clickhouse-client zookeeper curl procps python3
 # MiniBrowser, which has no headless mode): the script's tests in the other two engines.
 # libmaxmind-db-writer-perl, mmdb-bin: the country tests' tiny databases, made and checked.
 # python3-venv: the venv of chdb-core (ClickHouse 26.x, see ch26_install), checked apart.
-# docker-compose: the static container tests (tests/tests/containers.rs) validate compose.yaml.
+# docker-compose: the static container tests (tests/tests/containers/) validate compose.yaml.
 TEST_PACKAGES=(nginx caddy docker-compose chromium chromium-driver firefox-esr webkit2gtk-driver
     xvfb xauth libmaxmind-db-writer-perl mmdb-bin haproxy keepalived iproute2 socat iptables
     apache2 systemd prometheus pgbouncer faketime fiu-utils)

@@ -4,8 +4,9 @@
 # this script installs (if missing) and starts on loopback ports in a temporary folder.
 #
 #   scripts/test.sh            everything
-#   scripts/test.sh NAME       the checks and builds, then: when tests/tests/NAME.rs exists,
-#                              every test of that file (`NAME::*` of the integration binary);
+#   scripts/test.sh NAME       the checks and builds, then: when tests/tests/NAME.rs (or the
+#                              folder tests/tests/NAME/) exists, every test of that module
+#                              (`NAME::*` of the integration binary);
 #                              else only the tests (unit and integration) whose name contains
 #                              NAME. Starts only the stacks those need; no image checks; fails
 #                              when nothing matched.
@@ -18,7 +19,7 @@ cd "$(dirname "$0")/.."
 step() { printf '\n== %s\n' "$*"; }
 
 if [[ $# -eq 1 && $1 == containers_engine ]]; then
-  echo "the tests of containers_engine.rs are #[ignore]d (podman, one at a time): run" \
+  echo "the tests of containers_engine/ are #[ignore]d (podman, one at a time): run" \
     "scripts/check-containers.sh --engine" >&2
   exit 2
 fi
@@ -42,18 +43,20 @@ for t in deploy/prometheus/*test*.yml; do promtool test rules "$t"; done
 
 
 # What a filtered run selects: a test file by its name (the module NAME of the integration
-# binary), or tests by a part of their name. The stacks it starts: those the selection uses.
+# binary: tests/tests/NAME.rs, or the folder tests/tests/NAME/ of a module split by subject),
+# or tests by a part of their name. The stacks it starts: those the selection uses.
+is_module() { [[ -f tests/tests/$1.rs || -f tests/tests/$1/mod.rs ]]; }
 filter=()
-files=(tests/tests/*.rs)
-if [[ $# -eq 1 && -f tests/tests/$1.rs ]]; then
+files=(tests/tests/*.rs tests/tests/*/*.rs)
+if [[ $# -eq 1 ]] && is_module "$1"; then
   filter=(-E "binary_id(collector-tests::integration) & test(/^$1::/)")
-  files=("tests/tests/$1.rs")
+  if [[ -f tests/tests/$1.rs ]]; then files=("tests/tests/$1.rs"); else files=(tests/tests/"$1"/*.rs); fi
 elif [[ $# -gt 0 ]]; then
   for a in "$@"; do filter+=(-E "test($a)"); done
 fi
 uses() { grep -lqE "$1" "${files[@]}"; }
 want_failover=1 want_shards=1
-if [[ $# -eq 1 && -f tests/tests/$1.rs ]]; then
+if [[ $# -eq 1 ]] && is_module "$1"; then
   uses 'Stack::failover\(\)' || want_failover=0
   uses 'Stack::sharded\(\)' || want_shards=0
 fi
@@ -68,7 +71,7 @@ cargo test -q --workspace --no-run
 
 # Three stacks: one shared by the tests that leave servers alone, one with three replicas that
 # the failure tests kill, freeze and restart (one test at a time), and one of two shards of
-# two replicas each, with two 26.x servers as two unreplicated shards (tests/tests/shards.rs,
+# two replicas each, with two 26.x servers as two unreplicated shards (tests/tests/shards/,
 # one test at a time).
 stack_dir=$(mktemp -d /tmp/collector-test-stack.XXXXXX)
 failover_dir=$(mktemp -d /tmp/collector-failover-stack.XXXXXX)
@@ -119,8 +122,8 @@ if [[ $# -gt 0 ]]; then
   step "tests"
   "${nextest[@]}" "${filter[@]}" || failed+=("the tests")
   # The intake tests again on the 26.x server, when the selection holds some of them.
-  if [[ ${filter[*]} == *"^intake::"* ]] || { [[ $# -gt 0 && ! -f tests/tests/$1.rs ]] &&
-    grep -qE "$(printf '%s|' "$@" | sed 's/|$//')" tests/tests/intake.rs; }; then
+  if [[ ${filter[*]} == *"^intake::"* ]] || { [[ $# -gt 0 ]] && ! is_module "$1" &&
+    grep -rqE "$(printf '%s|' "$@" | sed 's/|$//')" tests/tests/intake/; }; then
     step "the contract's intake tests again, on the ClickHouse 26.x server (single-server form)"
     TEST_CLICKHOUSE=ch26 "${nextest[@]}" --no-tests=pass -E "binary_id(collector-tests::integration) & test(/^intake::/)" "${filter[@]}" ||
       failed+=("the intake tests on 26.x")
@@ -133,7 +136,7 @@ fi
 # First the tests that measure time (group `timing`, two at a time), with nothing beside them:
 # their tolerances are stated for two tests at a time. Then the rest, many at once, and beside
 # them the image checks (podman: scripts/check-containers.sh --engine, the #[ignore]d tests of
-# tests/tests/containers_engine.rs, one at a time), which build the image (a release build in
+# tests/tests/containers_engine/, one at a time), which build the image (a release build in
 # the container, at nice 10) and run it against a loopback stack of their own. Last, the
 # intake tests on 26.x: the closing line is nextest's summary.
 step "the tests that measure time (group timing), two at a time with nothing beside them"
@@ -148,7 +151,7 @@ image_pid=$!
 step "tests (all but the timing group), beside the image checks"
 "${nextest[@]}" -E 'not group(timing)' || failed+=("the tests")
 
-step "container image and compose services on podman: tests/tests/containers_engine.rs"
+step "container image and compose services on podman: tests/tests/containers_engine/"
 image_rc=0
 wait "$image_pid" || image_rc=$?
 image_pid=

@@ -109,7 +109,7 @@ fn replica_config(dir: &Path, i: usize, env: &Env) -> Result<String> {
 }
 
 /// A replica's config.xml for the state folder `/DIR` with every port 1 and a cluster of one
-/// replica: what `tests/tests/containers.rs` checks the shape of `deploy/`'s replicas
+/// replica: what `tests/tests/containers/` checks the shape of `deploy/`'s replicas
 /// against (macros, ZooKeeper node, `remote_servers`).
 pub fn sample_config() -> String {
     ServerConfig {

@@ -15,7 +15,7 @@ use crate::server_config::{
 use crate::users::{self, Password, Profile, Root, User, UsersXml};
 use crate::Result;
 
-/// The compose stack's network (`x-subnet` in `compose.yaml`; `tests/tests/containers.rs`
+/// The compose stack's network (`x-subnet` in `compose.yaml`; `tests/tests/containers/`
 /// checks that they agree): where the collectors and Grafana log in to ClickHouse from.
 pub const SUBNET: &str = "172.30.80.0/24";
 
@@ -69,7 +69,7 @@ const USERS_COMMENT: &str = "Who gets into ClickHouse: the whole users.xml of ev
      from .env and refuses to start without them). Beware: a server started with this file but
      without a variable gives that user an EMPTY password (measured on 26.9), so set both
      wherever the file is used. The subnet must be the one in compose.yaml (x-subnet);
-     tests/tests/containers.rs checks that they agree, and all the above.";
+     tests/tests/containers/ checks that they agree, and all the above.";
 
 /// The passwords of the compose stack's users (but `default`, which has none).
 #[derive(Debug, Clone, Copy)]

@@ -1,12 +1,15 @@
 //! The real-server tier in one test binary: one module per subject, each a file of this folder
-//! (`tests/tests/NAME.rs`, its tests named `NAME::test`). One binary instead of one per file:
-//! the dependency graph is linked once, not 25 times. `containers_engine.rs` stays a binary of
+//! (`tests/tests/NAME.rs`, its tests named `NAME::test`) or, for a large one, a folder of it
+//! split by subject (`tests/tests/NAME/mod.rs` and `NAME/PART.rs`, its tests named
+//! `NAME::PART::test`, so that a filter `test(/^NAME::/)` still takes them all). One binary
+//! instead of one per file:
+//! the dependency graph is linked once, not 25 times. `containers_engine/` stays a binary of
 //! its own: its `#[ignore]`d tests are run by `scripts/check-containers.sh --engine` alone.
 //!
 //! Under `cargo nextest` (what `scripts/test.sh` runs) every test is a process of its own, and
 //! `.config/nextest.toml`'s test groups keep apart the tests that share a stack they break; under
 //! `cargo test` they share this process, and the locks in `collector_tests::common`
-//! (`FAILOVER_TURN`) and in `shards.rs` (`TURN`) do the same.
+//! (`FAILOVER_TURN`) and in `shards/` (`TURN`) do the same.
 
 mod access;
 mod browser;

@@ -8,7 +8,7 @@ use collector_tests::common;
 
 use std::collections::BTreeSet;
 
-/// Where `needles` appear in `text` (a file of tests/tests/): the test functions whose own body
+/// Where `needles` appear in `text` (a file of tests/tests/ or of a module's folder there): the test functions whose own body
 /// holds one, and whether anything else (a helper, an `impl`) holds one too.
 fn holders(text: &str, needles: &[&str]) -> (BTreeSet<String>, bool) {
     let mut tests = BTreeSet::new();
@@ -57,25 +57,54 @@ fn group_filter(config: &str, group: &str) -> String {
         .to_string()
 }
 
+/// The files of the test modules under `dir` (tests/tests/, or a module's folder), each with
+/// its module path (`shards`, `shards::sites`: a folder's `mod.rs` is the folder's module) and
+/// the top-level module it is in (`shards`).
+fn module_files(
+    dir: &std::path::Path,
+    parent: Option<(&str, &str)>,
+) -> Vec<(String, String, std::path::PathBuf)> {
+    let mut files = vec![];
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        let Some(stem) = path.file_stem().and_then(|s| s.to_str()) else {
+            continue;
+        };
+        let (module, top) = match parent {
+            Some((p, top)) if stem == "mod" => (p.to_owned(), top.to_owned()),
+            Some((p, top)) => (format!("{p}::{stem}"), top.to_owned()),
+            None => (stem.to_owned(), stem.to_owned()),
+        };
+        // Not modules of the integration binary: itself, this check, and the binary of its own
+        // (`containers_engine`, a file or a folder).
+        if parent.is_none()
+            && ["integration", "nextest_groups", "containers_engine"].contains(&stem)
+        {
+            continue;
+        }
+        if path.is_dir() {
+            files.extend(module_files(&path, Some((&module, &top))));
+            continue;
+        }
+        if path.extension().is_none_or(|e| e != "rs") {
+            continue;
+        }
+        files.push((module, top, path));
+    }
+    files
+}
+
 fn check(group: &str, needles: &[&str]) {
     let root = common::root();
     let config = std::fs::read_to_string(root.join(".config/nextest.toml")).unwrap();
     let filter = group_filter(&config, group);
     let mut missing = vec![];
     let mut users = 0;
-    for entry in std::fs::read_dir(root.join("tests/tests")).unwrap() {
-        let path = entry.unwrap().path();
-        let Some(module) = path.file_stem().and_then(|s| s.to_str()) else {
-            continue;
-        };
-        if path.extension().is_none_or(|e| e != "rs")
-            || ["integration", "nextest_groups", "containers_engine"].contains(&module)
-        {
-            continue;
-        }
+    for (module, top, path) in module_files(&root.join("tests/tests"), None) {
         let text = std::fs::read_to_string(&path).unwrap();
         let (tests, elsewhere) = holders(&text, needles);
-        let whole_file = filter.contains(&format!("test(/^{module}::/)"));
+        let whole_file = filter.contains(&format!("test(/^{top}::/)"))
+            || filter.contains(&format!("test(/^{module}::/)"));
         if elsewhere && !whole_file {
             missing.push(format!(
                 "{module}: a helper uses the stack, so every test of the file: test(/^{module}::/)"

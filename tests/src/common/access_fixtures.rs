@@ -1,8 +1,8 @@
-//! The real servers of `tests/tests/access.rs` (issue 37), each of the test's own on loopback:
+//! The real servers of `tests/tests/access/` (issue 37), each of the test's own on loopback:
 //! a certificate authority made with `openssl`, a standalone ClickHouse 18.16 with a password-only
 //! user and an `https_port`, a PostgreSQL 15 with `ssl = on` and password authentication, and
 //! HAProxy run by the shipped `deploy/edge/haproxy-run.sh` with the shipped `haproxy.cfg`.
-//! Included by `access.rs` alone (`#[path]`), so the other test files do not compile it.
+//! Used by `tests/tests/access/` alone.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

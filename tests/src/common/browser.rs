@@ -139,7 +139,7 @@ impl Drop for Driver {
 /// Starts `command` (a WebDriver server listening on `port`) with its output in `log`, in a
 /// process group of its own, and waits until it is ready for a session: `GET /status` answers
 /// `ready: true` (W3C WebDriver, "Status"). A TCP connect is not enough: once in 20 runs of
-/// engines.rs (issue 38) the session asked for as soon as chromedriver's port accepted got
+/// engines/ (issue 38) the session asked for as soon as chromedriver's port accepted got
 /// no answer and never reached it (nothing in its log, which says it started 170 ms after it
 /// said it was starting). Fails after 30 s, with its output.
 async fn start_driver(

@@ -118,7 +118,7 @@ impl Stack {
     }
 
     /// The stack of two shards of two 18.16 replicas and two 26.x servers that
-    /// `tests/tests/shards.rs` breaks and repairs, one test at a time: the `stack.env` named by
+    /// `tests/tests/shards/` breaks and repairs, one test at a time: the `stack.env` named by
     /// `SHARD_STACK_ENV`. Panics, saying how to start one, when that is unset: these tests
     /// never pass without their servers.
     pub fn sharded() -> &'static Stack {

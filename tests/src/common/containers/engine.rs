@@ -1,4 +1,4 @@
-//! podman on this machine for the image checks (`tests/tests/containers_engine.rs`): its
+//! podman on this machine for the image checks (`tests/tests/containers_engine/`): its
 //! settings, the local base images, the image built once per run from the unchanged
 //! `Dockerfile`, and the containers of one test, removed when it ends.
 //!

@@ -1,5 +1,5 @@
-//! What the container checks share (`tests/tests/containers.rs`, the static checks, and
-//! `tests/tests/containers_engine.rs`, the image and compose services on podman):
+//! What the container checks share (`tests/tests/containers/`, the static checks, and
+//! `tests/tests/containers_engine/`, the image and compose services on podman):
 //!
 //! - [`compose`]: `compose.yaml` as `docker-compose config` resolves it;
 //! - [`deploy_files`]: readers of `deploy/`'s YAML and XML (users and grants, replica configs);
