@@ -246,6 +246,51 @@ impl Nginx {
     }
 }
 
+/// The axum floor (`bench/src/bin/axum-floor.rs`: 202 after reading the body, nothing else)
+/// under `taskset -c 0`, as the collector runs.
+#[derive(Debug)]
+pub struct Floor {
+    proc: Proc,
+    /// Its port.
+    pub port: u16,
+}
+
+impl Floor {
+    /// Starts `bin 127.0.0.1:port`; waits (10 s) for a 202.
+    pub fn start(bin: &Path, port: u16, log: &Path) -> Result<Floor> {
+        let mut cmd = Command::new("taskset");
+        cmd.args(["-c", "0"])
+            .arg(bin)
+            .arg(format!("127.0.0.1:{port}"));
+        let proc = Proc::spawn("the axum floor", cmd, log)?;
+        let floor = Floor { proc, port };
+        let url = floor.url();
+        if !wait_until(Duration::from_secs(10), || http_status(&url) == Some(202)) {
+            return Err(fail(format!(
+                "the axum floor ({}) not answering 202 on {url} within 10 s (see {})",
+                bin.display(),
+                log.display()
+            )));
+        }
+        Ok(floor)
+    }
+
+    /// The URL the load goes to (the same path as the collector's).
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/api/v1/measurements", self.port)
+    }
+
+    /// Its process.
+    pub fn pid(&self) -> u32 {
+        self.proc.pid()
+    }
+
+    /// SIGTERM, up to 30 s, then SIGKILL.
+    pub fn stop(self) {
+        self.proc.stop();
+    }
+}
+
 /// Polls `ok` every 100 ms until it holds (true) or `limit` passes (false).
 pub fn wait_until(limit: Duration, mut ok: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + limit;
