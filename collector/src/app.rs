@@ -159,8 +159,8 @@ pub async fn run(
     );
     let (stop_writer, shutdown) = watch::channel(false);
     let background = [
-        tokio::spawn(state.limits.clone().run_pruner(shutdown.clone())),
-        tokio::spawn(state.sampler.clone().run(shutdown.clone())),
+        tokio::spawn(state.bounds.limits.clone().run_pruner(shutdown.clone())),
+        tokio::spawn(state.sites.sampler.clone().run(shutdown.clone())),
         tokio::spawn(site_settings.clone().run_reloader(shutdown.clone())),
         tokio::spawn(apply_retention(config.clone(), shutdown.clone())),
         tokio::spawn(countries.run_reloader(shutdown.clone())),
@@ -325,23 +325,31 @@ fn intake_state(
 ) -> state::AppState {
     let intake = &config.intake;
     state::AppState::new(state::Inner {
-        settings: site_settings,
-        dedup: dedup::Dedup::new(intake.dedup_capacity, intake.dedup_window),
-        spools,
-        script: script::Script::default(),
-        user_agents: {
-            // Compiled before the listener opens, so that no beacon waits for it.
-            useragent::UserAgents::warm_up();
-            useragent::UserAgents::default()
+        sites: state::Sites {
+            sampler: sampling::Sampler::new(intake.site_rate, metrics.clone()),
+            settings: site_settings,
+            dimension_values: Default::default(),
         },
+        senders: state::Senders {
+            user_agents: {
+                // Compiled before the listener opens, so that no beacon waits for it.
+                useragent::UserAgents::warm_up();
+                useragent::UserAgents::default()
+            },
+            trusted_proxies: intake.trusted_proxies.clone(),
+            client_ip_header: intake.client_ip_header,
+            countries,
+        },
+        storage: state::Storage {
+            dedup: dedup::Dedup::new(intake.dedup_capacity, intake.dedup_window),
+            spools,
+        },
+        bounds: state::Bounds {
+            limits: limits::Limits::new(intake.client_rate, intake.site_rate, intake.max_in_flight),
+            body_timeout: config.server.body_timeout,
+        },
+        script: script::Script::default(),
         metrics: metrics.clone(),
-        limits: limits::Limits::new(intake.client_rate, intake.site_rate, intake.max_in_flight),
-        sampler: sampling::Sampler::new(intake.site_rate, metrics.clone()),
-        dimension_values: Default::default(),
-        trusted_proxies: intake.trusted_proxies.clone(),
-        client_ip_header: intake.client_ip_header,
-        countries,
-        body_timeout: config.server.body_timeout,
         draining: Default::default(),
         requests: TaskTracker::new(),
     })

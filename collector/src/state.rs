@@ -21,39 +21,63 @@ pub struct AppState {
     inner: Arc<Inner>,
 }
 
-/// What [`AppState`] holds.
+/// What [`AppState`] holds, in parts by what they serve.
 pub struct Inner {
-    /// Site settings (cache over the store).
-    pub settings: SiteSettings,
-    /// Dedup window.
-    pub dedup: Dedup,
-    /// The spool appender of every shard (contract v5 §3).
-    pub spools: ShardSpools,
+    /// The sites: their settings and what intake keeps per site.
+    pub sites: Sites,
+    /// What intake reads of a request's sender besides its body.
+    pub senders: Senders,
+    /// Where accepted measurements go.
+    pub storage: Storage,
+    /// The bounds on intake's work.
+    pub bounds: Bounds,
     /// Tracking script.
     pub script: Script,
-    /// Parsed user agents (bounded cache).
-    pub user_agents: crate::useragent::UserAgents,
     /// Metrics.
     pub metrics: Arc<Metrics>,
-    /// Rate limits and the in-flight bound.
-    pub limits: Limits,
+    /// Set once drain begins.
+    pub(crate) draining: AtomicBool,
+    /// Intake requests whose body has arrived, each finishing in a task of its own even when
+    /// its client has gone; the drain waits for them ([`crate::endpoints::intake::post`]).
+    pub requests: TaskTracker,
+}
+
+/// The sites: their settings and what intake keeps per site.
+pub struct Sites {
+    /// Site settings (cache over the store).
+    pub settings: SiteSettings,
     /// The sample rates of sites over their budget.
     pub sampler: crate::sampling::Sampler,
     /// The distinct dimension values stored per site, name and UTC day (bounded).
     pub dimension_values: crate::measurement::dimensions::DistinctValues,
+}
+
+/// What intake reads of a request's sender: its user agent, its address, its country.
+pub struct Senders {
+    /// Parsed user agents (bounded cache).
+    pub user_agents: crate::useragent::UserAgents,
     /// Peers whose forwarding header is believed.
     pub trusted_proxies: Vec<IpNet>,
     /// The one header those peers name the client in.
     pub client_ip_header: crate::client_ip::ClientIpHeader,
     /// The country database (none: `country` empty).
     pub countries: crate::geo::Countries,
+}
+
+/// Where accepted measurements go.
+pub struct Storage {
+    /// Dedup window.
+    pub dedup: Dedup,
+    /// The spool appender of every shard (contract v5 §3).
+    pub spools: ShardSpools,
+}
+
+/// The bounds on intake's work.
+pub struct Bounds {
+    /// Rate limits and the in-flight bound.
+    pub limits: Limits,
     /// Bound on receiving a request body.
     pub body_timeout: Duration,
-    /// Set once drain begins.
-    pub(crate) draining: AtomicBool,
-    /// Intake requests whose body has arrived, each finishing in a task of its own even when
-    /// its client has gone; the drain waits for them ([`crate::endpoints::intake::post`]).
-    pub requests: TaskTracker,
 }
 
 impl std::ops::Deref for AppState {

@@ -40,16 +40,17 @@ pub async fn readyz_status(State(state): State<AppState>) -> Response {
 fn not_ready_reason(state: &AppState) -> Option<&'static str> {
     if state.draining() {
         Some("draining\n")
-    } else if let Some(reason) = state.spools.unwritable() {
+    } else if let Some(reason) = state.storage.spools.unwritable() {
         Some(reason)
     } else if !state
+        .storage
         .spools
         .any_has_room(|s| READY_SPOOL_HEADROOM.min(s.max_bytes() / 4))
     {
         // One shard's spool full (its replicas down) is that shard's sites' 503, not a
         // reason to take the collector out of the balancer (contract v5 §3).
         Some("spool full\n")
-    } else if !state.settings.is_loaded() {
+    } else if !state.sites.settings.is_loaded() {
         Some("site settings not loaded\n")
     } else {
         None

@@ -45,14 +45,14 @@ pub async fn get(State(state): State<AppState>, Path(key): Path<String>) -> Resp
     let mut response = if !beacon::is_site_key(&key) {
         error_response(StatusCode::NOT_FOUND, "unknown or disabled site")
     } else {
-        match state.settings.lookup(&key).await {
+        match state.sites.settings.lookup(&key).await {
             Lookup::Known(site) if site.enabled => {
-                if state.sampler.near_budget(&site.key) {
+                if state.sites.sampler.near_budget(&site.key) {
                     max_age = crate::sampling::SHORT_MAX_AGE;
                 }
                 axum::Json(SiteAnswer {
                     site: &site.key,
-                    sample_rate: state.sampler.served(&site.key, site.sample_rate),
+                    sample_rate: state.sites.sampler.served(&site.key, site.sample_rate),
                 })
                 .into_response()
             }
