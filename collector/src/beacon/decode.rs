@@ -39,7 +39,12 @@ pub const NOT_AN_OBJECT: Rejection = "not a measurement object";
 /// non-finite token quoted.
 pub fn text(body: &[u8]) -> Cow<'_, str> {
     let body = body.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(body);
-    let text = String::from_utf8_lossy(body);
+    // Valid UTF-8 (nearly every body) is checked a word at a time; only a body with a bad
+    // byte pays for the lossy reading, byte by byte.
+    let text = match std::str::from_utf8(body) {
+        Ok(text) => Cow::Borrowed(text),
+        Err(_) => String::from_utf8_lossy(body),
+    };
     // Most bodies hold neither token: one search spares them the rewrite's copy.
     if !text.contains("NaN") && !text.contains("Infinity") {
         return text;
