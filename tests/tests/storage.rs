@@ -90,25 +90,7 @@ async fn every_resend_folds_whatever_its_time_of_receipt() {
         .await;
         assert_eq!(n, 1, "{id} folds to one row");
     }
-    for (id, ts) in &with_ts {
-        let rows = env
-            .query(
-                0,
-                &format!(
-                    "SELECT DISTINCT _partition_id AS p, toString(toDate(page_view_at)) AS day, \
-                     toUInt32(page_view_at) AS at FROM {db}.measurements WHERE id = '{id}'"
-                ),
-            )
-            .await;
-        assert_eq!(
-            rows.len(),
-            1,
-            "{id}: every copy on one partition and day: {rows:?}"
-        );
-        let expect_day = utc_date(ts / 1000);
-        assert_eq!(col(&rows[0], "day"), &json!(expect_day), "{id}: {rows:?}");
-        assert_eq!(as_i64(col(&rows[0], "at")), Some(ts / 1000), "{id}");
-    }
+    filed_on_the_page_views_day(&env, &with_ts).await;
     let month_end = env
         .query(
             0,
@@ -140,6 +122,31 @@ async fn every_resend_folds_whatever_its_time_of_receipt() {
             json!({"device_type": "mobile", "browser": "Mobile Safari", "browser_version": "17", "os": "iOS"})
         ]
     );
+}
+
+/// Every copy of each id of `with_ts` is on one partition and on the day of its page view's
+/// start (`ts`, ms), `page_view_at` that start in seconds.
+async fn filed_on_the_page_views_day(env: &TestEnv<'_>, with_ts: &[(String, i64)]) {
+    let db = &env.db;
+    for (id, ts) in with_ts {
+        let rows = env
+            .query(
+                0,
+                &format!(
+                    "SELECT DISTINCT _partition_id AS p, toString(toDate(page_view_at)) AS day, \
+                     toUInt32(page_view_at) AS at FROM {db}.measurements WHERE id = '{id}'"
+                ),
+            )
+            .await;
+        assert_eq!(
+            rows.len(),
+            1,
+            "{id}: every copy on one partition and day: {rows:?}"
+        );
+        let expect_day = utc_date(ts / 1000);
+        assert_eq!(col(&rows[0], "day"), &json!(expect_day), "{id}: {rows:?}");
+        assert_eq!(as_i64(col(&rows[0], "at")), Some(ts / 1000), "{id}");
+    }
 }
 
 /// Waits (up to [`VISIBLE`]) until `id` has `n` stored copies, folded or not; panics with the
@@ -258,9 +265,35 @@ async fn resends_across_a_month_end_fold(env: TestEnv<'_>) {
     }
     env.wait_rows(&[id.clone(), v7_id.clone(), bare.clone()], VISIBLE)
         .await;
-    let db = &env.db;
     // Every send is stored (the two collectors' batches differ), then the copies fold.
     wait_copies(&env, &id, 2).await;
+    each_collectors_clock_the_page_views_day(&env, &id).await;
+    assert_eq!(
+        days_of(&env, &id).await,
+        vec![("2026-11-30".to_owned(), 1)],
+        "the resend with ts folds"
+    );
+
+    wait_copies(&env, &v7_id, 2).await;
+    assert_eq!(
+        days_of(&env, &v7_id).await,
+        vec![("2026-11-30".to_owned(), 1)],
+        "without ts, a UUIDv7 id files by its own time: both sends on the page view's day, folded"
+    );
+
+    // The second collector's dedup window folds its own resend before it is stored.
+    wait_copies(&env, &bare, 2).await;
+    assert_eq!(
+        days_of(&env, &bare).await,
+        vec![("2026-11-30".to_owned(), 1), ("2026-12-01".to_owned(), 1)],
+        "without ts and with a UUIDv4 id: one row per day of receipt (the documented limit), the same-day resend folded"
+    );
+}
+
+/// The two copies of `id`, received before and after midnight by each collector's own clock,
+/// are both on the page view's partition and day (November 2026, the 30th).
+async fn each_collectors_clock_the_page_views_day(env: &TestEnv<'_>, id: &str) {
+    let db = &env.db;
     let copies = env
         .query(
             0,
@@ -287,26 +320,6 @@ async fn resends_across_a_month_end_fold(env: TestEnv<'_>) {
             "{copies:?}"
         );
     }
-    assert_eq!(
-        days_of(&env, &id).await,
-        vec![("2026-11-30".to_owned(), 1)],
-        "the resend with ts folds"
-    );
-
-    wait_copies(&env, &v7_id, 2).await;
-    assert_eq!(
-        days_of(&env, &v7_id).await,
-        vec![("2026-11-30".to_owned(), 1)],
-        "without ts, a UUIDv7 id files by its own time: both sends on the page view's day, folded"
-    );
-
-    // The second collector's dedup window folds its own resend before it is stored.
-    wait_copies(&env, &bare, 2).await;
-    assert_eq!(
-        days_of(&env, &bare).await,
-        vec![("2026-11-30".to_owned(), 1), ("2026-12-01".to_owned(), 1)],
-        "without ts and with a UUIDv4 id: one row per day of receipt (the documented limit), the same-day resend folded"
-    );
 }
 
 collector_tests::on_both_servers!(

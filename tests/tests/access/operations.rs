@@ -38,24 +38,7 @@ async fn operations_endpoints_are_private_and_the_edge_passes_only_the_public_pa
     );
     // Not ready (its settings store cannot be reached, so its site settings never load): the
     // public listener says so and no more, the operations listener says why.
-    let nowhere = format!("postgres://postgres@127.0.0.1:{}/x", free_port());
-    let unready = env
-        .collector(&[("COLLECTOR_DATABASE_URL", nowhere.as_str())])
-        .await;
-    let (status, body) = get(&public, &format!("{}/readyz", unready.url)).await;
-    assert_eq!((status, body.as_str()), (503, r#"{"error":"not ready"}"#));
-    let (status, body) = get(&public, &format!("{}/readyz", unready.admin_url)).await;
-    assert_eq!(status, 503);
-    let reason: Value = serde_json::from_str(&body).unwrap();
-    assert_eq!(
-        field(&reason, "error"),
-        "site settings not loaded",
-        "{body}"
-    );
-    assert_eq!(
-        get(&public, &format!("{}/metrics", unready.url)).await.0,
-        404
-    );
+    unready_says_why_on_the_operations_listener_only(&env).await;
 
     // The shipped edge in front.
     // SAFETY: geteuid has no preconditions.
@@ -94,6 +77,35 @@ async fn operations_endpoints_are_private_and_the_edge_passes_only_the_public_pa
     assert_eq!(answer.status().as_u16(), 202, "{}", edge.logs());
     env.wait_rows(std::slice::from_ref(&id), VISIBLE).await;
 
+    edge_workers_run_as_haproxy(&edge);
+}
+
+/// A collector of `env` whose settings store cannot be reached: its public `/readyz` says
+/// "not ready" and no more, its operations listener says why; `/metrics` stays private.
+async fn unready_says_why_on_the_operations_listener_only(env: &TestEnv<'_>) {
+    let public = http();
+    let nowhere = format!("postgres://postgres@127.0.0.1:{}/x", free_port());
+    let unready = env
+        .collector(&[("COLLECTOR_DATABASE_URL", nowhere.as_str())])
+        .await;
+    let (status, body) = get(&public, &format!("{}/readyz", unready.url)).await;
+    assert_eq!((status, body.as_str()), (503, r#"{"error":"not ready"}"#));
+    let (status, body) = get(&public, &format!("{}/readyz", unready.admin_url)).await;
+    assert_eq!(status, 503);
+    let reason: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        field(&reason, "error"),
+        "site settings not loaded",
+        "{body}"
+    );
+    assert_eq!(
+        get(&public, &format!("{}/metrics", unready.url)).await.0,
+        404
+    );
+}
+
+/// The edge's HAProxy master stays root (it reloads); its workers run as user `haproxy`.
+fn edge_workers_run_as_haproxy(edge: &EdgeHaproxy) {
     let haproxy = uid_of("haproxy");
     let master = edge.master_pid();
     assert_eq!(

@@ -42,6 +42,13 @@ fn proxy_guides_and_edge_units_load_in_their_engines() {
             .env("XDG_CONFIG_HOME", d),
     );
 
+    apache_loads_its_guide(d, guide("apache-dns.conf"));
+    edge_units_verify(d);
+}
+
+/// Apache httpd (`apache2 -t`) loads `guide` (docs/proxy/apache-dns.conf) in a virtual host,
+/// its files in `d`.
+fn apache_loads_its_guide(d: &std::path::Path, guide: String) {
     let modules = [
         "mpm_event",
         "authz_core",
@@ -57,7 +64,7 @@ fn proxy_guides_and_edge_units_load_in_their_engines() {
         "ServerRoot /etc/apache2\nServerName localhost\nPidFile {p}/httpd.pid\n\
          ErrorLog {p}/httpd-error.log\n{modules}Listen 127.0.0.1:9\n\
          <VirtualHost 127.0.0.1:9>\n{}\n</VirtualHost>\n",
-        guide("apache-dns.conf"),
+        guide,
         p = d.display()
     );
     std::fs::write(d.join("httpd.conf"), httpd).unwrap();
@@ -69,9 +76,12 @@ fn proxy_guides_and_edge_units_load_in_their_engines() {
             .arg(d.join("httpd.conf")),
     );
     assert!(out.contains("Syntax OK"), "apache2 -t said:\n{out}");
+}
 
-    // The units as installed (/etc/collector-edge = deploy/edge, /etc/default/collector-edge =
-    // the example environment).
+/// The edge's systemd units, as installed (/etc/collector-edge = deploy/edge,
+/// /etc/default/collector-edge = the example environment, copied into `d`), pass
+/// `systemd-analyze verify`; the proxy's restarts as requirement 2 asks.
+fn edge_units_verify(d: &std::path::Path) {
     let edge = root().join("deploy/edge");
     std::fs::copy(edge.join("edge.env.example"), d.join("collector-edge.env")).unwrap();
     let mut units = Vec::new();

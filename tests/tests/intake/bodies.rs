@@ -69,36 +69,42 @@ async fn every_body_form_lands_with_the_values_sent() {
     let rows = env.wait_rows(&ids, VISIBLE).await;
     assert_eq!(rows.len(), ids.len(), "{rows:?}");
     for id in &ids {
-        let r = row(&rows, id);
-        assert_eq!(col(r, "site"), env.site.as_str());
-        assert_eq!(
-            col(r, "url"),
-            "https://shop.example/product/1",
-            "minimised: only utm_* kept"
-        );
-        assert_eq!(col(r, "ttfb_ms"), 120.5);
-        assert_eq!(col(r, "fcp_ms"), 800.0);
-        assert_eq!(col(r, "lcp_ms"), 1500.25);
-        assert_eq!(col(r, "cls"), 0.05);
-        assert_eq!(col(r, "inp_ms"), 64.0);
-        assert_eq!(col(r, "dom_content_loaded_ms"), 900.0);
-        assert_eq!(col(r, "load_ms"), 1800.0);
-        assert_eq!(col(r, "viewport_width"), 1280);
-        assert_eq!(col(r, "navigation_type"), "navigate");
-        assert_eq!(col(r, "effective_connection_type"), "4g");
-        assert_eq!(
-            col(r, "referrer"),
-            "https://search.example",
-            "another site: its origin"
-        );
-        assert_eq!(col(r, "user_agent"), "TestBrowser/1.0");
-        assert_eq!(col(r, "ts"), &Value::Null, "{r}");
-        let received = col(r, "received_at").as_i64().unwrap();
-        assert!(
-            (received - sent_at).abs() <= 1,
-            "received_at {received} vs sent {sent_at}"
-        );
+        stored_as_sent(row(&rows, id), &env.site, sent_at);
     }
+}
+
+/// Row `r` of `site` holds the values [`measurement`] sends (the URL minimised, another site's
+/// referrer as its origin), the user agent sent, no `ts`, and `received_at` within 1 s of
+/// `sent_at` (Unix seconds: both in whole seconds).
+fn stored_as_sent(r: &Value, site: &str, sent_at: i64) {
+    assert_eq!(col(r, "site"), site);
+    assert_eq!(
+        col(r, "url"),
+        "https://shop.example/product/1",
+        "minimised: only utm_* kept"
+    );
+    assert_eq!(col(r, "ttfb_ms"), 120.5);
+    assert_eq!(col(r, "fcp_ms"), 800.0);
+    assert_eq!(col(r, "lcp_ms"), 1500.25);
+    assert_eq!(col(r, "cls"), 0.05);
+    assert_eq!(col(r, "inp_ms"), 64.0);
+    assert_eq!(col(r, "dom_content_loaded_ms"), 900.0);
+    assert_eq!(col(r, "load_ms"), 1800.0);
+    assert_eq!(col(r, "viewport_width"), 1280);
+    assert_eq!(col(r, "navigation_type"), "navigate");
+    assert_eq!(col(r, "effective_connection_type"), "4g");
+    assert_eq!(
+        col(r, "referrer"),
+        "https://search.example",
+        "another site: its origin"
+    );
+    assert_eq!(col(r, "user_agent"), "TestBrowser/1.0");
+    assert_eq!(col(r, "ts"), &Value::Null, "{r}");
+    let received = col(r, "received_at").as_i64().unwrap();
+    assert!(
+        (received - sent_at).abs() <= 1,
+        "received_at {received} vs sent {sent_at}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -44,6 +44,21 @@ async fn script_and_operations_endpoints() {
 
     // The container health check needs no shell tools: `collector probe` asks /readyz on the
     // operations listener.
+    probe_asks_the_operations_listener(&c);
+
+    assert_eq!(http_get(format!("{}/healthz", c.url)).await.status(), 200);
+    assert_eq!(http_get(format!("{}/readyz", c.url)).await.status(), 200);
+    assert_eq!(
+        http_get(format!("{}/metrics", c.url)).await.status(),
+        404,
+        "the public listener keeps /metrics to the operations listener"
+    );
+    operations_metrics(&env, &c).await;
+}
+
+/// `collector probe` asks `/readyz` of `c`'s operations listener (also named by an unspecified
+/// address, probed on loopback): exit 0; with nobody listening, exit 1 and a one-line error.
+fn probe_asks_the_operations_listener(c: &Collector) {
     let probe = |listen: String| {
         std::process::Command::new(collector_bin())
             .arg("probe")
@@ -69,14 +84,11 @@ async fn script_and_operations_endpoints() {
             .count(),
         1
     );
+}
 
-    assert_eq!(http_get(format!("{}/healthz", c.url)).await.status(), 200);
-    assert_eq!(http_get(format!("{}/readyz", c.url)).await.status(), 200);
-    assert_eq!(
-        http_get(format!("{}/metrics", c.url)).await.status(),
-        404,
-        "the public listener keeps /metrics to the operations listener"
-    );
+/// The operations listener of `c` exports the intake's, spool's and store's metrics, every
+/// ClickHouse server of `env` healthy and the first one written to.
+async fn operations_metrics(env: &TestEnv<'_>, c: &Collector) {
     let metrics = http_get(format!("{}/metrics", c.admin_url))
         .await
         .text()
