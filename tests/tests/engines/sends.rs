@@ -73,14 +73,7 @@ async fn an_unreachable_collector_gets_at_most_3_requests(engine: Engine) {
     let site = format!("down-{engine:?}").to_lowercase();
     let logs = tempfile::tempdir().unwrap();
     let log = logs.path().join("down.log");
-    let mut pages = pages(&site);
-    pages[0].1 = pages[0].1.replace("/perf/", "/down/");
-    let extra = format!(
-        "location /down/ {{ proxy_pass http://collector/; }}\n\
-         location = /down/api/v1/measurements {{ access_log {} beacons; return 444; }}",
-        log.display()
-    );
-    let shop = Shop::start_with(&c, &pages, None, &extra).await;
+    let shop = unreachable_shop(&c, &site, &log).await;
     env.add_site(&site, &["--origin", &shop.proxy.url]);
     let posts = || {
         std::fs::read_to_string(&log)
@@ -91,27 +84,6 @@ async fn an_unreachable_collector_gets_at_most_3_requests(engine: Engine) {
     let b = Browser::start(engine, &env.diag).await;
     open(&b, &format!("{}/shop/a.html?s=down", shop.proxy.url)).await;
     let page = hide(&b).await;
-    // What the script made (the page's record: `fetch POST <id>[ keepalive]`, then its
-    // `failed: ...` line) and what reached nginx (an engine may itself repeat a request whose
-    // reused connection closed unanswered: counted, not the script's).
-    let made = || async {
-        let record = b
-            .eval("return window.__console.filter(function (l) { return / (fetch POST|sendBeacon) /.test(l); });")
-            .await;
-        let lines: Vec<String> = record
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter_map(|l| l.as_str())
-            .map(|l| l.split("] ").nth(1).unwrap_or(l).to_owned())
-            .collect();
-        let sent = lines
-            .iter()
-            .filter(|l| !l.contains(" failed: ") && !l.contains(" answered "))
-            .count();
-        let failed = lines.iter().filter(|l| l.contains(" failed: ")).count();
-        (sent, failed, lines)
-    };
     // The hidden page's record cannot be read from the other tab: nginx's count is waited for.
     wait_until(
         &env.diag,
@@ -131,7 +103,7 @@ async fn an_unreachable_collector_gets_at_most_3_requests(engine: Engine) {
     if let Some(page) = page {
         close_tab(&b, page).await;
     }
-    let (sent, failed, lines) = made().await;
+    let (sent, failed, lines) = script_requests(&b).await;
     b.goto(&format!("{}/shop/plain.html", shop.proxy.url)).await;
     b.wait_for("document.getElementById('plain') !== null")
         .await;
@@ -153,6 +125,42 @@ async fn an_unreachable_collector_gets_at_most_3_requests(engine: Engine) {
         alive,
         "{engine:?}: leaving after the two sends failed sends nothing more"
     );
+}
+
+/// The shop of `site` whose page sends to `/down/`, where nginx answers no beacon (444,
+/// closing the connection) and logs each in `log`.
+async fn unreachable_shop(c: &Collector, site: &str, log: &std::path::Path) -> Shop {
+    let mut pages = pages(site);
+    pages[0].1 = pages[0].1.replace("/perf/", "/down/");
+    let extra = format!(
+        "location /down/ {{ proxy_pass http://collector/; }}\n\
+         location = /down/api/v1/measurements {{ access_log {} beacons; return 444; }}",
+        log.display()
+    );
+    Shop::start_with(c, &pages, None, &extra).await
+}
+
+/// What the script made, from the page's record (`fetch POST <id>[ keepalive]`, then its
+/// `failed: ...` line): the requests sent, those failed, and the lines. What reached nginx
+/// is counted apart (an engine may itself repeat a request whose reused connection closed
+/// unanswered: counted, not the script's).
+async fn script_requests(b: &Browser) -> (usize, usize, Vec<String>) {
+    let record = b
+        .eval("return window.__console.filter(function (l) { return / (fetch POST|sendBeacon) /.test(l); });")
+        .await;
+    let lines: Vec<String> = record
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|l| l.as_str())
+        .map(|l| l.split("] ").nth(1).unwrap_or(l).to_owned())
+        .collect();
+    let sent = lines
+        .iter()
+        .filter(|l| !l.contains(" failed: ") && !l.contains(" answered "))
+        .count();
+    let failed = lines.iter().filter(|l| l.contains(" failed: ")).count();
+    (sent, failed, lines)
 }
 
 collector_tests::per_engine!(an_unreachable_collector_gets_at_most_3_requests);
