@@ -454,48 +454,7 @@ async fn the_documented_queries_bind_their_parameters_on_clickhouse_26() {
     env.cli(&["migrate"]).success();
     let db = env.db.clone();
     let first_day = (now_ms() / DAY_MS - 3) * DAY_MS;
-    let row = |i: usize, (day, ua, path, lcp, inp, cls): PageView| {
-        let (device_type, browser, browser_version) = derived(ua);
-        let (id, mut m) = measurement("shop");
-        let ts = first_day + day * DAY_MS + DAY_MS / 2;
-        m["ts"] = json!(ts);
-        m["received_at"] = json!(ts / 1000 + 5);
-        m["url"] = json!(format!("https://shop.example{path}"));
-        m["lcp_ms"] = json!(lcp);
-        m["inp_ms"] = json!(inp);
-        m["cls"] = json!(cls);
-        m["user_agent"] = json!(ua);
-        m["sample_rate"] = json!(0.5);
-        m["device_type"] = json!(device_type);
-        m["browser"] = json!(browser);
-        m["browser_version"] = json!(browser_version);
-        with_extras(i, &mut m);
-        derived_v4(i, path.split('?').next().unwrap(), &mut m);
-        (id, m)
-    };
-    let insert = |rows: Vec<Value>| {
-        let body = rows
-            .iter()
-            .map(Value::to_string)
-            .collect::<Vec<_>>()
-            .join("\n");
-        ch26(
-            &url,
-            format!("INSERT INTO {db}.measurements FORMAT JSONEachRow\n{body}"),
-            &[],
-        )
-    };
-    let rows: Vec<Value> = SHOP.iter().enumerate().map(|(i, &v)| row(i, v).1).collect();
-    insert(rows.clone()).await;
-    // Each resend arrives later, in a batch of its own, with its own receipt time.
-    for &i in &RESENT {
-        let mut again = rows[i].clone();
-        again["received_at"] = json!(as_i64(&again["received_at"]).unwrap() + 600);
-        insert(vec![again]).await;
-    }
-    let (_, mut other) = row(usize::MAX, (0, ANDROID, "/", Some(9999.0), None, None));
-    other["site"] = json!("another-shop");
-    insert(vec![other]).await;
+    insert_the_shop_on_26(&url, &db, first_day).await;
 
     let defaults = ch26(
         &url,
@@ -530,6 +489,54 @@ async fn the_documented_queries_bind_their_parameters_on_clickhouse_26() {
         assert_rows(name, got, &expected);
     }
     ch26(&url, format!("DROP DATABASE {db}"), &[]).await;
+}
+
+/// [`SHOP`]'s page views inserted into database `db` of the 26.x server `url` as the collector
+/// writes them, from the day starting at `first_day` (ms); each of [`RESENT`] again, later, in
+/// a batch of its own; and a page view of another site.
+async fn insert_the_shop_on_26(url: &str, db: &str, first_day: i64) {
+    let row = |i: usize, (day, ua, path, lcp, inp, cls): PageView| {
+        let (device_type, browser, browser_version) = derived(ua);
+        let (id, mut m) = measurement("shop");
+        let ts = first_day + day * DAY_MS + DAY_MS / 2;
+        m["ts"] = json!(ts);
+        m["received_at"] = json!(ts / 1000 + 5);
+        m["url"] = json!(format!("https://shop.example{path}"));
+        m["lcp_ms"] = json!(lcp);
+        m["inp_ms"] = json!(inp);
+        m["cls"] = json!(cls);
+        m["user_agent"] = json!(ua);
+        m["sample_rate"] = json!(0.5);
+        m["device_type"] = json!(device_type);
+        m["browser"] = json!(browser);
+        m["browser_version"] = json!(browser_version);
+        with_extras(i, &mut m);
+        derived_v4(i, path.split('?').next().unwrap(), &mut m);
+        (id, m)
+    };
+    let insert = |rows: Vec<Value>| {
+        let body = rows
+            .iter()
+            .map(Value::to_string)
+            .collect::<Vec<_>>()
+            .join("\n");
+        ch26(
+            url,
+            format!("INSERT INTO {db}.measurements FORMAT JSONEachRow\n{body}"),
+            &[],
+        )
+    };
+    let rows: Vec<Value> = SHOP.iter().enumerate().map(|(i, &v)| row(i, v).1).collect();
+    insert(rows.clone()).await;
+    // Each resend arrives later, in a batch of its own, with its own receipt time.
+    for &i in &RESENT {
+        let mut again = rows[i].clone();
+        again["received_at"] = json!(as_i64(&again["received_at"]).unwrap() + 600);
+        insert(vec![again]).await;
+    }
+    let (_, mut other) = row(usize::MAX, (0, ANDROID, "/", Some(9999.0), None, None));
+    other["site"] = json!("another-shop");
+    insert(vec![other]).await;
 }
 
 #[test]

@@ -216,20 +216,7 @@ fn previous_table(db: &str, form: &str) -> String {
 /// their attribution NULL, and a new beacon's attribution is stored. `migrate` afterwards
 /// finds nothing to do.
 async fn previous_release_upgraded(env: TestEnv<'_>) {
-    for ch in &env.clickhouse {
-        clickhouse_exec(ch, &format!("CREATE DATABASE IF NOT EXISTS {}", env.db))
-            .await
-            .unwrap();
-        // 18.16 creates LowCardinality columns only with this setting (26.x refuses it).
-        let url = if env.table_form == "replicated" {
-            format!("{ch}/?allow_experimental_low_cardinality_type=1")
-        } else {
-            ch.clone()
-        };
-        clickhouse_exec(&url, &previous_table(&env.db, env.table_form))
-            .await
-            .unwrap();
-    }
+    previous_tables(&env).await;
     // PostgreSQL's half of migrate; no ClickHouse answers at 127.0.0.1:9 (exit 1, by design).
     let pg_only = env.cli_with(
         &[("COLLECTOR_CLICKHOUSE_URLS", "http://127.0.0.1:9")],
@@ -264,6 +251,31 @@ async fn previous_release_upgraded(env: TestEnv<'_>) {
         "old rows: attribution NULL"
     );
 
+    a_new_row_carries_attribution(&env, &c).await;
+    env.cli(&["migrate"]).success();
+}
+
+/// The previous release's table of `env`'s form on each of its ClickHouse servers.
+async fn previous_tables(env: &TestEnv<'_>) {
+    for ch in &env.clickhouse {
+        clickhouse_exec(ch, &format!("CREATE DATABASE IF NOT EXISTS {}", env.db))
+            .await
+            .unwrap();
+        // 18.16 creates LowCardinality columns only with this setting (26.x refuses it).
+        let url = if env.table_form == "replicated" {
+            format!("{ch}/?allow_experimental_low_cardinality_type=1")
+        } else {
+            ch.clone()
+        };
+        clickhouse_exec(&url, &previous_table(&env.db, env.table_form))
+            .await
+            .unwrap();
+    }
+}
+
+/// After `migrate`, a beacon with attribution sent through `c` is stored with it, every server
+/// of `env` having the 14 attribution columns; one not sent (`inp_target`) is NULL.
+async fn a_new_row_carries_attribution(env: &TestEnv<'_>, c: &Collector) {
     let (id, mut m) = measurement(&env.site);
     m["lcp_target"] = "main>img.hero".into();
     m["lcp_element_render_delay_ms"] = 12.5.into();
@@ -294,7 +306,6 @@ async fn previous_release_upgraded(env: TestEnv<'_>) {
     assert_eq!(col(&row[0], "inp_type"), "pointer");
     assert_eq!(col(&row[0], "cls_value"), 0.05);
     assert_eq!(col(&row[0], "inp_target"), &Value::Null, "{}", row[0]);
-    env.cli(&["migrate"]).success();
 }
 
 collector_tests::on_both_servers!(
