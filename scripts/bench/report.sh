@@ -4,7 +4,8 @@
 # of a 10 M-row shop"). Usage:
 #
 #   scripts/stack.sh up DIR --ch26            # any stack with a 26.x server
-#   scripts/bench/report.sh DIR [load] [RUNS]   (BENCH_DB: the database, default bench_report)
+#   scripts/bench/report.sh DIR [load] [RUNS]   (BENCH_DB: the database, default bench_report;
+#                                               BENCH_SITES: some of `big year other`)
 #
 # `load` (once) creates the database `bench_report` (single-server form, `collector migrate`) and
 # writes, with INSERT ... SELECT in chunks of 1 M rows: site `big`, 10 M rows over the last 29
@@ -57,9 +58,13 @@ SQL
 if ((load)); then
   psql "postgres://postgres@127.0.0.1:$PG_PORT/postgres" -qc "CREATE DATABASE $db" 2>/dev/null || true
   "$bin" migrate >/dev/null
-  for i in $(seq 0 9); do chunk big 29 $((i * 1000000)) | ch; done
-  for i in $(seq 0 9); do chunk year 395 $((i * 1000000)) | ch; done
-  for i in 0 1 2; do chunk other 29 $((i * 1000000)) | ch; done
+  for site in ${BENCH_SITES:-big year other}; do
+    case $site in
+      big) for i in $(seq 0 9); do chunk big 29 $((i * 1000000)) | ch; done ;;
+      year) for i in $(seq 0 9); do chunk year 395 $((i * 1000000)) | ch; done ;;
+      other) for i in 0 1 2; do chunk other 29 $((i * 1000000)) | ch; done ;;
+    esac
+  done
 fi
 echo "rows per site:"; echo "SELECT site, count() FROM ${db}.measurements GROUP BY site ORDER BY site" | ch
 echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"
@@ -68,7 +73,8 @@ started=$(echo "SELECT toUnixTimestamp(now())" | ch)
 # from the rows and stored), RUNS views reading the stored days, then one after a late row for
 # yesterday (that day computed again).
 crux() { /usr/bin/time -f "report --crux --site $1 ($2): %e s" "$bin" report --site "$1" --crux --format json >/dev/null; }
-for site in big year; do
+for site in ${BENCH_SITES:-big year}; do
+  [[ $site == other ]] && continue
   echo "ALTER TABLE ${db}.crux_day_marks DELETE WHERE site = '$site'" | ch
   until [[ $(echo "SELECT count() FROM ${db}.crux_day_marks WHERE site = '$site'" | ch) == 0 ]]; do sleep 0.2; done
   crux "$site" "roll-up empty"

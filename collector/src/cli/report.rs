@@ -343,7 +343,11 @@ async fn crux_rows(
     if let (Ok(_), Some(store)) = (&marks, store) {
         let stored = async {
             client.query(&store).execute().await?;
-            let marks = crux_days::marks_insert(database, site, &plan.stale, computation);
+            let groups: Vec<crux_days::StoredGroups> = client
+                .query(&crux_days::groups_query(database, site, computation))
+                .fetch_all()
+                .await?;
+            let marks = crux_days::marks_insert(database, site, &plan.stale, &groups, computation);
             client.query(&marks).execute().await
         };
         match stored.await {

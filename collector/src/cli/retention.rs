@@ -52,7 +52,8 @@ pub async fn run_once(
         let work = async {
             let mut report = Vec::new();
             for table in erase::existing_tables(&client, database).await? {
-                let expired = erase::expire(&client, database, table, retention, now).await?;
+                let kept = erase::retention_of(table, retention);
+                let expired = erase::expire(&client, database, table, kept, now).await?;
                 report.push(format!(
                     "{table}: {} partitions dropped{}",
                     expired.partitions.len(),

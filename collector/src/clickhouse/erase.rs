@@ -23,13 +23,28 @@ use serde::Deserialize;
 
 /// The tables that hold a site's rows: this layout's, a v1 table moved aside by `migrate`, and
 /// the CrUX view's daily roll-up (figures, not page views, but a purged site leaves nothing;
-/// monthly partitions by `day`, so retention drops them alike).
+/// monthly partitions by `day`: the retention drops them too, kept at most [`ROLLUP_KEPT`]).
 pub const TABLES: [&str; 4] = [
     "measurements",
     super::schema::V1_TABLE,
     "crux_days",
     "crux_day_marks",
 ];
+/// The longest the CrUX view's roll-up (`crux_days`, `crux_day_marks`) is kept, whatever the
+/// retention: the view reads only the 28 days before today, and every day computed again (a
+/// merge, a late beacon) leaves its earlier computation behind until its month is dropped. So
+/// its monthly partitions go once their month ended more than 62 days ago.
+pub const ROLLUP_KEPT: Duration = Duration::from_secs(62 * 86_400);
+
+/// The retention `expire` applies to `table`: the roll-up's is at most [`ROLLUP_KEPT`].
+pub fn retention_of(table: &str, retention: Duration) -> Duration {
+    if table.starts_with("crux_") {
+        retention.min(ROLLUP_KEPT)
+    } else {
+        retention
+    }
+}
+
 /// How long one site deletion may take on one server before the command gives up (it can
 /// be run again; ClickHouse goes on with the mutation meanwhile).
 pub const MUTATION_TIMEOUT: Duration = Duration::from_secs(600);
@@ -233,6 +248,15 @@ pub(crate) fn utc_datetime(unix: u64) -> time::OffsetDateTime {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The roll-up goes after 62 days, or sooner with a shorter retention; rows keep theirs.
+    #[test]
+    fn the_rollup_is_kept_at_most_62_days() {
+        let day = Duration::from_secs(86_400);
+        assert_eq!(retention_of("crux_days", day * 395), day * 62);
+        assert_eq!(retention_of("crux_day_marks", day * 30), day * 30);
+        assert_eq!(retention_of("measurements", day * 395), day * 395);
+    }
 
     #[test]
     fn a_ttl_counts_only_with_its_days_and_alone() {

@@ -10,14 +10,18 @@
 //! figures of each complete day, stored once computed, so that a view of 28 days reads at most
 //! 28 × 6 stored groups instead of every row (docs/benchmarks.md, "The CrUX view of a 10 M-row
 //! shop"). It is a cache, never the only copy of anything, one per server (not replicated):
-//! - a day is read from the roll-up only through a **mark** whose `rows` and `latest` equal what
+//! - a day is read from the roll-up only through a **mark** whose `rows` and `parts` equal what
 //!   `measurements` holds for the day now ([`DayRows`]: its rows, duplicates not yet folded
-//!   counted, and their latest `received_at`). A late beacon raises both; an erased row or a
-//!   merge that folds a duplicate lowers `rows`: the day no longer matches and is computed
-//!   again ([`plan`]). A day with no row is not read at all.
-//! - a computation writes its groups first and its mark last, each under a fresh random
-//!   `computation` number: a computation cut short leaves groups no mark points to (never read),
-//!   and two reports computing one day at once each read only their own groups.
+//!   counted, and a hash of the names of the table parts that hold them). A part never changes:
+//!   an insert, a merge (one that folds a resend too, whichever copy it keeps) or a mutation
+//!   (an erasure, an `ALTER … UPDATE`) that touches the day's rows makes new parts, so the day
+//!   no longer matches and is computed again ([`plan`]); the same parts are the same rows, so
+//!   `FINAL` reads them the same. A day with no row is not read at all.
+//! - a computation writes its groups first and its mark last, under a fresh `computation`
+//!   number, the mark with the number of groups it stored: a computation cut short leaves groups
+//!   no mark points to (never read); two reports computing one day at once each read only their
+//!   own groups; a mark whose groups are not all there (the table emptied by hand) is not used
+//!   ([`marks_query`]).
 //! - a server without the tables (not yet migrated) or a user that may not write them: the
 //!   days not in the roll-up are computed from the rows within the view's one query, as they
 //!   are before they are stored ([`query`] takes both sources).
@@ -38,15 +42,15 @@ use super::sql::{self, quote};
 use super::Metric;
 
 /// What `measurements` holds of a site's day (unix days, UTC): the day's rows as stored
-/// (duplicates not yet folded and bots counted) and their latest `received_at` (unix seconds).
+/// (duplicates not yet folded and bots counted) and the parts they are in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clickhouse::Row)]
 pub struct DayRows {
     /// The day, days since 1970-01-01 (ClickHouse's `Date`).
     pub day: u16,
     /// Rows of the site on that day.
     pub rows: u64,
-    /// Their latest `received_at`, unix seconds.
-    pub latest: u32,
+    /// `cityHash64` of the sorted names of the parts holding them, joined by commas.
+    pub parts: u64,
 }
 
 /// A mark of `crux_day_marks`: the computation of a day, and the [`DayRows`] it was made from.
@@ -56,8 +60,8 @@ pub struct Mark {
     pub day: u16,
     /// The day's rows when it was computed.
     pub rows: u64,
-    /// Their latest `received_at` then, unix seconds.
-    pub latest: u32,
+    /// The hash of their parts' names then.
+    pub parts: u64,
     /// The computation whose groups `crux_days` holds.
     pub computation: u64,
 }
@@ -88,7 +92,7 @@ pub fn plan(found: &[DayRows], marks: &[Mark]) -> Plan {
     for d in found.iter().filter(|d| d.rows > 0) {
         let computation = marks
             .iter()
-            .filter(|m| m.day == d.day && m.rows == d.rows && m.latest == d.latest)
+            .filter(|m| m.day == d.day && m.rows == d.rows && m.parts == d.parts)
             .map(|m| m.computation)
             .max();
         match computation {
@@ -110,11 +114,12 @@ fn date(day: u16) -> String {
 }
 
 /// The [`DayRows`] of `site` over `[from, to)` (unix seconds, UTC midnights): one row per day
-/// with rows. Reads `page_view_at` and `received_at` of the site's rows in the range.
+/// with rows. Reads `page_view_at` of the site's rows in the range (`_part` is free).
 pub fn rows_query(database: &str, site: &str, from: u64, to: u64) -> String {
     format!(
         "SELECT toUInt16(toDate(page_view_at, 'UTC')) AS day, count() AS rows, \
-         toUInt32(max(received_at)) AS latest\nFROM {database}.measurements\n\
+         cityHash64(arrayStringConcat(arraySort(groupUniqArray(_part)), ',')) AS parts\n\
+         FROM {database}.measurements\n\
          WHERE site = {}\n  AND page_view_at >= {} AND page_view_at < {}\nGROUP BY day",
         quote(site),
         sql::datetime(from),
@@ -122,19 +127,39 @@ pub fn rows_query(database: &str, site: &str, from: u64, to: u64) -> String {
     )
 }
 
-/// The [`Mark`]s of `site` over `[from, to)`, one per day and [`DayRows`] (its greatest
-/// computation).
+/// The [`Mark`]s of `site` over `[from, to)` whose groups `crux_days` holds, one per day and
+/// [`DayRows`] (its greatest computation).
 pub fn marks_query(database: &str, site: &str, from: u64, to: u64) -> String {
+    let (site, from, to) = (quote(site), date(day_of(from)), date(day_of(to)));
     // The inner query filters on the column `day`: on 18.16 an alias `day` would stand for it
     // in the `WHERE` too.
     format!(
-        "SELECT toUInt16(d) AS day, rows, toUInt32(latest) AS latest, max(computation) AS computation\n\
-         FROM (SELECT day AS d, rows, latest, computation FROM {database}.crux_day_marks\n\
-         WHERE site = {} AND day >= {} AND day < {})\nGROUP BY d, rows, latest",
-        quote(site),
-        date(day_of(from)),
-        date(day_of(to))
+        "SELECT toUInt16(d) AS day, rows, parts, max(computation) AS computation\n\
+         FROM (SELECT day AS d, rows, parts, computation FROM {database}.crux_day_marks\n\
+         WHERE site = {site} AND day >= {from} AND day < {to}\n\
+         AND (groups = 0 OR (day, computation, groups) IN (SELECT day, computation, toUInt8(count()) \
+         FROM {database}.crux_days WHERE site = {site} AND day >= {from} AND day < {to} \
+         GROUP BY day, computation)))\nGROUP BY d, rows, parts"
     )
+}
+
+/// How many groups `computation` stored per day for `site` (read after it stored them, for
+/// its marks): `(day, groups)` rows.
+pub fn groups_query(database: &str, site: &str, computation: u64) -> String {
+    format!(
+        "SELECT toUInt16(d) AS day, toUInt8(count()) AS groups FROM (SELECT day AS d \
+         FROM {database}.crux_days WHERE site = {} AND computation = {computation}) GROUP BY d",
+        quote(site)
+    )
+}
+
+/// A row of [`groups_query`]'s answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clickhouse::Row)]
+pub struct StoredGroups {
+    /// The day, days since 1970-01-01.
+    pub day: u16,
+    /// The groups stored for it.
+    pub groups: u8,
 }
 
 /// The day (days since 1970-01-01) of unix seconds `t`.
@@ -241,22 +266,34 @@ pub fn store_query(database: &str, site: &str, days: &[u16], computation: u64) -
     ))
 }
 
-/// Marks `days` of `site` as computed by `computation` (after its groups are stored).
-pub fn marks_insert(database: &str, site: &str, days: &[DayRows], computation: u64) -> String {
+/// Marks `days` of `site` as computed by `computation` (after its groups are stored), each
+/// with the number of groups `stored` says it has there ([`groups_query`]; a day it lacks
+/// has none).
+pub fn marks_insert(
+    database: &str,
+    site: &str,
+    days: &[DayRows],
+    stored: &[StoredGroups],
+    computation: u64,
+) -> String {
     let values: Vec<String> = days
         .iter()
         .map(|d| {
+            let groups = stored
+                .iter()
+                .find(|s| s.day == d.day)
+                .map_or(0, |s| s.groups);
             format!(
-                "({}, {}, {}, {}, {computation})",
+                "({}, {}, {}, {}, {groups}, {computation})",
                 quote(site),
                 quote(&sql::utc(u64::from(d.day) * 86_400)[..10]),
                 d.rows,
-                d.latest
+                d.parts
             )
         })
         .collect();
     format!(
-        "INSERT INTO {database}.crux_day_marks (site, day, rows, latest, computation) VALUES {}",
+        "INSERT INTO {database}.crux_day_marks (site, day, rows, parts, groups, computation) VALUES {}",
         values.join(", ")
     )
 }
@@ -301,21 +338,21 @@ mod tests {
 
     const DDL: &str = include_str!("../../../schema/clickhouse/004_crux_days.sql");
 
-    fn rows(day: u16, rows: u64, latest: u32) -> DayRows {
-        DayRows { day, rows, latest }
+    fn rows(day: u16, rows: u64, parts: u64) -> DayRows {
+        DayRows { day, rows, parts }
     }
 
-    fn mark(day: u16, rows: u64, latest: u32, computation: u64) -> Mark {
+    fn mark(day: u16, rows: u64, parts: u64, computation: u64) -> Mark {
         Mark {
             day,
             rows,
-            latest,
+            parts,
             computation,
         }
     }
 
-    /// A day is read from the roll-up only while a mark matches both its rows and its latest
-    /// arrival; a day without rows is not read.
+    /// A day is read from the roll-up only while a mark matches both its rows and its parts; a
+    /// day without rows is not read.
     #[test]
     fn a_day_is_stored_only_while_its_rows_match_a_mark() {
         let found = [
@@ -329,7 +366,7 @@ mod tests {
             mark(20_400, 10, 500, 7),
             mark(20_400, 10, 500, 9),
             mark(20_401, 10, 600, 3), // a row arrived since, or was erased
-            mark(20_402, 12, 699, 4), // a later arrival replaced one
+            mark(20_402, 12, 699, 4), // a merge or a mutation made new parts
             mark(20_405, 5, 100, 1),  // a day whose rows are all gone
         ];
         let mut p = plan(&found, &marks);
@@ -413,8 +450,19 @@ mod tests {
             "{s}"
         );
         assert!(s.contains("SELECT 'shop', toUInt64(77), ff, day,"), "{s}");
-        let m = marks_insert("db", "shop", &[rows(20_762, 5, 1_796_299_200)], 77);
-        assert_eq!(m, "INSERT INTO db.crux_day_marks (site, day, rows, latest, computation) VALUES ('shop', '2026-11-05', 5, 1796299200, 77)");
+        let m = marks_insert(
+            "db",
+            "shop",
+            &[rows(20_762, 5, 99), rows(20_763, 2, 98)],
+            &[StoredGroups {
+                day: 20_762,
+                groups: 4,
+            }],
+            77,
+        );
+        assert_eq!(m, "INSERT INTO db.crux_day_marks (site, day, rows, parts, groups, computation) VALUES ('shop', '2026-11-05', 5, 99, 4, 77), ('shop', '2026-11-06', 2, 98, 0, 77)");
+        let q = marks_query("db", "shop", 20_762 * 86_400, 20_790 * 86_400);
+        assert!(q.contains("AND (groups = 0 OR (day, computation, groups) IN (SELECT day, computation, toUInt8(count()) FROM db.crux_days WHERE site = 'shop' AND day >= toDate('2026-11-05') AND day < toDate('2026-12-03') GROUP BY day, computation))"), "{q}");
         let r = stored_select("db", "shop", &[(20_762, 77)]).unwrap();
         assert!(
             r.ends_with("WHERE site = 'shop' AND (day, computation) IN ((toDate('2026-11-05'), toUInt64(77)))"),

@@ -317,7 +317,9 @@ impl MetricFigures {
             p75,
             rating: p75.map(|v| metric.rate(v)),
             good,
-            needs_improvement: good.zip(poor).map(|(g, p)| (1.0 - g - p).max(0.0)),
+            // From the page views, not `1 - good - poor`: that leaves float dust (5.55e-17)
+            // where nothing needs improvement.
+            needs_improvement: share(measured_views - good_views - poor_views).map(|n| n.max(0.0)),
             poor,
         }
     }
@@ -438,6 +440,9 @@ mod tests {
         assert_eq!(f.shares(), Some([0.5, 0.25, 0.25]));
         assert_eq!(f.rating, Some(Rating::NeedsImprovement));
         assert_eq!(f.missing(), None);
+        // 1 - 0.7 - 0.3 is 5.55e-17 in floats; none needs improvement.
+        let split = MetricFigures::new(Metric::Lcp, 100, 10.0, Some(900.0), 7.0, 3.0);
+        assert_eq!(split.needs_improvement, Some(0.0));
         let none = MetricFigures::new(Metric::Cls, 0, 0.0, None, 0.0, 0.0);
         assert_eq!(none.shares(), None);
         assert_eq!(none.rating, None);
