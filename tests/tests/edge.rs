@@ -274,48 +274,9 @@ async fn a_slow_client_is_cut_off_while_others_are_served() {
     let port = c.port;
 
     // Slowloris: headers one byte every 300 ms, never finished.
-    let slow_headers = std::thread::spawn(move || {
-        let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        let start = Instant::now();
-        for b in b"POST /api/v1/measurements HTTP/1.1\r\nHost: x\r\nX-Slow: "
-            .iter()
-            .chain([b'a'; 200].iter())
-        {
-            if s.write_all(&[*b]).is_err() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(300));
-            if start.elapsed() > Duration::from_secs(8) {
-                break;
-            }
-        }
-        let mut buf = [0u8; 256];
-        let _ = s.read(&mut buf);
-        start.elapsed()
-    });
+    let slow_headers = std::thread::spawn(move || slow_headers(port));
     // A slow body: complete headers, then a byte a second.
-    let slow_body = std::thread::spawn(move || {
-        let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        s.write_all(
-            b"POST /api/v1/measurements HTTP/1.1\r\nHost: x\r\nContent-Length: 500\r\n\r\n{",
-        )
-        .unwrap();
-        let start = Instant::now();
-        let mut response = Vec::new();
-        for _ in 0..8 {
-            std::thread::sleep(Duration::from_secs(1));
-            if s.write_all(b" ").is_err() {
-                break;
-            }
-        }
-        let _ = s.read_to_end(&mut response);
-        (
-            start.elapsed(),
-            String::from_utf8_lossy(&response).into_owned(),
-        )
-    });
+    let slow_body = std::thread::spawn(move || slow_body(port));
 
     // Meanwhile, others are served promptly.
     for _ in 0..20 {
@@ -346,6 +307,51 @@ async fn a_slow_client_is_cut_off_while_others_are_served() {
         response.starts_with("HTTP/1.1 400") || response.is_empty(),
         "{response}"
     );
+}
+
+/// Slowloris against the collector on `port`: headers one byte every 300 ms, never finished
+/// (given up after 8 s); how long until the collector cut the connection.
+fn slow_headers(port: u16) -> Duration {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let start = Instant::now();
+    for b in b"POST /api/v1/measurements HTTP/1.1\r\nHost: x\r\nX-Slow: "
+        .iter()
+        .chain([b'a'; 200].iter())
+    {
+        if s.write_all(&[*b]).is_err() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        if start.elapsed() > Duration::from_secs(8) {
+            break;
+        }
+    }
+    let mut buf = [0u8; 256];
+    let _ = s.read(&mut buf);
+    start.elapsed()
+}
+
+/// A slow body to the collector on `port`: complete headers, then a byte a second (8 at most);
+/// how long until the collector cut it, and its answer.
+fn slow_body(port: u16) -> (Duration, String) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(b"POST /api/v1/measurements HTTP/1.1\r\nHost: x\r\nContent-Length: 500\r\n\r\n{")
+        .unwrap();
+    let start = Instant::now();
+    let mut response = Vec::new();
+    for _ in 0..8 {
+        std::thread::sleep(Duration::from_secs(1));
+        if s.write_all(b" ").is_err() {
+            break;
+        }
+    }
+    let _ = s.read_to_end(&mut response);
+    (
+        start.elapsed(),
+        String::from_utf8_lossy(&response).into_owned(),
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

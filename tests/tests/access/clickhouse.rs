@@ -38,23 +38,7 @@ async fn clickhouse_18_16_password_only_over_verified_https() {
     let started = Instant::now();
     let db = env.db.clone();
     let ch18 = Readback::ch18(&reader, &ch, &db);
-    wait_until(
-        &env.diag,
-        "5 rows read back over https",
-        VISIBLE,
-        Duration::from_millis(200),
-        || async {
-            match ch18.count(&ids).await {
-                Ok(5) => Ok(()),
-                other => Err(format!("{other:?}; server: {}", ch.err_log())),
-            }
-        },
-    )
-    .await;
-    println!(
-        "18.16 https: 5 of 5 rows read back {:?} after the last 202",
-        started.elapsed()
-    );
+    read_back_over_https(&env, &ch18, &ch, &ids, started).await;
     c.wait_metric(&replica_state(&ch.https_url, 2), VISIBLE)
         .await;
     assert_secrets_hidden(&c, &[CH18_PASSWORD]).await;
@@ -101,6 +85,34 @@ async fn clickhouse_18_16_password_only_over_verified_https() {
     bad_ca
         .wait_metric("collector_spool_records 0", VISIBLE)
         .await;
+}
+
+/// Waits until the 5 `ids` are read back from the 18.16 server `ch` over https (`ch18`),
+/// giving up after [`VISIBLE`] with the server's error log; prints how long after `started`.
+async fn read_back_over_https(
+    env: &TestEnv<'_>,
+    ch18: &Readback<'_>,
+    ch: &Ch18Tls,
+    ids: &[String],
+    started: Instant,
+) {
+    wait_until(
+        &env.diag,
+        "5 rows read back over https",
+        VISIBLE,
+        Duration::from_millis(200),
+        || async {
+            match ch18.count(ids).await {
+                Ok(5) => Ok(()),
+                other => Err(format!("{other:?}; server: {}", ch.err_log())),
+            }
+        },
+    )
+    .await;
+    println!(
+        "18.16 https: 5 of 5 rows read back {:?} after the last 202",
+        started.elapsed()
+    );
 }
 
 /// The 18.16 server `ch` as set up: no password-less `default`, and a wrong password for
