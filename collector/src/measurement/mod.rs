@@ -1,10 +1,10 @@
 //! The row: one validated measurement, declared once in the field table ([`fields`]), judged
 //! by its rules ([`rules`]), filed by its page view's time ([`filing`]), and encoded once.
 //!
-//! - [`fields`]: the table: every field's doc, type, kind (sent or derived), rule and layout;
-//!   [`table`]'s macro makes from it the row ([`Measurement`]), the request object
-//!   ([`RawBeacon`]), [`FIELDS`], [`COLUMNS`], the RowBinary codec, [`judge`] and what it
-//!   makes, [`Judged`] (the measurement before any site).
+//! - [`fields`]: the table, the row ([`Measurement`]) with every field's doc, type, kind (sent
+//!   or derived), rule and layout; its derive makes from it the request object
+//!   ([`RawBeacon`]), [`FIELDS`], [`COLUMNS`], the RowBinary codec, and [`judge`]'s work,
+//!   [`Judged`] (the measurement before any site).
 //! - [`site`]: the site stage, where a [`Judged`] meets its site's rules and becomes the row.
 //! - [`column`]: RowBinary type by type; [`rules`]: the field rules of contract §2;
 //!   [`filing`]: `page_view_at`; [`layouts`]: rows of earlier layouts made current;
@@ -33,8 +33,6 @@
 //! (through [`LAYOUTS`]) without ever reading a row itself; so a column added to the table
 //! needs no new spool format, only a new section.
 
-#[macro_use]
-pub mod table;
 mod column;
 pub mod dimensions;
 pub mod fields;
