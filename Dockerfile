@@ -12,9 +12,10 @@ FROM rust:1-bookworm AS builder
 WORKDIR /src
 
 # Dependencies first, in their own layer: it is rebuilt only when a manifest or Cargo.lock
-# changes, not on every source edit. The workspace has five members (the collector, the test
-# stack, the fake ClickHouse of the tests, the tests, the benchmarks), so every manifest is
-# needed; each gets a stand-in target so that Cargo can load the workspace. The stand-in
+# changes, not on every source edit. The workspace has six members (the collector, the field
+# table's derive, the test stack, the fake ClickHouse of the tests, the tests, the benchmarks),
+# so every manifest is needed; each gets a stand-in target so that Cargo can load the
+# workspace, but the derive, a dependency of the collector, comes whole. The stand-in
 # collector's own build outputs are deleted afterwards so that the real sources are always
 # compiled (Cargo compares modification times, and COPY keeps those of the build context).
 COPY Cargo.toml Cargo.lock ./
@@ -23,6 +24,7 @@ COPY stack/Cargo.toml stack/Cargo.toml
 COPY tests/Cargo.toml tests/Cargo.toml
 COPY fake-clickhouse/Cargo.toml fake-clickhouse/Cargo.toml
 COPY bench/Cargo.toml bench/Cargo.toml
+COPY field-table field-table
 RUN mkdir -p collector/src stack/src tests/src fake-clickhouse/src bench/src \
     && echo 'fn main() {}' > collector/src/main.rs \
     && echo 'fn main() {}' > stack/src/main.rs \
