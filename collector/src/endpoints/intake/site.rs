@@ -87,9 +87,13 @@ pub(super) fn judge<'a>(
         agent: &sender.agent,
         country: &sender.country,
     };
-    let mut judged = Vec::with_capacity(items.len());
+    let mut judged = Vec::new();
     for (index, item) in items.into_iter().enumerate() {
-        match item.and_then(|raw| measurement::fields::judge(raw, &ctx)) {
+        let verdict = match item {
+            Ok(raw) => measurement::fields::judge(raw, &ctx),
+            Err(error) => Err(error),
+        };
+        match verdict {
             Ok(v) => judged.push((index, v)),
             Err(error) => report.rejected.push(Rejected { index, error }),
         }
