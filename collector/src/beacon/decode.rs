@@ -62,8 +62,8 @@ const NON_FINITE: [&str; 6] = ["-Infinity", "+Infinity", "-NaN", "+NaN", "Infini
 
 /// Rewrites bare [`NON_FINITE`] tokens outside strings, in value position (after `:`, `[`, or
 /// `,` inside an array; never as an object key), as JSON strings. `None` when there is none.
-/// (Before `-NaN` was among them, the `-` made the body's syntax broken: one field's fault
-/// cost the whole beacon, 400.)
+/// Signed spellings are tokens of their own: a bare `-` left before `NaN` would break the
+/// body's syntax, and one field's fault would cost the whole beacon (400).
 fn non_finite_as_strings(text: &str) -> Option<String> {
     let body = text.as_bytes();
     let mut out = Vec::with_capacity(body.len() + 16);

@@ -7,15 +7,16 @@
 //! - [`dimensions`], the field's rule at judgment: a JSON object whose values are strings (any
 //!   other value makes the field invalid, dropped whole as `dimensions`). Every pair sent is
 //!   kept, names in byte order, for the next step.
-//! - [`settle`] in the site stage ([`super::site`]), once the site is known: a pair whose name
-//!   the site did not declare, or whose value is longer than [`MAX_VALUE_BYTES`], is dropped
-//!   and listed as `dimensions.NAME` (counted in `collector_measurements_field_dropped_total`
-//!   under `field="dimensions"`: a label from the client's names would be an unbounded label
-//!   set); a kept value is masked as a URL's path, on its percent-decoded text too ([`super::minimise::mask_text`]) and bounded by
+//! - [`settle`] in the site stage ([`super::site`]), once the site is known: a pair whose
+//!   name the site did not declare, or whose value is longer than [`MAX_VALUE_BYTES`], is
+//!   dropped and listed as `dimensions.NAME` (counted in
+//!   `collector_measurements_field_dropped_total` under `field="dimensions"`: a label from the
+//!   client's names would be an unbounded label set); a kept value is masked as a URL's path,
+//!   on its percent-decoded text too ([`super::minimise::mask_text`]), and bounded by
 //!   [`DistinctValues`]: per site, name and UTC day, the [`MAX_DISTINCT`] values seen most
-//!   often that day are stored as themselves, the others as [`OTHER`] (contract v5 §2; until
-//!   v5 the first 100 of the day were kept, so a flood of junk values just after midnight
-//!   turned every real value into [`OTHER`] for the day).
+//!   often that day are stored as themselves, the others as [`OTHER`] (contract v5 §2): the
+//!   most often seen, not the first seen, so that a flood of junk values just after midnight
+//!   cannot turn every real value into [`OTHER`] for the day.
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
