@@ -339,15 +339,7 @@ pub async fn apply_clickhouse(
             applied.moved_v1_aside = true;
         }
     }
-    let dedup_window = form == TableForm::Single
-        && knows_merge_tree_setting(client, SINGLE_DEDUP_SETTING)
-            .await
-            .map_err(|e| {
-                format!(
-                    "reading system.merge_tree_settings: {}",
-                    crate::logging::chain(&e)
-                )
-            })?;
+    let dedup_window = wants_dedup_window(client, form).await?;
     if let Err(e) = run(measurements_statement(database, form, dedup_window)).await {
         let hint = match form {
             TableForm::Replicated => replication_missing(client).await,
@@ -363,7 +355,41 @@ pub async fn apply_clickhouse(
     // those it lacks: the serving collectors' write user, which applies the schema to a
     // replica that returns without the table, may not ALTER (docs/deployment.md, "ClickHouse
     // users"); one added meanwhile by another collector counts as applied.
-    let present: Vec<String> = client
+    let present = columns_of_measurements(client, database).await?;
+    for sql in missing_column_statements(database, &present) {
+        run(sql.clone()).await.map_err(|e| format!("{sql}: {e}"))?;
+    }
+    for (file, sql) in CRUX_ROLLUP {
+        run(statement(sql, database))
+            .await
+            .map_err(|e| format!("{file}: {e}"))?;
+    }
+    applied.form = form_of_measurements(client, database).await?;
+    Ok(applied)
+}
+
+/// Whether `measurements` in `form` gets the single-server deduplication window: the
+/// single-server form, on a server that knows [`SINGLE_DEDUP_SETTING`].
+async fn wants_dedup_window(client: &clickhouse::Client, form: TableForm) -> Result<bool, String> {
+    if form != TableForm::Single {
+        return Ok(false);
+    }
+    knows_merge_tree_setting(client, SINGLE_DEDUP_SETTING)
+        .await
+        .map_err(|e| {
+            format!(
+                "reading system.merge_tree_settings: {}",
+                crate::logging::chain(&e)
+            )
+        })
+}
+
+/// The columns `database.measurements` has (`system.columns`).
+async fn columns_of_measurements(
+    client: &clickhouse::Client,
+    database: &str,
+) -> Result<Vec<String>, String> {
+    client
         .query("SELECT name FROM system.columns WHERE database = ? AND table = 'measurements'")
         .bind(database)
         .fetch_all()
@@ -373,29 +399,27 @@ pub async fn apply_clickhouse(
                 "reading the columns of measurements: {}",
                 crate::logging::chain(&e)
             )
-        })?;
-    for sql in missing_column_statements(database, &present) {
-        run(sql.clone()).await.map_err(|e| format!("{sql}: {e}"))?;
-    }
-    for (file, sql) in CRUX_ROLLUP {
-        run(statement(sql, database))
-            .await
-            .map_err(|e| format!("{file}: {e}"))?;
-    }
+        })
+}
+
+/// The form `database.measurements` was made in, by its engine; `None` without the table.
+async fn form_of_measurements(
+    client: &clickhouse::Client,
+    database: &str,
+) -> Result<Option<TableForm>, String> {
     let engine = engine_of(client, database).await.map_err(|e| {
         format!(
             "reading the engine of measurements: {}",
             crate::logging::chain(&e)
         )
     })?;
-    applied.form = engine.map(|e| {
+    Ok(engine.map(|e| {
         if e.starts_with("Replicated") {
             TableForm::Replicated
         } else {
             TableForm::Single
         }
-    });
-    Ok(applied)
+    }))
 }
 
 /// What [`copy_v1`] did.
