@@ -92,6 +92,7 @@ DEMO_PACKAGES=(clickhouse-server clickhouse-client zookeeper curl procps python3
 # pgbouncer: the transaction-mode pooler of the pooler tests (run by them, never as a service).
 # faketime (and its libfaketime): the stepped wall clock of the storage tests.
 # fiu-utils (fiu-run, fiu-ctrl, libfiu's POSIX preload): the failing-sync spool test.
+# valgrind: callgrind counts a beacon's instructions for the cost gate (scripts/cost-gate.sh).
 # firefox-esr, webkit2gtk-driver (WebKitWebDriver and MiniBrowser), xvfb (xvfb-run, for
 # MiniBrowser, which has no headless mode): the script's tests in the other two engines.
 # libmaxmind-db-writer-perl, mmdb-bin: the country tests' tiny databases, made and checked.
@@ -99,7 +100,7 @@ DEMO_PACKAGES=(clickhouse-server clickhouse-client zookeeper curl procps python3
 # docker-compose: the static container tests (tests/tests/containers/) validate compose.yaml.
 TEST_PACKAGES=(nginx caddy docker-compose chromium chromium-driver firefox-esr webkit2gtk-driver
     xvfb xauth libmaxmind-db-writer-perl mmdb-bin haproxy keepalived iproute2 socat iptables
-    apache2 systemd prometheus pgbouncer faketime fiu-utils)
+    apache2 systemd prometheus pgbouncer faketime fiu-utils valgrind)
 
 # A real country database (CC0: ip-location-db's geo-whois-asn-country, from the npm registry),
 # for the demo and the compose stack (COLLECTOR_GEO_DB); the tests make tiny ones of their own

@@ -158,6 +158,9 @@ image_pid=
 cat "$image_log"
 ((image_rc == 0)) || failed+=("the image checks (scripts/check-containers.sh --engine, exit $image_rc)")
 
+step "the instruction-count gate: a beacon's cost against bench/intake-cost.txt (scripts/cost-gate.sh)"
+scripts/cost-gate.sh || failed+=("the instruction-count gate")
+
 step "the contract's intake tests again, on the ClickHouse 26.x server (single-server form)"
 if TEST_CLICKHOUSE=ch26 "${nextest[@]}" -E 'binary_id(collector-tests::integration) & test(/^intake::/)'; then
   [[ ${#failed[@]} -eq 0 ]] || { echo "failed: ${failed[*]}" >&2; exit 1; }

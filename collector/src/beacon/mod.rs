@@ -81,4 +81,6 @@ pub fn user_agent(header: Option<&[u8]>) -> String {
 }
 
 #[cfg(test)]
+mod cost;
+#[cfg(test)]
 mod tests;
