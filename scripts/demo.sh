@@ -19,7 +19,7 @@ listen="${COLLECTOR_LISTEN:-127.0.0.1:8080}"
 admin_listen="${COLLECTOR_ADMIN_LISTEN:-127.0.0.1:9464}"
 # One demo per checkout: a second one would share (and, on exit, stop) the first one's stack.
 if [[ -f $stack_dir/demo.pid ]] && kill -0 "$(cat "$stack_dir/demo.pid")" 2>/dev/null; then
-  die "a demo of this checkout is already running (pid $(cat "$stack_dir/demo.pid")); stop it with Ctrl-C first"
+  die "a demo of this checkout is already running (pid $(cat "$stack_dir/demo.pid")); stop it first (Ctrl-C in its terminal, or kill -TERM $(cat "$stack_dir/demo.pid"))"
 fi
 # Both ports must be free before anything starts (a taken one would fail out of sight).
 for addr in "127.0.0.1:$page_port" "$listen" "$admin_listen"; do

@@ -71,7 +71,7 @@ impl ReportArgs {
 pub enum Format {
     /// An aligned table.
     Table,
-    /// One JSON document ([`Report`]'s fields).
+    /// One JSON document: every figure the table shows, as docs/contract.md lists them.
     Json,
 }
 
@@ -159,6 +159,14 @@ impl View {
 pub async fn run(config: &Config, args: ReportArgs) -> Result<(), RunError> {
     if !crate::beacon::is_site_key(&args.site) {
         return Err(ReportError::BadKey(args.site).into());
+    }
+    if let Some(path) = &args.html {
+        // Before the queries: a page that cannot be written is said at once.
+        let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
+        if parent.is_some_and(|p| !p.is_dir()) {
+            let missing = std::io::Error::new(std::io::ErrorKind::NotFound, "no such folder");
+            return Err(ReportError::Html(path.display().to_string(), missing).into());
+        }
     }
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -336,6 +344,7 @@ async fn crux_rows(
         .query(&crux_days::marks_query(database, site, from, to))
         .fetch_all::<crux_days::Mark>()
         .await;
+    let rows_sql = crux_days::rows_query(database, site, from, to);
     let mut plan = crux_days::plan(&found, marks.as_deref().unwrap_or_default());
     let days: Vec<u16> = plan.stale.iter().map(|d| d.day).collect();
     let computation: u64 = rand::random();
@@ -347,11 +356,16 @@ async fn crux_rows(
                 .query(&crux_days::groups_query(database, site, computation))
                 .fetch_all()
                 .await?;
-            let marks = crux_days::marks_insert(database, site, &plan.stale, &groups, computation);
-            client.query(&marks).execute().await
+            let now: Vec<crux_days::DayRows> = client.query(&rows_sql).fetch_all().await?;
+            let marked = plan.unchanged(&now);
+            if !marked.is_empty() {
+                let marks = crux_days::marks_insert(database, site, &marked, &groups, computation);
+                client.query(&marks).execute().await?;
+            }
+            Ok::<_, clickhouse::error::Error>(marked)
         };
         match stored.await {
-            Ok(()) => plan.stored_as(computation),
+            Ok(marked) => plan.stored_as(computation, &marked),
             Err(e) => eprintln!(
                 "collector: the CrUX roll-up was not written ({}); {} days read from the rows",
                 chain(e),
@@ -400,12 +414,22 @@ async fn fetch_comparison(
         }
         let sums = compare::sums_by_side(rows);
         let spread_sql = compare::spread_query(database, site, sides, range, &sums);
-        let spread: compare::SpreadRow =
-            client.query(&spread_sql).fetch_one().await.map_err(chain)?;
+        // Neither side with a row in the range: the server answers no row at all (not an
+        // outage): both sides have no data.
+        let spread: compare::SpreadRow = client
+            .query(&spread_sql)
+            .fetch_optional()
+            .await
+            .map_err(chain)?
+            .unwrap_or_default();
         let levels = compare::levels(&sums, &spread);
         let q_sql = compare::quantiles_query(database, site, sides, range, &levels);
-        let quantiles: compare::QuantilesRow =
-            client.query(&q_sql).fetch_one().await.map_err(chain)?;
+        let quantiles: compare::QuantilesRow = client
+            .query(&q_sql)
+            .fetch_optional()
+            .await
+            .map_err(chain)?
+            .unwrap_or_default();
         Ok(Some((sums, quantiles)))
     })
     .await?;

@@ -189,8 +189,8 @@ pub fn spread_query(
     )
 }
 
-/// [`spread_query`]'s answer: per side, per metric, the spread.
-#[derive(Debug, Clone, serde::Deserialize, clickhouse::Row)]
+/// [`spread_query`]'s answer: per side, per metric, the spread (empty: no row measured).
+#[derive(Debug, Clone, Default, serde::Deserialize, clickhouse::Row)]
 pub struct SpreadRow {
     /// Side A.
     pub a: Vec<f64>,
@@ -254,8 +254,9 @@ pub fn quantiles_query(
     )
 }
 
-/// [`quantiles_query`]'s answer: per side, per metric, `[low, p75, high]`.
-#[derive(Debug, Clone, serde::Deserialize, clickhouse::Row)]
+/// [`quantiles_query`]'s answer: per side, per metric, `[low, p75, high]` (empty: no row
+/// measured).
+#[derive(Debug, Clone, Default, serde::Deserialize, clickhouse::Row)]
 pub struct QuantilesRow {
     /// Side A.
     pub a: Vec<Vec<f64>>,

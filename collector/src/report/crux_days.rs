@@ -18,7 +18,9 @@
 //!   no longer matches and is computed again ([`plan`]); the same parts are the same rows, so
 //!   `FINAL` reads them the same. A day with no row is not read at all.
 //! - a computation writes its groups first and its mark last, under a fresh `computation`
-//!   number, the mark with the number of groups it stored: a computation cut short leaves groups
+//!   number, the mark with the number of groups it stored, and only for the days whose rows
+//!   read again after the groups are stored are still those read before (else the groups may
+//!   hold a later state than the mark says: such a day is computed from the rows): a computation cut short leaves groups
 //!   no mark points to (never read); two reports computing one day at once each read only their
 //!   own groups; a mark whose groups are not all there (the table emptied by hand) is not used
 //!   ([`marks_query`]).
@@ -76,11 +78,26 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// `computation` of every stale day was stored: they are read from the roll-up now.
-    pub fn stored_as(&mut self, computation: u64) {
+    /// Only the stale days whose rows are still as `before` says: a day that changed while it
+    /// was computed (`now`: read after its groups were stored) may hold figures of either
+    /// state, so it gets no mark and is computed from the rows in the view.
+    pub fn unchanged(&self, now: &[DayRows]) -> Vec<DayRows> {
+        self.stale
+            .iter()
+            .filter(|d| now.contains(d))
+            .copied()
+            .collect()
+    }
+
+    /// `computation` of the stale days `marked` was stored and marked: they are read from the
+    /// roll-up now; the other stale days stay to compute.
+    pub fn stored_as(&mut self, computation: u64, marked: &[DayRows]) {
         let stale = std::mem::take(&mut self.stale);
+        let (done, left): (Vec<DayRows>, Vec<DayRows>) =
+            stale.into_iter().partition(|d| marked.contains(d));
+        self.stale = left;
         self.stored
-            .extend(stale.into_iter().map(|d| (d.day, computation)));
+            .extend(done.into_iter().map(|d| (d.day, computation)));
         self.stored.sort_unstable();
     }
 }
@@ -171,7 +188,9 @@ fn day_of(t: u64) -> u16 {
 /// after `site`, `day` and `computation`.
 fn cohort_columns() -> Vec<(String, String)> {
     let mut columns = vec![
-        ("ff".to_owned(), "toString(device_type)".to_owned()),
+        // A `String`, as `crux_days` stores it: 18.16's `toString` of a LowCardinality
+        // column is LowCardinality, which its `UNION ALL` with a stored day refuses.
+        ("ff".to_owned(), "CAST(device_type AS String)".to_owned()),
         ("day".to_owned(), "toDate(page_view_at, 'UTC')".to_owned()),
         (
             "soft".to_owned(),
@@ -375,12 +394,20 @@ mod tests {
             p.stale.iter().map(|d| d.day).collect::<Vec<_>>(),
             [20_401, 20_402, 20_403]
         );
-        p.stored_as(42);
+        // While they were computed, a row arrived for 20,402.
+        let now = [
+            rows(20_401, 11, 600),
+            rows(20_402, 13, 701),
+            rows(20_403, 13, 800),
+        ];
+        let marked = p.unchanged(&now);
         assert_eq!(
-            p.stored,
-            vec![(20_400, 9), (20_401, 42), (20_402, 42), (20_403, 42)]
+            marked.iter().map(|d| d.day).collect::<Vec<_>>(),
+            [20_401, 20_403]
         );
-        assert!(p.stale.is_empty());
+        p.stored_as(42, &marked);
+        assert_eq!(p.stored, vec![(20_400, 9), (20_401, 42), (20_403, 42)]);
+        assert_eq!(p.stale.iter().map(|d| d.day).collect::<Vec<_>>(), [20_402]);
     }
 
     /// `crux_days` holds `site`, `day`, `computation` and the cohort columns, in that order,

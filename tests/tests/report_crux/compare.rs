@@ -112,16 +112,35 @@ async fn compare_finds_the_slower_release(env: &TestEnv<'_>) {
     );
 }
 
+/// Two releases the site never sent, and a deploy after every row: both sides empty is "not
+/// measured" on both sides, exit 0, not a server that did not answer.
+fn an_empty_comparison_has_no_data(env: &TestEnv<'_>) {
+    for args in [
+        ["--compare", "release=998,999"],
+        ["--deploy", "2030-01-01T00:00:00Z"],
+    ] {
+        let report = report_json(env, "shop", &args);
+        for m in field(&report, "metrics").as_array().unwrap() {
+            for side in ["a", "b"] {
+                assert_eq!(field(field(m, side), "measured"), 0, "{args:?}: {m}");
+            }
+            assert!(field(m, "difference").is_null(), "{args:?}: {m}");
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compare_finds_the_slower_release_on_clickhouse_18() {
     let env = TestEnv::new(Stack::shared()).await;
     compare_finds_the_slower_release(&env).await;
+    an_empty_comparison_has_no_data(&env);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compare_finds_the_slower_release_on_clickhouse_26() {
     let env = TestEnv::on_ch26(Stack::shared()).await;
     compare_finds_the_slower_release(&env).await;
+    an_empty_comparison_has_no_data(&env);
     let html = tempfile::tempdir().unwrap().keep().join("compare.html");
     env.cli(&[
         "report",
