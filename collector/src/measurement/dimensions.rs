@@ -433,11 +433,13 @@ mod tests {
                 }
             }
         }
-        // One of them may have found no place (a tie): a few more seen 10 times.
+        // Some may have found no place (a tie with the least-seen kept value, or the sketch's
+        // collisions under its random seed: 998 of 1,000 admissions spent in one run): a few
+        // more, each seen 11 times, one more than any kept junk value.
         let mut extra = 0;
-        while kept_and_admitted(&d).1 < MAX_ADMITTED_PER_DAY && extra < 10 {
+        while kept_and_admitted(&d).1 < MAX_ADMITTED_PER_DAY && extra < 50 {
             extra += 1;
-            for _ in 0..10 {
+            for _ in 0..11 {
                 stored(&d, 1, &format!("junk-extra-{extra}"));
             }
         }
