@@ -98,8 +98,18 @@ pub enum ReportError {
         /// The server.
         server: String,
         /// What was wrong.
-        why: String,
+        why: report::ReportDataError,
     },
+    /// One server's query failed (a step of [`ReportError::NoServer`]).
+    #[error("{}", crate::logging::chain(.0))]
+    Query(#[from] clickhouse::error::Error),
+    /// One server gave no answer within [`SERVER_TIMEOUT`] (a step of
+    /// [`ReportError::NoServer`]).
+    #[error("no answer within {:?}", SERVER_TIMEOUT)]
+    Timeout,
+    /// One server's answer cannot be read (a step of [`ReportError::NoServer`]).
+    #[error(transparent)]
+    Answer(#[from] report::ReportDataError),
     /// The HTML file could not be written (exit 1).
     #[error("--html {0}: {1}")]
     Html(String, std::io::Error),
@@ -235,7 +245,7 @@ async fn first_answer<T, F, Fut>(
 ) -> Result<(T, String), ReportError>
 where
     F: Fn(clickhouse::Client) -> Fut,
-    Fut: std::future::Future<Output = Result<Option<T>, String>>,
+    Fut: std::future::Future<Output = Result<Option<T>, ReportError>>,
 {
     let shard = shard_of(config, site).await?;
     let mut problems = Vec::new();
@@ -244,7 +254,7 @@ where
         let client = crate::clickhouse::client(url, &config.clickhouse, false);
         let answer = tokio::time::timeout(SERVER_TIMEOUT, ask(client))
             .await
-            .unwrap_or_else(|_| Err(format!("no answer within {SERVER_TIMEOUT:?}")));
+            .unwrap_or(Err(ReportError::Timeout));
         match answer {
             Ok(None) => {
                 return Err(ReportError::UnknownSite {
@@ -259,18 +269,16 @@ where
     Err(ReportError::NoServer(problems))
 }
 
-/// One error's chain as text.
-fn chain(e: clickhouse::error::Error) -> String {
-    crate::logging::chain(&e)
-}
-
 /// Whether the server behind `client` holds any row of `site` (any time, bots too).
-async fn known(client: &clickhouse::Client, database: &str, site: &str) -> Result<bool, String> {
+async fn known(
+    client: &clickhouse::Client,
+    database: &str,
+    site: &str,
+) -> Result<bool, ReportError> {
     let n: u64 = client
         .query(&sql::known_query(database, site))
         .fetch_one()
-        .await
-        .map_err(chain)?;
+        .await?;
     Ok(n > 0)
 }
 
@@ -283,7 +291,7 @@ async fn fetch(config: &Config, args: &ReportArgs, now: u64) -> Result<Report, R
     let (groups, server) = first_answer(config, &args.site, |client| {
         let query = &query;
         async move {
-            let rows: Vec<sql::Row> = client.query(query).fetch_all().await.map_err(chain)?;
+            let rows: Vec<sql::Row> = client.query(query).fetch_all().await?;
             if rows.is_empty() && !known(&client, database, &args.site).await? {
                 return Ok(None);
             }
@@ -291,6 +299,7 @@ async fn fetch(config: &Config, args: &ReportArgs, now: u64) -> Result<Report, R
                 .map(sql::Row::figures)
                 .collect::<Result<Vec<_>, _>>()
                 .map(Some)
+                .map_err(ReportError::Answer)
         }
     })
     .await?;
@@ -334,12 +343,11 @@ async fn crux_rows(
     database: &str,
     site: &str,
     (from, to): (u64, u64),
-) -> Result<Vec<sql::Row>, String> {
+) -> Result<Vec<sql::Row>, ReportError> {
     let found: Vec<crux_days::DayRows> = client
         .query(&crux_days::rows_query(database, site, from, to))
         .fetch_all()
-        .await
-        .map_err(chain)?;
+        .await?;
     let marks = client
         .query(&crux_days::marks_query(database, site, from, to))
         .fetch_all::<crux_days::Mark>()
@@ -368,7 +376,7 @@ async fn crux_rows(
             Ok(marked) => plan.stored_as(computation, &marked),
             Err(e) => eprintln!(
                 "collector: the CrUX roll-up was not written ({}); {} days read from the rows",
-                chain(e),
+                crate::logging::chain(&e),
                 days.len()
             ),
         }
@@ -388,11 +396,10 @@ async fn crux_rows(
     if sources.is_empty() {
         return Ok(Vec::new());
     }
-    client
+    Ok(client
         .query(&crux_days::query(&sources))
         .fetch_all()
-        .await
-        .map_err(chain)
+        .await?)
 }
 
 /// The comparison (`--compare` or `--deploy`).
@@ -407,8 +414,7 @@ async fn fetch_comparison(
     let site = &args.site;
     let (answer, server) = first_answer(config, site, |client| async move {
         let sums_sql = compare::sums_query(database, site, sides, range);
-        let rows: Vec<compare::SumsRow> =
-            client.query(&sums_sql).fetch_all().await.map_err(chain)?;
+        let rows: Vec<compare::SumsRow> = client.query(&sums_sql).fetch_all().await?;
         if rows.is_empty() && !known(&client, database, site).await? {
             return Ok(None);
         }
@@ -419,16 +425,14 @@ async fn fetch_comparison(
         let spread: compare::SpreadRow = client
             .query(&spread_sql)
             .fetch_optional()
-            .await
-            .map_err(chain)?
+            .await?
             .unwrap_or_default();
         let levels = compare::levels(&sums, &spread);
         let q_sql = compare::quantiles_query(database, site, sides, range, &levels);
         let quantiles: compare::QuantilesRow = client
             .query(&q_sql)
             .fetch_optional()
-            .await
-            .map_err(chain)?
+            .await?
             .unwrap_or_default();
         Ok(Some((sums, quantiles)))
     })

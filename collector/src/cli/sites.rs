@@ -149,14 +149,15 @@ fn check_rate(rate: f64) -> Result<f64, RunError> {
 /// Replaces each list of `site` that `lists` gives, every value checked (exit 2 naming the
 /// first bad one). A preset makes the page-group rules those given, then the preset's.
 fn apply_lists(site: &mut Site, lists: SiteLists) -> Result<(), RunError> {
-    let usage =
-        |flag: &str, value: &str, e: String| RunError::Usage(format!("--{flag} {value:?}: {e}"));
+    fn usage(flag: &str, value: &str, e: impl std::fmt::Display) -> RunError {
+        RunError::Usage(format!("--{flag} {value:?}: {e}"))
+    }
     if let Some(origins) = lists.origins {
         site.allowed_origins = origins
             .iter()
             .map(|o| {
                 settings::normalise_origin(o)
-                    .ok_or_else(|| usage("origin", o, "not an http(s) origin".into()))
+                    .ok_or_else(|| usage("origin", o, "not an http(s) origin"))
             })
             .collect::<Result<_, _>>()?;
     }
@@ -170,7 +171,7 @@ fn apply_lists(site: &mut Site, lists: SiteLists) -> Result<(), RunError> {
     let mut page_groups = lists.page_groups;
     if let Some(preset) = lists.page_groups_preset {
         let rules = presets::rules(&preset)
-            .ok_or_else(|| usage("page-groups-preset", &preset, "not a preset".into()))?;
+            .ok_or_else(|| usage("page-groups-preset", &preset, "not a preset"))?;
         let mut groups = page_groups.unwrap_or_default();
         groups.extend(rules.iter().map(|r| r.to_string()));
         page_groups = Some(groups);

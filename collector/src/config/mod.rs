@@ -18,7 +18,7 @@ use url::Url;
 pub mod args;
 mod values;
 
-pub use values::cidrs;
+pub use values::{cidrs, ValueError};
 
 pub use args::*;
 use values::Problems;
@@ -48,11 +48,11 @@ pub enum TableForm {
 
 impl TableForm {
     /// Parses `replicated` or `single`.
-    pub fn parse(value: &str) -> Result<TableForm, String> {
+    pub fn parse(value: &str) -> Result<TableForm, ValueError> {
         match value.trim() {
             "replicated" => Ok(TableForm::Replicated),
             "single" => Ok(TableForm::Single),
-            _ => Err("must be replicated or single".into()),
+            _ => Err(ValueError::TableForm),
         }
     }
 }
@@ -306,23 +306,20 @@ impl IntakeConfig {
 /// `sslmode=verify-full` has a host name to verify (a `hostaddr` without `host` has none;
 /// libpq refuses it, and so does the collector rather than connect unverified). Errors never
 /// hold the URL.
-fn check_database_url(url: &str) -> Result<(), String> {
+fn check_database_url(url: &str) -> Result<(), ValueError> {
     let (rest, ssl) = crate::tls::libpq::split(url)?;
     let config = rest
         .parse::<tokio_postgres::Config>()
-        .map_err(|e| e.to_string())?;
+        .map_err(ValueError::DatabaseUrl)?;
     let unnamed = config.get_hosts().len() < config.get_hostaddrs().len();
     if ssl.mode == crate::tls::libpq::SslMode::VerifyFull && unnamed {
-        return Err(
-            "sslmode=verify-full with a hostaddr but no host: no name to verify the \
-                    server's certificate against (libpq refuses it too); add host=NAME"
-                .into(),
-        );
+        return Err(ValueError::NoHostToVerify);
     }
     if let Some(password) = config.get_password() {
         values::not_placeholder(&String::from_utf8_lossy(password))?;
     }
-    ssl.client_config().map(|_| ())
+    ssl.client_config()?;
+    Ok(())
 }
 
 impl SiteSettingsConfig {

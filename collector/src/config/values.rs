@@ -7,6 +7,103 @@ use std::time::Duration;
 use ipnet::IpNet;
 use url::Url;
 
+use crate::tls::TlsError;
+
+/// Why one setting's value is bad: the reason shown after `COLLECTOR_NAME="value": ` (see
+/// [`Problems`]). A part that may hold a password is never in it.
+#[derive(Debug, thiserror::Error)]
+pub enum ValueError {
+    /// `COLLECTOR_CLIENT_IP_HEADER` names neither header.
+    #[error("must be X-Forwarded-For or Forwarded")]
+    ClientIpHeader,
+    /// `COLLECTOR_CLICKHOUSE_TABLE_FORM` is neither form.
+    #[error("must be replicated or single")]
+    TableForm,
+    /// A password file cannot be read (the file is named by the setting, never its content).
+    #[error("{0}")]
+    SecretFile(std::io::Error),
+    /// A placeholder password from `deploy/env.example` (see [`not_placeholder`]).
+    #[error(
+        "a placeholder password ({prefix}-...; deploy/env.example): set a real one, e.g. `openssl rand -hex 24`",
+        prefix = PLACEHOLDER_PREFIX
+    )]
+    Placeholder,
+    /// Not an address, and not a host name that resolves.
+    #[error("{0}")]
+    Address(std::net::AddrParseError),
+    /// A host name that resolves to no address.
+    #[error("resolves to no address")]
+    NoAddress,
+    /// A ClickHouse URL that does not parse; `shown` is `<hidden>` when it may hold a password.
+    #[error("{shown}: {source}")]
+    Url {
+        /// The URL as written, or `<hidden>`.
+        shown: String,
+        /// Why it does not parse.
+        source: url::ParseError,
+    },
+    /// A ClickHouse URL that is not `http://` or `https://` with a host.
+    #[error("{0}: must be an http:// or https:// URL")]
+    NotHttp(String),
+    /// A ClickHouse URL with a user or password (named by its host only).
+    #[error("{0}: credentials in the URL are not supported (they would show in logs and metrics): use COLLECTOR_CLICKHOUSE_USER and COLLECTOR_CLICKHOUSE_PASSWORD_FILE")]
+    Credentials(String),
+    /// A ClickHouse URL with a query (named by its host only).
+    #[error("{0}: a query is not supported (ClickHouse would read a user and password from it, and it would show in logs and metrics): use COLLECTOR_CLICKHOUSE_USER and COLLECTOR_CLICKHOUSE_PASSWORD_FILE")]
+    Query(String),
+    /// A ClickHouse URL listed twice.
+    #[error("{0}: listed twice")]
+    UrlTwice(String),
+    /// An empty list of ClickHouse URLs.
+    #[error("at least one URL is required")]
+    NoUrl,
+    /// A part of `COLLECTOR_CLICKHOUSE_SHARDS` that is not `NAME=URL,...`.
+    #[error("{0}: must be NAME=URL,URL,...")]
+    NotShard(String),
+    /// A shard name that is not 1 to 32 of `a-z`, `0-9`, `_` and `-`.
+    #[error("{0}: a shard name is 1 to 32 of a-z, 0-9, _ and -")]
+    ShardName(String),
+    /// A shard named twice.
+    #[error("shard {0}: named twice")]
+    ShardTwice(String),
+    /// A shard without a replica URL.
+    #[error("shard {0}: no replica URL")]
+    NoReplica(String),
+    /// A bad URL list of the shard `shard`.
+    #[error("shard {shard}: {source}")]
+    ShardUrls {
+        /// The shard's name.
+        shard: String,
+        /// What is wrong with its URLs.
+        source: Box<ValueError>,
+    },
+    /// One replica URL in two shards.
+    #[error("{url}: a replica of both shard {other} and shard {shard}")]
+    TwoShards {
+        /// The URL, without its trailing `/`.
+        url: String,
+        /// The shard listing it first.
+        other: String,
+        /// The shard listing it again.
+        shard: String,
+    },
+    /// An empty `COLLECTOR_CLICKHOUSE_SHARDS`.
+    #[error("at least one shard is required")]
+    NoShard,
+    /// A part of a CIDR list that is neither a CIDR nor an address.
+    #[error("{0}: not a CIDR like 10.0.0.0/8 or an address")]
+    NotCidr(String),
+    /// The TLS a URL or a CA file asks for cannot be set up.
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    /// `COLLECTOR_DATABASE_URL` is not a connection string tokio-postgres takes.
+    #[error("{0}")]
+    DatabaseUrl(tokio_postgres::Error),
+    /// `sslmode=verify-full` with only a `hostaddr`: no name to verify against.
+    #[error("sslmode=verify-full with a hostaddr but no host: no name to verify the server's certificate against (libpq refuses it too); add host=NAME")]
+    NoHostToVerify,
+}
+
 /// The longest duration any setting accepts: longer ones are surely a mistake (and some, such
 /// as the dedup window, would overflow timers).
 pub const MAX_DURATION: Duration = Duration::from_secs(7 * 24 * 3600);
@@ -23,11 +120,11 @@ pub enum ClientIpHeader {
 
 impl ClientIpHeader {
     /// Parses a header name, case-insensitively: `X-Forwarded-For` or `Forwarded`.
-    pub fn parse(name: &str) -> Result<ClientIpHeader, String> {
+    pub fn parse(name: &str) -> Result<ClientIpHeader, ValueError> {
         match name.trim().to_ascii_lowercase().as_str() {
             "x-forwarded-for" => Ok(ClientIpHeader::XForwardedFor),
             "forwarded" => Ok(ClientIpHeader::Forwarded),
-            _ => Err("must be X-Forwarded-For or Forwarded".into()),
+            _ => Err(ValueError::ClientIpHeader),
         }
     }
 
@@ -53,7 +150,12 @@ impl Problems {
     }
 
     /// The value of `result`, or `None` with the error reported.
-    pub fn check<T>(&mut self, name: &str, shown: &str, result: Result<T, String>) -> Option<T> {
+    pub fn check<T, E: std::fmt::Display>(
+        &mut self,
+        name: &str,
+        shown: &str,
+        result: Result<T, E>,
+    ) -> Option<T> {
         result.map_err(|e| self.report(name, shown, e)).ok()
     }
 
@@ -135,8 +237,8 @@ impl Secret {
 
 /// The password in the file at `path`: its first line, without the line ending. Errors: the
 /// file cannot be read (the error names the file, never its content).
-pub fn secret_file(path: &str) -> Result<Secret, String> {
-    let text = std::fs::read_to_string(path.trim()).map_err(|e| e.to_string())?;
+pub fn secret_file(path: &str) -> Result<Secret, ValueError> {
+    let text = std::fs::read_to_string(path.trim()).map_err(ValueError::SecretFile)?;
     let line = text.lines().next().unwrap_or("");
     not_placeholder(line)?;
     Ok(Secret(line.to_owned()))
@@ -148,28 +250,26 @@ pub const PLACEHOLDER_PREFIX: &str = "change-me";
 /// Refuses a placeholder password (one starting with [`PLACEHOLDER_PREFIX`], in any case):
 /// copied from `deploy/env.example` and never replaced, it is public (issue 52, 5). The error
 /// never holds the password.
-pub fn not_placeholder(password: &str) -> Result<(), String> {
+pub fn not_placeholder(password: &str) -> Result<(), ValueError> {
     let placeholder = password
         .get(..PLACEHOLDER_PREFIX.len())
         .is_some_and(|p| p.eq_ignore_ascii_case(PLACEHOLDER_PREFIX));
     if placeholder {
-        return Err(format!(
-            "a placeholder password ({PLACEHOLDER_PREFIX}-...; deploy/env.example): set a real one, e.g. `openssl rand -hex 24`"
-        ));
+        return Err(ValueError::Placeholder);
     }
     Ok(())
 }
 
 /// An address, or a host name resolved once, here (never per request).
-pub fn socket_addr(value: &str) -> Result<SocketAddr, String> {
+pub fn socket_addr(value: &str) -> Result<SocketAddr, ValueError> {
     value
         .parse::<SocketAddr>()
-        .map_err(|e| e.to_string())
+        .map_err(ValueError::Address)
         .or_else(|e| {
             std::net::ToSocketAddrs::to_socket_addrs(value)
                 .map_err(|_| e)?
                 .next()
-                .ok_or_else(|| "resolves to no address".to_string())
+                .ok_or(ValueError::NoAddress)
         })
 }
 
@@ -191,7 +291,7 @@ pub fn may_hold_password(url: &str) -> bool {
 /// A comma-separated list of ClickHouse HTTP(S) URLs, in order, none twice, without
 /// credentials or a query (either may carry a password, which would show in logs and metric
 /// labels).
-pub fn clickhouse_urls(s: &str) -> Result<Vec<Url>, String> {
+pub fn clickhouse_urls(s: &str) -> Result<Vec<Url>, ValueError> {
     let mut urls = Vec::new();
     for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         // A malformed URL may still hold a password: never echoed.
@@ -200,30 +300,28 @@ pub fn clickhouse_urls(s: &str) -> Result<Vec<Url>, String> {
         } else {
             part
         };
-        let url = Url::parse(part).map_err(|e| format!("{shown}: {e}"))?;
+        let url = Url::parse(part).map_err(|source| ValueError::Url {
+            shown: shown.to_owned(),
+            source,
+        })?;
         if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
-            return Err(format!("{shown}: must be an http:// or https:// URL"));
+            return Err(ValueError::NotHttp(shown.to_owned()));
         }
+        let host = || url.host_str().unwrap_or("?").to_owned();
         // They would show in logs and metric labels: refused, without echoing them.
         if !url.username().is_empty() || url.password().is_some() {
-            return Err(format!(
-                "{}: credentials in the URL are not supported (they would show in logs and metrics): use COLLECTOR_CLICKHOUSE_USER and COLLECTOR_CLICKHOUSE_PASSWORD_FILE",
-                url.host_str().unwrap_or("?")
-            ));
+            return Err(ValueError::Credentials(host()));
         }
         if url.query().is_some() {
-            return Err(format!(
-                "{}: a query is not supported (ClickHouse would read a user and password from it, and it would show in logs and metrics): use COLLECTOR_CLICKHOUSE_USER and COLLECTOR_CLICKHOUSE_PASSWORD_FILE",
-                url.host_str().unwrap_or("?")
-            ));
+            return Err(ValueError::Query(host()));
         }
         if urls.contains(&url) {
-            return Err(format!("{shown}: listed twice"));
+            return Err(ValueError::UrlTwice(shown.to_owned()));
         }
         urls.push(url);
     }
     if urls.is_empty() {
-        return Err("at least one URL is required".into());
+        return Err(ValueError::NoUrl);
     }
     Ok(urls)
 }
@@ -240,7 +338,7 @@ pub fn is_shard_name(s: &str) -> bool {
 /// URL as [`clickhouse_urls`] takes it. Errors: a bad or duplicate name, a shard without a
 /// URL, a URL in two shards, none at all. A part holding `@` is never echoed (it may hold a
 /// password).
-pub fn clickhouse_shards(s: &str) -> Result<Vec<(String, Vec<Url>)>, String> {
+pub fn clickhouse_shards(s: &str) -> Result<Vec<(String, Vec<Url>)>, ValueError> {
     let mut shards: Vec<(String, Vec<Url>)> = Vec::new();
     for part in s.split(';').map(str::trim).filter(|p| !p.is_empty()) {
         let shown = |p: &str| {
@@ -251,47 +349,48 @@ pub fn clickhouse_shards(s: &str) -> Result<Vec<(String, Vec<Url>)>, String> {
             }
         };
         let Some((name, urls)) = part.split_once('=') else {
-            return Err(format!("{}: must be NAME=URL,URL,...", shown(part)));
+            return Err(ValueError::NotShard(shown(part)));
         };
         let name = name.trim();
         if !is_shard_name(name) {
-            return Err(format!(
-                "{}: a shard name is 1 to 32 of a-z, 0-9, _ and -",
-                shown(name)
-            ));
+            return Err(ValueError::ShardName(shown(name)));
         }
         if shards.iter().any(|(n, _)| n == name) {
-            return Err(format!("shard {name}: named twice"));
+            return Err(ValueError::ShardTwice(name.to_owned()));
         }
         if urls.trim().is_empty() {
-            return Err(format!("shard {name}: no replica URL"));
+            return Err(ValueError::NoReplica(name.to_owned()));
         }
-        let urls = clickhouse_urls(urls).map_err(|e| format!("shard {name}: {e}"))?;
+        let urls = clickhouse_urls(urls).map_err(|e| ValueError::ShardUrls {
+            shard: name.to_owned(),
+            source: Box::new(e),
+        })?;
         for url in &urls {
             if let Some((other, _)) = shards.iter().find(|(_, u)| u.contains(url)) {
-                return Err(format!(
-                    "{}: a replica of both shard {other} and shard {name}",
-                    url.as_str().trim_end_matches('/')
-                ));
+                return Err(ValueError::TwoShards {
+                    url: url.as_str().trim_end_matches('/').to_owned(),
+                    other: other.clone(),
+                    shard: name.to_owned(),
+                });
             }
         }
         shards.push((name.to_owned(), urls));
     }
     if shards.is_empty() {
-        return Err("at least one shard is required".into());
+        return Err(ValueError::NoShard);
     }
     Ok(shards)
 }
 
 /// A comma-separated list of CIDRs or addresses.
-pub fn cidrs(s: &str) -> Result<Vec<IpNet>, String> {
+pub fn cidrs(s: &str) -> Result<Vec<IpNet>, ValueError> {
     s.split(',')
         .map(str::trim)
         .filter(|p| !p.is_empty())
         .map(|p| {
             p.parse::<IpNet>()
                 .or_else(|_| p.parse::<std::net::IpAddr>().map(IpNet::from))
-                .map_err(|_| format!("{p}: not a CIDR like 10.0.0.0/8 or an address"))
+                .map_err(|_| ValueError::NotCidr(p.to_owned()))
         })
         .collect()
 }

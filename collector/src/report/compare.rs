@@ -21,7 +21,7 @@ use serde::Serialize;
 
 use super::sql::{self, quote};
 use super::stats::{self, Difference, Estimate};
-use super::{dimension_value, Metric, MIN_MEASURED};
+use super::{dimension_value, Metric, ReportDataError, MIN_MEASURED};
 
 /// What is compared with what.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,16 +41,15 @@ pub enum Sides {
 
 /// `--compare`'s value: `NAME=A,B`, NAME a dimension's name, A and B two different values
 /// without a comma (a dimension's value is at most 64 bytes).
-pub fn parse_compare(s: &str) -> Result<Sides, String> {
-    let bad =
-        || format!("{s:?}: NAME=A,B (a dimension and two of its values, e.g. release=412,413)");
+pub fn parse_compare(s: &str) -> Result<Sides, ReportDataError> {
+    let bad = || ReportDataError::Compare(s.to_owned());
     let (name, values) = s.split_once('=').ok_or_else(bad)?;
     let (a, b) = values.split_once(',').ok_or_else(bad)?;
     if a.is_empty() || b.is_empty() || b.contains(',') || a == b {
         return Err(bad());
     }
     if a.len() > 64 || b.len() > 64 {
-        return Err(format!("{s:?}: a dimension's value is at most 64 bytes"));
+        return Err(ReportDataError::CompareValueLength(s.to_owned()));
     }
     Ok(Sides::Dimension {
         name: super::dimension_name(name)?,
@@ -61,12 +60,14 @@ pub fn parse_compare(s: &str) -> Result<Sides, String> {
 
 /// `--deploy`'s value: an RFC 3339 instant (`2026-12-01T09:30:00Z`; a space for the `T` and no
 /// zone are read as UTC), as Unix seconds.
-pub fn parse_deploy(s: &str) -> Result<u64, String> {
-    let t = humantime::parse_rfc3339_weak(s)
-        .map_err(|e| format!("{s:?}: an instant such as 2026-12-01T09:30:00Z ({e})"))?;
+pub fn parse_deploy(s: &str) -> Result<u64, ReportDataError> {
+    let t = humantime::parse_rfc3339_weak(s).map_err(|source| ReportDataError::Deploy {
+        value: s.to_owned(),
+        source,
+    })?;
     t.duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
-        .map_err(|_| format!("{s:?}: before 1970"))
+        .map_err(|_| ReportDataError::BeforeEpoch(s.to_owned()))
 }
 
 impl Sides {
@@ -349,8 +350,8 @@ pub fn assemble(
     (from, to): (u64, u64),
     sums: &[SumsRow; 2],
     quantiles: &QuantilesRow,
-) -> Result<Comparison, String> {
-    let side = |which: usize, i: usize| -> Result<SideFigures, String> {
+) -> Result<Comparison, ReportDataError> {
+    let side = |which: usize, i: usize| -> Result<SideFigures, ReportDataError> {
         let measured = sums[which].measured.get(i).copied().unwrap_or(0);
         let enough_data = measured >= MIN_MEASURED;
         let q = if which == 0 {
@@ -361,7 +362,7 @@ pub fn assemble(
         let estimate = match (enough_data, q.get(i).map(Vec::as_slice)) {
             (false, _) => None,
             (true, Some(&[low, p75, high])) => Some(Estimate { p75, low, high }),
-            (true, other) => return Err(format!("quantiles {other:?}, not [low, p75, high]")),
+            (true, other) => return Err(ReportDataError::Quantiles(other.map(<[f64]>::to_vec))),
         };
         Ok(SideFigures {
             measured,
@@ -412,8 +413,8 @@ mod tests {
     #[test]
     fn compare_and_deploy_values_are_read_or_refused_clearly() {
         assert_eq!(
-            parse_compare("release=412,413"),
-            Ok(Sides::Dimension {
+            parse_compare("release=412,413").ok(),
+            Some(Sides::Dimension {
                 name: "release".into(),
                 a: "412".into(),
                 b: "413".into()
@@ -429,8 +430,14 @@ mod tests {
         ] {
             assert!(parse_compare(bad).is_err(), "{bad}");
         }
-        assert_eq!(parse_deploy("2026-12-03T12:00:00Z"), Ok(1_796_299_200));
-        assert_eq!(parse_deploy("2026-12-03 12:00:00"), Ok(1_796_299_200));
+        assert_eq!(
+            parse_deploy("2026-12-03T12:00:00Z").ok(),
+            Some(1_796_299_200)
+        );
+        assert_eq!(
+            parse_deploy("2026-12-03 12:00:00").ok(),
+            Some(1_796_299_200)
+        );
         assert!(parse_deploy("yesterday").is_err());
         assert_eq!(
             Sides::Deploy(1_000_000).range(2, 0),

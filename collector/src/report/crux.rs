@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use super::sql::{self, quote};
-use super::{GroupFigures, Metric, MetricFigures, Rating};
+use super::{GroupFigures, Metric, MetricFigures, Rating, ReportDataError};
 
 /// The days a CrUX view covers (CrUX's own 28-day window).
 pub const DAYS: u32 = 28;
@@ -298,7 +298,7 @@ pub fn assemble(
     server: &str,
     (from, to): (u64, u64),
     rows: Vec<sql::Row>,
-) -> Result<CruxReport, String> {
+) -> Result<CruxReport, ReportDataError> {
     let days: Vec<String> = (0..u64::from(DAYS))
         .map(|d| sql::utc(from + d * 86_400)[..10].to_owned())
         .collect();
@@ -307,7 +307,7 @@ pub fn assemble(
         let mut parts = row.grp.splitn(3, '/').map(str::to_owned);
         let key = match (parts.next(), parts.next(), parts.next()) {
             (Some(f), Some(n), Some(d)) => (f, n, d),
-            _ => return Err(format!("a group {:?} not FORM/NAVIGATIONS/DAY", row.grp)),
+            _ => return Err(ReportDataError::CruxGroup(row.grp)),
         };
         found.insert(key, row.figures()?);
     }

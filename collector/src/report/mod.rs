@@ -27,6 +27,51 @@ pub mod table;
 
 use serde::Serialize;
 
+/// What the report cannot take: a command-line value (`--by`, `--compare`, `--deploy`), or a
+/// server's answer that is not shaped as its query asks.
+#[derive(Debug, thiserror::Error)]
+pub enum ReportDataError {
+    /// A `--by` value that is none of the groupings.
+    #[error("{0:?}: one of device_type, country, browser, page_group, dimension:NAME")]
+    GroupBy(String),
+    /// A dimension's name that a site could not declare.
+    #[error(transparent)]
+    Dimension(#[from] crate::settings::SiteValueError),
+    /// A `--compare` value that is not `NAME=A,B` with two different values.
+    #[error("{0:?}: NAME=A,B (a dimension and two of its values, e.g. release=412,413)")]
+    Compare(String),
+    /// A `--compare` value with a side longer than a dimension's value can be (64 bytes).
+    #[error("{0:?}: a dimension's value is at most 64 bytes")]
+    CompareValueLength(String),
+    /// A `--deploy` value that is not an RFC 3339 instant.
+    #[error("{value:?}: an instant such as 2026-12-01T09:30:00Z ({source})")]
+    Deploy {
+        /// The value as given.
+        value: String,
+        /// Why it does not parse.
+        source: humantime::TimestampError,
+    },
+    /// A `--deploy` instant before the Unix epoch.
+    #[error("{0:?}: before 1970")]
+    BeforeEpoch(String),
+    /// A quantiles answer that is not `[low, p75, high]` (what was there instead).
+    #[error("quantiles {0:?}, not [low, p75, high]")]
+    Quantiles(Option<Vec<f64>>),
+    /// A group's row whose arrays do not hold one value per metric.
+    #[error("the answer for group {group:?} has arrays of {lengths:?} values, not {metrics}")]
+    ArrayLengths {
+        /// The group's value.
+        group: String,
+        /// The arrays' lengths, in the row's column order.
+        lengths: [usize; 5],
+        /// The number of metrics each should hold.
+        metrics: usize,
+    },
+    /// A CrUX view's group that is not `FORM/NAVIGATIONS/DAY`.
+    #[error("a group {0:?} not FORM/NAVIGATIONS/DAY")]
+    CruxGroup(String),
+}
+
 /// One metric the report shows, in the order it shows them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -177,10 +222,10 @@ pub enum GroupBy {
 }
 
 impl std::str::FromStr for GroupBy {
-    type Err = String;
+    type Err = ReportDataError;
 
     /// `device_type`, `country`, `browser`, `page_group` or `dimension:NAME`.
-    fn from_str(s: &str) -> Result<GroupBy, String> {
+    fn from_str(s: &str) -> Result<GroupBy, ReportDataError> {
         Ok(match s {
             "device_type" => GroupBy::DeviceType,
             "country" => GroupBy::Country,
@@ -188,11 +233,7 @@ impl std::str::FromStr for GroupBy {
             "page_group" => GroupBy::PageGroup,
             _ => match s.strip_prefix("dimension:") {
                 Some(name) => GroupBy::Dimension(dimension_name(name)?),
-                None => {
-                    return Err(format!(
-                        "{s:?}: one of device_type, country, browser, page_group, dimension:NAME"
-                    ))
-                }
+                None => return Err(ReportDataError::GroupBy(s.to_owned())),
             },
         })
     }
@@ -216,7 +257,7 @@ impl Serialize for GroupBy {
 
 /// `name` when it is a dimension's name as `sites update --dimension` accepts it (1 to 32 bytes
 /// of `[a-z0-9_]`, [`crate::settings::check_dimensions`]), else why not.
-pub fn dimension_name(name: &str) -> Result<String, String> {
+pub fn dimension_name(name: &str) -> Result<String, ReportDataError> {
     crate::settings::check_dimensions(&[name.to_owned()])?;
     Ok(name.to_owned())
 }

@@ -18,7 +18,7 @@
 
 use serde::Deserialize;
 
-use super::{GroupBy, GroupFigures, Metric, MetricFigures};
+use super::{GroupBy, GroupFigures, Metric, MetricFigures, ReportDataError};
 
 /// The weight of a row for page-view counts and shares.
 const WEIGHT: &str = "1 / sample_rate";
@@ -140,7 +140,7 @@ pub struct Row {
 
 impl Row {
     /// The group's figures; an error when an array does not hold one value per metric.
-    pub fn figures(self) -> Result<GroupFigures, String> {
+    pub fn figures(self) -> Result<GroupFigures, ReportDataError> {
         let n = Metric::ALL.len();
         let lengths = [
             self.measured.len(),
@@ -150,10 +150,11 @@ impl Row {
             self.poor_page_views.len(),
         ];
         if lengths.iter().any(|&l| l != n) {
-            return Err(format!(
-                "the answer for group {:?} has arrays of {lengths:?} values, not {n}",
-                self.grp
-            ));
+            return Err(ReportDataError::ArrayLengths {
+                group: self.grp,
+                lengths,
+                metrics: n,
+            });
         }
         let metrics = Metric::ALL
             .iter()

@@ -272,16 +272,43 @@ pub fn normalise_origin(s: &str) -> Option<String> {
     bare.then(|| url.origin().ascii_serialization())
 }
 
+/// Why a value of a site's lists (`collector sites add|update`) is refused; each message names
+/// the rule broken (the flag and value are added by the caller).
+#[derive(Debug, thiserror::Error)]
+pub enum SiteValueError {
+    /// More than [`MAX_TRUSTED_PROXIES`] trusted proxies.
+    #[error("at most {MAX_TRUSTED_PROXIES} trusted proxies")]
+    TooManyProxies,
+    /// A trusted proxy that is neither a CIDR nor an address.
+    #[error(transparent)]
+    Proxy(#[from] crate::config::ValueError),
+    /// A `--keep-query` value that is not a parameter name or a prefix ending in `*`.
+    #[error("a parameter name, or a prefix ending in *, of 1 to 64 bytes")]
+    KeepQuery,
+    /// Page-group rules refused by [`crate::measurement::page_groups::check_all`] (its reason).
+    #[error("{0}")]
+    PageGroups(String),
+    /// More than [`MAX_DIMENSIONS`] dimensions.
+    #[error("at most {MAX_DIMENSIONS} dimensions")]
+    TooManyDimensions,
+    /// A dimension name that is not 1 to [`MAX_DIMENSION_NAME_BYTES`] bytes of `[a-z0-9_]`.
+    #[error("{0:?}: a name is 1 to 32 bytes of a-z, 0-9 and _")]
+    DimensionName(String),
+    /// A dimension named twice.
+    #[error("{0:?} given twice")]
+    DimensionTwice(String),
+}
+
 /// Most `--trusted-proxy` CIDRs a site lists.
 pub const MAX_TRUSTED_PROXIES: usize = 16;
 
 /// A site's `--trusted-proxy` values as networks: at most [`MAX_TRUSTED_PROXIES`], each a CIDR
 /// (`203.0.113.0/24`) or one address; `Err` names the first that is not.
-pub fn check_trusted_proxies(values: &[String]) -> Result<Vec<IpNet>, String> {
+pub fn check_trusted_proxies(values: &[String]) -> Result<Vec<IpNet>, SiteValueError> {
     if values.len() > MAX_TRUSTED_PROXIES {
-        return Err(format!("at most {MAX_TRUSTED_PROXIES} trusted proxies"));
+        return Err(SiteValueError::TooManyProxies);
     }
-    crate::config::cidrs(&values.join(","))
+    Ok(crate::config::cidrs(&values.join(","))?)
 }
 
 /// Most dimension names a site declares (contract v4 §2).
@@ -291,39 +318,38 @@ pub const MAX_DIMENSION_NAME_BYTES: usize = 32;
 
 /// A `--keep-query` value: a query parameter name, or a prefix ending in `*` (1 to 64 bytes,
 /// no `&`, `=`, `#` or white space).
-pub fn check_keep_query(value: &str) -> Result<(), String> {
+pub fn check_keep_query(value: &str) -> Result<(), SiteValueError> {
     let name = value.strip_suffix('*').unwrap_or(value);
     let ok = (1..=64).contains(&value.len())
         && !name.contains('*')
         && !value
             .chars()
             .any(|c| matches!(c, '&' | '=' | '#') || c.is_whitespace() || c.is_control());
-    ok.then_some(())
-        .ok_or_else(|| "a parameter name, or a prefix ending in *, of 1 to 64 bytes".into())
+    ok.then_some(()).ok_or(SiteValueError::KeepQuery)
 }
 
 /// Why a site's `--page-group` rules are not a list of them: more than
 /// [`crate::measurement::page_groups::MAX_RULES`], or a rule that is not `NAME=PATTERN` (see
 /// [`crate::measurement::page_groups`] for what it matches and the bounds of one).
-pub fn check_page_groups(rules: &[String]) -> Result<(), String> {
-    crate::measurement::page_groups::check_all(rules)
+pub fn check_page_groups(rules: &[String]) -> Result<(), SiteValueError> {
+    crate::measurement::page_groups::check_all(rules).map_err(SiteValueError::PageGroups)
 }
 
 /// The `--dimension` names of a site: at most [`MAX_DIMENSIONS`], each 1 to
 /// [`MAX_DIMENSION_NAME_BYTES`] bytes of `[a-z0-9_]`, none twice.
-pub fn check_dimensions(names: &[String]) -> Result<(), String> {
+pub fn check_dimensions(names: &[String]) -> Result<(), SiteValueError> {
     if names.len() > MAX_DIMENSIONS {
-        return Err(format!("at most {MAX_DIMENSIONS} dimensions"));
+        return Err(SiteValueError::TooManyDimensions);
     }
     for (i, n) in names.iter().enumerate() {
         let ok = (1..=MAX_DIMENSION_NAME_BYTES).contains(&n.len())
             && n.bytes()
                 .all(|b| matches!(b, b'a'..=b'z' | b'0'..=b'9' | b'_'));
         if !ok {
-            return Err(format!("{n:?}: a name is 1 to 32 bytes of a-z, 0-9 and _"));
+            return Err(SiteValueError::DimensionName(n.clone()));
         }
         if names[..i].contains(n) {
-            return Err(format!("{n:?} given twice"));
+            return Err(SiteValueError::DimensionTwice(n.clone()));
         }
     }
     Ok(())

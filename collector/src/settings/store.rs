@@ -93,7 +93,8 @@ impl SettingsStore {
         backoff: Duration,
         metrics: Arc<Metrics>,
     ) -> Result<Self, StoreError> {
-        let (url, ssl) = crate::tls::libpq::split(database_url).map_err(StoreError::Failed)?;
+        let (url, ssl) = crate::tls::libpq::split(database_url)
+            .map_err(|e| StoreError::Failed(e.to_string()))?;
         let mut config: Config = url
             .parse()
             .map_err(|e| StoreError::Failed(crate::logging::chain(&e)))?;
@@ -103,7 +104,7 @@ impl SettingsStore {
         config.ssl_mode(ssl.negotiation());
         let tls = ssl
             .client_config()
-            .map_err(StoreError::Failed)?
+            .map_err(|e| StoreError::Failed(e.to_string()))?
             .map(|c| tokio_postgres_rustls::MakeRustlsConnect::new((*c).clone()));
         config.connect_timeout(HOST_TIMEOUT);
         if config.get_application_name().is_none() {

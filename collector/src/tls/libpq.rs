@@ -15,7 +15,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use super::{client_config, Verify};
+use super::{client_config, TlsError, Verify};
 
 /// libpq's `sslmode`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,18 +42,14 @@ pub struct Ssl {
 }
 
 impl SslMode {
-    fn parse(value: &str) -> Result<SslMode, String> {
+    fn parse(value: &str) -> Result<SslMode, TlsError> {
         Ok(match value {
             "disable" => SslMode::Disable,
             "allow" | "prefer" => SslMode::Prefer,
             "require" => SslMode::Require,
             "verify-ca" => SslMode::VerifyCa,
             "verify-full" => SslMode::VerifyFull,
-            other => {
-                return Err(format!(
-                    "sslmode={other}: must be disable, prefer, require, verify-ca or verify-full"
-                ))
-            }
+            other => return Err(TlsError::SslMode(other.to_owned())),
         })
     }
 }
@@ -70,7 +66,7 @@ impl Ssl {
 
     /// The rustls configuration the mode asks for; `None` for `disable`. Errors: the root file
     /// cannot be read.
-    pub fn client_config(&self) -> Result<Option<Arc<rustls::ClientConfig>>, String> {
+    pub fn client_config(&self) -> Result<Option<Arc<rustls::ClientConfig>>, TlsError> {
         let root = self.root_cert.as_deref();
         let verify = match self.mode {
             SslMode::Disable => return Ok(None),
@@ -82,18 +78,18 @@ impl Ssl {
         };
         client_config(root, verify)
             .map(Some)
-            .map_err(|e| format!("sslrootcert: {e}"))
+            .map_err(|e| TlsError::RootCert(Box::new(e)))
     }
 }
 
 /// `url` (a URL or a key=value string) without `sslmode` and `sslrootcert`, and what they
 /// said. Errors: an `sslmode` libpq does not know.
-pub fn split(url: &str) -> Result<(String, Ssl), String> {
+pub fn split(url: &str) -> Result<(String, Ssl), TlsError> {
     let mut ssl = Ssl {
         mode: SslMode::Prefer,
         root_cert: None,
     };
-    let mut take = |key: &str, value: &str| -> Result<bool, String> {
+    let mut take = |key: &str, value: &str| -> Result<bool, TlsError> {
         match key {
             "sslmode" => ssl.mode = SslMode::parse(value)?,
             "sslrootcert" => ssl.root_cert = Some(PathBuf::from(value)),

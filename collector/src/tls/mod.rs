@@ -11,7 +11,7 @@
 
 pub mod libpq;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
@@ -32,6 +32,45 @@ pub enum Verify {
     Nothing,
 }
 
+/// Why a TLS client configuration cannot be made.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    /// rustls refuses the protocol versions asked for (a build without them).
+    #[error("{0}")]
+    Protocols(Error),
+    /// The roots make no certificate verifier (none usable, say).
+    #[error("{0}")]
+    Verifier(rustls::client::VerifierBuilderError),
+    /// The CA file cannot be read or is not PEM.
+    #[error("{}: {source}", path.display())]
+    CaFileRead {
+        /// The file.
+        path: PathBuf,
+        /// What went wrong reading it.
+        source: rustls::pki_types::pem::Error,
+    },
+    /// A certificate of the CA file is not one rustls takes as a root.
+    #[error("{}: {source}", path.display())]
+    CaFileCertificate {
+        /// The file.
+        path: PathBuf,
+        /// Why the certificate is refused.
+        source: Error,
+    },
+    /// The CA file holds no certificate.
+    #[error("{}: no PEM certificate in it", .0.display())]
+    CaFileEmpty(PathBuf),
+    /// No CA file named, and no root certificate of the system could be read.
+    #[error("no root certificate of the system could be read ({0} errors); name a CA file")]
+    NoSystemRoots(usize),
+    /// A `sslmode` libpq does not know.
+    #[error("sslmode={0}: must be disable, prefer, require, verify-ca or verify-full")]
+    SslMode(String),
+    /// The configuration for `sslrootcert` cannot be made.
+    #[error("sslrootcert: {0}")]
+    RootCert(Box<TlsError>),
+}
+
 fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
@@ -39,10 +78,13 @@ fn provider() -> Arc<CryptoProvider> {
 /// A client configuration checking servers as `verify` says against the certificates of
 /// `ca_file` (PEM), or the system's roots without one. Errors: the file cannot be read or
 /// holds no certificate; no system root could be read.
-pub fn client_config(ca_file: Option<&Path>, verify: Verify) -> Result<Arc<ClientConfig>, String> {
+pub fn client_config(
+    ca_file: Option<&Path>,
+    verify: Verify,
+) -> Result<Arc<ClientConfig>, TlsError> {
     let builder = ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?;
+        .map_err(TlsError::Protocols)?;
     let config = match verify {
         Verify::Nothing => builder
             .dangerous()
@@ -52,7 +94,7 @@ pub fn client_config(ca_file: Option<&Path>, verify: Verify) -> Result<Arc<Clien
             let roots = Arc::new(roots(ca_file)?);
             let webpki = WebPkiServerVerifier::builder_with_provider(roots, provider())
                 .build()
-                .map_err(|e| e.to_string())?;
+                .map_err(TlsError::Verifier)?;
             if verify == Verify::Full {
                 builder.with_webpki_verifier(webpki).with_no_client_auth()
             } else {
@@ -67,31 +109,35 @@ pub fn client_config(ca_file: Option<&Path>, verify: Verify) -> Result<Arc<Clien
 }
 
 /// The roots: every certificate of `ca_file`, or the system's.
-fn roots(ca_file: Option<&Path>) -> Result<RootCertStore, String> {
+fn roots(ca_file: Option<&Path>) -> Result<RootCertStore, TlsError> {
     let mut store = RootCertStore::empty();
     match ca_file {
         Some(path) => {
+            let read = |source| TlsError::CaFileRead {
+                path: path.to_owned(),
+                source,
+            };
             let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
-                .map_err(|e| format!("{}: {e}", path.display()))?
+                .map_err(read)?
                 .collect::<Result<_, _>>()
-                .map_err(|e| format!("{}: {e}", path.display()))?;
+                .map_err(read)?;
             if certs.is_empty() {
-                return Err(format!("{}: no PEM certificate in it", path.display()));
+                return Err(TlsError::CaFileEmpty(path.to_owned()));
             }
             for cert in certs {
                 store
                     .add(cert)
-                    .map_err(|e| format!("{}: {e}", path.display()))?;
+                    .map_err(|source| TlsError::CaFileCertificate {
+                        path: path.to_owned(),
+                        source,
+                    })?;
             }
         }
         None => {
             let found = rustls_native_certs::load_native_certs();
             let (added, _) = store.add_parsable_certificates(found.certs);
             if added == 0 {
-                return Err(format!(
-                    "no root certificate of the system could be read ({} errors); name a CA file",
-                    found.errors.len()
-                ));
+                return Err(TlsError::NoSystemRoots(found.errors.len()));
             }
         }
     }
