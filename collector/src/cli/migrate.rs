@@ -109,7 +109,7 @@ pub async fn run(config: &Config) -> Result<(), RunError> {
         let missed = shard.urls.len() - applied.len();
         copies.push((applied.into_iter().next(), missed));
     }
-    postgres.map_err(RunError::Failed)?;
+    postgres?;
     if !any_applied {
         return Err(RunError::Failed(
             "no ClickHouse server has the schema (every replica of every shard failed, see above)"
@@ -165,8 +165,8 @@ async fn apply_shard(
 }
 
 /// Applies `schema/postgres/` in order; the first failure, named by its file.
-async fn apply_postgres(config: &Config) -> Result<(), String> {
-    let store = cli_store(config).map_err(|e| e.to_string())?;
+async fn apply_postgres(config: &Config) -> Result<(), RunError> {
+    let store = cli_store(config)?;
     for (name, sql) in POSTGRES {
         // "already exists, skipping" notices are the normal case of an idempotent migration.
         // `SET LOCAL`: one simple-protocol message runs as one implicit transaction, and the
@@ -175,7 +175,7 @@ async fn apply_postgres(config: &Config) -> Result<(), String> {
         store
             .apply(&format!("SET LOCAL client_min_messages = warning;\n{sql}"))
             .await
-            .map_err(|e| format!("postgres {name}: {e}"))?;
+            .map_err(|e| RunError::Failed(format!("postgres {name}: {e}")))?;
     }
     Ok(())
 }
@@ -385,10 +385,7 @@ async fn sites_from(
     let purged = move || {
         let store = store.clone();
         Box::pin(async move {
-            let sites = store
-                .fetch_all()
-                .await
-                .map_err(|e| format!("reading the purged sites: {e}"))?;
+            let sites = store.fetch_all().await?;
             Ok(sites
                 .into_iter()
                 .filter(|s| s.purged)

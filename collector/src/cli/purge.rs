@@ -95,7 +95,7 @@ async fn delete_on(
     config: &Config,
     url: &str,
     site: &str,
-) -> (String, Result<Vec<&'static str>, String>) {
+) -> (String, Result<Vec<&'static str>, erase::EraseError>) {
     let client = crate::clickhouse::client(url, &config.clickhouse, true);
     let database = &config.clickhouse.database;
     let result = async {

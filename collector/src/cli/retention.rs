@@ -60,11 +60,11 @@ pub async fn run_once(
                     if expired.ttl_set { ", TTL set" } else { "" }
                 ));
             }
-            Ok::<_, String>(report)
+            Ok::<_, erase::EraseError>(report)
         };
         let result = tokio::time::timeout(SERVER_TIMEOUT, work)
             .await
-            .unwrap_or_else(|_| Err(format!("no answer within {SERVER_TIMEOUT:?}")));
+            .unwrap_or(Err(erase::EraseError::NoAnswer(SERVER_TIMEOUT)));
         match result {
             Ok(report) => done(format!(
                 "clickhouse {url}: retention {}: {}",

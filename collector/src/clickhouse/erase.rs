@@ -21,6 +21,28 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+/// Why rows could not be deleted or expired on a server.
+#[derive(Debug, thiserror::Error)]
+pub enum EraseError {
+    /// The server refused a statement or could not be asked (its error chain).
+    #[error("{}", crate::logging::chain(.0))]
+    ClickHouse(#[from] clickhouse::error::Error),
+    /// A site's deletion not done within [`MUTATION_TIMEOUT`]: the rows left and the mutations
+    /// the server reports undone (ClickHouse goes on with it).
+    #[error("the deletion is not done after {:?} ({left} rows of the site left in {table}, {undone} mutations pending); ClickHouse goes on with it, run the command again to wait for it", MUTATION_TIMEOUT)]
+    NotDone {
+        /// The table.
+        table: String,
+        /// Rows of the site still in it.
+        left: u64,
+        /// Mutations of the table the server reports undone.
+        undone: u64,
+    },
+    /// The server gave no answer within the caller's bound.
+    #[error("no answer within {0:?}")]
+    NoAnswer(Duration),
+}
+
 /// The tables that hold a site's rows: this layout's, a v1 table moved aside by `migrate`, and
 /// the CrUX view's daily roll-up (figures, not page views, but a purged site leaves nothing;
 /// monthly partitions by `day`: the retention drops them too, kept at most [`ROLLUP_KEPT`]).
@@ -55,13 +77,12 @@ const MUTATION_POLL: Duration = Duration::from_millis(500);
 pub async fn existing_tables(
     client: &clickhouse::Client,
     database: &str,
-) -> Result<Vec<&'static str>, String> {
+) -> Result<Vec<&'static str>, EraseError> {
     let names: Vec<String> = client
         .query("SELECT name FROM system.tables WHERE database = ?")
         .bind(database)
         .fetch_all()
-        .await
-        .map_err(|e| crate::logging::chain(&e))?;
+        .await?;
     Ok(TABLES
         .into_iter()
         .filter(|t| names.iter().any(|n| n == t))
@@ -77,15 +98,14 @@ pub async fn delete_site(
     database: &str,
     table: &str,
     site: &str,
-) -> Result<(), String> {
+) -> Result<(), EraseError> {
     client
         .query(&format!(
             "ALTER TABLE {database}.{table} DELETE WHERE site = ?"
         ))
         .bind(site)
         .execute()
-        .await
-        .map_err(|e| crate::logging::chain(&e))?;
+        .await?;
     let deadline = tokio::time::Instant::now() + MUTATION_TIMEOUT;
     loop {
         // The table is the server's own (never a Distributed one): its parts only.
@@ -95,8 +115,7 @@ pub async fn delete_site(
             ))
             .bind(site)
             .fetch_one()
-            .await
-            .map_err(|e| crate::logging::chain(&e))?;
+            .await?;
         if left == 0 {
             return Ok(());
         }
@@ -110,9 +129,11 @@ pub async fn delete_site(
                 .fetch_one()
                 .await
                 .unwrap_or(0);
-            return Err(format!(
-                "the deletion is not done after {MUTATION_TIMEOUT:?} ({left} rows of the site left in {table}, {undone} mutations pending); ClickHouse goes on with it, run the command again to wait for it"
-            ));
+            return Err(EraseError::NotDone {
+                table: table.to_owned(),
+                left,
+                undone,
+            });
         }
         tokio::time::sleep(MUTATION_POLL).await;
     }
@@ -136,8 +157,7 @@ pub async fn expire(
     table: &str,
     retention: Duration,
     now_unix: u64,
-) -> Result<Expired, String> {
-    let chain = |e: clickhouse::error::Error| crate::logging::chain(&e);
+) -> Result<Expired, EraseError> {
     #[derive(Deserialize, clickhouse::Row)]
     struct Part {
         partition: String,
@@ -150,8 +170,7 @@ pub async fn expire(
         .bind(database)
         .bind(table)
         .fetch_all()
-        .await
-        .map_err(chain)?;
+        .await?;
     let oldest_kept = oldest_kept_month(now_unix, retention);
     let mut done = Expired::default();
     for Part { partition } in parts {
@@ -165,26 +184,21 @@ pub async fn expire(
                     "ALTER TABLE {database}.{table} DROP PARTITION {yyyymm}"
                 ))
                 .execute()
-                .await
-                .map_err(chain)?;
+                .await?;
             done.partitions.push(yyyymm.to_string());
         }
     }
-    if table == "measurements" && has_table_ttl(client).await.map_err(chain)? {
+    if table == "measurements" && has_table_ttl(client).await? {
         let days = retention.as_secs().div_ceil(86_400);
         // Only when it differs: the serving collectors' write user may not ALTER
         // (docs/deployment.md, "ClickHouse users"), and its daily run finds it set.
-        if !has_ttl_days(client, database, table, days)
-            .await
-            .map_err(chain)?
-        {
+        if !has_ttl_days(client, database, table, days).await? {
             client
                 .query(&format!(
                     "ALTER TABLE {database}.{table} MODIFY TTL page_view_at + INTERVAL {days} DAY"
                 ))
                 .execute()
-                .await
-                .map_err(chain)?;
+                .await?;
         }
         done.ttl_set = true;
     }

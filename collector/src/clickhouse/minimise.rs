@@ -45,7 +45,74 @@ use std::time::Instant;
 
 use crate::config::TableForm;
 use crate::measurement::stored::SiteRules;
-use crate::measurement::{layouts, Measurement, COLUMNS};
+use crate::measurement::{layouts, Measurement, RowDecodeError, COLUMNS};
+use crate::settings::StoreError;
+
+/// Why minimising one server's rows stopped (what was rewritten before stays: run it again).
+#[derive(Debug, thiserror::Error)]
+pub enum MinimiseError {
+    /// A query refused or unanswered (ClickHouse's error chain).
+    #[error("{}", crate::logging::chain(.0))]
+    ClickHouse(#[from] clickhouse::error::Error),
+    /// The table of marks could not be created (`database.minimised`).
+    #[error("creating {table}: {}", crate::logging::chain(.source))]
+    CreateMarks {
+        /// `database.minimised`.
+        table: String,
+        /// ClickHouse's error.
+        source: clickhouse::error::Error,
+    },
+    /// A partition whose id is not a month: not a layout `migrate` knows.
+    #[error(
+        "{table} partition {partition:?} is not a month (YYYYMM): not the layout migrate knows"
+    )]
+    NotAMonth {
+        /// The table.
+        table: String,
+        /// The partition's id.
+        partition: String,
+    },
+    /// A finished partition could not be marked.
+    #[error("marking {table} {partition}: {}", crate::logging::chain(.source))]
+    Mark {
+        /// The table.
+        table: String,
+        /// The partition's id.
+        partition: String,
+        /// ClickHouse's error.
+        source: clickhouse::error::Error,
+    },
+    /// Reading the rows of `label` (`table partition`) failed.
+    #[error("reading {label}: {source}")]
+    Reading {
+        /// `table partition`.
+        label: String,
+        /// Why.
+        source: Box<MinimiseError>,
+    },
+    /// Inserting the minimised rows of `label` (`table partition`) failed.
+    #[error("rewriting {label}: {source}")]
+    Rewriting {
+        /// `table partition`.
+        label: String,
+        /// Why.
+        source: Box<MinimiseError>,
+    },
+    /// Reading the parts of `table` written since its mark failed.
+    #[error("reading the new parts of {table}: {source}")]
+    ReadingNewParts {
+        /// The table.
+        table: String,
+        /// Why.
+        source: Box<MinimiseError>,
+    },
+    /// The answer ended within a row.
+    #[error("a row cut off: {0}")]
+    CutOff(RowDecodeError),
+    /// The purged sites could not be read from the settings store ([`Options::purged`]).
+    #[error("reading the purged sites: {0}")]
+    Purged(#[from] StoreError),
+}
 
 /// The version of the minimisation rules the marks are for: contract v5's §2. A release that
 /// changes what the rules remove raises it, and `migrate` then reads every partition again.
@@ -113,7 +180,7 @@ pub struct Options<'a> {
 
 /// Reads the keys of the purged sites (from the settings store); errors say why not.
 pub type PurgedSites = dyn Fn() -> std::pin::Pin<
-        Box<dyn std::future::Future<Output = Result<HashSet<String>, String>> + Send>,
+        Box<dyn std::future::Future<Output = Result<HashSet<String>, StoreError>> + Send>,
     > + Sync;
 
 /// What minimising one server's rows did.
@@ -144,22 +211,17 @@ struct Ctx<'a> {
     insert_settings: Vec<(&'static str, &'static str)>,
 }
 
-fn ch(e: clickhouse::error::Error) -> String {
-    crate::logging::chain(&e)
-}
-
 /// Minimises every stored row of `database` on the server `client` talks to (see the module
 /// doc), with a progress line on stderr per chunk and per partition. Errors name the table and
 /// partition and carry ClickHouse's message; what was rewritten before stays (run it again).
 pub async fn minimise_rows(
     client: &clickhouse::Client,
     opts: &Options<'_>,
-) -> Result<Summary, String> {
+) -> Result<Summary, MinimiseError> {
     let knows_async = client
         .query("SELECT count() FROM system.settings WHERE name = 'async_insert'")
         .fetch_one::<u64>()
-        .await
-        .map_err(ch)?
+        .await?
         > 0;
     let mut insert_settings = vec![("insert_deduplicate", "0")];
     if knows_async {
@@ -173,9 +235,7 @@ pub async fn minimise_rows(
     create_marks(&ctx).await?;
     let mut summary = Summary::default();
     for table in tables() {
-        let found = super::schema::layout(client, opts.database, table.name)
-            .await
-            .map_err(ch)?;
+        let found = super::schema::layout(client, opts.database, table.name).await?;
         if found != super::schema::Layout::Missing {
             minimise_table(&ctx, &table, &mut summary).await?;
         }
@@ -185,15 +245,14 @@ pub async fn minimise_rows(
 
 /// Creates [`MARKS`] in the form `measurements` has on this server (which may be the other
 /// one than configured: `migrate` keeps a table as it found it), else the configured one.
-async fn create_marks(ctx: &Ctx<'_>) -> Result<(), String> {
+async fn create_marks(ctx: &Ctx<'_>) -> Result<(), MinimiseError> {
     let db = ctx.opts.database;
     let found: Vec<String> = ctx
         .client
         .query("SELECT engine FROM system.tables WHERE database = ? AND name = 'measurements'")
         .bind(db)
         .fetch_all()
-        .await
-        .map_err(ch)?;
+        .await?;
     let form = match found.first() {
         Some(engine) if engine.starts_with("Replicated") => TableForm::Replicated,
         Some(_) => TableForm::Single,
@@ -212,7 +271,10 @@ async fn create_marks(ctx: &Ctx<'_>) -> Result<(), String> {
         .query(sql.trim())
         .execute()
         .await
-        .map_err(|e| format!("creating {db}.{MARKS}: {}", ch(e)))
+        .map_err(|source| MinimiseError::CreateMarks {
+            table: format!("{db}.{MARKS}"),
+            source,
+        })
 }
 
 #[derive(Debug, serde::Deserialize, clickhouse::Row)]
@@ -229,7 +291,7 @@ struct Mark {
 }
 
 /// The partitions of `table` with their highest block number and rows, from its active parts.
-async fn partitions(ctx: &Ctx<'_>, table: &str) -> Result<Vec<Partition>, String> {
+async fn partitions(ctx: &Ctx<'_>, table: &str) -> Result<Vec<Partition>, MinimiseError> {
     ctx.client
         .query(
             "SELECT partition_id, toInt64(max(max_block_number)) AS max_block, \
@@ -240,11 +302,11 @@ async fn partitions(ctx: &Ctx<'_>, table: &str) -> Result<Vec<Partition>, String
         .bind(table)
         .fetch_all()
         .await
-        .map_err(ch)
+        .map_err(MinimiseError::from)
 }
 
 /// The highest block number of one partition of `table` now (0 when it has no part).
-async fn max_block(ctx: &Ctx<'_>, table: &str, partition: &str) -> Result<i64, String> {
+async fn max_block(ctx: &Ctx<'_>, table: &str, partition: &str) -> Result<i64, MinimiseError> {
     let found = partitions(ctx, table).await?;
     Ok(found
         .iter()
@@ -259,7 +321,7 @@ const CATCH_UP_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 /// Whether the replica has every part of `table` the shard's log names (not replicated: yes):
 /// its replication log pulled and no part waiting to be fetched, asked again for up to
 /// [`CATCH_UP_WAIT`]. Said on stderr when it is not.
-async fn caught_up(ctx: &Ctx<'_>, table: &str) -> Result<bool, String> {
+async fn caught_up(ctx: &Ctx<'_>, table: &str) -> Result<bool, MinimiseError> {
     let deadline = Instant::now() + CATCH_UP_WAIT;
     loop {
         let behind = ctx
@@ -271,8 +333,7 @@ async fn caught_up(ctx: &Ctx<'_>, table: &str) -> Result<bool, String> {
             .bind(ctx.opts.database)
             .bind(table)
             .fetch_one::<u64>()
-            .await
-            .map_err(ch)?;
+            .await?;
         if behind == 0 {
             return Ok(true);
         }
@@ -292,7 +353,7 @@ async fn minimise_table(
     ctx: &Ctx<'_>,
     table: &Stored,
     summary: &mut Summary,
-) -> Result<(), String> {
+) -> Result<(), MinimiseError> {
     let marks: Vec<Mark> = ctx
         .client
         .query(&format!(
@@ -302,8 +363,7 @@ async fn minimise_table(
         .bind(table.name)
         .bind(RULES)
         .fetch_all()
-        .await
-        .map_err(ch)?;
+        .await?;
     let marks: HashMap<String, i64> = marks
         .into_iter()
         .map(|m| (m.partition_id, m.max_block))
@@ -346,13 +406,14 @@ async fn minimise_partition(
     p: &Partition,
     marked: Option<i64>,
     summary: &mut Summary,
-) -> Result<Option<i64>, String> {
-    let month: u32 = p.partition_id.parse().map_err(|_| {
-        format!(
-            "{} partition {:?} is not a month (YYYYMM): not the layout migrate knows",
-            table.name, p.partition_id
-        )
-    })?;
+) -> Result<Option<i64>, MinimiseError> {
+    let month: u32 = p
+        .partition_id
+        .parse()
+        .map_err(|_| MinimiseError::NotAMonth {
+            table: table.name.to_owned(),
+            partition: p.partition_id.clone(),
+        })?;
     let in_partition = format!("{} = {month}", table.partition_by);
     let label = format!("{} {}", table.name, p.partition_id);
     let started = Instant::now();
@@ -415,7 +476,7 @@ async fn mark(
     partition: &str,
     settled: i64,
     done: (u64, u64),
-) -> Result<(), String> {
+) -> Result<(), MinimiseError> {
     ctx.client
         .query(&format!(
             "INSERT INTO {}.{MARKS} (table_name, partition_id, rules, max_block, rows_read, rewritten, done_at) \
@@ -430,7 +491,11 @@ async fn mark(
         .bind(done.1)
         .execute()
         .await
-        .map_err(|e| format!("marking {} {partition}: {}", table.name, ch(e)))
+        .map_err(|source| MinimiseError::Mark {
+            table: table.name.to_owned(),
+            partition: partition.to_owned(),
+            source,
+        })
 }
 
 /// Asks ClickHouse to merge a rewritten partition now, so that the versions replaced leave the
@@ -446,7 +511,7 @@ async fn optimize(ctx: &Ctx<'_>, table: &Stored, partition: &str) {
             "clickhouse {}: {} {partition}: not merged now ({}); the versions replaced go when ClickHouse merges the parts",
             ctx.opts.url,
             table.name,
-            ch(e)
+            crate::logging::chain(&e)
         );
     }
 }
@@ -465,26 +530,24 @@ async fn rewrite(
     rest: &str,
     label: &str,
     summary: &mut Summary,
-) -> Result<(), String> {
+) -> Result<(), MinimiseError> {
     let sql = format!(
         "SELECT {} FROM {}.{} {rest}",
         column_list(table),
         ctx.opts.database,
         table.name
     );
-    let mut rows = RowStream::new(
-        ctx.client
-            .query(&sql)
-            .fetch_bytes("RowBinary")
-            .map_err(ch)?,
-    );
+    let mut rows = RowStream::new(ctx.client.query(&sql).fetch_bytes("RowBinary")?);
     // Each changed row's site and bytes.
     let (mut batch, mut in_chunk) = (Vec::<(String, Vec<u8>)>::new(), 0usize);
     loop {
         let row = rows
             .next(table.columns)
             .await
-            .map_err(|e| format!("reading {label}: {e}"))?;
+            .map_err(|e| MinimiseError::Reading {
+                label: label.to_owned(),
+                source: Box::new(e),
+            })?;
         let end = row.is_none();
         if let Some((raw, m)) = row {
             in_chunk += 1;
@@ -496,7 +559,10 @@ async fn rewrite(
         if in_chunk > 0 && (in_chunk >= ctx.opts.chunk_rows || end) {
             let changed = insert_unpurged(ctx, table, std::mem::take(&mut batch))
                 .await
-                .map_err(|e| format!("rewriting {label}: {e}"))?;
+                .map_err(|e| MinimiseError::Rewriting {
+                    label: label.to_owned(),
+                    source: Box::new(e),
+                })?;
             summary.rows_read += in_chunk as u64;
             summary.rewritten += changed;
             eprintln!(
@@ -519,7 +585,7 @@ async fn changed_ids(
     in_partition: &str,
     above: i64,
     summary: &mut Summary,
-) -> Result<Vec<uuid::Uuid>, String> {
+) -> Result<Vec<uuid::Uuid>, MinimiseError> {
     // A part is named PARTITION_MINBLOCK_MAXBLOCK_LEVEL[_MUTATION] on 18.16 and current
     // releases alike.
     let sql = format!(
@@ -529,17 +595,15 @@ async fn changed_ids(
         ctx.opts.database,
         table.name
     );
-    let mut rows = RowStream::new(
-        ctx.client
-            .query(&sql)
-            .fetch_bytes("RowBinary")
-            .map_err(ch)?,
-    );
+    let mut rows = RowStream::new(ctx.client.query(&sql).fetch_bytes("RowBinary")?);
     let mut ids = HashSet::new();
-    while let Some((raw, m)) = rows
-        .next(table.columns)
-        .await
-        .map_err(|e| format!("reading the new parts of {}: {e}", table.name))?
+    while let Some((raw, m)) =
+        rows.next(table.columns)
+            .await
+            .map_err(|e| MinimiseError::ReadingNewParts {
+                table: table.name.to_owned(),
+                source: Box::new(e),
+            })?
     {
         summary.rows_read += 1;
         let id = m.id;
@@ -580,7 +644,7 @@ async fn insert_unpurged(
     ctx: &Ctx<'_>,
     table: &Stored,
     batch: Vec<(String, Vec<u8>)>,
-) -> Result<u64, String> {
+) -> Result<u64, MinimiseError> {
     if batch.is_empty() {
         return Ok(0);
     }
@@ -598,7 +662,7 @@ async fn insert_unpurged(
 }
 
 /// Inserts RowBinary rows of `table`'s columns; nothing when `rows` is empty.
-async fn insert(ctx: &Ctx<'_>, table: &Stored, rows: Vec<u8>) -> Result<(), String> {
+async fn insert(ctx: &Ctx<'_>, table: &Stored, rows: Vec<u8>) -> Result<(), MinimiseError> {
     if rows.is_empty() {
         return Ok(());
     }
@@ -612,8 +676,8 @@ async fn insert(ctx: &Ctx<'_>, table: &Stored, rows: Vec<u8>) -> Result<(), Stri
     for (name, value) in &ctx.insert_settings {
         insert = insert.with_setting(*name, *value);
     }
-    insert.send(rows.into()).await.map_err(ch)?;
-    insert.end().await.map_err(ch)
+    insert.send(rows.into()).await?;
+    Ok(insert.end().await?)
 }
 
 /// Rows of a RowBinary answer, one at a time, each with its bytes.
@@ -639,7 +703,7 @@ impl RowStream {
     async fn next(
         &mut self,
         columns: usize,
-    ) -> Result<Option<(Vec<u8>, Measurement<'static>)>, String> {
+    ) -> Result<Option<(Vec<u8>, Measurement<'static>)>, MinimiseError> {
         loop {
             let mut input = &self.pending[self.at..];
             if !input.is_empty() {
@@ -651,7 +715,7 @@ impl RowStream {
                         self.at += used;
                         return Ok(Some((raw, m)));
                     }
-                    Err(e) if self.ended => return Err(format!("a row cut off: {e}")),
+                    Err(e) if self.ended => return Err(MinimiseError::CutOff(e)),
                     Err(_) => {}
                 }
             } else if self.ended {
@@ -659,7 +723,7 @@ impl RowStream {
             }
             self.pending.drain(..self.at);
             self.at = 0;
-            match self.cursor.next().await.map_err(ch)? {
+            match self.cursor.next().await? {
                 Some(chunk) => self.pending.extend_from_slice(&chunk),
                 None => self.ended = true,
             }

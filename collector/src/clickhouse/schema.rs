@@ -370,17 +370,20 @@ pub async fn apply_clickhouse(
 
 /// Whether `measurements` in `form` gets the single-server deduplication window: the
 /// single-server form, on a server that knows [`SINGLE_DEDUP_SETTING`].
-async fn wants_dedup_window(client: &clickhouse::Client, form: TableForm) -> Result<bool, String> {
+async fn wants_dedup_window(
+    client: &clickhouse::Client,
+    form: TableForm,
+) -> Result<bool, SchemaError> {
     if form != TableForm::Single {
         return Ok(false);
     }
     knows_merge_tree_setting(client, SINGLE_DEDUP_SETTING)
         .await
         .map_err(|e| {
-            format!(
+            SchemaError::Failed(format!(
                 "reading system.merge_tree_settings: {}",
                 crate::logging::chain(&e)
-            )
+            ))
         })
 }
 
@@ -388,17 +391,17 @@ async fn wants_dedup_window(client: &clickhouse::Client, form: TableForm) -> Res
 async fn columns_of_measurements(
     client: &clickhouse::Client,
     database: &str,
-) -> Result<Vec<String>, String> {
+) -> Result<Vec<String>, SchemaError> {
     client
         .query("SELECT name FROM system.columns WHERE database = ? AND table = 'measurements'")
         .bind(database)
         .fetch_all()
         .await
         .map_err(|e| {
-            format!(
+            SchemaError::Failed(format!(
                 "reading the columns of measurements: {}",
                 crate::logging::chain(&e)
-            )
+            ))
         })
 }
 
@@ -406,12 +409,12 @@ async fn columns_of_measurements(
 async fn form_of_measurements(
     client: &clickhouse::Client,
     database: &str,
-) -> Result<Option<TableForm>, String> {
+) -> Result<Option<TableForm>, SchemaError> {
     let engine = engine_of(client, database).await.map_err(|e| {
-        format!(
+        SchemaError::Failed(format!(
             "reading the engine of measurements: {}",
             crate::logging::chain(&e)
-        )
+        ))
     })?;
     Ok(engine.map(|e| {
         if e.starts_with("Replicated") {
@@ -461,88 +464,19 @@ const COPY_BATCH_ROWS: usize = 50_000;
 /// every id is present once. Rows written into v1 after a run (by a collector of an earlier
 /// release still writing to a replica not yet switched) are copied by the next run. Does
 /// nothing when there is no v1 table.
-pub async fn copy_v1(client: &clickhouse::Client, database: &str) -> Result<Copied, String> {
-    let ch = |e: clickhouse::error::Error| crate::logging::chain(&e);
+pub async fn copy_v1(client: &clickhouse::Client, database: &str) -> Result<Copied, CopyError> {
     let mut done = Copied::default();
-    if layout(client, database, V1_TABLE).await.map_err(ch)? == Layout::Missing {
+    if layout(client, database, V1_TABLE).await? == Layout::Missing {
         return Ok(done);
     }
-    #[derive(Debug, serde::Deserialize, clickhouse::Row)]
-    struct Month {
-        month: u32,
-        rows: u64,
-    }
-    let utc_month = "toYYYYMM(toDateTime(received_at, 'UTC'))";
-    let months: Vec<Month> = client
-        .query(&format!(
-            "SELECT toUInt32({utc_month}) AS month, count() AS rows FROM {database}.{V1_TABLE} FINAL \
-             GROUP BY month ORDER BY month"
-        ))
-        .fetch_all()
-        .await
-        .map_err(ch)?;
-    let v1_columns = &crate::measurement::COLUMNS
-        [..crate::measurement::layouts::columns_in(2).expect("the table knows its own layouts")];
     let insert_sql = format!(
         "INSERT INTO {database}.measurements ({}) FORMAT RowBinary",
         crate::measurement::COLUMNS.join(", ")
     );
-    for Month { month, rows } in months {
+    for Month { month, rows } in v1_months(client, database).await? {
+        let copied = copy_month(client, database, month, &insert_sql).await?;
         done.months += 1;
         done.v1_rows += rows;
-        let (year, m) = (month / 100, month % 100);
-        let start = format!("toDateTime('{year:04}-{m:02}-01 00:00:00', 'UTC')");
-        let select = format!(
-            // FINAL: copies of one id that v1 has not merged yet may differ in their receipt,
-            // and so in the day they file under in v2, where they would never fold.
-            "SELECT {} FROM {database}.{V1_TABLE} FINAL WHERE {utc_month} = {month} \
-             AND id NOT IN (SELECT id FROM {database}.measurements \
-             WHERE page_view_at >= {start} - INTERVAL 8 DAY \
-             AND page_view_at < {start} + INTERVAL 1 MONTH + INTERVAL 1 DAY)",
-            v1_columns.join(", ")
-        );
-        let mut cursor = client.query(&select).fetch_bytes("RowBinary").map_err(ch)?;
-        let (mut pending, mut batch, mut in_batch, mut copied) =
-            (Vec::<u8>::new(), Vec::<u8>::new(), 0usize, 0u64);
-        loop {
-            let chunk = cursor.next().await.map_err(ch)?;
-            let end = chunk.is_none();
-            if let Some(chunk) = chunk {
-                pending.extend_from_slice(&chunk);
-            }
-            let mut input = &pending[..];
-            loop {
-                let before = input;
-                match crate::measurement::layouts::decode_one(2, &mut input) {
-                    Ok(row) => {
-                        row.encode(&mut batch);
-                        in_batch += 1;
-                    }
-                    Err(_) if !end => {
-                        input = before;
-                        break;
-                    }
-                    Err(e) if !before.is_empty() => {
-                        return Err(format!("reading {V1_TABLE} month {month}: {e}"))
-                    }
-                    Err(_) => break,
-                }
-                if input.is_empty() {
-                    break;
-                }
-            }
-            pending.drain(..pending.len() - input.len());
-            if in_batch >= COPY_BATCH_ROWS || (end && in_batch > 0) {
-                insert_v2(client, &insert_sql, std::mem::take(&mut batch))
-                    .await
-                    .map_err(ch)?;
-                copied += in_batch as u64;
-                in_batch = 0;
-            }
-            if end {
-                break;
-            }
-        }
         done.copied += copied;
         done.already_there += rows.saturating_sub(copied);
         println!(
@@ -551,6 +485,121 @@ pub async fn copy_v1(client: &clickhouse::Client, database: &str) -> Result<Copi
         );
     }
     Ok(done)
+}
+
+/// Why [`copy_v1`] stopped (what it copied stays; the next run copies only what is missing).
+#[derive(Debug, thiserror::Error)]
+pub enum CopyError {
+    /// A query refused or unanswered (ClickHouse's error chain).
+    #[error("{}", crate::logging::chain(.0))]
+    ClickHouse(#[from] clickhouse::error::Error),
+    /// The answer for the v1 month `month` (`YYYYMM`) is not v1 RowBinary rows.
+    #[error("reading {v1} month {month}: {source}", v1 = V1_TABLE)]
+    Row {
+        /// The month read.
+        month: u32,
+        /// Why the bytes are not a row.
+        source: crate::measurement::RowDecodeError,
+    },
+}
+
+/// The month of a v1 row, by its `received_at` in UTC (`YYYYMM`).
+const V1_UTC_MONTH: &str = "toYYYYMM(toDateTime(received_at, 'UTC'))";
+
+/// A month (`YYYYMM`, UTC) of [`V1_TABLE`] and the rows it holds.
+#[derive(Debug, serde::Deserialize, clickhouse::Row)]
+struct Month {
+    month: u32,
+    rows: u64,
+}
+
+/// The months of [`V1_TABLE`] with their rows (under `FINAL`), in order.
+async fn v1_months(
+    client: &clickhouse::Client,
+    database: &str,
+) -> Result<Vec<Month>, clickhouse::error::Error> {
+    client
+        .query(&format!(
+            "SELECT toUInt32({V1_UTC_MONTH}) AS month, count() AS rows FROM {database}.{V1_TABLE} FINAL \
+             GROUP BY month ORDER BY month"
+        ))
+        .fetch_all()
+        .await
+}
+
+/// Copies the rows of [`V1_TABLE`]'s `month` whose id v2 lacks, [`COPY_BATCH_ROWS`] per
+/// INSERT (`insert_sql`); how many were copied.
+async fn copy_month(
+    client: &clickhouse::Client,
+    database: &str,
+    month: u32,
+    insert_sql: &str,
+) -> Result<u64, CopyError> {
+    let v1_columns = &crate::measurement::COLUMNS
+        [..crate::measurement::layouts::columns_in(2).expect("the table knows its own layouts")];
+    let (year, m) = (month / 100, month % 100);
+    let start = format!("toDateTime('{year:04}-{m:02}-01 00:00:00', 'UTC')");
+    let select = format!(
+        // FINAL: copies of one id that v1 has not merged yet may differ in their receipt,
+        // and so in the day they file under in v2, where they would never fold.
+        "SELECT {} FROM {database}.{V1_TABLE} FINAL WHERE {V1_UTC_MONTH} = {month} \
+         AND id NOT IN (SELECT id FROM {database}.measurements \
+         WHERE page_view_at >= {start} - INTERVAL 8 DAY \
+         AND page_view_at < {start} + INTERVAL 1 MONTH + INTERVAL 1 DAY)",
+        v1_columns.join(", ")
+    );
+    let mut cursor = client.query(&select).fetch_bytes("RowBinary")?;
+    let (mut pending, mut batch, mut in_batch, mut copied) =
+        (Vec::<u8>::new(), Vec::<u8>::new(), 0usize, 0u64);
+    loop {
+        let chunk = cursor.next().await?;
+        let end = chunk.is_none();
+        if let Some(chunk) = chunk {
+            pending.extend_from_slice(&chunk);
+        }
+        let used = v1_rows_as_v2(&pending, end, &mut batch, &mut in_batch)
+            .map_err(|source| CopyError::Row { month, source })?;
+        pending.drain(..used);
+        if in_batch >= COPY_BATCH_ROWS || (end && in_batch > 0) {
+            insert_v2(client, insert_sql, std::mem::take(&mut batch)).await?;
+            copied += in_batch as u64;
+            in_batch = 0;
+        }
+        if end {
+            return Ok(copied);
+        }
+    }
+}
+
+/// Decodes the whole v1 rows at the start of `pending`, appending each to `batch` as a v2 row
+/// and counting it in `in_batch`; the bytes used. A row cut off waits for more bytes, unless
+/// the answer has `end`ed: then it is an error.
+fn v1_rows_as_v2(
+    pending: &[u8],
+    end: bool,
+    batch: &mut Vec<u8>,
+    in_batch: &mut usize,
+) -> Result<usize, crate::measurement::RowDecodeError> {
+    let mut input = pending;
+    loop {
+        let before = input;
+        match crate::measurement::layouts::decode_one(2, &mut input) {
+            Ok(row) => {
+                row.encode(batch);
+                *in_batch += 1;
+            }
+            Err(_) if !end => {
+                input = before;
+                break;
+            }
+            Err(e) if !before.is_empty() => return Err(e),
+            Err(_) => break,
+        }
+        if input.is_empty() {
+            break;
+        }
+    }
+    Ok(pending.len() - input.len())
 }
 
 #[cfg(test)]
