@@ -1,15 +1,16 @@
 //! `POST /api/v1/measurements` and its `OPTIONS` preflight (contract §2).
 //!
-//! The one way through, one station per function of `accept`: receive (headers, bounded
-//! body) → in-flight bound → decode → validate → site settings and origin → fair shedding →
-//! rates → dedup claim → spool append (durable) → 202. Nothing is stored unless the request as a whole is answered 202, and a
-//! 202 is only sent once the spool holds every measurement it counts as accepted.
+//! The one way through: [`post`] receives (headers, bounded body), then [`accept`] calls the
+//! stations in order, one call each ([`stations`]): enter (the in-flight bound) → decode →
+//! judge → site (settings, origin, shard, the site's rules) → shed → rate → claim (dedup) →
+//! append (the spool, durable) → 202. Nothing is stored unless the request as a whole is
+//! answered 202, and a 202 is only sent once the spool holds every measurement it counts as
+//! accepted.
 //!
 //! Each station returns what the next one needs or the [`IntakeError`] that ends the request.
 //! What a request came to, an [`Accepted`] report or that error, is counted in the metrics in
 //! one place (`count`) and answered in one (`answer`).
 
-use std::borrow::Cow;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
@@ -17,71 +18,21 @@ use axum::body::{Body, Bytes};
 use axum::extract::{ConnectInfo, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use serde::{Deserialize, Serialize};
-use tokio::sync::OwnedSemaphorePermit;
+use serde::Deserialize;
 
 use crate::beacon::media::{self, Encoding};
 use crate::beacon::{self, MAX_BODY_BYTES};
-use crate::error::{IntakeError, Rejected};
+use crate::error::IntakeError;
 use crate::metrics::Metrics;
 use crate::settings::Lookup;
 use crate::state::AppState;
-use site::Sender;
+use stations::Sender;
 
-mod site;
-mod store;
+mod stations;
 
-/// How long a request waits for its spool append to become durable before answering 503.
-pub const APPEND_TIMEOUT: Duration = Duration::from_secs(5);
-/// How long a request waits for another request that holds the same id.
-pub const CLAIM_WAIT: Duration = Duration::from_secs(5);
-/// `Retry-After` of a 503.
-pub const RETRY_AFTER: Duration = Duration::from_secs(5);
-/// `Retry-After` of a 503 for a request shed at the in-flight bound: a place frees as soon as
-/// any request in flight is answered, far sooner than the spool drains.
-pub(crate) const SHED_RETRY_AFTER: Duration = Duration::from_secs(1);
-/// `Retry-After` of a never-seen site key while the first-fetch budget is spent
-/// ([`crate::settings::FIRST_FETCH_RATE`] per second): the next second has budget again.
-pub const FIRST_FETCH_RETRY_AFTER: Duration = Duration::from_secs(1);
-
-/// What a request answered 202 came to, gathered station by station: the 202 body, and what
-/// only the metrics count.
-#[derive(Debug, Default, Serialize, PartialEq, Eq)]
-pub struct Accepted {
-    /// Measurements made durable by this request.
-    pub accepted: usize,
-    /// Measurements already durable from an earlier request, or repeated in this one.
-    pub duplicates: usize,
-    /// Measurements rejected, with why, by index.
-    pub rejected: Vec<Rejected>,
-    /// Optional fields dropped as invalid.
-    pub dropped_fields: Vec<DroppedField>,
-    /// Measurements whose `ts` was stored as NULL for clock skew: counted in the metrics, not
-    /// listed in the body.
-    #[serde(skip)]
-    pub clock_skewed: u64,
-}
-
-/// One dropped field in a 202 body.
-#[derive(Debug, Serialize, PartialEq, Eq)]
-pub struct DroppedField {
-    /// Index in the request array.
-    pub index: usize,
-    /// Field name; for a dimension, `dimensions.NAME`.
-    pub field: Cow<'static, str>,
-}
-
-impl DroppedField {
-    /// The `field` label it is counted under: its name, or `dimensions` for every
-    /// `dimensions.NAME` (the names are the client's: a label of them would be unbounded).
-    pub fn metric_label(&self) -> &str {
-        if self.field.starts_with("dimensions.") {
-            "dimensions"
-        } else {
-            &self.field
-        }
-    }
-}
+pub use stations::{
+    Accepted, DroppedField, APPEND_TIMEOUT, CLAIM_WAIT, FIRST_FETCH_RETRY_AFTER, RETRY_AFTER,
+};
 
 /// Query parameters of the preflight: `site` lets it judge the origin by that site's list.
 #[derive(Debug, Deserialize)]
@@ -207,16 +158,16 @@ async fn accept(
     raw: &[u8],
     encoding: Encoding,
 ) -> Result<Accepted, IntakeError> {
-    let _permit = enter(state)?;
-    let text = decode(raw, encoding)?;
+    let _permit = stations::enter(state)?;
+    let text = stations::decode(raw, encoding)?;
     let sender = Sender::of(state, peer, headers);
     let mut report = Accepted::default();
-    let judged = site::judge(&text, &sender, &mut report)?;
-    let sited = site::site(state, &sender, judged, &mut report).await?;
-    store::shed(state, &sited)?;
-    store::rate(state, &sender, &sited)?;
-    let claimed = store::claim(state, sited.kept, &mut report).await;
-    report.accepted = store::append(state, claimed, &sited.placement).await?;
+    let judged = stations::judge(&text, &sender, &mut report)?;
+    let sited = stations::site(state, &sender, judged, &mut report).await?;
+    stations::shed(state, &sited)?;
+    stations::rate(state, &sender, &sited)?;
+    let claimed = stations::claim(state, sited, &mut report).await;
+    report.accepted = stations::append(state, claimed).await?;
     Ok(report)
 }
 
@@ -351,27 +302,6 @@ async fn discard(mut body: Body, limit: Duration) {
     .await;
 }
 
-/// The in-flight bound, taken once the body has arrived: `COLLECTOR_MAX_IN_FLIGHT` bounds the
-/// work, not the waiting, so a request still sending its body (bounded by the body timeout and
-/// the connection limit) holds no place, and a few slow senders cannot make every other beacon
-/// a 503. Beyond the bound: shed, 503 at once. The place is held until the permit is dropped.
-fn enter(state: &AppState) -> Result<OwnedSemaphorePermit, IntakeError> {
-    state
-        .bounds
-        .limits
-        .enter()
-        .ok_or(IntakeError::Overloaded(SHED_RETRY_AFTER))
-}
-
-/// Decode: inflates the body (at most [`MAX_BODY_BYTES`], else 413; broken gzip: 400) and
-/// reads it as text ([`beacon::decode::text`]), borrowed from `raw` when nothing had to change.
-fn decode(raw: &[u8], encoding: Encoding) -> Result<Cow<'_, str>, IntakeError> {
-    Ok(match media::inflate(raw, encoding)? {
-        Cow::Borrowed(bytes) => beacon::decode::text(bytes),
-        Cow::Owned(bytes) => Cow::Owned(beacon::decode::text(&bytes).into_owned()),
-    })
-}
-
 fn is_length_limit(e: &axum::Error) -> bool {
     let mut source: Option<&dyn std::error::Error> = Some(e);
     while let Some(err) = source {
@@ -385,10 +315,10 @@ fn is_length_limit(e: &axum::Error) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::store::append_refused;
+    use super::stations::SHED_RETRY_AFTER;
     use super::*;
     use crate::beacon::UNKNOWN_SITE;
-    use crate::spool::AppendError;
+    use crate::error::Rejected;
 
     /// The value of the sample `name` (with its labels) in `metrics`; panics naming it when
     /// it is not exported.
@@ -477,21 +407,5 @@ mod tests {
             std::str::from_utf8(&body).unwrap(),
             r#"{"accepted":2,"duplicates":1,"rejected":[{"index":1,"error":"invalid url"}],"dropped_fields":[{"index":0,"field":"lcp_ms"}]}"#
         );
-    }
-
-    #[test]
-    fn a_full_append_queue_is_shed_and_a_full_spool_is_not() {
-        assert!(matches!(
-            append_refused(AppendError::QueueFull),
-            IntakeError::Overloaded(RETRY_AFTER)
-        ));
-        assert!(matches!(
-            append_refused(AppendError::SyncTimeout),
-            IntakeError::Unavailable("spool write timed out", RETRY_AFTER)
-        ));
-        assert!(matches!(
-            append_refused(AppendError::Full),
-            IntakeError::Unavailable("spool full", RETRY_AFTER)
-        ));
     }
 }
