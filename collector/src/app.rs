@@ -316,7 +316,7 @@ async fn load_site_settings(
 }
 
 /// The state the endpoints share: intake's stations and what the other routes read.
-fn intake_state(
+pub(crate) fn intake_state(
     config: &Config,
     site_settings: settings::SiteSettings,
     spools: shards::ShardSpools,
