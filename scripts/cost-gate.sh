@@ -7,11 +7,18 @@
 #   scripts/cost-gate.sh --update   # writes the count measured now as the budget
 #
 # What is counted: `beacon::cost::intake_cost_counted` (collector/src/beacon/cost.rs) in the
-# release build of the collector's unit tests: a v4 beacon's text, parse, judgement, site stage
-# and RowBinary encoding. Per beacon = (the count for 12,000 beacons - the count for 2,000) /
-# 10,000, so that the test binary's start and the fixtures' set-up cancel out. A change that
-# makes a beacon dearer on purpose (contract work: masking, fairness, shards) raises the budget
-# with --update in the same commit, and says why there.
+# release build of the collector's unit tests: v4 beacons posted one after another through the
+# collector's public router over the state production assembles, production's own functions all
+# the way: `intake::post` and every station of `accept` (in-flight bound, decode, judge, the site
+# stage from the in-memory settings cache, shedding, the rates, the dedup claim, the encoding and
+# the append into the spool's open group, committed by the spool's own thread on a tmpfs), then
+# the 202. Callgrind counts every thread's user-space instructions and none of the kernel's: the
+# disk (`pwrite`, `fdatasync`) is left out by the count itself; so are hyper's HTTP/1 parse and
+# write, which need a socket. Per beacon = (the count for 12,000 beacons - the count for 2,000)
+# / 10,000, so that the test binary's start and the fixtures' set-up (the user-agent parser's
+# compilation, the spool's open) cancel out. A change that makes a beacon dearer on purpose
+# (contract work: masking, fairness, shards) raises the budget with --update in the same commit,
+# and says why there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 budget_file=bench/intake-cost.txt
@@ -41,7 +48,9 @@ large=$(count 12000)
 [[ -n $small && -n $large ]] || die "callgrind printed no count"
 per=$(((large - small) / 10000))
 if [[ ${1:-} == --update ]]; then
-  printf '%s\n' "# Instructions per beacon of beacon::cost::intake_cost_counted (scripts/cost-gate.sh)." \
+  printf '%s\n' "# Instructions per beacon of beacon::cost::intake_cost_counted (scripts/cost-gate.sh):" \
+    "# the whole intake in process, from the router to the spool's committed group (the kernel's" \
+    "# work, the disk with it, and hyper's HTTP/1 not counted; docs/benchmarks.md)." \
     "# Written by scripts/cost-gate.sh --update on $(date -u +%F), git $(git rev-parse --short HEAD)." \
     "instructions_per_beacon = $per" >"$budget_file"
   echo "cost-gate: $per instructions per beacon, written to $budget_file"
