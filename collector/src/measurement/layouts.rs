@@ -34,12 +34,38 @@ pub fn columns_in(layout: u16) -> Option<usize> {
     None
 }
 
+/// Why a record's payload could not be read as rows ([`read_record`]); the message says what
+/// is wrong, for people, and is what `collector spool dump` lists (it serializes as that text).
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    /// A layout-1 payload that is not a JSON array of measurements.
+    #[error("not a JSON array of measurements (layout 1): {0}")]
+    Json(#[source] serde_json::Error),
+    /// A RowBinary row of `layout` that does not decode.
+    #[error("{error} (layout {layout})")]
+    Row {
+        /// The record's layout.
+        layout: u16,
+        /// Why its row does not decode.
+        #[source]
+        error: RowDecodeError,
+    },
+}
+
+impl serde::Serialize for ReadError {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
 /// Every row of a payload of `layout`, in that layout's order, with the columns it lacks
-/// defaulted or derived. Errors say what is wrong, for people (`collector spool dump`).
-pub fn read_record(layout: u16, mut payload: &[u8]) -> Result<Vec<Measurement<'static>>, String> {
+/// defaulted or derived. Errors: [`ReadError`].
+pub fn read_record(
+    layout: u16,
+    mut payload: &[u8],
+) -> Result<Vec<Measurement<'static>>, ReadError> {
     if layout == 1 {
-        let rows: Vec<Measurement> = serde_json::from_slice(payload)
-            .map_err(|e| format!("not a JSON array of measurements (layout 1): {e}"))?;
+        let rows: Vec<Measurement> = serde_json::from_slice(payload).map_err(ReadError::Json)?;
         return Ok(rows
             .into_iter()
             .map(|m| complete_earlier(m.into_owned()))
@@ -47,7 +73,9 @@ pub fn read_record(layout: u16, mut payload: &[u8]) -> Result<Vec<Measurement<'s
     }
     let mut rows = Vec::new();
     while !payload.is_empty() {
-        rows.push(decode_one(layout, &mut payload).map_err(|e| format!("{e} (layout {layout})"))?);
+        rows.push(
+            decode_one(layout, &mut payload).map_err(|error| ReadError::Row { layout, error })?,
+        );
     }
     Ok(rows)
 }

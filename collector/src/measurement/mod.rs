@@ -528,6 +528,27 @@ pub(crate) mod tests {
         assert!(FIELDS.windows(2).all(|w| w[0].layout <= w[1].layout));
     }
 
+    /// A payload that holds no whole rows says why, for people, and `collector spool dump`
+    /// lists that text as the record's `error`.
+    #[test]
+    fn an_unreadable_record_says_why() {
+        let bytes = encoded_in(&sample(3), 3);
+        let cut = layouts::read_record(3, &bytes[..bytes.len() - 1]).unwrap_err();
+        assert_eq!(
+            cut.to_string(),
+            "not a RowBinary measurement: cut short (layout 3)"
+        );
+        assert_eq!(
+            serde_json::to_value(&cut).unwrap(),
+            serde_json::Value::String(cut.to_string())
+        );
+        let json = layouts::read_record(1, b"{}").unwrap_err();
+        assert_eq!(
+            json.to_string(),
+            "not a JSON array of measurements (layout 1): invalid type: map, expected a sequence at line 1 column 0"
+        );
+    }
+
     /// A row of layout 2 (`CSPOOL02`: 18 columns) reads with the columns of layout 3 derived
     /// as intake derives them, and the attribution NULL.
     #[test]

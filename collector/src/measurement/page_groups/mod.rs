@@ -60,10 +60,37 @@ pub const MAX_RULE_BYTES: usize = 512;
 /// The most `/`-separated segments of a pattern.
 pub const MAX_SEGMENTS: usize = 64;
 
+/// Why a `NAME=PATTERN` is not a rule ([`check`]); the message is what `collector sites`
+/// prints.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RuleError {
+    /// More than [`MAX_RULE_BYTES`] bytes.
+    #[error("at most {MAX_RULE_BYTES} bytes")]
+    TooLong,
+    /// No `=` between a name and a pattern.
+    #[error("must be NAME=PATTERN")]
+    NotNamePattern,
+    /// A name that is not 1 to 64 characters of `A-Za-z0-9._-`.
+    #[error("the name must be 1 to 64 characters from A-Za-z0-9._-")]
+    BadName,
+    /// A pattern that is not a path: not starting with `/`, or with whitespace, `?` or `#`.
+    #[error("the pattern must be a path starting with / (no query)")]
+    NotAPath,
+    /// More than [`MAX_SEGMENTS`] segments.
+    #[error("at most {MAX_SEGMENTS} segments")]
+    TooManySegments,
+    /// `**` anywhere but last.
+    #[error("** may only end the pattern")]
+    RestNotLast,
+    /// Two `*` in one segment (the segment's text).
+    #[error("at most one * within the segment {0:?}")]
+    TwoStars(String),
+}
+
 /// Why a `NAME=PATTERN` is not a rule: not `NAME=PATTERN`, a name not 1 to 64 characters of
 /// `A-Za-z0-9._-`, a pattern not a path, more than [`MAX_RULE_BYTES`] bytes or
 /// [`MAX_SEGMENTS`] segments, `**` not last, two `*` in one segment.
-pub fn check(value: &str) -> Result<(), String> {
+pub fn check(value: &str) -> Result<(), RuleError> {
     parse(value).map(|_| ())
 }
 
@@ -82,34 +109,32 @@ pub fn check_all(rules: &[String]) -> Result<(), String> {
 }
 
 /// Parses one `NAME=PATTERN`.
-fn parse(value: &str) -> Result<Rule, String> {
+fn parse(value: &str) -> Result<Rule, RuleError> {
     if value.len() > MAX_RULE_BYTES {
-        return Err(format!("at most {MAX_RULE_BYTES} bytes"));
+        return Err(RuleError::TooLong);
     }
-    let (name, pattern) = value
-        .split_once('=')
-        .ok_or_else(|| "must be NAME=PATTERN".to_owned())?;
+    let (name, pattern) = value.split_once('=').ok_or(RuleError::NotNamePattern)?;
     if !super::rules::is_site_key(name) {
-        return Err("the name must be 1 to 64 characters from A-Za-z0-9._-".into());
+        return Err(RuleError::BadName);
     }
     let Some(path) = pattern.strip_prefix('/') else {
-        return Err("the pattern must be a path starting with / (no query)".into());
+        return Err(RuleError::NotAPath);
     };
     if pattern
         .chars()
         .any(|c| c.is_whitespace() || c == '?' || c == '#')
     {
-        return Err("the pattern must be a path starting with / (no query)".into());
+        return Err(RuleError::NotAPath);
     }
     let parts: Vec<&str> = path.split('/').collect();
     if parts.len() > MAX_SEGMENTS {
-        return Err(format!("at most {MAX_SEGMENTS} segments"));
+        return Err(RuleError::TooManySegments);
     }
     let mut segments = Vec::with_capacity(parts.len());
     for (i, part) in parts.iter().enumerate() {
         segments.push(match *part {
             "**" if i + 1 == parts.len() => Segment::Rest,
-            "**" => return Err("** may only end the pattern".into()),
+            "**" => return Err(RuleError::RestNotLast),
             "*" => Segment::One,
             text => match text.split_once('*') {
                 None => Segment::Text {
@@ -117,7 +142,7 @@ fn parse(value: &str) -> Result<Rule, String> {
                     suffix: None,
                 },
                 Some((_, after)) if after.contains('*') => {
-                    return Err(format!("at most one * within the segment {text:?}"))
+                    return Err(RuleError::TwoStars(text.to_owned()))
                 }
                 Some((before, after)) => Segment::Text {
                     prefix: stored_form(before),
@@ -329,11 +354,39 @@ mod tests {
 
     #[test]
     fn bad_rules_are_refused() {
-        for bad in [
-            "product", "=/p/*", "a b=/p", "p=p/*", "p=/p?x=1", "p=/**/x", "p=/a*b*c", "p=/p /q",
+        for (bad, why) in [
+            ("product", "must be NAME=PATTERN"),
+            (
+                "=/p/*",
+                "the name must be 1 to 64 characters from A-Za-z0-9._-",
+            ),
+            (
+                "a b=/p",
+                "the name must be 1 to 64 characters from A-Za-z0-9._-",
+            ),
+            (
+                "p=p/*",
+                "the pattern must be a path starting with / (no query)",
+            ),
+            (
+                "p=/p?x=1",
+                "the pattern must be a path starting with / (no query)",
+            ),
+            ("p=/**/x", "** may only end the pattern"),
+            ("p=/a*b*c", "at most one * within the segment \"a*b*c\""),
+            (
+                "p=/p /q",
+                "the pattern must be a path starting with / (no query)",
+            ),
         ] {
-            assert!(check(bad).is_err(), "{bad}");
+            assert_eq!(check(bad).unwrap_err().to_string(), why, "{bad}");
         }
+        assert_eq!(
+            check_all(&["ok=/".into(), "product".into()])
+                .unwrap_err()
+                .to_string(),
+            "\"product\": must be NAME=PATTERN"
+        );
         assert_eq!(
             PageGroups::compile(&["bad".into(), "ok=/".into()])
                 .rules
@@ -365,12 +418,15 @@ mod tests {
     fn rules_are_bounded_in_number_length_and_segments() {
         let many: Vec<String> = (0..=MAX_RULES).map(|i| format!("g{i}=/p{i}")).collect();
         assert!(check_all(&many[..MAX_RULES]).is_ok());
-        assert!(check_all(&many).unwrap_err().contains("at most 200"));
+        assert_eq!(
+            check_all(&many).unwrap_err().to_string(),
+            "201 rules: at most 200 (every beacon is matched against them)"
+        );
         assert_eq!(PageGroups::compile(&many).rules.len(), MAX_RULES);
         let long = format!("g=/{}", "a".repeat(MAX_RULE_BYTES));
-        assert!(check(&long).unwrap_err().contains("512 bytes"));
+        assert_eq!(check(&long).unwrap_err().to_string(), "at most 512 bytes");
         let deep = format!("g={}", "/a".repeat(MAX_SEGMENTS + 1));
-        assert!(check(&deep).unwrap_err().contains("64 segments"));
+        assert_eq!(check(&deep).unwrap_err().to_string(), "at most 64 segments");
         assert!(check(&format!("g={}", "/a".repeat(MAX_SEGMENTS))).is_ok());
     }
 
