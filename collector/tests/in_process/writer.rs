@@ -563,12 +563,16 @@ async fn a_replica_hanging_during_the_drain_is_failed_over() {
     one_row_stored(&app, &ch0).await;
     ch0.set_fault(Fault::Hang);
     let (next, body) = array(5);
-    accepted(&app, &body).await;
+    let answer = app.send(&body).await;
+    assert_eq!(answer.status, 202, "{}", answer.text());
     let (took, _spool) = app.stop(false).await;
     assert!(
         next.iter().all(|id| ids(&ch1).contains(id)),
-        "failed over during the drain (it took {took:?}); replica 1 holds {:?}",
-        ids(&ch1)
+        "failed over during the drain (it took {took:?}); replica 1 holds {:?}, replica 0 {:?}; \
+         the 202 said {}",
+        ids(&ch1),
+        ids(&ch0),
+        answer.text()
     );
     assert!(
         took < DRAIN_DEADLINE + PROBE_TIMEOUT,
