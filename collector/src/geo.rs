@@ -24,6 +24,17 @@ pub const RELOAD_CHECK: Duration = Duration::from_secs(10);
 /// What identifies one version of the file: size, modification time, inode.
 type Stamp = (u64, Option<SystemTime>, u64);
 
+/// Why the country database does not read.
+#[derive(Debug, thiserror::Error)]
+pub enum GeoError {
+    /// The file cannot be read (its metadata, say: it is missing).
+    #[error("{0}")]
+    File(#[from] std::io::Error),
+    /// The file is not a MaxMind DB.
+    #[error("not a MaxMind DB: {0}")]
+    NotMaxMind(#[from] maxminddb::MaxMindDbError),
+}
+
 /// The country database in use, if one is configured. Cheap to clone.
 #[derive(Clone, Default)]
 pub struct Countries {
@@ -44,7 +55,7 @@ impl Countries {
 
     /// The database at `path`. Errors: the file cannot be read or is not a MaxMind DB (a
     /// description for the operator).
-    pub fn open(path: &Path) -> Result<Countries, String> {
+    pub fn open(path: &Path) -> Result<Countries, GeoError> {
         let (reader, stamp) = read(path)?;
         Ok(Countries {
             inner: Some(Arc::new(Inner {
@@ -111,9 +122,9 @@ impl Countries {
 }
 
 /// Reads the file at `path` as a MaxMind DB, with its stamp.
-fn read(path: &Path) -> Result<(Reader<Vec<u8>>, Stamp), String> {
-    let before = stamp(path).map_err(|e| e.to_string())?;
-    let reader = Reader::open_readfile(path).map_err(|e| format!("not a MaxMind DB: {e}"))?;
+fn read(path: &Path) -> Result<(Reader<Vec<u8>>, Stamp), GeoError> {
+    let before = stamp(path)?;
+    let reader = Reader::open_readfile(path)?;
     Ok((reader, before))
 }
 

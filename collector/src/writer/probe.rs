@@ -58,6 +58,17 @@ const STATUS_QUERY: &str = "SELECT toUInt8(is_readonly) AS is_readonly, toUInt8(
      toUInt64(inserts_in_queue) AS inserts_in_queue, toUInt64(absolute_delay) AS absolute_delay \
      FROM system.replicas WHERE database = ? AND table = 'measurements'";
 
+/// Why a replica failed a probe (its `probe:` cause in the log and `/readyz`).
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    /// A query refused or the connection failed (ClickHouse's error chain).
+    #[error("{}", crate::logging::chain(.0))]
+    ClickHouse(#[from] clickhouse::error::Error),
+    /// No answer within [`PROBE_TIMEOUT`].
+    #[error("no answer within {:?}", PROBE_TIMEOUT)]
+    Timeout,
+}
+
 /// Bound on applying the schema to a replica found without it.
 pub const SCHEMA_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -124,7 +135,7 @@ async fn check(
 /// Probes replica `i` once: what it found, or why it did not answer in [`PROBE_TIMEOUT`]
 /// (the error with its causes). Applies nothing: [`round`] applies the schema to a replica
 /// found without it.
-pub async fn probe(replicas: &Replicas, i: usize, options: &Options) -> Result<Probe, String> {
+pub async fn probe(replicas: &Replicas, i: usize, options: &Options) -> Result<Probe, ProbeError> {
     let (database, max_delay) = (options.database.as_str(), options.max_delay);
     // The `system` database, not the measurements' one, which may not exist yet.
     let client = replicas.client(i).clone().with_database("system");
@@ -138,9 +149,8 @@ pub async fn probe(replicas: &Replicas, i: usize, options: &Options) -> Result<P
         }
     };
     match tokio::time::timeout(PROBE_TIMEOUT, run).await {
-        Ok(Ok(found)) => Ok(found),
-        Ok(Err(e)) => Err(crate::logging::chain(&e)),
-        Err(_) => Err(format!("no answer within {PROBE_TIMEOUT:?}")),
+        Ok(result) => Ok(result?),
+        Err(_) => Err(ProbeError::Timeout),
     }
 }
 

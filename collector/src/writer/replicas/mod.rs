@@ -47,6 +47,7 @@ use tokio::sync::watch;
 use crate::clickhouse::errors::{classify, InsertError};
 use crate::clickhouse::insert::{insert_rows, is_stale_connection, InsertBody};
 use crate::metrics::{Metrics, ReplicaLabel};
+use crate::writer::probe::ProbeError;
 
 /// Insert failures within [`FAILURE_WINDOW`] that mark a replica down.
 pub const FAILURES_TO_DOWN: usize = 3;
@@ -475,82 +476,124 @@ impl Replicas {
         }
     }
 
-    /// Records a probe result for `i`: `None` when unreachable, else what it found.
-    /// `initial` (the first round at start) trusts a single passing probe.
-    pub fn probed(&self, i: usize, result: Result<Probe, String>, initial: bool) {
+    /// Records a probe result for `i`: why it failed, else what it found. `initial` (the first
+    /// round at start) trusts a single result.
+    pub fn probed(&self, i: usize, result: Result<Probe, ProbeError>, initial: bool) {
         let mut inner = self.inner.lock().unwrap();
         let before = inner.health[i].state;
         match result {
-            Ok(Probe { schema: false, .. }) => {
-                let h = &mut inner.health[i];
-                h.schema = false;
-                h.last_error = "probe: the measurements table, or one of the writer's columns, is missing (the prober applies the schema; its error, if any, is logged)".into();
-                h.probe_failures = 0;
-                h.passes = 0;
-                self.set_state(&mut inner, i, State::Down);
-            }
-            Err(cause) => {
-                let h = &mut inner.health[i];
-                h.probe_failures += 1;
-                h.passes = 0;
-                tracing::debug!(replica = %self.urls[i], %cause, "clickhouse: probe failed");
-                h.last_error = format!("probe: {cause}");
-                if h.probe_failures >= PROBE_FAILURES_TO_DOWN || initial {
-                    self.set_state(&mut inner, i, State::Down);
-                }
-            }
-            Ok(Probe {
-                caught_up,
-                dedup_token: token,
-                schema: true,
-                replicated,
-            }) => {
-                let h = &mut inner.health[i];
-                if h.replicated != Some(replicated) {
-                    if replicated {
-                        tracing::debug!(replica = %self.urls[i], "clickhouse: measurements is replicated; returning replicas are gated on catching up");
-                    } else {
-                        tracing::info!(replica = %self.urls[i], "clickhouse: measurements is not replicated here (the single-server form): no catch-up to gate on, the replica counts as caught up whenever it answers");
-                    }
-                    h.replicated = Some(replicated);
-                }
-                h.schema = true;
-                h.probe_failures = 0;
-                if caught_up {
-                    h.lags = 0;
-                }
-                h.dedup_token = token;
-                if h.awaits_insert && before == State::Down {
-                    // Probes do not end an outage that failed inserts began: they only make
-                    // the replica ready for a trial (see the module doc).
-                    h.passes = if caught_up {
-                        h.passes.saturating_add(1)
-                    } else {
-                        0
-                    };
-                } else if !caught_up {
-                    h.passes = 0;
-                    h.lags += 1;
-                    // A healthy replica that is being written to is briefly behind its own
-                    // replication log after each insert: only several lagging probes in a row
-                    // demote it.
-                    let demote = before == State::Down || initial || h.lags >= LAGS_TO_DEMOTE;
-                    if before != State::CatchingUp && demote {
-                        self.set_state(&mut inner, i, State::CatchingUp);
-                    }
-                } else if before != State::Healthy {
-                    inner.health[i].lags = 0;
-                    if before == State::Down {
-                        self.set_state(&mut inner, i, State::CatchingUp);
-                    }
-                    let h = &mut inner.health[i];
-                    h.passes += 1;
-                    if h.passes >= PASSES_TO_HEALTHY || initial {
-                        self.set_state(&mut inner, i, State::Healthy);
-                    }
-                }
-            }
+            Ok(Probe { schema: false, .. }) => self.probed_without_schema(&mut inner, i),
+            Err(cause) => self.probe_failed(&mut inner, i, &cause, initial),
+            Ok(found) => self.probe_passed(&mut inner, i, found, before, initial),
         }
+        self.say_still_down(&mut inner, i);
+        if inner.health[i].state != before {
+            self.publish(&inner);
+        }
+        // A more preferred replica healthy again is the active one from now on, not only at
+        // the next batch: on a quiet collector the metric would otherwise name the fallback
+        // for as long as no beacon arrives (and `CollectorPreferredReplicaUnused` would fire).
+        let back = inner.health[i].state == State::Healthy && before != State::Healthy;
+        if back && i < inner.active {
+            drop(inner);
+            self.pick();
+        }
+    }
+
+    /// A probe found replica `i` without the table or one of the writer's columns: down.
+    fn probed_without_schema(&self, inner: &mut Inner, i: usize) {
+        let h = &mut inner.health[i];
+        h.schema = false;
+        h.last_error = "probe: the measurements table, or one of the writer's columns, is missing (the prober applies the schema; its error, if any, is logged)".into();
+        h.probe_failures = 0;
+        h.passes = 0;
+        self.set_state(inner, i, State::Down);
+    }
+
+    /// A probe of replica `i` failed with `cause`: down after [`PROBE_FAILURES_TO_DOWN`] in a
+    /// row, or at once in the `initial` round.
+    fn probe_failed(&self, inner: &mut Inner, i: usize, cause: &ProbeError, initial: bool) {
+        let h = &mut inner.health[i];
+        h.probe_failures += 1;
+        h.passes = 0;
+        tracing::debug!(replica = %self.urls[i], %cause, "clickhouse: probe failed");
+        h.last_error = format!("probe: {cause}");
+        if h.probe_failures >= PROBE_FAILURES_TO_DOWN || initial {
+            self.set_state(inner, i, State::Down);
+        }
+    }
+
+    /// A probe found replica `i` with the schema (`found`); it was `before`. Counts towards
+    /// its return or its demotion (see the module doc).
+    fn probe_passed(
+        &self,
+        inner: &mut Inner,
+        i: usize,
+        found: Probe,
+        before: State,
+        initial: bool,
+    ) {
+        let Probe {
+            caught_up,
+            dedup_token: token,
+            replicated,
+            ..
+        } = found;
+        let h = &mut inner.health[i];
+        if h.replicated != Some(replicated) {
+            if replicated {
+                tracing::debug!(replica = %self.urls[i], "clickhouse: measurements is replicated; returning replicas are gated on catching up");
+            } else {
+                tracing::info!(replica = %self.urls[i], "clickhouse: measurements is not replicated here (the single-server form): no catch-up to gate on, the replica counts as caught up whenever it answers");
+            }
+            h.replicated = Some(replicated);
+        }
+        h.schema = true;
+        h.probe_failures = 0;
+        if caught_up {
+            h.lags = 0;
+        }
+        h.dedup_token = token;
+        if h.awaits_insert && before == State::Down {
+            // Probes do not end an outage that failed inserts began: they only make
+            // the replica ready for a trial (see the module doc).
+            h.passes = if caught_up {
+                h.passes.saturating_add(1)
+            } else {
+                0
+            };
+        } else if !caught_up {
+            h.passes = 0;
+            h.lags += 1;
+            // A healthy replica that is being written to is briefly behind its own
+            // replication log after each insert: only several lagging probes in a row
+            // demote it.
+            let demote = before == State::Down || initial || h.lags >= LAGS_TO_DEMOTE;
+            if before != State::CatchingUp && demote {
+                self.set_state(inner, i, State::CatchingUp);
+            }
+        } else if before != State::Healthy {
+            self.count_pass(inner, i, before, initial);
+        }
+    }
+
+    /// A caught-up probe of replica `i`, which was `before` (not healthy): catching up, and
+    /// healthy after [`PASSES_TO_HEALTHY`] of them (or one in the `initial` round).
+    fn count_pass(&self, inner: &mut Inner, i: usize, before: State, initial: bool) {
+        inner.health[i].lags = 0;
+        if before == State::Down {
+            self.set_state(inner, i, State::CatchingUp);
+        }
+        let h = &mut inner.health[i];
+        h.passes += 1;
+        if h.passes >= PASSES_TO_HEALTHY || initial {
+            self.set_state(inner, i, State::Healthy);
+        }
+    }
+
+    /// While replica `i` is not healthy after an outage, a line every
+    /// [`DOWN_SUMMARY_INTERVAL`] on what it still lacks.
+    fn say_still_down(&self, inner: &mut Inner, i: usize) {
         let h = &mut inner.health[i];
         let trial_ready = h.trial_ready();
         if let Some((since, summary)) = &mut h.down_since {
@@ -564,17 +607,6 @@ impl Replicas {
                     tracing::warn!(replica = %self.urls[i], down_for = ?since.elapsed(), "clickhouse: replica still catching up after being down");
                 }
             }
-        }
-        if inner.health[i].state != before {
-            self.publish(&inner);
-        }
-        // A more preferred replica healthy again is the active one from now on, not only at
-        // the next batch: on a quiet collector the metric would otherwise name the fallback
-        // for as long as no beacon arrives (and `CollectorPreferredReplicaUnused` would fire).
-        let back = inner.health[i].state == State::Healthy && before != State::Healthy;
-        if back && i < inner.active {
-            drop(inner);
-            self.pick();
         }
     }
 

@@ -2,7 +2,14 @@
 
 use super::*;
 
-fn passed(caught_up: bool) -> Result<Probe, String> {
+/// A probe that failed with `cause`.
+fn failed(cause: &str) -> Result<Probe, ProbeError> {
+    Err(ProbeError::ClickHouse(clickhouse::error::Error::Custom(
+        cause.to_owned(),
+    )))
+}
+
+fn passed(caught_up: bool) -> Result<Probe, ProbeError> {
     Ok(Probe {
         caught_up,
         dedup_token: false,
@@ -42,7 +49,7 @@ fn one_failure_does_not_close_a_replica() {
 fn returning_replica_must_pass_several_probes() {
     let r = replicas(3);
     for _ in 0..PROBE_FAILURES_TO_DOWN {
-        r.probed(0, Err("down".into()), false);
+        r.probed(0, failed("down"), false);
     }
     assert_eq!(r.pick(), 1);
     r.probed(0, passed(false), false);
@@ -85,11 +92,11 @@ fn a_healthy_replica_briefly_behind_stays_in_use() {
 fn a_failed_probe_resets_the_passes() {
     let r = replicas(2);
     for _ in 0..PROBE_FAILURES_TO_DOWN {
-        r.probed(0, Err("down".into()), false);
+        r.probed(0, failed("down"), false);
     }
     r.probed(0, passed(true), false);
     r.probed(0, passed(true), false);
-    r.probed(0, Err("down".into()), false);
+    r.probed(0, failed("down"), false);
     r.probed(0, passed(true), false);
     assert_ne!(r.state(0), State::Healthy);
 }
@@ -98,7 +105,7 @@ fn a_failed_probe_resets_the_passes() {
 fn everything_down_rotates() {
     let r = replicas(3);
     for i in 0..3 {
-        r.probed(i, Err("down".into()), true);
+        r.probed(i, failed("down"), true);
     }
     let picks: Vec<usize> = (0..6).map(|_| r.pick()).collect();
     let mut distinct = picks.clone();
@@ -119,8 +126,8 @@ fn a_replica_without_the_schema_is_never_picked() {
     r.probed(0, lacking, true);
     assert_eq!(r.state(0), State::Down);
     assert_eq!(r.pick(), 1);
-    r.probed(1, Err("down".into()), true);
-    r.probed(2, Err("down".into()), true);
+    r.probed(1, failed("down"), true);
+    r.probed(2, failed("down"), true);
     let picks: Vec<usize> = (0..6).map(|_| r.pick()).collect();
     assert!(!picks.contains(&0), "not even in rotation: {picks:?}");
     r.probed(0, passed(true), false);
@@ -134,7 +141,7 @@ fn a_replica_without_the_schema_is_never_picked() {
 fn a_preferred_replica_back_is_active_without_a_batch() {
     let r = replicas(2);
     for _ in 0..PROBE_FAILURES_TO_DOWN {
-        r.probed(0, Err("refused".into()), false);
+        r.probed(0, failed("refused"), false);
     }
     assert_eq!(r.pick(), 1);
     for _ in 0..PASSES_TO_HEALTHY + 1 {
@@ -153,7 +160,7 @@ fn a_flapping_replica_is_logged_down_once_an_interval() {
     let r = replicas(2);
     for _ in 0..5 {
         for _ in 0..PROBE_FAILURES_TO_DOWN {
-            r.probed(0, Err("connection refused".into()), false);
+            r.probed(0, failed("connection refused"), false);
         }
         assert_eq!(r.state(0), State::Down);
         for _ in 0..PASSES_TO_HEALTHY + 1 {
@@ -280,7 +287,7 @@ fn an_insert_that_succeeds_in_rotation_leaves_the_return_to_the_probes() {
     for _ in 0..FAILURES_TO_DOWN {
         r.insert_failed(0, "Code: 252. DB::Exception: Too many parts");
     }
-    r.probed(0, Err("timeout".into()), false);
+    r.probed(0, failed("timeout"), false);
     assert_eq!(r.pick(), 0, "rotation: the only replica");
     r.insert_succeeded(0);
     assert_eq!(r.state(0), State::Down);
@@ -300,13 +307,13 @@ fn an_outage_lasts_until_the_replica_is_healthy_again() {
     let r = replicas(2);
     let down_since = |r: &Replicas| r.inner.lock().unwrap().health[0].down_since.map(|d| d.0);
     for _ in 0..PROBE_FAILURES_TO_DOWN {
-        r.probed(0, Err("refused".into()), false);
+        r.probed(0, failed("refused"), false);
     }
     let since = down_since(&r).expect("down");
     r.probed(0, passed(false), false);
     assert_eq!(r.state(0), State::CatchingUp);
     for _ in 0..PROBE_FAILURES_TO_DOWN {
-        r.probed(0, Err("refused".into()), false);
+        r.probed(0, failed("refused"), false);
     }
     assert_eq!(r.state(0), State::Down);
     assert_eq!(
@@ -338,7 +345,7 @@ fn a_down_replica_keeps_the_cause_that_took_it_down() {
 #[test]
 fn catching_up_is_used_when_nothing_is_healthy() {
     let r = replicas(2);
-    r.probed(0, Err("down".into()), true);
+    r.probed(0, failed("down"), true);
     r.probed(1, passed(false), true);
     assert_eq!(r.pick(), 1);
 }
