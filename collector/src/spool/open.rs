@@ -41,13 +41,7 @@ pub fn open_shard(
 ) -> Result<(Spool, SpoolReader), OpenError> {
     let err = |e| OpenError::Io(dir.to_owned(), e);
     let lock = lock_folder(dir)?;
-    let (mut cursor_file, cursor) = Cursor::open(dir).map_err(err)?;
-    let mut recovered =
-        recover_all(dir, &layouts, cursor, &mut cursor_file, &metrics).map_err(err)?;
-    if let Some(rules) = rules {
-        recovered =
-            hold_to(dir, &layouts, rules, recovered, &mut cursor_file, &metrics).map_err(err)?;
-    }
+    let (cursor_file, recovered) = recover_folder(dir, &layouts, rules, &metrics).map_err(err)?;
     let Recovery {
         mut state,
         cursor,
@@ -56,13 +50,7 @@ pub fn open_shard(
     } = recovered;
 
     let identity = identity(dir, rewritten).map_err(err)?;
-    let (in_flight_file, in_flight) = match SlotFile::open(dir, INFLIGHT_FILE) {
-        Ok((file, body)) => (Some(file), body),
-        Err(e) => {
-            tracing::debug!(error = %e, "spool: no in-flight file yet");
-            (None, None)
-        }
-    };
+    let (in_flight_file, in_flight) = in_flight_slot(dir);
 
     // The last segment made: the appender starts sealed on it and makes the next one below
     // (or, if it cannot, stays unwritable while the reader delivers what is here).
@@ -72,19 +60,7 @@ pub fn open_shard(
     state.sealed = true;
     state.durable = cursor_file.durable;
     let start = reading_start(&state, cursor);
-    // Only a bound that recovery left reachable: it starts where reading starts and ends on
-    // a record boundary inside what was kept.
-    let replay_bound = in_flight
-        .and_then(|body| parse_in_flight(&body, &identity))
-        .filter(|(from, to)| {
-            *from == start
-                && to > from
-                && state
-                    .segments
-                    .get(&to.segment)
-                    .is_some_and(|&len| to.offset <= len)
-        })
-        .map(|(_, to)| to);
+    let replay_bound = replay_bound(in_flight.as_deref(), &identity, start, &state);
     let (committed, committed_rx) = watch::channel(Position {
         segment: active,
         offset: active_len,
@@ -115,6 +91,56 @@ pub fn open_shard(
         in_flight: in_flight_file,
     };
     Ok((Spool { shared, appender }, reader))
+}
+
+/// Recovers every segment of `dir` ([`recover_all`]) and, with `rules`, holds what an earlier
+/// release left to them ([`hold_to`]); the cursor's file and what recovery found.
+fn recover_folder(
+    dir: &Path,
+    layouts: &Layouts,
+    rules: Option<&dyn AtRest>,
+    metrics: &Metrics,
+) -> io::Result<(Cursor, Recovery)> {
+    let (mut cursor_file, cursor) = Cursor::open(dir)?;
+    let mut recovered = recover_all(dir, layouts, cursor, &mut cursor_file, metrics)?;
+    if let Some(rules) = rules {
+        recovered = hold_to(dir, layouts, rules, recovered, &mut cursor_file, metrics)?;
+    }
+    Ok((cursor_file, recovered))
+}
+
+/// The in-flight file of `dir` and what it holds; neither when it cannot be opened (said at
+/// debug level: a new spool has none yet).
+fn in_flight_slot(dir: &Path) -> (Option<SlotFile>, Option<String>) {
+    match SlotFile::open(dir, INFLIGHT_FILE) {
+        Ok((file, body)) => (Some(file), body),
+        Err(e) => {
+            tracing::debug!(error = %e, "spool: no in-flight file yet");
+            (None, None)
+        }
+    }
+}
+
+/// The end of the batch that was in flight (`in_flight`, the file's text, of this spool's
+/// `identity`), to be replayed as it was. Only a bound that recovery left reachable: it starts
+/// where reading starts (`start`) and ends on a record boundary inside what was kept.
+fn replay_bound(
+    in_flight: Option<&str>,
+    identity: &str,
+    start: Position,
+    state: &State,
+) -> Option<Position> {
+    in_flight
+        .and_then(|body| parse_in_flight(body, identity))
+        .filter(|(from, to)| {
+            *from == start
+                && to > from
+                && state
+                    .segments
+                    .get(&to.segment)
+                    .is_some_and(|&len| to.offset <= len)
+        })
+        .map(|(_, to)| to)
 }
 
 /// Makes the folder's layout and takes its lock: one collector per folder. The folder and
