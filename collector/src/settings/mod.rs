@@ -332,7 +332,8 @@ pub fn check_keep_query(value: &str) -> Result<(), SiteValueError> {
 /// [`crate::measurement::page_groups::MAX_RULES`], or a rule that is not `NAME=PATTERN` (see
 /// [`crate::measurement::page_groups`] for what it matches and the bounds of one).
 pub fn check_page_groups(rules: &[String]) -> Result<(), SiteValueError> {
-    crate::measurement::page_groups::check_all(rules).map_err(SiteValueError::PageGroups)
+    crate::measurement::page_groups::check_all(rules)
+        .map_err(|e| SiteValueError::PageGroups(e.to_string()))
 }
 
 /// The `--dimension` names of a site: at most [`MAX_DIMENSIONS`], each 1 to
