@@ -13,7 +13,7 @@ use collector_tests::common;
 
 use std::collections::BTreeMap;
 
-use common::browser::{Browser, Engine};
+use common::browser::static_report_page;
 use common::*;
 use serde_json::{json, Value};
 
@@ -505,23 +505,15 @@ async fn the_report_answers_what_the_rows_say_on_clickhouse_26() {
     let env = TestEnv::on_ch26(Stack::shared()).await;
     let html = report_answers_what_the_rows_say(&env).await;
     // The page in headless Chromium: it loads nothing, runs nothing, shows the name as text.
-    let browser = Browser::start(Engine::Chromium, &env.diag).await;
-    browser.client.set_window_size(1000, 1600).await.unwrap();
-    browser
-        .client
-        .goto(&format!("file://{}", html.display()))
-        .await
-        .unwrap();
-    browser.wait_for("document.readyState == 'complete'").await;
-    let seen = browser
-        .eval(
-            "return {resources: performance.getEntriesByType('resource').length, \
-             scripts: document.scripts.length, svgs: document.querySelectorAll('svg').length, \
-             headings: [].map.call(document.querySelectorAll('h2'), function (h) { return h.firstChild.textContent.trim(); })};",
-        )
-        .await;
-    assert_eq!(field(&seen, "resources"), 0, "{seen}");
-    assert_eq!(field(&seen, "scripts"), 0, "{seen}");
+    let seen = static_report_page(
+        &env.diag,
+        &html,
+        1600,
+        "return {svgs: document.querySelectorAll('svg').length, \
+         headings: [].map.call(document.querySelectorAll('h2'), function (h) { return h.firstChild.textContent.trim(); })};",
+        "report-screenshot.png",
+    )
+    .await;
     assert!(field(&seen, "svgs").as_u64().unwrap() >= 3, "{seen}");
     assert!(
         field(&seen, "headings")
@@ -531,9 +523,4 @@ async fn the_report_answers_what_the_rows_say_on_clickhouse_26() {
             .any(|h| h == HOSTILE),
         "{seen}"
     );
-    let png = browser.client.screenshot().await.unwrap();
-    let path = root().join("target/report-screenshot.png");
-    std::fs::write(&path, &png).unwrap();
-    println!("screenshot: {} ({} bytes)", path.display(), png.len());
-    browser.quit().await;
 }

@@ -400,6 +400,39 @@ impl Browser {
     }
 }
 
+/// Opens the report page `html` (a file the `report` command wrote) in headless Chromium, at
+/// 1000 × `height` pixels; asserts that it loaded nothing and ran no script (the page is
+/// self-contained: inline SVG and CSS only); saves its screenshot as `target/<name>`; returns
+/// what `probe` (a function body returning an object) saw in the page, for the caller's own
+/// checks. The probe's object gains `resources` and `scripts`, the counts checked here.
+pub async fn static_report_page(
+    diag: &Diag,
+    html: &std::path::Path,
+    height: u32,
+    probe: &str,
+    name: &str,
+) -> Value {
+    let browser = Browser::start(Engine::Chromium, diag).await;
+    browser.client.set_window_size(1000, height).await.unwrap();
+    browser.goto(&format!("file://{}", html.display())).await;
+    browser.wait_for("document.readyState == 'complete'").await;
+    let seen = browser
+        .eval(&format!(
+            "var seen = (function () {{ {probe} }})(); \
+             seen.resources = performance.getEntriesByType('resource').length; \
+             seen.scripts = document.scripts.length; return seen;"
+        ))
+        .await;
+    assert_eq!(super::field(&seen, "resources"), 0, "{seen}");
+    assert_eq!(super::field(&seen, "scripts"), 0, "{seen}");
+    let png = browser.client.screenshot().await.unwrap();
+    let path = root().join("target").join(name);
+    std::fs::write(&path, &png).unwrap();
+    println!("screenshot: {} ({} bytes)", path.display(), png.len());
+    browser.quit().await;
+    seen
+}
+
 /// Chromium's arguments for a session in the profile folder `profile`: headless, its log
 /// (with every page's console) on stderr, nothing called out of this machine.
 fn chromium_args(profile: &std::path::Path) -> Vec<String> {

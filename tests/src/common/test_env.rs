@@ -136,17 +136,9 @@ impl<'a> TestEnv<'a> {
 
     /// Runs `collector ARGS` against this test's databases with some settings replaced.
     pub fn cli_with(&self, settings: &[(&str, &str)], args: &[&str]) -> CliOutput {
-        let out = Command::new(collector_bin())
-            .args(args)
-            .envs(self.collector_env())
-            .envs(settings.iter().copied())
-            .output()
-            .unwrap_or_else(|e| panic!("run {}: {e}", collector_bin().display()));
-        CliOutput {
-            code: out.status.code().unwrap_or(-1),
-            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        }
+        let mut env = self.collector_env();
+        env.extend(settings.iter().map(|(k, v)| ((*k).into(), (*v).into())));
+        run_cli(args, env, &[])
     }
 
     /// Starts a collector on this test's databases with extra `COLLECTOR_*` settings.
@@ -335,5 +327,24 @@ impl CliOutput {
             self.stdout, self.stderr
         );
         self
+    }
+}
+
+/// Runs `collector ARGS` with `env` added to the test process's environment and the
+/// variables `unset` removed from it; panics when the binary cannot be started.
+pub fn run_cli(args: &[&str], env: Vec<(String, String)>, unset: &[&str]) -> CliOutput {
+    let mut command = Command::new(collector_bin());
+    command.args(args);
+    for name in unset {
+        command.env_remove(name);
+    }
+    let out = command
+        .envs(env)
+        .output()
+        .unwrap_or_else(|e| panic!("run {}: {e}", collector_bin().display()));
+    CliOutput {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
     }
 }

@@ -17,7 +17,7 @@
 
 use collector_tests::common;
 
-use common::browser::{Browser, Engine};
+use common::browser::static_report_page;
 use common::*;
 use serde_json::{json, Value};
 
@@ -338,28 +338,18 @@ async fn screenshot(env: &TestEnv<'_>, html: &std::path::Path, name: &str) {
             .is_match(&page),
         "nothing from elsewhere"
     );
-    let browser = Browser::start(Engine::Chromium, &env.diag).await;
-    browser.client.set_window_size(1000, 2400).await.unwrap();
-    browser
-        .client
-        .goto(&format!("file://{}", html.display()))
-        .await
-        .unwrap();
-    browser.wait_for("document.readyState == 'complete'").await;
-    let seen = browser
-        .eval("return {resources: performance.getEntriesByType('resource').length, scripts: document.scripts.length, svgs: document.querySelectorAll('svg').length};")
-        .await;
-    assert_eq!(field(&seen, "resources"), 0, "{seen}");
-    assert_eq!(field(&seen, "scripts"), 0, "{seen}");
+    let seen = static_report_page(
+        &env.diag,
+        html,
+        2400,
+        "return {svgs: document.querySelectorAll('svg').length};",
+        name,
+    )
+    .await;
     assert!(
         field(&seen, "svgs").as_u64().unwrap() >= 16,
         "a chart and a trend per cohort: {seen}"
     );
-    let png = browser.client.screenshot().await.unwrap();
-    let path = root().join("target").join(name);
-    std::fs::write(&path, &png).unwrap();
-    println!("screenshot: {} ({} bytes)", path.display(), png.len());
-    browser.quit().await;
 }
 
 mod compare;

@@ -129,19 +129,13 @@ fn settings(env: &TestEnv<'_>, shards: &str, extra: &[(&str, &str)]) -> Vec<(Str
     out
 }
 
-/// Runs `collector ARGS` with [`settings`].
+/// Runs `collector ARGS` with [`settings`] (the test process's own ClickHouse URLs removed).
 fn cli(env: &TestEnv<'_>, shards: &str, extra: &[(&str, &str)], args: &[&str]) -> CliOutput {
-    let out = std::process::Command::new(collector_bin())
-        .args(args)
-        .env_remove("COLLECTOR_CLICKHOUSE_URLS")
-        .envs(settings(env, shards, extra))
-        .output()
-        .unwrap_or_else(|e| panic!("run {}: {e}", collector_bin().display()));
-    CliOutput {
-        code: out.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
+    run_cli(
+        args,
+        settings(env, shards, extra),
+        &["COLLECTOR_CLICKHOUSE_URLS"],
+    )
 }
 
 /// `sites list`: each site's shard.
