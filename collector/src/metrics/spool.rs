@@ -144,7 +144,7 @@ impl SpoolMetrics {
         );
         r.register(
             "collector_spool_purged_rows",
-            "Measurements of erased sites dropped from the spool instead of inserted",
+            "Measurements of purged sites dropped from the spool instead of inserted",
             m.purged_rows.clone(),
         );
         r.register(

@@ -38,7 +38,7 @@ impl Writer {
         }
         tracing::info!(
             rows = dropped,
-            "writer: rows of erased sites dropped instead of inserted"
+            "writer: rows of purged sites dropped instead of inserted"
         );
         self.metrics.spool.purged_rows.inc_by(dropped);
         batch.body = kept.freeze();
@@ -60,7 +60,7 @@ impl Writer {
         let (repurged, dropped) = without_sites(body, &purged)?;
         tracing::info!(
             rows = dropped,
-            "writer: rows of erased sites dropped from a batch being retried"
+            "writer: rows of purged sites dropped from a batch being retried"
         );
         self.metrics.spool.purged_rows.inc_by(dropped);
         Some(repurged)
