@@ -1,6 +1,7 @@
-//! What one beacon costs at intake, in process and without I/O: the benches run by hand
-//! ([`beacon_cost`], [`v4_intake_cost`]: times, `--ignored --nocapture`) and the beacon the
-//! instruction-count gate counts ([`intake_cost_counted`], `scripts/cost-gate.sh`, issue 53).
+//! What one beacon costs at intake, in process: the benches run by hand, without I/O
+//! ([`beacon_cost`], [`v4_intake_cost`]: times, `--ignored --nocapture`), and the beacon the
+//! instruction-count gate counts through the whole intake, router to spool
+//! ([`intake_cost_counted`], `scripts/cost-gate.sh`, issue 53).
 
 use super::tests::{ctx, row_of, with};
 use super::*;
