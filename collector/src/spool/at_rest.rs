@@ -347,6 +347,18 @@ mod tests {
         out
     }
 
+    /// Opens the spool in `dir` under [`rules`] (which rewrites what it holds) and returns
+    /// every row it then gives the writer, in order.
+    fn rows_at_open(dir: &Path) -> Vec<Measurement<'static>> {
+        let metrics = Arc::new(Metrics::new());
+        let opened = open_shard(dir, "default", 1 << 20, LAYOUTS, Some(&rules()), metrics);
+        let (_spool, mut reader) = opened.unwrap();
+        read_all(&mut reader)
+            .iter()
+            .flat_map(|f| decode_all(&f.payload).unwrap())
+            .collect()
+    }
+
     #[test]
     fn an_earlier_spool_and_its_kept_aside_files_are_minimised_at_open() {
         let dir = tempfile::tempdir().unwrap();
@@ -369,21 +381,7 @@ mod tests {
             .unwrap();
         assert_eq!(holding(dir.path(), SECRET).len(), 3);
 
-        let metrics = Arc::new(Metrics::new());
-        let opened = open_shard(
-            dir.path(),
-            "default",
-            1 << 20,
-            LAYOUTS,
-            Some(&rules()),
-            metrics,
-        );
-        let (_spool, mut reader) = opened.unwrap();
-        let frames = read_all(&mut reader);
-        let rows: Vec<_> = frames
-            .iter()
-            .flat_map(|f| decode_all(&f.payload).unwrap())
-            .collect();
+        let rows = rows_at_open(dir.path());
         let ids: Vec<_> = rows.iter().map(|r| r.id.as_u128()).collect();
         assert_eq!(ids, [1, 2, 3], "every record once, in order");
         assert!(
@@ -429,21 +427,7 @@ mod tests {
         }
         fs::write(segment_path(dir.path(), 1), &data).unwrap();
         fs::write(dir.path().join("CURSOR"), format!("1 {second}\n")).unwrap();
-        let metrics = Arc::new(Metrics::new());
-        let opened = open_shard(
-            dir.path(),
-            "default",
-            1 << 20,
-            LAYOUTS,
-            Some(&rules()),
-            metrics,
-        );
-        let (_spool, mut reader) = opened.unwrap();
-        let frames = read_all(&mut reader);
-        let rows: Vec<_> = frames
-            .iter()
-            .flat_map(|f| decode_all(&f.payload).unwrap())
-            .collect();
+        let rows = rows_at_open(dir.path());
         assert_eq!(rows.len(), 1);
         assert_eq!(rows[0].id.as_u128(), 2);
         assert_eq!(holding(dir.path(), SECRET), Vec::<String>::new());

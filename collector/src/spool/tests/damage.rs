@@ -5,16 +5,8 @@ use super::*;
 #[tokio::test]
 async fn torn_tail_is_cut_to_the_last_whole_record() {
     let dir = tempfile::tempdir().unwrap();
+    spool_with(dir.path(), 3).await;
     let metrics = Arc::new(Metrics::new());
-    {
-        let (spool, _reader) = open(dir.path(), 1 << 20, LAYOUTS, metrics.clone()).unwrap();
-        for n in 1..=3 {
-            spool
-                .append(rows(&[m(n)]), Duration::from_secs(5))
-                .await
-                .unwrap();
-        }
-    }
     let seg = segment_path(dir.path(), 1);
     let len = fs::metadata(&seg).unwrap().len();
     OpenOptions::new()
@@ -40,16 +32,8 @@ async fn torn_tail_is_cut_to_the_last_whole_record() {
 #[tokio::test]
 async fn corrupt_record_ends_the_segment() {
     let dir = tempfile::tempdir().unwrap();
+    spool_with(dir.path(), 3).await;
     let metrics = Arc::new(Metrics::new());
-    {
-        let (spool, _reader) = open(dir.path(), 1 << 20, LAYOUTS, metrics.clone()).unwrap();
-        for n in 1..=3 {
-            spool
-                .append(rows(&[m(n)]), Duration::from_secs(5))
-                .await
-                .unwrap();
-        }
-    }
     let seg = segment_path(dir.path(), 1);
     let mut data = fs::read(&seg).unwrap();
     let last = data.len() - 3;

@@ -94,6 +94,7 @@ fn read_all(r: &mut SpoolReader) -> Vec<Frame> {
     out
 }
 
+/// Leaves in `dir` a closed spool holding rows 1 to `n`, one request each.
 async fn spool_with(dir: &Path, n: u128) {
     let (spool, _reader) = open(dir, 1 << 20, LAYOUTS, Arc::new(Metrics::new())).unwrap();
     for i in 1..=n {
