@@ -21,14 +21,6 @@ const SITE: &str = "shop";
 const DAY: i64 = 86_400;
 /// The hostile browser name some desktop rows carry: it must reach the page as text.
 const HOSTILE: &str = "<script>alert('x')</script>";
-/// The metrics as the report names them and their columns, with web.dev's thresholds.
-const METRICS: [(&str, &str, f64, f64); 5] = [
-    ("lcp", "lcp_ms", 2500.0, 4000.0),
-    ("inp", "inp_ms", 200.0, 500.0),
-    ("cls", "cls", 0.1, 0.25),
-    ("fcp", "fcp_ms", 1800.0, 3000.0),
-    ("ttfb", "ttfb_ms", 800.0, 1800.0),
-];
 
 /// One row the test writes: device type, browser, sample rate, age in seconds, metrics in
 /// [`METRICS`]' order (`None`: not measured).

@@ -79,3 +79,13 @@ pub fn field<'a>(v: &'a Value, key: &str) -> &'a Value {
         .get(key)
         .unwrap_or_else(|| panic!("no field {key} in {v}"))
 }
+
+/// The metrics as `collector report` names them, their columns, and web.dev's thresholds
+/// (good up to the first, poor above the second).
+pub const METRICS: [(&str, &str, f64, f64); 5] = [
+    ("lcp", "lcp_ms", 2500.0, 4000.0),
+    ("inp", "inp_ms", 200.0, 500.0),
+    ("cls", "cls", 0.1, 0.25),
+    ("fcp", "fcp_ms", 1800.0, 3000.0),
+    ("ttfb", "ttfb_ms", 800.0, 1800.0),
+];

@@ -22,14 +22,6 @@ use common::*;
 use serde_json::{json, Value};
 
 const DAY: i64 = 86_400;
-/// The metrics as the report names them, their columns and web.dev's thresholds.
-const METRICS: [(&str, &str, f64, f64); 5] = [
-    ("lcp", "lcp_ms", 2500.0, 4000.0),
-    ("inp", "inp_ms", 200.0, 500.0),
-    ("cls", "cls", 0.1, 0.25),
-    ("fcp", "fcp_ms", 1800.0, 3000.0),
-    ("ttfb", "ttfb_ms", 800.0, 1800.0),
-];
 /// `(browser, version, os, counted as Chromium)`: what the docs list, seen from outside.
 const AGENTS: [(&str, &str, &str, bool); 9] = [
     ("Chrome Mobile", "131", "Android", true),

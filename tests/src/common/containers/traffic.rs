@@ -81,7 +81,12 @@ pub fn clickhouse_rows(url: &str, sql: &str) -> Result<Vec<Value>, String> {
 
 /// `sql` on the ClickHouse server at `url` (as `default`): its answer, trimmed.
 pub fn clickhouse(url: &str, sql: &str) -> Result<String, String> {
-    match agent().post(&format!("{url}/")).send_string(sql) {
+    trimmed(agent().post(&format!("{url}/")).send_string(sql))
+}
+
+/// A ClickHouse answer's body, trimmed; a refusal as its status and body.
+fn trimmed(answer: Result<ureq::Response, ureq::Error>) -> Result<String, String> {
+    match answer {
         Ok(r) => Ok(r
             .into_string()
             .map_err(|e| e.to_string())?
@@ -160,17 +165,7 @@ pub fn clickhouse_as(url: &str, user: &str, password: &str, sql: &str) -> Result
         .set("X-ClickHouse-User", user)
         .set("X-ClickHouse-Key", password)
         .send_string(sql);
-    match answer {
-        Ok(r) => Ok(r
-            .into_string()
-            .map_err(|e| e.to_string())?
-            .trim()
-            .to_owned()),
-        Err(ureq::Error::Status(c, r)) => {
-            Err(format!("{c}: {}", r.into_string().unwrap_or_default()))
-        }
-        Err(e) => Err(e.to_string()),
-    }
+    trimmed(answer)
 }
 
 /// The status of a part fetch on ClickHouse's interserver port 127.0.0.1:`port` (a part of
