@@ -298,6 +298,14 @@ fn goal_rows(
         r.get("abl_lat_rate"), ms("abl_lat_collector_p99_ms"), ms("abl_lat_nginx_p99_ms"), ms("abl_lat_collector_p999_ms"), ms("abl_lat_nginx_p999_ms"),
         r.get("abl_lat_collector_errors"), r.get("abl_lat_nginx_errors")
     ));
+    // Beside it, the group commits of that run (issue 53: a sync stall must not stall intake
+    // longer than the stall itself).
+    let syncs = parse_kv(r.get("abl_lat_collector_syncs"));
+    let s = |k: &str| syncs.get(k).copied().unwrap_or("-").to_owned();
+    out.push(format!(
+        "| `collector_spool_sync_duration_seconds` over that run (bucket bounds) | {} syncs: p50 ≤ {} ms, p99 ≤ {} ms, max ≤ {} ms | reported | - |",
+        s("count"), s("p50"), s("p99"), s("max")
+    ));
     out
 }
 

@@ -233,6 +233,22 @@ impl Bench {
                 a.accepted - b.accepted,
                 a.duplicates - b.duplicates
             );
+            // The disk's share of the tail (issue 53): the group commits of this run beside
+            // the answers' quantiles.
+            let syncs = crate::servers::Syncs::between(&b, &a).ok_or_else(|| {
+                fail("no collector_spool_sync_duration_seconds histogram in /metrics")
+            })?;
+            extra += &format!(
+                "; syncs {} (p50 <= {} ms, p99 <= {} ms, max <= {} ms)",
+                syncs.count, syncs.p50_ms, syncs.p99_ms, syncs.max_ms
+            );
+            self.results.put(
+                &format!("{key}_{server}_syncs"),
+                format!(
+                    "count:{},p50:{},p99:{},max:{}",
+                    syncs.count, syncs.p50_ms, syncs.p99_ms, syncs.max_ms
+                ),
+            )?;
         }
         note(&format!(
             "{server}: {:.1} req/s, p50 {:.3} ms, p99 {:.3} ms, p99.9 {:.3} ms, max {:.3} ms; 2xx={} other={} errors={}{extra}",

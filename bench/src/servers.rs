@@ -124,7 +124,7 @@ impl Collector {
 }
 
 /// The figures of the collector's `/metrics` the benchmark reads, summed over label sets.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Metrics {
     /// `collector_measurements_accepted_total`.
     pub accepted: f64,
@@ -150,6 +150,49 @@ pub struct Metrics {
     pub open_connections: f64,
     /// `collector_spool_kept_aside_total`.
     pub kept_aside: f64,
+    /// `collector_spool_sync_duration_seconds_bucket`: each bucket's upper bound (s) and its
+    /// cumulative count of group commits, in the exposition's order (ascending, `+Inf` last).
+    pub sync_buckets: Vec<(f64, f64)>,
+}
+
+/// How long the spool's group commits took between two scrapes, from the
+/// `collector_spool_sync_duration_seconds` histogram: quantiles are bucket upper bounds
+/// (the histogram doubles from 100 µs, so a figure is at most twice the true one).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Syncs {
+    /// Group commits (`write` + `fdatasync`) between the scrapes.
+    pub count: f64,
+    /// The bucket bound below which half of them ended, in ms.
+    pub p50_ms: f64,
+    /// The bucket bound below which 99 % of them ended, in ms.
+    pub p99_ms: f64,
+    /// The bound of the highest bucket any of them reached, in ms (infinite past 13 s).
+    pub max_ms: f64,
+}
+
+impl Syncs {
+    /// The syncs of `after` that `before` had not counted; `None` when either scrape lacks
+    /// the histogram or their buckets differ.
+    pub fn between(before: &Metrics, after: &Metrics) -> Option<Syncs> {
+        let (b, a) = (&before.sync_buckets, &after.sync_buckets);
+        if a.is_empty() || a.len() != b.len() || a.iter().zip(b).any(|(x, y)| x.0 != y.0) {
+            return None;
+        }
+        let delta: Vec<(f64, f64)> = a.iter().zip(b).map(|(x, y)| (x.0, x.1 - y.1)).collect();
+        let count = delta.last()?.1;
+        let bound = |q: f64| {
+            delta
+                .iter()
+                .find(|(_, c)| *c >= q * count && *c > 0.0)
+                .map_or(f64::NAN, |(le, _)| le * 1000.0)
+        };
+        Some(Syncs {
+            count,
+            p50_ms: bound(0.5),
+            p99_ms: bound(0.99),
+            max_ms: bound(1.0),
+        })
+    }
 }
 
 impl Metrics {
@@ -180,6 +223,23 @@ impl Metrics {
                 "collector_spool_records" => &mut m.spool_records,
                 "collector_http_open_connections" => &mut m.open_connections,
                 "collector_spool_kept_aside_total" => &mut m.kept_aside,
+                "collector_spool_sync_duration_seconds_bucket" => {
+                    let le = labels
+                        .split("le=\"")
+                        .nth(1)
+                        .and_then(|rest| rest.split('"').next())
+                        .map(|b| {
+                            if b == "+Inf" {
+                                f64::INFINITY
+                            } else {
+                                b.parse().unwrap_or(f64::NAN)
+                            }
+                        });
+                    if let Some(le) = le {
+                        m.sync_buckets.push((le, value));
+                    }
+                    continue;
+                }
                 _ => continue,
             };
             *slot += value;
@@ -418,5 +478,31 @@ collector_http_open_connections 32
         assert_eq!(m.spool_records, 0.0);
         assert_eq!(m.open_connections, 32.0);
         assert_eq!(m.shed, 0.0);
+    }
+
+    const BEFORE: &str = "collector_spool_sync_duration_seconds_bucket{le=\"0.0001\"} 1\n\
+        collector_spool_sync_duration_seconds_bucket{le=\"0.0002\"} 2\n\
+        collector_spool_sync_duration_seconds_bucket{le=\"0.0004\"} 2\n\
+        collector_spool_sync_duration_seconds_bucket{le=\"+Inf\"} 2\n";
+    const AFTER: &str = "collector_spool_sync_duration_seconds_bucket{le=\"0.0001\"} 1\n\
+        collector_spool_sync_duration_seconds_bucket{le=\"0.0002\"} 52\n\
+        collector_spool_sync_duration_seconds_bucket{le=\"0.0004\"} 101\n\
+        collector_spool_sync_duration_seconds_bucket{le=\"+Inf\"} 102\n";
+
+    #[test]
+    fn syncs_between_two_scrapes_are_read_from_the_bucket_bounds() {
+        let s = Syncs::between(&Metrics::parse(BEFORE), &Metrics::parse(AFTER)).unwrap();
+        assert_eq!(s.count, 100.0);
+        assert_eq!(s.p50_ms, 0.2);
+        assert_eq!(s.p99_ms, 0.4);
+        assert_eq!(s.max_ms, f64::INFINITY);
+    }
+
+    #[test]
+    fn no_histogram_is_no_figure() {
+        assert_eq!(
+            Syncs::between(&Metrics::parse(""), &Metrics::parse(AFTER)),
+            None
+        );
     }
 }
