@@ -9,7 +9,7 @@ use crate::error::{fail, Result};
 use crate::load::{self, Wrk, WrkRun};
 use crate::procs::{self, Proc};
 use crate::results::Results;
-use crate::servers::{Backends, ClickHouse, Collector, Nginx};
+use crate::servers::{Backends, ClickHouse, Collector, Metrics, Nginx};
 use crate::{note, section, tools, Plan};
 
 /// A run's context: paths, the stack's addresses, the results, the nonce counter.
@@ -173,6 +173,26 @@ impl Bench {
         Ok(procs::figures(pids)?.cpu_secs)
     }
 
+    /// The group commits between the scrapes `before` and `after` (issue 53: the disk's share
+    /// of the tail), recorded as `key`; the text for the run's line. An error when `/metrics`
+    /// has no sync histogram.
+    fn syncs_figure(&mut self, before: &Metrics, after: &Metrics, key: &str) -> Result<String> {
+        let syncs = crate::servers::Syncs::between(before, after).ok_or_else(|| {
+            fail("no collector_spool_sync_duration_seconds histogram in /metrics")
+        })?;
+        self.results.put(
+            key,
+            format!(
+                "count:{},p50:{},p99:{},max:{}",
+                syncs.count, syncs.p50_ms, syncs.p99_ms, syncs.max_ms
+            ),
+        )?;
+        Ok(format!(
+            "; syncs {} (p50 <= {} ms, p99 <= {} ms, max <= {} ms)",
+            syncs.count, syncs.p50_ms, syncs.p99_ms, syncs.max_ms
+        ))
+    }
+
     /// oha open loop at `rate` req/s for the plan's latency length on `url`; puts
     /// `KEY_SERVER_{p50,p99,p999,max}_ms` and `KEY_SERVER_errors` (a collector's duplicates
     /// are counted in its note).
@@ -233,22 +253,7 @@ impl Bench {
                 a.accepted - b.accepted,
                 a.duplicates - b.duplicates
             );
-            // The disk's share of the tail (issue 53): the group commits of this run beside
-            // the answers' quantiles.
-            let syncs = crate::servers::Syncs::between(&b, &a).ok_or_else(|| {
-                fail("no collector_spool_sync_duration_seconds histogram in /metrics")
-            })?;
-            extra += &format!(
-                "; syncs {} (p50 <= {} ms, p99 <= {} ms, max <= {} ms)",
-                syncs.count, syncs.p50_ms, syncs.p99_ms, syncs.max_ms
-            );
-            self.results.put(
-                &format!("{key}_{server}_syncs"),
-                format!(
-                    "count:{},p50:{},p99:{},max:{}",
-                    syncs.count, syncs.p50_ms, syncs.p99_ms, syncs.max_ms
-                ),
-            )?;
+            extra += &self.syncs_figure(&b, &a, &format!("{key}_{server}_syncs"))?;
         }
         note(&format!(
             "{server}: {:.1} req/s, p50 {:.3} ms, p99 {:.3} ms, p99.9 {:.3} ms, max {:.3} ms; 2xx={} other={} errors={}{extra}",
