@@ -187,7 +187,7 @@ pub(super) fn judge<'a>(
 
 /// A measurement of the request once its site's rules made it a row: its index in the body,
 /// the row, and what judging it dropped.
-pub(super) struct Kept<'a> {
+struct Kept<'a> {
     /// Its index in the request array.
     index: usize,
     /// The row.
@@ -306,7 +306,7 @@ fn site_rules<'s>(state: &'s AppState, site: &'s LoadedSite) -> measurement::sit
 /// The client of each known site of a request whose own trusted proxies name another one than
 /// the global list does (contract v5 §1: a shop's proxy is believed for that shop's beacons
 /// only); a site absent here has the request's client.
-pub(super) type SiteClients = Vec<(String, IpAddr)>;
+type SiteClients = Vec<(String, IpAddr)>;
 
 fn site_clients(
     state: &AppState,
@@ -342,7 +342,7 @@ fn client_of(clients: &SiteClients, site: &str, request: IpAddr) -> IpAddr {
 
 /// Each known site of a request and the place of its shard's spool
 /// ([`crate::shards::ShardSpools::index`]); a request has few sites, as a rule one.
-pub(super) type Placement = Vec<(String, usize)>;
+type Placement = Vec<(String, usize)>;
 
 /// Where each known site's measurements go (contract v5 §3): its shard's spool. A site whose
 /// shard this collector does not know refuses the whole request (`measurements` of them),

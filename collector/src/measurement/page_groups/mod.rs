@@ -87,6 +87,24 @@ pub enum RuleError {
     TwoStars(String),
 }
 
+/// Why a site's list of rules is not one ([`check_all`]); the message is what `collector
+/// sites` prints.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PageGroupsError {
+    /// More than [`MAX_RULES`] rules (how many).
+    #[error("{0} rules: at most {MAX_RULES} (every beacon is matched against them)")]
+    TooMany(usize),
+    /// The first rule [`check`] refuses, with why.
+    #[error("{rule:?}: {error}")]
+    Rule {
+        /// The rule as given.
+        rule: String,
+        /// Why it is refused.
+        #[source]
+        error: RuleError,
+    },
+}
+
 /// Why a `NAME=PATTERN` is not a rule: not `NAME=PATTERN`, a name not 1 to 64 characters of
 /// `A-Za-z0-9._-`, a pattern not a path, more than [`MAX_RULE_BYTES`] bytes or
 /// [`MAX_SEGMENTS`] segments, `**` not last, two `*` in one segment.
@@ -96,16 +114,16 @@ pub fn check(value: &str) -> Result<(), RuleError> {
 
 /// Why a site's list of rules is not one: more than [`MAX_RULES`], or a rule that [`check`]
 /// refuses (the first one, with its error).
-pub fn check_all(rules: &[String]) -> Result<(), String> {
+pub fn check_all(rules: &[String]) -> Result<(), PageGroupsError> {
     if rules.len() > MAX_RULES {
-        return Err(format!(
-            "{} rules: at most {MAX_RULES} (every beacon is matched against them)",
-            rules.len()
-        ));
+        return Err(PageGroupsError::TooMany(rules.len()));
     }
-    rules
-        .iter()
-        .try_for_each(|r| check(r).map_err(|e| format!("{r:?}: {e}")))
+    rules.iter().try_for_each(|r| {
+        check(r).map_err(|error| PageGroupsError::Rule {
+            rule: r.clone(),
+            error,
+        })
+    })
 }
 
 /// Parses one `NAME=PATTERN`.
