@@ -132,23 +132,12 @@ async fn an_id_repeated_within_one_request_is_a_duplicate() {
     app.stop(false).await;
 }
 
-#[tokio::test]
-async fn each_refusal_has_its_status_a_json_error_and_stores_nothing() {
-    let ch = ClickHouse::start().await;
-    let sites = Sites::with(&["shop"]);
-    sites.put(collector::settings::Site {
-        enabled: false,
-        ..site("closed")
-    });
-    sites.put(collector::settings::Site {
-        allowed_origins: vec!["https://shop.example".into()],
-        ..site("strict")
-    });
-    let app = App::start(sites, &[&ch], &[]).await;
-    let addr = app.addr;
-    let path = "/api/v1/measurements";
+/// Requests the intake must refuse, each with its name, headers, body and status: bad JSON,
+/// no valid measurement, too many, unknown or disabled site, origin not allowed, too large,
+/// wrong type, charset or encoding.
+fn refusals() -> Vec<Case> {
     let big = vec![b' '; 64 * 1024 + 1];
-    let cases: Vec<Case> = vec![
+    vec![
         ("broken JSON", JSON.to_vec(), b"{\"id\":".to_vec(), 400),
         (
             "bytes after the value",
@@ -211,7 +200,25 @@ async fn each_refusal_has_its_status_a_json_error_and_stores_nothing() {
             beacon("shop").1.to_string().into_bytes(),
             415,
         ),
-    ];
+    ]
+}
+
+#[tokio::test]
+async fn each_refusal_has_its_status_a_json_error_and_stores_nothing() {
+    let ch = ClickHouse::start().await;
+    let sites = Sites::with(&["shop"]);
+    sites.put(collector::settings::Site {
+        enabled: false,
+        ..site("closed")
+    });
+    sites.put(collector::settings::Site {
+        allowed_origins: vec!["https://shop.example".into()],
+        ..site("strict")
+    });
+    let app = App::start(sites, &[&ch], &[]).await;
+    let addr = app.addr;
+    let path = "/api/v1/measurements";
+    let cases = refusals();
     for (name, headers, body, status) in cases {
         let answer = post(addr, path, &headers, body).await;
         assert_eq!(answer.status, status, "{name}: {}", answer.text());
