@@ -6,7 +6,7 @@
 #   scripts/cost-gate.sh            # exit 1 when a beacon costs over 5 % more than the budget
 #   scripts/cost-gate.sh --update   # writes the count measured now as the budget
 #
-# What is counted: `beacon::cost::intake_cost_counted` (collector/src/beacon/cost.rs) in the
+# What is counted: `cost::intake_cost_counted` (collector/src/cost.rs) in the
 # release build of the collector's unit tests: v4 beacons posted one after another through the
 # collector's public router over the state production assembles, production's own functions all
 # the way: `intake::post` and every station of `accept` (in-flight bound, decode, judge, the site
@@ -38,7 +38,7 @@ for line in sys.stdin:
 count() {
   local out
   out=$(COST_BEACONS=$1 valgrind --tool=callgrind --callgrind-out-file=/dev/null "$bin" \
-    --ignored --exact beacon::cost::intake_cost_counted --test-threads 1 --nocapture 2>&1) ||
+    --ignored --exact cost::intake_cost_counted --test-threads 1 --nocapture 2>&1) ||
     die "callgrind of $bin for $1 beacons failed: $(tail -n 5 <<<"$out")"
   grep -q "$1 beacons, " <<<"$out" || die "the counted test did not run for $1 beacons: $(tail -n 5 <<<"$out")"
   sed -n 's/.*Collected : \([0-9][0-9]*\).*/\1/p' <<<"$out" | tail -n 1
@@ -48,7 +48,7 @@ large=$(count 12000)
 [[ -n $small && -n $large ]] || die "callgrind printed no count"
 per=$(((large - small) / 10000))
 if [[ ${1:-} == --update ]]; then
-  printf '%s\n' "# Instructions per beacon of beacon::cost::intake_cost_counted (scripts/cost-gate.sh):" \
+  printf '%s\n' "# Instructions per beacon of cost::intake_cost_counted (scripts/cost-gate.sh):" \
     "# the whole intake in process, from the router to the spool's committed group (the kernel's" \
     "# work, the disk with it, and hyper's HTTP/1 not counted; docs/benchmarks.md)." \
     "# Written by scripts/cost-gate.sh --update on $(date -u +%F), git $(git rev-parse --short HEAD)." \

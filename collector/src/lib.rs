@@ -113,6 +113,8 @@ pub mod cli;
 pub mod clickhouse;
 pub mod client_ip;
 pub mod config;
+#[cfg(test)]
+mod cost;
 pub mod dedup;
 pub mod endpoints;
 pub mod error;

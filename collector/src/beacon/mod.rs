@@ -81,6 +81,4 @@ pub fn user_agent(header: Option<&[u8]>) -> String {
 }
 
 #[cfg(test)]
-mod cost;
-#[cfg(test)]
-mod tests;
+pub(crate) mod tests;

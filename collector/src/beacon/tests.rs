@@ -17,7 +17,7 @@ static AGENT: std::sync::LazyLock<crate::useragent::Agent> =
         os: "Linux".into(),
     });
 
-pub(super) fn ctx() -> Context<'static> {
+pub(crate) fn ctx() -> Context<'static> {
     Context {
         received_at_ms: NOW,
         user_agent: "UA/1.0",
@@ -37,7 +37,7 @@ struct Valid {
 }
 
 /// `judged` as a row of no site's rules (see [`Valid`]).
-pub(super) fn row_of(mut judged: Judged<'_>) -> Measurement<'_> {
+pub(crate) fn row_of(mut judged: Judged<'_>) -> Measurement<'_> {
     let (names, values) = judged
         .dimensions
         .take()
@@ -68,7 +68,7 @@ fn one(json: &str) -> Result<Valid, Rejection> {
     })
 }
 
-pub(super) fn with(extra: &str) -> String {
+pub(crate) fn with(extra: &str) -> String {
     format!(r#"{{"id":"{ID}","site":"shop-1","url":"https://shop.example/p?x=1"{extra}}}"#)
 }
 

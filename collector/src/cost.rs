@@ -3,8 +3,8 @@
 //! instruction-count gate counts through the whole intake, router to spool
 //! ([`intake_cost_counted`], `scripts/cost-gate.sh`, issue 53).
 
-use super::tests::{ctx, row_of, with};
-use super::*;
+use crate::beacon::tests::{ctx, row_of, with};
+use crate::beacon::*;
 use crate::measurement::page_groups::{presets, PageGroups};
 use crate::measurement::site::{SiteColumns, SiteRules};
 
