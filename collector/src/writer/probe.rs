@@ -16,7 +16,7 @@ use tokio::sync::watch;
 
 use crate::clickhouse::insert::is_stale_connection;
 use crate::measurement::COLUMNS;
-use crate::writer::replicas::{Probe, Replicas};
+use crate::writer::replicas::{Probe, ProbeError, Replicas};
 
 /// Time between probe rounds.
 pub const PROBE_INTERVAL: Duration = Duration::from_secs(1);
@@ -57,17 +57,6 @@ const STATUS_QUERY: &str = "SELECT toUInt8(is_readonly) AS is_readonly, toUInt8(
      toUInt64(log_pointer) AS log_pointer, toUInt64(log_max_index) AS log_max_index, \
      toUInt64(inserts_in_queue) AS inserts_in_queue, toUInt64(absolute_delay) AS absolute_delay \
      FROM system.replicas WHERE database = ? AND table = 'measurements'";
-
-/// Why a replica failed a probe (its `probe:` cause in the log and `/readyz`).
-#[derive(Debug, thiserror::Error)]
-pub enum ProbeError {
-    /// A query refused or the connection failed (ClickHouse's error chain).
-    #[error("{}", crate::logging::chain(.0))]
-    ClickHouse(#[from] clickhouse::error::Error),
-    /// No answer within [`PROBE_TIMEOUT`].
-    #[error("no answer within {:?}", PROBE_TIMEOUT)]
-    Timeout,
-}
 
 /// Bound on applying the schema to a replica found without it.
 pub const SCHEMA_TIMEOUT: Duration = Duration::from_secs(10);
@@ -150,7 +139,7 @@ pub async fn probe(replicas: &Replicas, i: usize, options: &Options) -> Result<P
     };
     match tokio::time::timeout(PROBE_TIMEOUT, run).await {
         Ok(result) => Ok(result?),
-        Err(_) => Err(ProbeError::Timeout),
+        Err(_) => Err(ProbeError::Timeout(PROBE_TIMEOUT)),
     }
 }
 

@@ -47,7 +47,17 @@ use tokio::sync::watch;
 use crate::clickhouse::errors::{classify, InsertError};
 use crate::clickhouse::insert::{insert_rows, is_stale_connection, InsertBody};
 use crate::metrics::{Metrics, ReplicaLabel};
-use crate::writer::probe::ProbeError;
+
+/// Why a replica failed a probe (its `probe:` cause in the log and `/readyz`).
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    /// A query refused or the connection failed (ClickHouse's error chain).
+    #[error("{}", crate::logging::chain(.0))]
+    ClickHouse(#[from] clickhouse::error::Error),
+    /// No answer within the probe's timeout ([`crate::writer::probe::PROBE_TIMEOUT`]).
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
+}
 
 /// Insert failures within [`FAILURE_WINDOW`] that mark a replica down.
 pub const FAILURES_TO_DOWN: usize = 3;
