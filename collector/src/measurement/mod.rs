@@ -309,109 +309,119 @@ pub(crate) mod tests {
         assert_eq!(out[after_site + 15], 1, "referrer NULL (odd n)");
     }
 
+    /// A row as the `clickhouse` crate's own (de)serializer sees it: every column, in order.
+    #[derive(Debug, PartialEq, clickhouse::Row, Serialize, Deserialize)]
+    struct Crate {
+        #[serde(with = "clickhouse::serde::uuid")]
+        id: Uuid,
+        site: String,
+        received_at: u32,
+        url: String,
+        ts: Option<i64>,
+        referrer: Option<String>,
+        navigation_type: Option<String>,
+        ttfb_ms: Option<f64>,
+        fcp_ms: Option<f64>,
+        lcp_ms: Option<f64>,
+        inp_ms: Option<f64>,
+        dom_content_loaded_ms: Option<f64>,
+        load_ms: Option<f64>,
+        cls: Option<f64>,
+        viewport_width: Option<u32>,
+        effective_connection_type: Option<String>,
+        user_agent: String,
+        sample_rate: f64,
+        page_view_at: u32,
+        device_type: String,
+        browser: String,
+        browser_version: String,
+        os: String,
+        lcp_target: Option<String>,
+        inp_target: Option<String>,
+        cls_target: Option<String>,
+        lcp_url: Option<String>,
+        lcp_resource_load_delay_ms: Option<f64>,
+        lcp_resource_load_duration_ms: Option<f64>,
+        lcp_element_render_delay_ms: Option<f64>,
+        inp_type: Option<String>,
+        inp_input_delay_ms: Option<f64>,
+        inp_processing_duration_ms: Option<f64>,
+        inp_presentation_delay_ms: Option<f64>,
+        inp_script_url: Option<String>,
+        cls_time_ms: Option<f64>,
+        cls_value: Option<f64>,
+        country: String,
+        server_timing_name: Vec<String>,
+        server_timing_dur: Vec<f64>,
+        server_timing_desc: Vec<String>,
+        cdn_cache: String,
+        dimension_names: Vec<String>,
+        dimension_values: Vec<String>,
+        page_group: String,
+    }
+
+    impl From<&Measurement<'_>> for Crate {
+        fn from(m: &Measurement<'_>) -> Crate {
+            let texts = |v: &[Cow<'_, str>]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+            let text = |s: &Option<Cow<'_, str>>| s.as_deref().map(str::to_owned);
+            Crate {
+                id: m.id,
+                site: m.site.to_string(),
+                received_at: m.received_at.0,
+                url: m.url.to_string(),
+                ts: m.ts,
+                referrer: m.referrer.as_deref().map(str::to_owned),
+                navigation_type: m.navigation_type.as_deref().map(str::to_owned),
+                ttfb_ms: m.ttfb_ms,
+                fcp_ms: m.fcp_ms,
+                lcp_ms: m.lcp_ms,
+                inp_ms: m.inp_ms,
+                dom_content_loaded_ms: m.dom_content_loaded_ms,
+                load_ms: m.load_ms,
+                cls: m.cls,
+                viewport_width: m.viewport_width,
+                effective_connection_type: m
+                    .effective_connection_type
+                    .as_deref()
+                    .map(str::to_owned),
+                user_agent: m.user_agent.to_string(),
+                sample_rate: m.sample_rate,
+                page_view_at: m.page_view_at.0,
+                device_type: m.device_type.to_string(),
+                browser: m.browser.to_string(),
+                browser_version: m.browser_version.to_string(),
+                os: m.os.to_string(),
+                lcp_target: text(&m.lcp_target),
+                inp_target: text(&m.inp_target),
+                cls_target: text(&m.cls_target),
+                lcp_url: text(&m.lcp_url),
+                lcp_resource_load_delay_ms: m.lcp_resource_load_delay_ms,
+                lcp_resource_load_duration_ms: m.lcp_resource_load_duration_ms,
+                lcp_element_render_delay_ms: m.lcp_element_render_delay_ms,
+                inp_type: text(&m.inp_type),
+                inp_input_delay_ms: m.inp_input_delay_ms,
+                inp_processing_duration_ms: m.inp_processing_duration_ms,
+                inp_presentation_delay_ms: m.inp_presentation_delay_ms,
+                inp_script_url: text(&m.inp_script_url),
+                cls_time_ms: m.cls_time_ms,
+                cls_value: m.cls_value,
+                country: m.country.to_string(),
+                server_timing_name: texts(&m.server_timing_name),
+                server_timing_dur: m.server_timing_dur.clone(),
+                server_timing_desc: texts(&m.server_timing_desc),
+                cdn_cache: m.cdn_cache.to_string(),
+                dimension_names: texts(&m.dimension_names),
+                dimension_values: texts(&m.dimension_values),
+                page_group: m.page_group.to_string(),
+            }
+        }
+    }
+
     /// Our RowBinary, sent as the writer sends it (`insert_formatted_with`), is what the
     /// `clickhouse` crate's own deserializer (its test mock) reads as the same row: a field
     /// of the wrong width or order would fail there or change a value.
     #[tokio::test]
     async fn agrees_with_the_clickhouse_crate() {
-        #[derive(Debug, PartialEq, clickhouse::Row, Serialize, Deserialize)]
-        struct Crate {
-            #[serde(with = "clickhouse::serde::uuid")]
-            id: Uuid,
-            site: String,
-            received_at: u32,
-            url: String,
-            ts: Option<i64>,
-            referrer: Option<String>,
-            navigation_type: Option<String>,
-            ttfb_ms: Option<f64>,
-            fcp_ms: Option<f64>,
-            lcp_ms: Option<f64>,
-            inp_ms: Option<f64>,
-            dom_content_loaded_ms: Option<f64>,
-            load_ms: Option<f64>,
-            cls: Option<f64>,
-            viewport_width: Option<u32>,
-            effective_connection_type: Option<String>,
-            user_agent: String,
-            sample_rate: f64,
-            page_view_at: u32,
-            device_type: String,
-            browser: String,
-            browser_version: String,
-            os: String,
-            lcp_target: Option<String>,
-            inp_target: Option<String>,
-            cls_target: Option<String>,
-            lcp_url: Option<String>,
-            lcp_resource_load_delay_ms: Option<f64>,
-            lcp_resource_load_duration_ms: Option<f64>,
-            lcp_element_render_delay_ms: Option<f64>,
-            inp_type: Option<String>,
-            inp_input_delay_ms: Option<f64>,
-            inp_processing_duration_ms: Option<f64>,
-            inp_presentation_delay_ms: Option<f64>,
-            inp_script_url: Option<String>,
-            cls_time_ms: Option<f64>,
-            cls_value: Option<f64>,
-            country: String,
-            server_timing_name: Vec<String>,
-            server_timing_dur: Vec<f64>,
-            server_timing_desc: Vec<String>,
-            cdn_cache: String,
-            dimension_names: Vec<String>,
-            dimension_values: Vec<String>,
-            page_group: String,
-        }
-        let texts = |v: &[Cow<'_, str>]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        let text = |s: &Option<Cow<'_, str>>| s.as_deref().map(str::to_owned);
-        let crate_row = |m: &Measurement<'_>| Crate {
-            id: m.id,
-            site: m.site.to_string(),
-            received_at: m.received_at.0,
-            url: m.url.to_string(),
-            ts: m.ts,
-            referrer: m.referrer.as_deref().map(str::to_owned),
-            navigation_type: m.navigation_type.as_deref().map(str::to_owned),
-            ttfb_ms: m.ttfb_ms,
-            fcp_ms: m.fcp_ms,
-            lcp_ms: m.lcp_ms,
-            inp_ms: m.inp_ms,
-            dom_content_loaded_ms: m.dom_content_loaded_ms,
-            load_ms: m.load_ms,
-            cls: m.cls,
-            viewport_width: m.viewport_width,
-            effective_connection_type: m.effective_connection_type.as_deref().map(str::to_owned),
-            user_agent: m.user_agent.to_string(),
-            sample_rate: m.sample_rate,
-            page_view_at: m.page_view_at.0,
-            device_type: m.device_type.to_string(),
-            browser: m.browser.to_string(),
-            browser_version: m.browser_version.to_string(),
-            os: m.os.to_string(),
-            lcp_target: text(&m.lcp_target),
-            inp_target: text(&m.inp_target),
-            cls_target: text(&m.cls_target),
-            lcp_url: text(&m.lcp_url),
-            lcp_resource_load_delay_ms: m.lcp_resource_load_delay_ms,
-            lcp_resource_load_duration_ms: m.lcp_resource_load_duration_ms,
-            lcp_element_render_delay_ms: m.lcp_element_render_delay_ms,
-            inp_type: text(&m.inp_type),
-            inp_input_delay_ms: m.inp_input_delay_ms,
-            inp_processing_duration_ms: m.inp_processing_duration_ms,
-            inp_presentation_delay_ms: m.inp_presentation_delay_ms,
-            inp_script_url: text(&m.inp_script_url),
-            cls_time_ms: m.cls_time_ms,
-            cls_value: m.cls_value,
-            country: m.country.to_string(),
-            server_timing_name: texts(&m.server_timing_name),
-            server_timing_dur: m.server_timing_dur.clone(),
-            server_timing_desc: texts(&m.server_timing_desc),
-            cdn_cache: m.cdn_cache.to_string(),
-            dimension_names: texts(&m.dimension_names),
-            dimension_values: texts(&m.dimension_values),
-            page_group: m.page_group.to_string(),
-        };
         let rows: Vec<_> = (0..3).map(sample).collect();
         assert_eq!(
             <Crate as clickhouse::Row>::COLUMN_NAMES,
@@ -433,7 +443,7 @@ pub(crate) mod tests {
         insert.send(encode(&rows).payload.into()).await.unwrap();
         insert.end().await.unwrap();
         let decoded: Vec<Crate> = recorded.collect().await;
-        assert_eq!(decoded, rows.iter().map(crate_row).collect::<Vec<_>>());
+        assert_eq!(decoded, rows.iter().map(Crate::from).collect::<Vec<_>>());
     }
 
     /// The table's DDL declares exactly [`columns`], names and types, in this order.
