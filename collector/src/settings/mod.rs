@@ -286,8 +286,8 @@ pub enum SiteValueError {
     #[error("a parameter name, or a prefix ending in *, of 1 to 64 bytes")]
     KeepQuery,
     /// Page-group rules refused by [`crate::measurement::page_groups::check_all`] (its reason).
-    #[error("{0}")]
-    PageGroups(String),
+    #[error(transparent)]
+    PageGroups(#[from] crate::measurement::page_groups::PageGroupsError),
     /// More than [`MAX_DIMENSIONS`] dimensions.
     #[error("at most {MAX_DIMENSIONS} dimensions")]
     TooManyDimensions,
@@ -332,8 +332,7 @@ pub fn check_keep_query(value: &str) -> Result<(), SiteValueError> {
 /// [`crate::measurement::page_groups::MAX_RULES`], or a rule that is not `NAME=PATTERN` (see
 /// [`crate::measurement::page_groups`] for what it matches and the bounds of one).
 pub fn check_page_groups(rules: &[String]) -> Result<(), SiteValueError> {
-    crate::measurement::page_groups::check_all(rules)
-        .map_err(|e| SiteValueError::PageGroups(e.to_string()))
+    Ok(crate::measurement::page_groups::check_all(rules)?)
 }
 
 /// The `--dimension` names of a site: at most [`MAX_DIMENSIONS`], each 1 to
