@@ -139,20 +139,13 @@
 //! filesystem has less than four segments free, so a near-full disk spends its last space on
 //! measurements.
 //!
-//! **Why, in figures** (`scripts/bench.sh --ablation`, docs/benchmarks.md; a 2-vCPU KVM guest,
-//! ext4 without a journal on virtio-blk, collector on one core, wrk on the other, one beacon
-//! per request). Before this design: 18,400 requests/s and 40.8 µs of core per request, where
-//! the same build without the append did 48,500 and 20.2 µs, and nginx `return 204` 85,400
-//! and 8.6 µs. Counting per thread showed where the 20 µs went: the appender spent about
-//! 130-140 µs of system time per sync (the virtio notifications, the data write, the cache
-//! flush, the inode write) and groups held only 12-19 requests, because its wake-up
-//! preempted the request thread as soon as each sync returned; the request thread paid the
-//! preemptions and the cross-thread answers. Removing the hand-over alone moved little
-//! (19,100 requests/s, 40.4 µs): the cost is per sync, so the lever is requests per sync.
-//! With the appender below the request threads, a sync carried 33 requests at 64
-//! connections and 57-59 at 256 (from 18 and 12), and the core time per request fell to
-//! 32-40 µs. The figures after this design are in docs/benchmarks.md's ablation section,
-//! with the goals it did not meet.
+//! **Why, in figures** (`scripts/bench.sh --ablation`, docs/benchmarks.md "The spool append's
+//! share", on a 2-vCPU KVM guest with ext4 on virtio-blk): the cost of durability is per sync,
+//! about 130-140 µs of the appender's system time (the virtio notifications, the data write,
+//! the cache flush, the inode write), so the lever is requests per sync. A request thread that
+//! hands each frame to the appender, or an appender whose wake-up preempts it, leaves 12-19
+//! requests per sync; with the appender below the request threads a sync carries 33 at 64
+//! connections and 57-59 at 256.
 //!
 //! # Bounds
 //!
