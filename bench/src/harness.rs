@@ -260,22 +260,14 @@ impl Bench {
             o.rps, o.p50_ms, o.p99_ms, o.p999_ms, o.max_ms, o.ok, o.non2xx, o.errors
         ));
         let r = &mut self.results;
-        r.put(
-            &format!("{key}_{server}_p50_ms"),
-            format!("{:.3}", o.p50_ms),
-        )?;
-        r.put(
-            &format!("{key}_{server}_p99_ms"),
-            format!("{:.3}", o.p99_ms),
-        )?;
-        r.put(
-            &format!("{key}_{server}_p999_ms"),
-            format!("{:.3}", o.p999_ms),
-        )?;
-        r.put(
-            &format!("{key}_{server}_max_ms"),
-            format!("{:.3}", o.max_ms),
-        )?;
+        for (name, ms) in [
+            ("p50", o.p50_ms),
+            ("p99", o.p99_ms),
+            ("p999", o.p999_ms),
+            ("max", o.max_ms),
+        ] {
+            r.put(&format!("{key}_{server}_{name}_ms"), format!("{ms:.3}"))?;
+        }
         r.put(&format!("{key}_{server}_errors"), o.non2xx + o.errors)?;
         let _ = std::fs::remove_file(&bodies);
         Ok(())
