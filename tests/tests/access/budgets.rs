@@ -2,6 +2,8 @@
 //! and one client flooding a site takes only its share.
 
 use super::*;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 /// One client rotating the address it claims: `n` beacons back to back from its own loopback
 /// address through `client` to `url`, each with a new `X-Forwarded-For` and `Forwarded` value of
@@ -177,16 +179,22 @@ async fn one_client_flooding_a_site_takes_only_its_share_of_the_budget() {
         .timeout(Duration::from_secs(10))
         .build()
         .unwrap();
-    let length = Duration::from_secs(15);
-    let flood = tokio::spawn(flood_of_one_client(http.clone(), url.clone(), length));
-    let (acked, sent, visitor_statuses) = twenty_visitors(&http, &url, length).await;
+    // The flood lasts as long as the visitors take to send their 300 page views (15 s on an
+    // idle machine, longer on a busy one): every visit meets it.
+    let visiting = Arc::new(AtomicBool::new(true));
+    let flood = tokio::spawn(flood_of_one_client(
+        http.clone(),
+        url.clone(),
+        visiting.clone(),
+    ));
+    let (acked, sent, visitor_statuses) = twenty_visitors(&http, &url, VISITS).await;
+    visiting.store(false, Ordering::Relaxed);
     let (flood_statuses, flood_for) = flood.await.unwrap();
     let flood_sent: usize = flood_statuses.values().sum();
     println!(
         "flood: {flood_sent} requests of 50 in {flood_for:?}, answers {flood_statuses:?}; \
          visitors: {sent} sent, answers {visitor_statuses:?}"
     );
-    assert!(sent >= 250, "the visitors sent {sent} only");
     assert!(
         acked.len() * 100 >= sent * 99,
         "at least 99 % of the visitors' page views answered 202: {} of {sent} ({visitor_statuses:?})",
@@ -222,12 +230,12 @@ async fn one_client_flooding_a_site_takes_only_its_share_of_the_budget() {
 }
 
 /// One client (`X-Forwarded-For` 198.51.100.7, the shop's `Origin`) posting 8 requests a
-/// second of 50 beacons each to `flood_url` through `flooder` for `length`: the answers by
+/// second of 50 beacons each to `flood_url` through `flooder` while `on` holds: the answers by
 /// status, and how long it ran.
 async fn flood_of_one_client(
     flooder: reqwest::Client,
     flood_url: String,
-    length: Duration,
+    on: Arc<AtomicBool>,
 ) -> (std::collections::BTreeMap<u16, usize>, Duration) {
     let mut tick = tokio::time::interval(Duration::from_millis(125));
     let headers = [
@@ -236,7 +244,7 @@ async fn flood_of_one_client(
     ];
     let mut statuses = std::collections::BTreeMap::<u16, usize>::new();
     let start = Instant::now();
-    while start.elapsed() < length {
+    while on.load(Ordering::Relaxed) {
         tick.tick().await;
         let batch: Vec<Value> = (0..50)
             .map(|_| beacon_on("shared", "https://shop.example/p/flood").1)
@@ -247,37 +255,37 @@ async fn flood_of_one_client(
     (statuses, start.elapsed())
 }
 
+/// Page views the twenty visitors send in all.
+const VISITS: usize = 300;
+
 /// 20 visitors (`X-Forwarded-For` 192.0.2.1 to .20, the shop's `Origin`) at a beacon a second
-/// each to `url` through `http` for `length`: the ids answered 202, the number sent and the
-/// answers by status.
+/// each (one every 50 ms among them) to `url` through `http`, `visits` in all: the ids
+/// answered 202, the number sent and the answers by status.
 async fn twenty_visitors(
     http: &reqwest::Client,
     url: &str,
-    length: Duration,
+    visits: usize,
 ) -> (Vec<String>, usize, std::collections::BTreeMap<u16, usize>) {
     // A late tick is not made up by a burst: a visitor's beacons stay about a second apart.
     let mut tick = tokio::time::interval(Duration::from_millis(50));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut visits = Vec::new();
-    let start = Instant::now();
-    let mut k = 0usize;
-    while start.elapsed() < length {
+    let mut sending = Vec::new();
+    for k in 0..visits {
         tick.tick().await;
         let headers = vec![
             ("origin", "https://shop.example".to_owned()),
             ("x-forwarded-for", format!("192.0.2.{}", k % 20 + 1)),
         ];
-        k += 1;
         let (client, url) = (http.clone(), url.to_owned());
         let (id, m) = beacon_on("shared", "https://shop.example/p/visit");
-        visits.push(tokio::spawn(async move {
+        sending.push(tokio::spawn(async move {
             (id, post_status(&client, &url, &m, &headers).await)
         }));
     }
     let mut acked = Vec::new();
     let mut visitor_statuses = std::collections::BTreeMap::<u16, usize>::new();
-    let sent = visits.len();
-    for v in visits {
+    let sent = sending.len();
+    for v in sending {
         let (id, status) = v.await.unwrap();
         *visitor_statuses.entry(status).or_default() += 1;
         if status == 202 {
