@@ -14,7 +14,7 @@ use crate::error::{fail, Result};
 const STAGES: &[(&str, &str)] = &[
     (
         "connection tasks (hyper read/parse/write + router + handler)",
-        r"^collector::server::serve::\{\{closure\}\}::\{\{closure\}\}",
+        r"^(collector::server::serve::\{\{closure\}\}::\{\{closure\}\}|poll<collector::server::serve::\{async_fn#0\})",
     ),
     (
         "  hyper: read and parse a request (incl. recv)",
@@ -29,23 +29,27 @@ const STAGES: &[(&str, &str)] = &[
         r"^(axum::middleware::from_fn::Next::run|<axum::middleware::from_fn::FromFn<)",
     ),
     (
-        "    intake stations `endpoints::intake::accept`",
-        r"^collector::endpoints::intake::(post|accept)",
+        "    intake stations `intake::accept` (its own task)",
+        r"^(collector::endpoints::intake::(post|accept)|poll<collector::endpoints::intake::post::\{async_fn#0\})",
     ),
     (
-        "      body parse `beacon::parse` (serde_json)",
-        r"^(collector::beacon::)?parse$",
+        "      judge `stations::judge` (parse, the field table's rules)",
+        r"^collector::endpoints::intake::stations::judge$",
     ),
     (
-        "      validation `beacon::validate`",
-        r"^(collector::beacon::)?validate$",
+        "        body parse `beacon::decode::parse` (serde_json)",
+        r"^(collector::beacon::(decode::)?)?parse$",
     ),
     (
-        "        URL normalisation `beacon::normalise_url`",
-        r"^(collector::beacon::)?normalise_url$",
+        "        URL normalisation `rules::normalise_url`",
+        r"^(collector::measurement::rules::)?normalise_url$",
     ),
     (
-        "      site settings `SiteSettings::lookup`",
+        "      site stage `stations::settle` (minimise, page group, dimensions)",
+        r"^collector::endpoints::intake::stations::settle$",
+    ),
+    (
+        "        site settings `SiteSettings::lookup`",
         r"^(collector::settings::SiteSettings::)?lookup(::\{\{closure\}\})?$",
     ),
     (
@@ -53,14 +57,22 @@ const STAGES: &[(&str, &str)] = &[
         r"^(collector::dedup::Dedup::)?claim$",
     ),
     (
-        "      rows encoded once for the spool `EncodedRows::encode` (RowBinary)",
-        r"^(collector::measurement::EncodedRows::)?encode",
+        "      rows encoded once for the spool `measurement::encode` (RowBinary)",
+        r"^collector::measurement::(EncodedRows::)?encode",
     ),
     (
         "spool appender thread `Appender::run`",
         r"^(collector::spool::appender::Appender::(run|commit(_group)?)|commit_group)$",
     ),
     ("  fdatasync", r"^__x64_sys_fdatasync$"),
+    (
+        "  waking the group's requests `Notify::notify_waiters` (incl. unparking the worker)",
+        r"^((tokio::sync::notify::Notify::)?notify_waiters|tokio::runtime::scheduler::multi_thread::park::Unparker::unpark)$",
+    ),
+    (
+        "runtime worker parking and waking `Context::park_internal` (epoll, idle)",
+        r"^tokio::runtime::(scheduler::multi_thread::worker::Context|time::Driver)::park_internal$",
+    ),
     (
         "writer thread (own runtime, nice +10) `writer::run`",
         r"^(collector::writer::run|collector::writer::spawn::\{\{closure\}\})",
@@ -280,6 +292,20 @@ pub fn from_perf(data: &Path, note: &str) -> Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Renders the profile of the last benchmark run again, with the stages as they are now
+    /// (after a rename, without measuring again): `PROFILE_NOTE="wrk …" cargo test -p bench
+    /// -- --ignored --nocapture render_last_profile`. Fails when there is no
+    /// `target/bench-last/perf.data`.
+    #[test]
+    #[ignore]
+    fn render_last_profile() {
+        let data =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/bench-last/perf.data");
+        let note = std::env::var("PROFILE_NOTE").unwrap_or_default();
+        let md = from_perf(&data, &note).unwrap_or_else(|e| panic!("{}: {e}", data.display()));
+        println!("{md}");
+    }
 
     // Captured: `perf report --children --sort symbol -g none --stdio` of the collector.
     const REPORT: &str = "# Samples: 7K of event 'cpu-clock'
