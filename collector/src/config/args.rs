@@ -87,7 +87,7 @@ pub struct RawArgs {
     #[arg(long, env = "COLLECTOR_DATABASE_URL", default_value = DEFAULT_DATABASE_URL, global = true, hide_env_values = true)]
     pub database_url: String,
     /// Comma-separated ClickHouse HTTP URLs, in preference order: one shard named `default`.
-    /// Unset: `http://127.0.0.1:8123` ([`DEFAULT_CLICKHOUSE_URLS`]), unless
+    /// Unset: `http://127.0.0.1:8123`, unless
     /// `COLLECTOR_CLICKHOUSE_SHARDS` is set (setting both is an error).
     #[arg(
         long,

@@ -496,7 +496,9 @@ impl SpoolConfig {
     fn read(raw: &RawArgs, p: &mut Problems) -> SpoolConfig {
         p.required("SPOOL_DIR", &raw.spool_dir);
         let max_bytes = p.positive("SPOOL_MAX_BYTES", &raw.spool_max_bytes);
-        if max_bytes < MIN_SPOOL_MAX_BYTES {
+        // A value that is not a number was reported above: once is enough.
+        let a_number = raw.spool_max_bytes.trim().parse::<u64>().is_ok();
+        if a_number && max_bytes < MIN_SPOOL_MAX_BYTES {
             p.report(
                 "SPOOL_MAX_BYTES",
                 &raw.spool_max_bytes,

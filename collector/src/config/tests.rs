@@ -112,6 +112,22 @@ fn zero_timeouts_and_empty_places_are_refused() {
     );
 }
 
+/// A spool bound that is not a number is reported once (not also as "below 1 MiB"); a number
+/// below 1 MiB once, as such.
+#[test]
+fn a_bad_spool_bound_is_reported_once() {
+    for (value, says) in [("1GB", "whole number"), ("1000", "at least 1048576")] {
+        let err = Config::from_args(&raw(&["--spool-max-bytes", value])).unwrap_err();
+        let about: Vec<&String> = err
+            .0
+            .iter()
+            .filter(|e| e.starts_with("COLLECTOR_SPOOL_MAX_BYTES"))
+            .collect();
+        assert_eq!(about.len(), 1, "{value}: {err:?}");
+        assert!(about[0].contains(says), "{value}: {err:?}");
+    }
+}
+
 #[test]
 fn credentials_in_replica_urls_are_refused_and_not_echoed() {
     let err = Config::from_args(&raw(&[
