@@ -66,8 +66,8 @@ const STAGES: &[(&str, &str)] = &[
     ),
     ("  fdatasync", r"^__x64_sys_fdatasync$"),
     (
-        "  waking the group's requests `Notify::notify_waiters` (incl. unparking the worker)",
-        r"^((tokio::sync::notify::Notify::)?notify_waiters|tokio::runtime::scheduler::multi_thread::park::Unparker::unpark)$",
+        "waking the group's requests: the committer's `Notify::notify_one`, the leader's `notify_waiters` (incl. unparking the worker)",
+        r"^((tokio::sync::notify::Notify::)?notify_(one|waiters)|tokio::runtime::scheduler::multi_thread::park::Unparker::unpark)$",
     ),
     (
         "runtime worker parking and waking `Context::park_internal` (epoll, idle)",

@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use super::files::{fault, is_no_space, sync_segment};
 use super::format::{HEADER_LEN, MAGIC};
-use super::group::{Groups, Taken};
+use super::group::{Group, Groups, Taken};
 use super::prepare::Preparer;
 use super::{
     segment_path, AppendError, Position, Shared, APPENDER_NICE, RESUME_ROOM_BYTES,
@@ -43,6 +43,7 @@ impl Appender {
     pub fn run(mut self) {
         crate::priority::lower_this_thread(APPENDER_NICE, "spool appender");
         let mut spare = Vec::with_capacity(1 << 16);
+        let mut previous: Option<Arc<Group>> = None;
         loop {
             let taken = {
                 let mut open = self.groups.open.lock().unwrap();
@@ -82,6 +83,9 @@ impl Appender {
             let outcome = self.commit(&taken);
             self.groups.done(bytes);
             taken.group.finish(outcome);
+            if let Some(group) = previous.replace(taken.group.clone()) {
+                group.wake_stragglers();
+            }
             taken.buf.clear();
             spare = taken.buf;
         }

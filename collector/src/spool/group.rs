@@ -3,11 +3,11 @@
 //! [`super`], "Group commit").
 //!
 //! A request encodes its frame into the open group's buffer under one short lock and waits on
-//! the group's [`Group`]: one completion per group, set once by the committer and released to
-//! every waiter in one pass (`Notify::notify_waiters`). The committer thread is woken only when
-//! it sleeps for lack of work, by the first request of a group; under load it finds the next
-//! group already filled when its sync returns. No request has a timer of its own: the
-//! [`watchdog`] ends a group that outlives its deadline.
+//! the group's [`Group`]: one completion per group, set once by the committer, which wakes
+//! one waiter only; that waiter, on a runtime thread, wakes the rest (see [`Group::finish`]).
+//! The committer thread is woken only when it sleeps for lack of work, by the first request
+//! of a group; under load it finds the next group already filled when its sync returns. No
+//! request has a timer of its own: the [`watchdog`] ends a group that outlives its deadline.
 
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -30,14 +30,31 @@ pub(super) struct Group {
 
 impl Group {
     /// Sets the outcome (the first call wins: a group the watchdog timed out stays timed out
-    /// for its requests even if its sync returns later) and wakes every waiter.
+    /// for its requests even if its sync returns later) and wakes one waiter, the group's
+    /// leader, which wakes the others in [`Group::wait`].
+    ///
+    /// Why one: the committer and the watchdog are not runtime threads, so each task they wake
+    /// goes through the runtime's shared queue, and the committer, 10 nice levels below the
+    /// request threads, can be preempted by the tasks it has just woken while it still holds
+    /// the `Notify`'s lock (issue 53's profile: waking the group was 7.4 % of the collector's
+    /// samples; docs/benchmarks.md has the figures after). Woken on a runtime thread, the
+    /// others go to that thread's own queue. A leader whose task is dropped before it runs
+    /// passes its wake-up on to the next waiter (tokio's `Notified` does so on drop).
     pub(super) fn finish(&self, outcome: Result<(), AppendError>) {
         if self.outcome.set(outcome).is_ok() {
-            self.done.notify_waiters();
+            self.done.notify_one();
         }
     }
 
-    /// Waits for the outcome.
+    /// Wakes whoever still waits on a finished group: nobody, when every request's append was
+    /// polled to its end (one lock, no work). A backstop against a leader whose future is kept
+    /// but never polled again, which would hold the others (the committer calls it for the
+    /// group before, at each commit).
+    pub(super) fn wake_stragglers(&self) {
+        self.done.notify_waiters();
+    }
+
+    /// Waits for the outcome; the first waiter woken wakes the rest.
     pub(super) async fn wait(&self) -> Result<(), AppendError> {
         let notified = self.done.notified();
         tokio::pin!(notified);
@@ -47,6 +64,9 @@ impl Group {
             return *outcome;
         }
         notified.await;
+        // The leader: wakes every other waiter (they all registered before the outcome was
+        // set, or they find it set). For the later ones the list is empty: one lock, no work.
+        self.done.notify_waiters();
         *self
             .outcome
             .get()
@@ -204,5 +224,52 @@ pub(super) fn watchdog(groups: &Groups) {
             open.group = Arc::default();
             open.deadline = None;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The group's outcome reaches every waiter, though the committer wakes only one: the
+    /// others are woken by it (a lost wake-up would leave them waiting: the timeout fails).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn every_waiter_gets_the_outcome_from_one_wake_up() {
+        let group = Arc::new(Group::default());
+        let mut waiters: Vec<_> = (0..50).map(|_| Box::pin(group.wait())).collect();
+        // Each polled once, so that all 50 are registered before the outcome is set.
+        for w in &mut waiters {
+            assert!(futures_util::poll!(w.as_mut()).is_pending());
+        }
+        let finisher = group.clone();
+        std::thread::spawn(move || finisher.finish(Err(AppendError::Io)))
+            .join()
+            .unwrap();
+        let outcomes = tokio::time::timeout(
+            Duration::from_secs(10),
+            futures_util::future::join_all(waiters),
+        )
+        .await
+        .expect("a waiter was never woken");
+        assert_eq!(outcomes, vec![Err(AppendError::Io); 50]);
+    }
+
+    /// A leader dropped before it ran passes its wake-up on: the others still get the outcome.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_leader_dropped_before_it_ran_passes_the_wake_up_on() {
+        let group = Arc::new(Group::default());
+        let mut waiters: Vec<_> = (0..5).map(|_| Box::pin(group.wait())).collect();
+        for w in &mut waiters {
+            assert!(futures_util::poll!(w.as_mut()).is_pending());
+        }
+        group.finish(Ok(()));
+        drop(waiters.remove(0));
+        let outcomes = tokio::time::timeout(
+            Duration::from_secs(10),
+            futures_util::future::join_all(waiters),
+        )
+        .await
+        .expect("the wake-up died with the leader");
+        assert_eq!(outcomes, vec![Ok(()); 4]);
     }
 }

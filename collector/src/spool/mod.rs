@@ -112,8 +112,9 @@
 //! and CRC computed before the lock) into the *open group*'s buffer under one short lock, and
 //! awaits the group's one completion. The [`appender`] thread takes the whole open group
 //! when its previous sync returns, writes it with one `pwrite` and makes it durable with one
-//! `fdatasync`, while the next group fills; then it sets the group's outcome once and every
-//! waiter is released in one pass (`Notify::notify_waiters`). The appender is woken by a
+//! `fdatasync`, while the next group fills; then it sets the group's outcome once and wakes
+//! one waiter, which wakes the others from its runtime thread ([`group::Group::finish`]: the
+//! appender wakes one task per group, not every request). The appender is woken by a
 //! request only when it sleeps for lack of work (the first request of a group after a quiet
 //! spell); under load it never sleeps between groups. No request arms a timer: a watchdog
 //! thread ends a group past its deadline (the least limit of its requests, checked every
@@ -124,6 +125,9 @@
 //! is woken, so a lone request waits one sync. On a full core its wake-up after a sync no
 //! longer preempts the request thread, so the next group keeps filling until the event loop
 //! runs out of ready work or its time slice: the sync is submitted when the loop yields.
+//! (Holding a free appender back until a request thread runs out of work, tokio's
+//! `on_thread_park`, or 1 ms, made syncs 17 % fewer and the tail worse: docs/benchmarks.md,
+//! "Reading (ablation, issue 53, second stop)".)
 //!
 //! **Preallocated segments** ([`prepare`]). A segment grows as it is written only until the
 //! [`prepare`] thread has made the next one: at its full length (`max_bytes / 8`, at most
@@ -495,6 +499,9 @@ impl Spool {
     /// checked every [`group::WATCHDOG_TICK`]), so a request that joined a group late may be
     /// answered up to that group's age before its own `limit`; intake gives every request the
     /// same limit, so this is at most the time the group stayed open.
+    ///
+    /// Poll the returned future to its end or drop it: the first request of a group woken
+    /// wakes the others (a kept, never polled one holds them until the next group commits).
     pub async fn append(&self, record: Record, limit: Duration) -> Result<(), AppendError> {
         match self.shared.unwritable() {
             0 => {}
