@@ -68,6 +68,15 @@ step "build"
 # features: tokio's test-util, hyper's client, and compiles the dependency graph again).
 cargo build -q --workspace --all-targets
 cargo test -q --workspace --no-run
+# A filtered run that selects no test says so and stops, before any stack starts.
+if ((${#filter[@]})); then
+  selected=$(cargo nextest list --workspace --cargo-quiet --message-format oneline "${filter[@]}" | grep -c . || true)
+  if ((selected == 0)); then
+    echo "scripts/test.sh: no test matches '$*' (a test file: tests/tests/NAME.rs or tests/tests/NAME/; or a part of a test's name)" >&2
+    exit 2
+  fi
+  echo "($selected test$( ((selected == 1)) || echo s) selected)"
+fi
 
 # Three stacks: one shared by the tests that leave servers alone, one with three replicas that
 # the failure tests kill, freeze and restart (one test at a time), and one of two shards of
