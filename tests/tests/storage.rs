@@ -44,22 +44,26 @@ async fn count(env: &TestEnv<'_>, sql: &str) -> i64 {
 const IPHONE: &str = "Mozilla/5.0 (iPhone; CPU iPhone OS 17_5 like Mac OS X) AppleWebKit/605.1.15 (KHTML, like Gecko) Version/17.5 Mobile/15E148 Safari/604.1";
 
 /// A page view that started a second before a month's end (30 November 2026, 23:59:59 UTC) is
-/// resent now, through a second collector: both sends land in the partition and on the day of
-/// the page view's start, not of their receipt, and fold to one row. So does a beacon without
-/// any client time, resent through the other collector. The device columns come from the
-/// request's user agent.
+/// sent, and resent through a second collector, five minutes after that end by the
+/// collectors' clocks (libfaketime, so that the starts sent stay within the 7 days a `ts` may
+/// lag its receipt, contract §3, whatever day the test runs): both sends land in the partition
+/// and on the day of the page view's start, not of their receipt, and fold to one row. So do
+/// a page view of the day before and one of a minute before, and a beacon without any client
+/// time, resent through the other collector. The device columns come from the request's user
+/// agent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_resend_folds_whatever_its_time_of_receipt() {
     let env = TestEnv::new(Stack::shared()).await;
-    let c1 = env.collector(&[]).await;
-    let c2 = env.collector(&[]).await;
+    let c1 = env.collector(&fake_clock("@2026-12-01 00:05:00")).await;
+    let c2 = env.collector(&fake_clock("@2026-12-01 00:05:00")).await;
     let month_end_ms: i64 = 1_796_083_199_000; // 2026-11-30T23:59:59Z
     let day_end_ms: i64 = month_end_ms - 86_400_000; // 2026-11-29T23:59:59Z
+    let minute_before_ms: i64 = month_end_ms + 241_000; // 2026-12-01T00:04:00Z
     let ua = [("Content-Type", "application/json"), ("User-Agent", IPHONE)];
 
     let mut ids = Vec::new();
     let mut with_ts = Vec::new();
-    for (i, ts) in [month_end_ms, day_end_ms, now_ms() - 1_000]
+    for (i, ts) in [month_end_ms, day_end_ms, minute_before_ms]
         .into_iter()
         .enumerate()
     {
@@ -181,6 +185,17 @@ fn libfaketime() -> &'static str {
     PATH
 }
 
+/// The environment that runs a collector on a wall clock starting at `at` (libfaketime's
+/// `FAKETIME` form, e.g. `@2026-12-01 00:05:00`) and going on from there; the monotonic clock
+/// is left alone.
+fn fake_clock(at: &'static str) -> [(&'static str, &'static str); 3] {
+    [
+        ("LD_PRELOAD", libfaketime()),
+        ("FAKETIME", at),
+        ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+    ]
+}
+
 /// A UUIDv7 (RFC 9562 §5.7) made at `ms` Unix milliseconds, as the tracking script makes its
 /// ids: the time in the first 48 bits, version 7, variant 10, the rest random.
 fn uuid_v7(ms: i64) -> String {
@@ -221,17 +236,9 @@ async fn days_of(env: &TestEnv<'_>, id: &str) -> Vec<(String, i64)> {
 /// is a UUIDv4 (a client of its own) files by its own receipt: the known limit docs/storage.md
 /// states (two rows, nothing lost); its resend on the same side of midnight folds.
 async fn resends_across_a_month_end_fold(env: TestEnv<'_>) {
-    let preload = libfaketime();
-    let clock = |at: &'static str| {
-        [
-            ("LD_PRELOAD", preload),
-            ("FAKETIME", at),
-            ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
-        ]
-    };
     // A fake clock starts when the process starts; the margin covers a slow start.
-    let before = env.collector(&clock("@2026-11-30 23:59:00")).await;
-    let after = env.collector(&clock("@2026-12-01 00:00:00")).await;
+    let before = env.collector(&fake_clock("@2026-11-30 23:59:00")).await;
+    let after = env.collector(&fake_clock("@2026-12-01 00:00:00")).await;
     let ua = [("Content-Type", "application/json"), ("User-Agent", IPHONE)];
     // Background merges would fold the copies before they are counted.
     for i in 0..env.clickhouse.len() {
