@@ -126,8 +126,8 @@
 //! longer preempts the request thread, so the next group keeps filling until the event loop
 //! runs out of ready work or its time slice: the sync is submitted when the loop yields.
 //! (Holding a free appender back until a request thread runs out of work, tokio's
-//! `on_thread_park`, or 1 ms, made syncs 17 % fewer and the tail worse: docs/benchmarks.md,
-//! "Reading (ablation, issue 53, second stop)".)
+//! `on_thread_park`, or 1 ms, made syncs 16-20 % fewer and the tail worse: docs/benchmarks.md,
+//! "Reading (ablation, issue 53, the hand-off)".)
 //!
 //! **Preallocated segments** ([`prepare`]). A segment grows as it is written only until the
 //! [`prepare`] thread has made the next one: at its full length (`max_bytes / 8`, at most
