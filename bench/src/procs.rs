@@ -305,6 +305,64 @@ pub fn pin_thread(core: usize) {
     }
 }
 
+/// Pins every server of the stack in `dir` to `cores`: each process named by a `*.pid` file
+/// there (ClickHouse, ZooKeeper, PostgreSQL), its descendants, and all their threads (threads
+/// and processes started later inherit it). Returns the pinned processes' pids, sorted.
+///
+/// Why: in the throughput and latency runs the server under test has core 0 to itself, as
+/// nginx and the axum floor do. The stack's servers stand for databases that run on other
+/// machines in production; left on core 0, ClickHouse's ingestion of the collector's rows took
+/// 12-46 % of that core in the batch runs (docs/benchmarks.md, "Setup"). Errors: the folder
+/// unreadable, or no pid file in it.
+pub fn pin_stack(dir: &Path, cores: &[usize]) -> Result<Vec<u32>> {
+    let mut roots = Vec::new();
+    for entry in std::fs::read_dir(dir).context(|| dir.display().to_string())? {
+        let path = entry.context(|| dir.display().to_string())?.path();
+        if path.extension().is_some_and(|e| e == "pid") {
+            if let Some(pid) = std::fs::read_to_string(&path)
+                .ok()
+                .and_then(|t| t.trim().parse::<u32>().ok())
+            {
+                roots.push(pid);
+            }
+        }
+    }
+    if roots.is_empty() {
+        return Err(fail(format!("{}: no *.pid file to pin", dir.display())));
+    }
+    let mut pinned = Vec::new();
+    while let Some(pid) = roots.pop() {
+        if pinned.contains(&pid) {
+            continue;
+        }
+        roots.extend(children(pid));
+        let tasks = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .into_iter()
+            .flatten();
+        for tid in tasks
+            .flatten()
+            .filter_map(|t| t.file_name().to_str()?.parse().ok())
+        {
+            pin_task(tid, cores);
+        }
+        pinned.push(pid);
+    }
+    pinned.sort_unstable();
+    Ok(pinned)
+}
+
+/// Pins the thread `tid` to `cores`; a thread that ended meanwhile is skipped.
+fn pin_task(tid: libc::pid_t, cores: &[usize]) {
+    // SAFETY: a zeroed cpu_set_t is empty; CPU_SET and sched_setaffinity act on `tid` only.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        for &core in cores {
+            libc::CPU_SET(core, &mut set);
+        }
+        libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+}
+
 /// Raises this process's open-file limit to its hard limit (`ulimit -n $(ulimit -Hn)`);
 /// children inherit it.
 pub fn raise_nofile() {
@@ -353,5 +411,56 @@ mod tests {
         assert_eq!(c.busy, (600 + 1 + 1500 + 40 + 50) as f64 / 100.0);
         assert_eq!(c.irq, 0.9);
         assert_eq!(parse_core(PROC_STAT, 5, 100.0), None);
+    }
+
+    /// The pinned threads' `Cpus_allowed_list`, read back from /proc.
+    fn allowed(pid: u32) -> Vec<String> {
+        std::fs::read_dir(format!("/proc/{pid}/task"))
+            .unwrap()
+            .map(|t| {
+                let status = std::fs::read_to_string(t.unwrap().path().join("status")).unwrap();
+                let line = status.lines().find(|l| l.starts_with("Cpus_allowed_list:"));
+                line.unwrap().split_whitespace().nth(1).unwrap().to_owned()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_stack_is_pinned_with_its_children() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(
+            pin_stack(dir.path(), &[0]).is_err(),
+            "no pid file is an error"
+        );
+        // A parent shell (named by a pid file) with a child it starts: both move.
+        let mut parent = Command::new("sh")
+            .args(["-c", "sleep 30 & wait"])
+            .spawn()
+            .unwrap();
+        std::fs::write(dir.path().join("srv.pid"), format!("{}\n", parent.id())).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let child = loop {
+            if let Some(&c) = children(parent.id()).first() {
+                break c;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the shell started no child in 10 s"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        let pinned = pin_stack(dir.path(), &[0]).unwrap();
+        let (a, b) = (allowed(parent.id()), allowed(child));
+        pin_stack(dir.path(), &[0, 1]).unwrap();
+        let both = allowed(child);
+        let _ = parent.kill();
+        let _ = parent.wait();
+        let _ = Command::new("kill").arg(child.to_string()).status();
+        let mut want = vec![parent.id(), child];
+        want.sort_unstable();
+        assert_eq!(pinned, want);
+        assert_eq!((a, b), (vec!["0".to_owned()], vec!["0".to_owned()]));
+        let two = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap() != "0\n";
+        assert_eq!(both, vec![if two { "0-1" } else { "0" }.to_owned()]);
     }
 }

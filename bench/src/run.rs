@@ -121,6 +121,11 @@ fn with_stack(root: &Path, work: &Path, plan: Plan, bin: PathBuf) -> Result<()> 
     );
     b.results
         .command("scripts/stack.sh up DIR/stack --replicas 2")?;
+    let pinned = procs::pin_stack(&dir, &[1])?;
+    b.results.command(&format!(
+        "taskset -a -p -c 1 PID   # each of the stack's {} processes (ClickHouse, ZooKeeper, PostgreSQL) on the load generator's core",
+        pinned.len()
+    ))?;
     b.bootstrap_sites()?;
     b.machine()?;
     crate::steps::run(&mut b)
