@@ -199,7 +199,7 @@ pub struct SpoolConfig {
     pub max_bytes: u64,
 }
 
-/// Every bad setting found, each as `COLLECTOR_NAME="value": reason`.
+/// Every bad setting found, each as `COLLECTOR_NAME="value" (--name): reason`.
 #[derive(Debug, thiserror::Error)]
 #[error("invalid configuration: {}", .0.join("; "))]
 pub struct ConfigError(pub Vec<String>);

@@ -76,6 +76,15 @@ fn every_bad_value_is_reported_at_once() {
     ] {
         assert!(line.contains(&format!("COLLECTOR_{name}=")), "{line}");
     }
+    // Given as a flag or in the environment: the error names both.
+    assert!(
+        line.contains(r#"COLLECTOR_LISTEN="nowhere" (--listen): "#),
+        "{line}"
+    );
+    assert!(
+        line.contains(r#"COLLECTOR_TRUSTED_PROXIES="10.0.0.0/8,banana" (--trusted-proxies): "#),
+        "{line}"
+    );
     assert!(!line.contains('\n'));
 }
 

@@ -137,16 +137,19 @@ impl ClientIpHeader {
     }
 }
 
-/// Every bad value found so far, each as `COLLECTOR_NAME="value": reason`. A reader that finds
-/// a bad value records it and answers a placeholder, so that the values after it are judged
-/// too and an operator sees them all at once.
+/// Every bad value found so far, each as `COLLECTOR_NAME="value" (--name): reason`, naming
+/// both ways of giving it (a value may come from the environment or from a flag). A reader
+/// that finds a bad value records it and answers a placeholder, so that the values after it
+/// are judged too and an operator sees them all at once.
 #[derive(Debug, Default)]
 pub(super) struct Problems(pub Vec<String>);
 
 impl Problems {
     /// Records that `COLLECTOR_<name>`, shown as `shown`, is bad for `reason`.
     pub fn report(&mut self, name: &str, shown: &str, reason: impl std::fmt::Display) {
-        self.0.push(format!("COLLECTOR_{name}={shown:?}: {reason}"));
+        let flag = flag_of(name).map_or_else(String::new, |f| format!(" (--{f})"));
+        self.0
+            .push(format!("COLLECTOR_{name}={shown:?}{flag}: {reason}"));
     }
 
     /// The value of `result`, or `None` with the error reported.
@@ -393,4 +396,17 @@ pub fn cidrs(s: &str) -> Result<Vec<IpNet>, ValueError> {
                 .map_err(|_| ValueError::NotCidr(p.to_owned()))
         })
         .collect()
+}
+
+/// The flag that gives `COLLECTOR_<name>` on the command line (`listen` for `LISTEN`), looked
+/// up among [`super::args::RawArgs`]'s arguments; `None` for a name that no flag reads.
+fn flag_of(name: &str) -> Option<String> {
+    use clap::Args;
+    let env = format!("COLLECTOR_{name}");
+    let command = super::args::RawArgs::augment_args(clap::Command::new("collector"));
+    let flag = command
+        .get_arguments()
+        .find(|a| a.get_env().is_some_and(|e| *e == *env))
+        .and_then(|a| a.get_long().map(str::to_owned));
+    flag
 }
