@@ -85,6 +85,13 @@ fn every_bad_value_is_reported_at_once() {
         line.contains(r#"COLLECTOR_TRUSTED_PROXIES="10.0.0.0/8,banana" (--trusted-proxies): "#),
         "{line}"
     );
+    // A duration's fault is named by the text, not by a byte offset.
+    assert!(
+        line.contains(
+            r#"(--settings-ttl): not a duration like 10s or 250ms: a number was expected at "soon""#
+        ),
+        "{line}"
+    );
     assert!(!line.contains('\n'));
 }
 

@@ -173,7 +173,7 @@ impl Problems {
             Err(e) => self.report(
                 name,
                 value,
-                format!("not a duration like 10s or 250ms: {e}"),
+                format!("not a duration like 10s or 250ms: {}", why(value.trim(), e)),
             ),
         }
         // A placeholder that passes the later checks: reported once.
@@ -188,7 +188,11 @@ impl Problems {
             Ok(d) if d > MAX => self.report(name, value, "must be at most 100 years"),
             Ok(d) if d < min => self.report(name, value, format!("must be at least {min:?}")),
             Ok(d) => return d,
-            Err(e) => self.report(name, value, format!("not a duration like 395d: {e}")),
+            Err(e) => self.report(
+                name,
+                value,
+                format!("not a duration like 395d: {}", why(value.trim(), e)),
+            ),
         }
         MAX
     }
@@ -409,4 +413,21 @@ fn flag_of(name: &str) -> Option<String> {
         .find(|a| a.get_env().is_some_and(|e| *e == *env))
         .and_then(|a| a.get_long().map(str::to_owned));
     flag
+}
+
+/// What is wrong with `text` as a duration, in words an operator can act on: humantime's
+/// own words for a unit ("unknown time unit \"x\", supported units: ..."), but the place of
+/// a bad character named by the text itself rather than by a byte offset ("expected number
+/// at 0").
+fn why(text: &str, e: humantime::DurationError) -> String {
+    use humantime::DurationError as E;
+    let rest = |at: usize| text.get(at..).unwrap_or(text).to_owned();
+    match e {
+        E::NumberExpected(at) => format!("a number was expected at {:?}", rest(at)),
+        E::InvalidCharacter(at) => format!(
+            "{:?} is not allowed (a number, then a unit: letters and digits only)",
+            rest(at).chars().next().unwrap_or(' ')
+        ),
+        other => other.to_string(),
+    }
 }
