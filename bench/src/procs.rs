@@ -305,16 +305,28 @@ pub fn pin_thread(core: usize) {
     }
 }
 
-/// Pins every server of the stack in `dir` to `cores`: each process named by a `*.pid` file
-/// there (ClickHouse, ZooKeeper, PostgreSQL), its descendants, and all their threads (threads
-/// and processes started later inherit it). Returns the pinned processes' pids, sorted.
+/// How the stack's servers share their core with the load generator.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Share {
+    /// `SCHED_IDLE`: they run only when the load generator leaves the core idle.
+    Idle,
+    /// `SCHED_OTHER`, nice 0: an equal share.
+    Equal,
+}
+
+/// Pins every server of the stack in `dir` to `cores` with the scheduling policy of `share`:
+/// each process named by a `*.pid` file there (ClickHouse, ZooKeeper, PostgreSQL), its
+/// descendants, and all their threads (threads and processes started later inherit both).
+/// Returns the pinned processes' pids, sorted.
 ///
 /// Why: in the throughput and latency runs the server under test has core 0 to itself, as
 /// nginx and the axum floor do. The stack's servers stand for databases that run on other
 /// machines in production; left on core 0, ClickHouse's ingestion of the collector's rows took
-/// 12-46 % of that core in the batch runs (docs/benchmarks.md, "Setup"). Errors: the folder
-/// unreadable, or no pid file in it.
-pub fn pin_stack(dir: &Path, cores: &[usize]) -> Result<Vec<u32>> {
+/// 12-46 % of that core in the batch runs (docs/benchmarks.md, "Setup"). On core 1 with an
+/// equal share it took 50 % of the load generator's core in a single-beacon run at 256
+/// connections, and the collector's core idled 24 % waiting for wrk; with [`Share::Idle`] wrk
+/// goes first. Errors: the folder unreadable, or no pid file in it.
+pub fn pin_stack(dir: &Path, cores: &[usize], share: Share) -> Result<Vec<u32>> {
     let mut roots = Vec::new();
     for entry in std::fs::read_dir(dir).context(|| dir.display().to_string())? {
         let path = entry.context(|| dir.display().to_string())?.path();
@@ -343,7 +355,7 @@ pub fn pin_stack(dir: &Path, cores: &[usize]) -> Result<Vec<u32>> {
             .flatten()
             .filter_map(|t| t.file_name().to_str()?.parse().ok())
         {
-            pin_task(tid, cores);
+            pin_task(tid, cores, share);
         }
         pinned.push(pid);
     }
@@ -351,15 +363,23 @@ pub fn pin_stack(dir: &Path, cores: &[usize]) -> Result<Vec<u32>> {
     Ok(pinned)
 }
 
-/// Pins the thread `tid` to `cores`; a thread that ended meanwhile is skipped.
-fn pin_task(tid: libc::pid_t, cores: &[usize]) {
-    // SAFETY: a zeroed cpu_set_t is empty; CPU_SET and sched_setaffinity act on `tid` only.
+/// Pins the thread `tid` to `cores` under `share`'s policy; a thread that ended meanwhile is
+/// skipped.
+fn pin_task(tid: libc::pid_t, cores: &[usize], share: Share) {
+    let policy = match share {
+        Share::Idle => libc::SCHED_IDLE,
+        Share::Equal => libc::SCHED_OTHER,
+    };
+    // SAFETY: a zeroed cpu_set_t is empty; CPU_SET, sched_setaffinity and sched_setscheduler
+    // act on `tid` only (priority 0 is the only one either policy takes).
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
         for &core in cores {
             libc::CPU_SET(core, &mut set);
         }
         libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &set);
+        let param = libc::sched_param { sched_priority: 0 };
+        libc::sched_setscheduler(tid, policy, &param);
     }
 }
 
@@ -425,11 +445,17 @@ mod tests {
             .collect()
     }
 
+    /// The scheduling policy of `pid`'s main thread, read back from the kernel.
+    fn policy(pid: u32) -> libc::c_int {
+        // SAFETY: sched_getscheduler only reads; an ended pid answers -1.
+        unsafe { libc::sched_getscheduler(pid as libc::pid_t) }
+    }
+
     #[test]
     fn a_stack_is_pinned_with_its_children() {
         let dir = tempfile::tempdir().unwrap();
         assert!(
-            pin_stack(dir.path(), &[0]).is_err(),
+            pin_stack(dir.path(), &[0], Share::Idle).is_err(),
             "no pid file is an error"
         );
         // A parent shell (named by a pid file) with a child it starts: both move.
@@ -449,10 +475,12 @@ mod tests {
             );
             std::thread::sleep(Duration::from_millis(10));
         };
-        let pinned = pin_stack(dir.path(), &[0]).unwrap();
+        let pinned = pin_stack(dir.path(), &[0], Share::Idle).unwrap();
         let (a, b) = (allowed(parent.id()), allowed(child));
-        pin_stack(dir.path(), &[0, 1]).unwrap();
+        let idle = (policy(parent.id()), policy(child));
+        pin_stack(dir.path(), &[0, 1], Share::Equal).unwrap();
         let both = allowed(child);
+        let equal = policy(child);
         let _ = parent.kill();
         let _ = parent.wait();
         let _ = Command::new("kill").arg(child.to_string()).status();
@@ -460,6 +488,8 @@ mod tests {
         want.sort_unstable();
         assert_eq!(pinned, want);
         assert_eq!((a, b), (vec!["0".to_owned()], vec!["0".to_owned()]));
+        assert_eq!(idle, (libc::SCHED_IDLE, libc::SCHED_IDLE));
+        assert_eq!(equal, libc::SCHED_OTHER);
         let two = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap() != "0\n";
         assert_eq!(both, vec![if two { "0-1" } else { "0" }.to_owned()]);
     }
