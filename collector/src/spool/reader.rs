@@ -103,6 +103,8 @@ impl SpoolReader {
     /// Reads durable frames in order until about `max_bytes` or `max_rows` are read (at least
     /// one frame) or none is left, with one `pread` per run of frames. Blocking file I/O (from
     /// the page cache, as a rule): the writer calls it from its own thread.
+    // Never inlined, so that a profile of the whole-program (LTO) build names it.
+    #[inline(never)]
     pub fn read_available(&mut self, max_bytes: u64, max_rows: u64, out: &mut Vec<Frame>) {
         let (mut read, mut rows) = (0, 0);
         while read < max_bytes && rows < max_rows {

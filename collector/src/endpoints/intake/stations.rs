@@ -153,6 +153,8 @@ impl<'h> Sender<'h> {
 /// [`crate::beacon::MAX_BATCH`] items: 400) and judges each by the field table's rules,
 /// knowing no site ([`measurement::fields::judge`]); the rejected ones go to the report. With
 /// none valid: 400 listing every rejection.
+// Never inlined, so that a profile of the whole-program (LTO) build names the station.
+#[inline(never)]
 pub(super) fn judge<'a>(
     text: &'a str,
     sender: &'a Sender<'_>,
@@ -239,6 +241,8 @@ pub(super) async fn site<'a>(
 /// its site's rules ([`measurement::site::settle`]: minimised, its page group, dimensions and
 /// sample rate; the dimensions dropped go to the report) and counts toward its site's demand
 /// as its client's ([`crate::sampling::Sampler::observe`]).
+// Never inlined, so that a profile of the whole-program (LTO) build names the station.
+#[inline(never)]
 fn settle<'a>(
     state: &AppState,
     sender: &Sender<'_>,
