@@ -556,4 +556,3 @@ fn a_tag_with_several_pluses_is_masked_whole_in_a_value() {
         "https://a.example/?q=shoes%2C+*"
     );
 }
-
