@@ -355,7 +355,7 @@ pub fn pin_stack(dir: &Path, cores: &[usize], share: Share) -> Result<Vec<u32>> 
             .flatten()
             .filter_map(|t| t.file_name().to_str()?.parse().ok())
         {
-            pin_task(tid, cores, share);
+            pin_task(tid, cores, share)?;
         }
         pinned.push(pid);
     }
@@ -364,23 +364,30 @@ pub fn pin_stack(dir: &Path, cores: &[usize], share: Share) -> Result<Vec<u32>> 
 }
 
 /// Pins the thread `tid` to `cores` under `share`'s policy; a thread that ended meanwhile is
-/// skipped.
-fn pin_task(tid: libc::pid_t, cores: &[usize], share: Share) {
+/// skipped. Errors: the kernel refused either call (the run would not be what it says).
+fn pin_task(tid: libc::pid_t, cores: &[usize], share: Share) -> Result<()> {
     let policy = match share {
         Share::Idle => libc::SCHED_IDLE,
         Share::Equal => libc::SCHED_OTHER,
     };
     // SAFETY: a zeroed cpu_set_t is empty; CPU_SET, sched_setaffinity and sched_setscheduler
     // act on `tid` only (priority 0 is the only one either policy takes).
-    unsafe {
+    let failed = unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
         for &core in cores {
             libc::CPU_SET(core, &mut set);
         }
-        libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &set);
         let param = libc::sched_param { sched_priority: 0 };
-        libc::sched_setscheduler(tid, policy, &param);
+        libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0
+            || libc::sched_setscheduler(tid, policy, &param) != 0
+    };
+    let error = std::io::Error::last_os_error();
+    if failed && error.raw_os_error() != Some(libc::ESRCH) {
+        return Err(fail(format!(
+            "thread {tid}: cannot pin to cores {cores:?} at {share:?}: {error}"
+        )));
     }
+    Ok(())
 }
 
 /// Raises this process's open-file limit to its hard limit (`ulimit -n $(ulimit -Hn)`);

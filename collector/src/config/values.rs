@@ -410,9 +410,10 @@ fn flag_of(name: &str) -> Option<String> {
     let command = super::args::RawArgs::augment_args(clap::Command::new("collector"));
     let flag = command
         .get_arguments()
-        .find(|a| a.get_env().is_some_and(|e| *e == *env))
-        .and_then(|a| a.get_long().map(str::to_owned));
-    flag
+        .find(|a| a.get_env().is_some_and(|e| *e == *env))?
+        .get_long()?
+        .to_owned();
+    Some(flag)
 }
 
 /// What is wrong with `text` as a duration, in words an operator can act on: humantime's
