@@ -85,8 +85,13 @@ async fn a_loud_site_is_answered_a_lower_rate_and_its_beacons_say_what_they_were
     let traffic_end = Instant::now();
     // About 20 of 100 a second; the first tick may have seen part of a second.
     assert!((0.1..0.5).contains(&lowered), "{lowered}");
+    // Asked again at once: a tick (every second) may have fallen between the two answers and
+    // lowered the rate once more (see "Rising demand" below), never raised it.
     let (rate, cache) = answer(&app, "loud").await;
-    assert_eq!(rate, lowered);
+    assert!(
+        rate <= lowered && (0.1..0.5).contains(&rate),
+        "{rate} after {lowered}"
+    );
     assert_eq!(cache, "public, max-age=5", "a lowered rate is kept 5 s");
     // Once its demand is known (10 s after it was first seen), a quiet site is kept 60 s.
     tokio::time::sleep(Duration::from_secs(10).saturating_sub(quiet_seen.elapsed())).await;
