@@ -308,16 +308,38 @@ pub fn pin_thread(core: usize) {
 /// How the stack's servers share their core with the load generator.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Share {
-    /// `SCHED_IDLE`: they run only when the load generator leaves the core idle.
+    /// `SCHED_IDLE`, in an autogroup at nice 19: they run only when the load generator leaves
+    /// the core idle.
     Idle,
-    /// `SCHED_OTHER`, nice 0: an equal share.
+    /// `SCHED_OTHER`, nice 0, in an autogroup at nice 0: an equal share.
     Equal,
+}
+
+impl Share {
+    /// The nice value of the autogroup of each server (`/proc/PID/autogroup`).
+    ///
+    /// Why the autogroup too: with `kernel.sched_autogroup_enabled = 1` (Debian's default),
+    /// each session is a task group, and the kernel first shares a core between the groups by
+    /// their weight (1,024 at nice 0), and only then between a group's threads by their policy
+    /// (sched(7), "The autogroup feature"). `scripts/stack.sh` starts every server in a session
+    /// of its own (`setsid`). So `SCHED_IDLE` alone left each busy server a full group's share
+    /// against the load generator's: two merging ClickHouse replicas took two thirds of wrk's
+    /// core, in episodes of 0.3-1.5 s, and the collector's core idled waiting for requests
+    /// (docs/benchmarks.md, "Reading (issue 53: the stack's autogroups)"). At nice 19 a
+    /// group weighs 15.
+    fn autogroup_nice(self) -> i32 {
+        match self {
+            Share::Idle => 19,
+            Share::Equal => 0,
+        }
+    }
 }
 
 /// Pins every server of the stack in `dir` to `cores` with the scheduling policy of `share`:
 /// each process named by a `*.pid` file there (ClickHouse, ZooKeeper, PostgreSQL), its
 /// descendants, and all their threads (threads and processes started later inherit both).
-/// Returns the pinned processes' pids, sorted.
+/// Each process's autogroup takes [`Share::autogroup_nice`]. Returns the pinned processes'
+/// pids, sorted.
 ///
 /// Why: in the throughput and latency runs the server under test has core 0 to itself, as
 /// nginx and the axum floor do. The stack's servers stand for databases that run on other
@@ -357,6 +379,7 @@ pub fn pin_stack(dir: &Path, cores: &[usize], share: Share) -> Result<Vec<u32>> 
         {
             pin_task(tid, cores, share)?;
         }
+        set_autogroup(pid, share)?;
         pinned.push(pid);
     }
     pinned.sort_unstable();
@@ -388,6 +411,25 @@ fn pin_task(tid: libc::pid_t, cores: &[usize], share: Share) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// Sets the nice value of the autogroup (session task group) of `pid` to `share`'s. A kernel
+/// without autogroups (no `/proc/PID/autogroup`), or a process that ended meanwhile, is
+/// skipped. Errors: the kernel refused the write.
+fn set_autogroup(pid: u32, share: Share) -> Result<()> {
+    let path = format!("/proc/{pid}/autogroup");
+    match std::fs::write(&path, share.autogroup_nice().to_string()) {
+        Err(e)
+            if e.kind() != std::io::ErrorKind::NotFound
+                && e.raw_os_error() != Some(libc::ESRCH) =>
+        {
+            Err(fail(format!(
+                "{path}: cannot set nice {}: {e}",
+                share.autogroup_nice()
+            )))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Raises this process's open-file limit to its hard limit (`ulimit -n $(ulimit -Hn)`);
@@ -458,6 +500,13 @@ mod tests {
         unsafe { libc::sched_getscheduler(pid as libc::pid_t) }
     }
 
+    /// The nice value of `pid`'s autogroup ("/autogroup-42 nice 19"), or None on a kernel
+    /// without autogroups.
+    fn autogroup_nice(pid: u32) -> Option<i32> {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/autogroup")).ok()?;
+        Some(text.split_whitespace().nth(2).unwrap().parse().unwrap())
+    }
+
     #[test]
     fn a_stack_is_pinned_with_its_children() {
         let dir = tempfile::tempdir().unwrap();
@@ -465,11 +514,19 @@ mod tests {
             pin_stack(dir.path(), &[0], Share::Idle).is_err(),
             "no pid file is an error"
         );
-        // A parent shell (named by a pid file) with a child it starts: both move.
-        let mut parent = Command::new("sh")
-            .args(["-c", "sleep 30 & wait"])
-            .spawn()
-            .unwrap();
+        // A parent shell (named by a pid file, in a session of its own as stack.sh starts
+        // each server) with a child it starts: both move.
+        let mut shell = Command::new("sh");
+        shell.args(["-c", "sleep 30 & wait"]);
+        // SAFETY: setsid() is async-signal-safe; it runs in the child between fork and exec.
+        unsafe {
+            use std::os::unix::process::CommandExt;
+            shell.pre_exec(|| {
+                libc::setsid();
+                Ok(())
+            });
+        }
+        let mut parent = shell.spawn().unwrap();
         std::fs::write(dir.path().join("srv.pid"), format!("{}\n", parent.id())).unwrap();
         let deadline = Instant::now() + Duration::from_secs(10);
         let child = loop {
@@ -485,9 +542,10 @@ mod tests {
         let pinned = pin_stack(dir.path(), &[0], Share::Idle).unwrap();
         let (a, b) = (allowed(parent.id()), allowed(child));
         let idle = (policy(parent.id()), policy(child));
+        let idle_group = autogroup_nice(child);
         pin_stack(dir.path(), &[0, 1], Share::Equal).unwrap();
         let both = allowed(child);
-        let equal = policy(child);
+        let equal = (policy(child), autogroup_nice(child));
         let _ = parent.kill();
         let _ = parent.wait();
         let _ = Command::new("kill").arg(child.to_string()).status();
@@ -496,7 +554,8 @@ mod tests {
         assert_eq!(pinned, want);
         assert_eq!((a, b), (vec!["0".to_owned()], vec!["0".to_owned()]));
         assert_eq!(idle, (libc::SCHED_IDLE, libc::SCHED_IDLE));
-        assert_eq!(equal, libc::SCHED_OTHER);
+        assert_eq!(idle_group, Some(19));
+        assert_eq!(equal, (libc::SCHED_OTHER, Some(0)));
         let two = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap() != "0\n";
         assert_eq!(both, vec![if two { "0-1" } else { "0" }.to_owned()]);
     }

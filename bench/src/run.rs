@@ -123,7 +123,7 @@ fn with_stack(root: &Path, work: &Path, plan: Plan, bin: PathBuf) -> Result<()> 
         .command("scripts/stack.sh up DIR/stack --replicas 2")?;
     let pinned = procs::pin_stack(&dir, &[1], procs::Share::Idle)?;
     b.results.command(&format!(
-        "taskset -a -p -c 1 PID; chrt -a -i -p 0 PID   # each of the stack's {} processes (ClickHouse, ZooKeeper, PostgreSQL) on the load generator's core, run only when it idles",
+        "taskset -a -p -c 1 PID; chrt -a -i -p 0 PID; echo 19 > /proc/PID/autogroup   # each of the stack's {} processes (ClickHouse, ZooKeeper, PostgreSQL) on the load generator's core, run only when it idles",
         pinned.len()
     ))?;
     b.bootstrap_sites()?;

@@ -228,7 +228,7 @@ fn soak(b: &mut Bench, collector: &Collector, rate: u64) -> Result<()> {
     // either core with an equal share here (before, it had core 1 when wrk left it idle).
     procs::pin_stack(&b.work.join("stack"), &[0, 1], procs::Share::Equal)?;
     b.results.command(
-        "taskset -a -p -c 0,1 PID; chrt -a -o -p 0 PID   # each of the stack's processes, for (f) and (g) only",
+        "taskset -a -p -c 0,1 PID; chrt -a -o -p 0 PID; echo 0 > /proc/PID/autogroup   # each of the stack's processes, for (f) and (g) only",
     )?;
     collector.wait_drained()?;
     let (conns, paced) = paced_conns(b, collector, rate, long)?;
