@@ -322,11 +322,12 @@ impl Share {
     /// each session is a task group, and the kernel first shares a core between the groups by
     /// their weight (1,024 at nice 0), and only then between a group's threads by their policy
     /// (sched(7), "The autogroup feature"). `scripts/stack.sh` starts every server in a session
-    /// of its own (`setsid`). So `SCHED_IDLE` alone left each busy server a full group's share
-    /// against the load generator's: two merging ClickHouse replicas took two thirds of wrk's
-    /// core, in episodes of 0.3-1.5 s, and the collector's core idled waiting for requests
-    /// (docs/benchmarks.md, "Reading (issue 53: the stack's autogroups)"). At nice 19 a
-    /// group weighs 15.
+    /// of its own (`setsid`). So `SCHED_IDLE` alone left each busy server a whole group's
+    /// share, as much as the load generator's: a busy loop at `SCHED_IDLE` in a session of its
+    /// own took 251 of 499 ticks from a `SCHED_OTHER` one; with its autogroup at nice 19
+    /// (weight 15), 7. Merging replicas stalled oha for 0.3-1.5 s at a time, and the p99 at
+    /// 70 % fell from 282 to 15 ms once they had nice 19 (docs/benchmarks.md, "Reading
+    /// (issue 53: the stack's autogroups)").
     fn autogroup_nice(self) -> i32 {
         match self {
             Share::Idle => 19,
