@@ -554,7 +554,11 @@ pub fn kept(name: &str, keep: &[String]) -> bool {
 /// with masked names and values (see the module doc). `url` is normalised (WHATWG); `None`
 /// if it does not parse (it always does after the `url` rule).
 pub fn page_url(url: &str, keep: &[String]) -> Option<String> {
-    let mut u = Url::parse(url).ok()?;
+    Some(minimise_page(Url::parse(url).ok()?, keep).into())
+}
+
+/// [`page_url`] of a URL parsed already (one parse per URL: issue 53).
+fn minimise_page(mut u: Url, keep: &[String]) -> Url {
     mask_path(&mut u);
     let query: Option<String> = u.query().map(|q| {
         let mut out = url::form_urlencoded::Serializer::new(String::new());
@@ -573,7 +577,7 @@ pub fn page_url(url: &str, keep: &[String]) -> Option<String> {
         out.finish()
     });
     u.set_query(query.as_deref().filter(|q| !q.is_empty()));
-    Some(u.into())
+    u
 }
 
 /// A resource URL as stored: scheme, host, port and the masked path.
@@ -595,7 +599,7 @@ pub fn referrer(
     let u = Url::parse(url).ok()?;
     let host = u.host_str()?;
     if Some(host) == page_host || same_site(host) {
-        page_url(url, keep)
+        Some(minimise_page(u, keep).into())
     } else {
         Some(u.origin().ascii_serialization())
     }
@@ -610,14 +614,15 @@ pub fn urls(
     keep: &[String],
     origins: &[String],
 ) {
-    if let Some(minimised) = page_url(url, keep) {
-        *url = Cow::Owned(minimised);
+    // The page's host from its one parse (minimising keeps the host as it was).
+    let mut page_host: Option<String> = None;
+    if let Some(minimised) = Url::parse(url).ok().map(|u| minimise_page(u, keep)) {
+        page_host = minimised.host_str().map(str::to_owned);
+        *url = Cow::Owned(minimised.into());
     }
-    let page_host = Url::parse(url).ok();
-    let page_host = page_host.as_ref().and_then(Url::host_str);
     let same_site = |host: &str| origins.iter().any(|o| origin_host(o) == host);
     if let Some(r) = referrer.as_deref() {
-        let minimised = self::referrer(r, page_host, same_site, keep);
+        let minimised = self::referrer(r, page_host.as_deref(), same_site, keep);
         *referrer = minimised.map(Cow::Owned);
     }
 }
