@@ -163,7 +163,17 @@ pub fn parse(text: &str) -> Result<Vec<Item<'_>>, DecodeError> {
     if text.trim_start().is_empty() {
         return Err(DecodeError::Malformed("empty body".into()));
     }
-    let top = serde_json::from_str::<Top>(text).map_err(malformed)?;
+    // One pass reads nearly every body. A body it cannot read (broken syntax, or an array
+    // item beyond f64 or with a lone surrogate, which must cost only that item) is read again
+    // item by item, each skipped first: that reading decides, and its error is the answer.
+    let top = match serde_json::from_str::<TopOf<true>>(text) {
+        Ok(top) => top.0,
+        Err(_) => {
+            serde_json::from_str::<TopOf<false>>(text)
+                .map_err(malformed)?
+                .0
+        }
+    };
     match top {
         Top::Items(items) => Ok(items),
         Top::EmptyArray => Err(DecodeError::Malformed("empty array".into())),
@@ -188,6 +198,7 @@ fn malformed(e: serde_json::Error) -> DecodeError {
 }
 
 /// The top-level value of a body.
+#[derive(Debug)]
 enum Top<'a> {
     /// One object, or an array of 1 to [`MAX_BATCH`] items.
     Items(Vec<Item<'a>>),
@@ -195,10 +206,17 @@ enum Top<'a> {
     TooMany,
 }
 
-impl<'de> Deserialize<'de> for Top<'de> {
+/// A body's [`Top`], read in one pass (`ONE_PASS`: each array item read as it comes, which
+/// fails the whole reading on an item beyond f64 or with a lone surrogate) or item by item
+/// (each item skipped as a [`RawValue`] first, then read: such an item is rejected alone).
+/// Both readings give the same items for every body the one pass reads (issue 53: the one
+/// pass spares each item of a batch a second scan).
+struct TopOf<'a, const ONE_PASS: bool>(Top<'a>);
+
+impl<'de, const ONE_PASS: bool> Deserialize<'de> for TopOf<'de, ONE_PASS> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct TopVisitor;
-        impl<'de> Visitor<'de> for TopVisitor {
+        struct TopVisitor<const ONE_PASS: bool>;
+        impl<'de, const ONE_PASS: bool> Visitor<'de> for TopVisitor<ONE_PASS> {
             type Value = Top<'de>;
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
                 f.write_str("a measurement object or an array of them")
@@ -206,34 +224,109 @@ impl<'de> Deserialize<'de> for Top<'de> {
             fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Top<'de>, A::Error> {
                 object_from_map(map).map(|b| Top::Items(vec![Ok(b)]))
             }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Top<'de>, A::Error> {
-                let mut items = Vec::new();
-                // Each item is skipped first: a number item beyond f64 or a string item with
-                // a lone surrogate must cost only that item, and only a skipped value can.
-                while let Some(raw) = seq.next_element::<&'de RawValue>()? {
-                    if items.len() == MAX_BATCH {
-                        // Still consume the rest so that broken syntax is reported first.
-                        while seq.next_element::<&'de RawValue>()?.is_some() {}
-                        return Ok(Top::TooMany);
-                    }
-                    let item = if raw.get().starts_with('{') {
-                        // Syntax was checked while skipping: this cannot fail.
-                        Ok(serde_json::from_str::<Object>(raw.get())
-                            .map_err(de::Error::custom)?
-                            .0)
-                    } else {
-                        Err(NOT_AN_OBJECT)
-                    };
-                    items.push(item);
-                }
-                Ok(if items.is_empty() {
-                    Top::EmptyArray
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Top<'de>, A::Error> {
+                if ONE_PASS {
+                    items_in_one_pass(seq)
                 } else {
-                    Top::Items(items)
-                })
+                    items_skipped_first(seq)
+                }
             }
         }
-        d.deserialize_any(TopVisitor)
+        d.deserialize_any(TopVisitor::<ONE_PASS>).map(TopOf)
+    }
+}
+
+/// The items of a top-level array, each read as it comes ([`OnePassItem`]).
+fn items_in_one_pass<'de, A: SeqAccess<'de>>(mut seq: A) -> Result<Top<'de>, A::Error> {
+    let mut items = Vec::new();
+    while let Some(OnePassItem(item)) = seq.next_element()? {
+        if items.len() == MAX_BATCH {
+            // Still consume the rest so that broken syntax is reported first.
+            while seq.next_element::<de::IgnoredAny>()?.is_some() {}
+            return Ok(Top::TooMany);
+        }
+        items.push(item);
+    }
+    Ok(top_of(items))
+}
+
+/// The items of a top-level array, each skipped first: a number item beyond f64 or a string
+/// item with a lone surrogate must cost only that item, and only a skipped value can.
+fn items_skipped_first<'de, A: SeqAccess<'de>>(mut seq: A) -> Result<Top<'de>, A::Error> {
+    let mut items = Vec::new();
+    while let Some(raw) = seq.next_element::<&'de RawValue>()? {
+        if items.len() == MAX_BATCH {
+            // Still consume the rest so that broken syntax is reported first.
+            while seq.next_element::<&'de RawValue>()?.is_some() {}
+            return Ok(Top::TooMany);
+        }
+        let item = if raw.get().starts_with('{') {
+            // Syntax was checked while skipping: this cannot fail.
+            Ok(serde_json::from_str::<Object>(raw.get())
+                .map_err(de::Error::custom)?
+                .0)
+        } else {
+            Err(NOT_AN_OBJECT)
+        };
+        items.push(item);
+    }
+    Ok(top_of(items))
+}
+
+/// The [`Top`] of an array's items.
+fn top_of(items: Vec<Item<'_>>) -> Top<'_> {
+    if items.is_empty() {
+        Top::EmptyArray
+    } else {
+        Top::Items(items)
+    }
+}
+
+/// An array item read as it comes: an object into its fields ([`object_from_map`]), any
+/// other value consumed and rejected as [`NOT_AN_OBJECT`]. Fails on a number beyond f64 and
+/// on a string with a lone surrogate, which [`parse`] then reads again item by item.
+struct OnePassItem<'a>(Item<'a>);
+
+/// What every array item but an object reads as.
+fn not_an_object<'a, E>() -> Result<OnePassItem<'a>, E> {
+    Ok(OnePassItem(Err(NOT_AN_OBJECT)))
+}
+
+impl<'de> Deserialize<'de> for OnePassItem<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct ItemVisitor;
+        impl<'de> Visitor<'de> for ItemVisitor {
+            type Value = OnePassItem<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an array item")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+                object_from_map(map).map(|b| OnePassItem(Ok(b)))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                while seq.next_element::<de::IgnoredAny>()?.is_some() {}
+                not_an_object()
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+                not_an_object()
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+                not_an_object()
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+                not_an_object()
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+                not_an_object()
+            }
+            fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
+                not_an_object()
+            }
+            fn visit_unit<E>(self) -> Result<Self::Value, E> {
+                not_an_object()
+            }
+        }
+        d.deserialize_any(ItemVisitor)
     }
 }
 
@@ -391,6 +484,40 @@ mod tests {
         let items = parse(&deep_item).unwrap();
         assert_eq!(items[0].as_ref().unwrap_err(), &NOT_AN_OBJECT);
         assert!(items[1].is_ok());
+    }
+
+    /// The one pass reads every body it can exactly as the item-by-item reading does, and
+    /// cannot read those whose faults must cost one item only, which `parse` reads again.
+    #[test]
+    fn the_one_pass_reads_as_the_item_by_item_reading() {
+        let many = format!("[{}]", vec!["{}"; MAX_BATCH + 1].join(","));
+        let read = |body: &str, one_pass: bool| {
+            if one_pass {
+                serde_json::from_str::<TopOf<true>>(body).map(|t| format!("{:?}", t.0))
+            } else {
+                serde_json::from_str::<TopOf<false>>(body).map(|t| format!("{:?}", t.0))
+            }
+        };
+        for body in [
+            r#"{"id":"a","lcp_ms":1e400,"referrer":"\ud83d","x":[1,{"y":2}]}"#,
+            r#"[{"id":"a","lcp_ms":5},{"id":"b","lcp_ms":5,"id":"c"}]"#,
+            r#"[1, -2, 3.5, "s", "\u00e9", true, null, [1,[2]], {}, {"cls":0.1}]"#,
+            r#"[[1e400, "\ud83d"], {}]"#,
+            "[]",
+            &many,
+        ] {
+            let one = read(body, true).expect(body);
+            assert_eq!(one, read(body, false).unwrap(), "{body}");
+        }
+        assert_eq!(
+            parse(&many).unwrap_err().to_string(),
+            DecodeError::Malformed(format!("more than {MAX_BATCH} measurements")).to_string()
+        );
+        for body in [r#"[{}, 1e400]"#, r#"[{}, "\udc00"]"#] {
+            assert!(read(body, true).is_err(), "{body}");
+            let items = parse(body).unwrap();
+            assert_eq!(items.last().unwrap().as_ref().unwrap_err(), &NOT_AN_OBJECT);
+        }
     }
 
     #[test]
