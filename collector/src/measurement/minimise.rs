@@ -66,8 +66,9 @@ pub(crate) const PATH: &AsciiSet = &CONTROLS
     .add(b'}');
 
 /// The characters a path segment's text is percent-encoded with when a masked segment is
-/// written back: [`PATH`], and `/`, `%`.
-const SEGMENT: &AsciiSet = &PATH.add(b'/').add(b'%');
+/// written back: [`PATH`], and `/`, `%`, `\` (which a special URL's path reads as `/`): the
+/// segment stays one segment, and the URL stays as the `url` crate writes it.
+const SEGMENT: &AsciiSet = &PATH.add(b'/').add(b'%').add(b'\\');
 
 /// UUIDs, in either case.
 static UUID: LazyLock<Regex> = LazyLock::new(|| {
@@ -550,80 +551,159 @@ pub fn kept(name: &str, keep: &[String]) -> bool {
     }) && !never_kept(name)
 }
 
-/// A page URL as stored: scheme, host, port, the masked path, and the kept query parameters
-/// with masked names and values (see the module doc). `url` is normalised (WHATWG); `None`
-/// if it does not parse (it always does after the `url` rule).
-pub fn page_url(url: &str, keep: &[String]) -> Option<String> {
-    Some(minimise_page(Url::parse(url).ok()?, keep).into())
+/// A URL as the `url` crate writes an http(s) URL with a host (the `url` rule's output,
+/// [`super::rules::normalise_url`]), read by position: minimising needs no second parse
+/// (issue 53). `scheme://[userinfo@]host[:port]path[?query][#fragment]`, the path starting
+/// with `/`, or absent (an origin, as a referrer from another site is stored: read as `/`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Written<'a> {
+    /// `scheme://`, the user info and its `@` (none after the `url` rule).
+    before_host: &'a str,
+    /// The host (an IPv6 one in brackets) and its port, `:` included.
+    host_port: &'a str,
+    /// The host alone, as [`Url::host_str`] gives it.
+    host: &'a str,
+    /// The path, from its `/`.
+    path: &'a str,
+    /// The query, without its `?` (`Some("")` for a lone `?`).
+    query: Option<&'a str>,
+    /// The fragment, from its `#` (none after the `url` rule).
+    fragment: &'a str,
 }
 
-/// [`page_url`] of a URL parsed already (one parse per URL: issue 53).
-fn minimise_page(mut u: Url, keep: &[String]) -> Url {
-    mask_path(&mut u);
-    let query: Option<String> = u.query().map(|q| {
-        let mut out = url::form_urlencoded::Serializer::new(String::new());
-        for (name, value) in url::form_urlencoded::parse(q.as_bytes()) {
-            if kept(&name, keep) {
-                // Parsing the query decoded it once (reading `+` as a space). A name kept by
-                // a prefix (`utm_*`) is masked as a value is: the rest of it is the client's.
-                let name =
-                    mask_decoded(&name, DECODINGS - 1, VALUE_RULES, true).map_or(name, Cow::Owned);
-                match mask_decoded(&value, DECODINGS - 1, VALUE_RULES, true) {
-                    Some(masked) => out.append_pair(&name, &masked),
-                    None => out.append_pair(&name, &value),
-                };
-            }
+impl<'a> Written<'a> {
+    /// `url`'s parts, `None` when it is not written as above.
+    fn read(url: &'a str) -> Option<Written<'a>> {
+        let scheme_end = url.find("://")? + 3;
+        let rest = &url[scheme_end..];
+        let path_at = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+        let authority = &rest[..path_at];
+        let host_at = authority.rfind('@').map_or(0, |at| at + 1);
+        let host_port = &authority[host_at..];
+        let host = match host_port.strip_prefix('[') {
+            Some(v6) => &host_port[..v6.find(']')? + 2],
+            None => host_port.split(':').next()?,
+        };
+        let tail = &rest[path_at..];
+        let (tail, fragment) = tail.split_at(tail.find('#').unwrap_or(tail.len()));
+        let (path, query) = match tail.split_once('?') {
+            Some((path, query)) => (path, Some(query)),
+            None => (tail, None),
+        };
+        // An origin as stored for a referrer from another site has no path: the `url` crate
+        // writes its path as `/`.
+        let path = if path.is_empty() { "/" } else { path };
+        (!host.is_empty()).then_some(Written {
+            before_host: &url[..scheme_end + host_at],
+            host_port,
+            host,
+            path,
+            query,
+            fragment,
+        })
+    }
+
+    /// Its origin, `scheme://host[:port]`, as [`url::Origin::ascii_serialization`] writes it.
+    fn origin(&self) -> String {
+        let scheme = self.before_host.split("://").next().unwrap_or("");
+        format!("{scheme}://{}", self.host_port)
+    }
+
+    /// It as a page URL is stored: the path masked, of the query only the parameters `keep`
+    /// keeps, masked (a query left empty dropped with its `?`).
+    fn minimised(&self, keep: &[String]) -> String {
+        let path = mask_path(self.path);
+        let query = self.query.map(|q| kept_query(q, keep)).unwrap_or_default();
+        let mut out = String::with_capacity(
+            self.before_host.len() + self.host_port.len() + path.len() + query.len() + 1,
+        );
+        out.push_str(self.before_host);
+        out.push_str(self.host_port);
+        out.push_str(&path);
+        if !query.is_empty() {
+            out.push('?');
+            out.push_str(&query);
         }
-        out.finish()
-    });
-    u.set_query(query.as_deref().filter(|q| !q.is_empty()));
-    u
+        out.push_str(self.fragment);
+        out
+    }
 }
 
-/// A resource URL as stored: scheme, host, port and the masked path.
+/// Of the query `q` (without its `?`), the parameters `keep` keeps, in their order, names and
+/// values masked, form-encoded.
+fn kept_query(q: &str, keep: &[String]) -> String {
+    let mut out = url::form_urlencoded::Serializer::new(String::new());
+    for (name, value) in url::form_urlencoded::parse(q.as_bytes()) {
+        if kept(&name, keep) {
+            // Parsing the query decoded it once (reading `+` as a space). A name kept by a
+            // prefix (`utm_*`) is masked as a value is: the rest of it is the client's.
+            let name =
+                mask_decoded(&name, DECODINGS - 1, VALUE_RULES, true).map_or(name, Cow::Owned);
+            match mask_decoded(&value, DECODINGS - 1, VALUE_RULES, true) {
+                Some(masked) => out.append_pair(&name, &masked),
+                None => out.append_pair(&name, &value),
+            };
+        }
+    }
+    out.finish()
+}
+
+/// A page URL as stored: scheme, host, port, the masked path, and the kept query parameters
+/// with masked names and values (see the module doc). `url` is parsed and written by the
+/// `url` crate first; `None` if it does not parse or is no URL with a host.
+pub fn page_url(url: &str, keep: &[String]) -> Option<String> {
+    let url = Url::parse(url).ok()?;
+    Some(Written::read(url.as_str())?.minimised(keep))
+}
+
+/// A resource URL as stored: scheme, host, port and the masked path. `url` is normalised
+/// (the `url` rule's output); `None` if it is not written so.
 pub fn resource_url(url: &str) -> Option<String> {
-    let mut u = Url::parse(url).ok()?;
-    mask_path(&mut u);
-    u.set_query(None);
-    Some(u.into())
+    let w = Written::read(url)?;
+    Some(format!(
+        "{}{}{}",
+        w.before_host,
+        w.host_port,
+        mask_path(w.path)
+    ))
 }
 
 /// A referrer as stored: its origin alone when its host is not `page_host` nor one for which
-/// `same_site` holds, else minimised as a page URL.
+/// `same_site` holds, else minimised as a page URL. `url` is normalised (the `url` rule's
+/// output); `None` if it is not written so.
 pub fn referrer(
     url: &str,
     page_host: Option<&str>,
     same_site: impl Fn(&str) -> bool,
     keep: &[String],
 ) -> Option<String> {
-    let u = Url::parse(url).ok()?;
-    let host = u.host_str()?;
-    if Some(host) == page_host || same_site(host) {
-        Some(minimise_page(u, keep).into())
+    let w = Written::read(url)?;
+    if Some(w.host) == page_host || same_site(w.host) {
+        Some(w.minimised(keep))
     } else {
-        Some(u.origin().ascii_serialization())
+        Some(w.origin())
     }
 }
 
 /// Minimises a measurement's `url` and `referrer` as its site keeps them: `keep`, the query
 /// parameters it keeps; `origins`, its allowed origins (`scheme://host[:port]`), whose hosts
-/// count as the same site for a referrer.
+/// count as the same site for a referrer. Both are normalised (the `url` rule's output), read
+/// by position ([`Written`]), not parsed again.
 pub fn urls(
     url: &mut Cow<'_, str>,
     referrer: &mut Option<Cow<'_, str>>,
     keep: &[String],
     origins: &[String],
 ) {
-    // The page's host from its one parse (minimising keeps the host as it was).
-    let mut page_host: Option<String> = None;
-    if let Some(minimised) = Url::parse(url).ok().map(|u| minimise_page(u, keep)) {
-        page_host = minimised.host_str().map(str::to_owned);
-        *url = Cow::Owned(minimised.into());
-    }
+    let page = Written::read(url);
+    let page_host = page.map(|p| p.host);
     let same_site = |host: &str| origins.iter().any(|o| origin_host(o) == host);
     if let Some(r) = referrer.as_deref() {
-        let minimised = self::referrer(r, page_host.as_deref(), same_site, keep);
+        let minimised = self::referrer(r, page_host, same_site, keep);
         *referrer = minimised.map(Cow::Owned);
+    }
+    if let Some(minimised) = page.map(|p| p.minimised(keep)) {
+        *url = Cow::Owned(minimised);
     }
 }
 
@@ -637,12 +717,12 @@ fn origin_host(origin: &str) -> &str {
     }
 }
 
-/// Masks each path segment of `u` on its percent-decoded text ([`mask_decoded`]); a segment
-/// left as it was keeps its original encoding.
-fn mask_path(u: &mut Url) {
-    let path = u.path();
+/// `path` (from its `/`, as the `url` crate writes it) with each segment masked on its
+/// percent-decoded text ([`mask_decoded`]); a segment left as it was keeps its original
+/// encoding, a masked one is written with [`SEGMENT`].
+fn mask_path(path: &str) -> Cow<'_, str> {
     if !path.contains('%') && !may_hide(path, PATH_RULES) {
-        return;
+        return Cow::Borrowed(path);
     }
     let mut changed = false;
     let masked: Vec<Cow<'_, str>> = path
@@ -658,8 +738,9 @@ fn mask_path(u: &mut Url) {
         )
         .collect();
     if changed {
-        let path = masked.join("/");
-        u.set_path(&path);
+        Cow::Owned(masked.join("/"))
+    } else {
+        Cow::Borrowed(path)
     }
 }
 

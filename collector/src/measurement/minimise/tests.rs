@@ -556,3 +556,53 @@ fn a_tag_with_several_pluses_is_masked_whole_in_a_value() {
         "https://a.example/?q=shoes%2C+*"
     );
 }
+
+/// Minimising reads a URL by position ([`Written`], issue 53) as the `url` crate parses it:
+/// the same host and origin, and what it writes is a URL the `url` crate writes back
+/// unchanged (a masked segment stays one segment, a query left empty loses its `?`).
+#[test]
+fn urls_are_read_by_position_as_the_url_crate_parses_them() {
+    let utm = keep(&["utm_*"]);
+    for sent in [
+        "https://shop.example/collections/summer/products/linen-shirt-42?utm_source=x&fbclid=abc",
+        "https://Shop.Example:8443/a/b?utm_medium=email&x=1#top",
+        "http://user:pw@shop.example/reset/0123456789?token=abc",
+        "https://[2001:db8::1]:8080/orders/4111111111111111?",
+        "https://[::1]/",
+        "https://shop.example",
+        "https://shop.example?utm_campaign=jane@example.com",
+        "https://shop.example/%5Cjane%40example.com/x%2Fy",
+        "https://shop.example/a%25252540b/c%20d?utm_x=%2B49%20170%201234567",
+        "https://xn--mller-kva.example/p/ä?utm_source=ü",
+        "https://shop.example/./a/../b/%2e%2e/c",
+    ] {
+        let parsed = Url::parse(sent).unwrap();
+        let written = Written::read(parsed.as_str()).unwrap();
+        assert_eq!(Some(written.host), parsed.host_str(), "{sent}");
+        assert_eq!(
+            written.origin(),
+            parsed.origin().ascii_serialization(),
+            "{sent}"
+        );
+        let minimised = page_url(sent, &utm).unwrap();
+        assert_eq!(
+            Url::parse(&minimised).unwrap().as_str(),
+            minimised,
+            "{sent}"
+        );
+        let resource = resource_url(parsed.as_str()).unwrap();
+        assert_eq!(Url::parse(&resource).unwrap().as_str(), resource, "{sent}");
+    }
+    assert_eq!(
+        page_url("https://shop.example/%5Cjane%40example.com/x", &utm).unwrap(),
+        // The `\` the mask left is written encoded: a special URL's path reads a bare one as
+        // `/`, which would split the segment.
+        "https://shop.example/%5C*/x"
+    );
+    assert_eq!(
+        page_url("https://[2001:db8::1]:8080/o/4111111111111111?", &utm).unwrap(),
+        "https://[2001:db8::1]:8080/o/*"
+    );
+    assert_eq!(Written::read("shop.example/a"), None);
+    assert_eq!(Written::read("https:///a"), None);
+}
