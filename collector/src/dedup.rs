@@ -20,6 +20,7 @@
 //! dropped whole. So an id is remembered for at least `window` unless the capacity is reached
 //! first, at most twice that, and never more than `capacity` ids are held.
 
+use std::collections::hash_map::Entry;
 use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
 use std::hash::BuildHasher;
@@ -41,6 +42,26 @@ const FAILED: u8 = 2;
 struct Slot {
     state: AtomicU8,
     done: Notify,
+}
+
+impl Slot {
+    /// A slot claimed now, not yet committed.
+    fn pending() -> Arc<Slot> {
+        Arc::new(Slot {
+            state: AtomicU8::new(PENDING),
+            done: Notify::new(),
+        })
+    }
+}
+
+/// What a held slot answers a second claim of its id: a duplicate once committed, a wait
+/// while pending; `None` when it was released (a failed claim), so the id is claimed anew.
+fn verdict(held: &Arc<Slot>) -> Option<Claim> {
+    match held.state.load(Ordering::Acquire) {
+        COMMITTED => Some(Claim::Duplicate),
+        PENDING => Some(Claim::InFlight(InFlight(held.clone()))),
+        _ => None,
+    }
 }
 
 type Map = HashMap<Uuid, Arc<Slot>, RandomState>;
@@ -119,40 +140,50 @@ impl Dedup {
     /// Claims `id`, atomically with respect to every other caller.
     pub fn claim(&self, id: Uuid) -> Claim {
         let window = &self.inner;
-        let mut shard = window.shard(&id).lock().unwrap_or_else(|e| e.into_inner());
+        let mut guard = window.shard(&id).lock().unwrap_or_else(|e| e.into_inner());
+        let shard = &mut *guard;
         if shard.current.len() >= window.per_generation || shard.since.elapsed() >= window.window {
             let current =
                 std::mem::replace(&mut shard.current, Map::with_hasher(window.hasher.clone()));
             shard.previous = current;
             shard.since = Instant::now();
         }
-        let found = shard
-            .current
-            .get(&id)
-            .or_else(|| shard.previous.get(&id))
-            .cloned();
-        match found
-            .as_ref()
-            .map(|slot| slot.state.load(Ordering::Acquire))
-        {
-            Some(COMMITTED) => Claim::Duplicate,
-            Some(PENDING) => Claim::InFlight(InFlight(found.expect("matched"))),
-            // Absent, or released by a failed claim that is being cleaned up.
-            _ => {
-                let slot = Arc::new(Slot {
-                    state: AtomicU8::new(PENDING),
-                    done: Notify::new(),
-                });
-                shard.previous.remove(&id);
-                shard.current.insert(id, slot.clone());
-                Claim::New(ClaimGuard {
-                    id,
-                    slot,
-                    window: self.inner.clone(),
-                    committed: false,
-                })
+        // One probe of each generation for a new id (issue 53: the maps are large, and each
+        // probe is a likely cache miss): the current one's entry is kept for the insert.
+        let vacant = match shard.current.entry(id) {
+            Entry::Occupied(mut held) => {
+                return match verdict(held.get()) {
+                    Some(claim) => claim,
+                    None => {
+                        // Released by a failed claim that is being cleaned up.
+                        shard.previous.remove(&id);
+                        let slot = Slot::pending();
+                        held.insert(slot.clone());
+                        self.new_claim(id, slot)
+                    }
+                };
             }
+            Entry::Vacant(vacant) => vacant,
+        };
+        if let Some(held) = shard.previous.get(&id) {
+            if let Some(claim) = verdict(held) {
+                return claim;
+            }
+            shard.previous.remove(&id);
         }
+        let slot = Slot::pending();
+        vacant.insert(slot.clone());
+        self.new_claim(id, slot)
+    }
+
+    /// A new claim of `id` on its fresh `slot`.
+    fn new_claim(&self, id: Uuid, slot: Arc<Slot>) -> Claim {
+        Claim::New(ClaimGuard {
+            id,
+            slot,
+            window: self.inner.clone(),
+            committed: false,
+        })
     }
 
     /// Number of ids currently remembered.
