@@ -110,8 +110,8 @@ async fn counted_router(spool_dir: &std::path::Path) -> axum::Router {
 }
 
 /// The beacon the instruction-count gate counts (issue 53, `scripts/cost-gate.sh`, its budget
-/// in `bench/intake-cost.txt`): `COST_BEACONS` (default 2,000) requests of one v4 beacon each,
-/// one after another, through the collector's whole intake in process, production's own
+/// in `bench/intake-cost.txt`): `COST_BEACONS` (default 2,000) v4 beacons, one per request
+/// (or `COST_BATCH` per request, a JSON array, for a count by hand of batches), one after another, through the collector's whole intake in process, production's own
 /// functions all the way: the router (the request counted and timed), `intake::post`
 /// (headers, body, the request's task), and every station of `accept`: the in-flight bound,
 /// decode, judge (the user agent from its cache, the country from the fixture database),
@@ -139,19 +139,36 @@ fn intake_cost_counted() {
         tempfile::tempdir()
     }
     .unwrap();
+    let batch: u32 = std::env::var("COST_BATCH")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
     let bytes = runtime.block_on(async {
         let router = counted_router(spool.path()).await;
-        let mut body = counted_body();
-        let id_at = body.find("123456789abc").unwrap();
+        let one = counted_body();
+        let id_at = one.find("123456789abc").unwrap();
         let mut bytes = 0;
-        for i in 0..n {
+        for i in 0..n.div_ceil(batch) {
             // The id's last 12 hex digits: the beacon's number.
-            body.replace_range(id_at..id_at + 12, &format!("{i:012x}"));
-            bytes += post_one(&router, &body).await;
+            let numbered = |j: u32| {
+                let mut body = one.clone();
+                let k = i * batch + j;
+                body.replace_range(id_at..id_at + 12, &format!("{k:012x}"));
+                body
+            };
+            let body = if batch == 1 {
+                numbered(0)
+            } else {
+                format!(
+                    "[{}]",
+                    (0..batch).map(numbered).collect::<Vec<_>>().join(",")
+                )
+            };
+            bytes += post_one(&router, &body, batch).await;
         }
         bytes
     });
@@ -172,8 +189,8 @@ fn counted_body() -> String {
 
 /// Posts `body` as a browser's `sendBeacon` does, through `router` as the connection's
 /// service calls it (its peer in `ConnectInfo`); the answer's length. Panics unless it is a
-/// 202 that stored the one measurement.
-async fn post_one(router: &axum::Router, body: &str) -> usize {
+/// 202 that stored all `count` measurements.
+async fn post_one(router: &axum::Router, body: &str, count: u32) -> usize {
     use axum::http::{header, Request};
     use tower::Service;
     let mut req = Request::post("/api/v1/measurements")
@@ -196,8 +213,9 @@ async fn post_one(router: &axum::Router, body: &str) -> usize {
     let answer = axum::body::to_bytes(response.into_body(), 4096)
         .await
         .unwrap();
+    let stored = format!(r#"{{"accepted":{count},"duplicates":0,"rejected":[]"#);
     assert!(
-        status == 202 && answer.starts_with(br#"{"accepted":1,"duplicates":0,"rejected":[]"#),
+        status == 202 && answer.starts_with(stored.as_bytes()),
         "{status} {}",
         String::from_utf8_lossy(&answer)
     );
