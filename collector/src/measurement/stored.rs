@@ -22,6 +22,7 @@ use std::sync::Mutex;
 
 use super::column::Label;
 use super::minimise::{mask_agent, mask_text, resource_url};
+use super::rules::normalise_url;
 use super::timing::CACHE_ENTRIES;
 use super::{encode, layouts, Measurement};
 use crate::spool::{AtRest, KeptAside, Record};
@@ -207,6 +208,7 @@ impl AtRest for SiteRules {
 /// their decoded text, a Server-Timing description kept for a cache entry only,
 /// and the user agent with its addresses and tokens masked. Idempotent.
 pub fn minimise_row(row: &mut Measurement<'_>, keep: &[String], origins: &[String]) {
+    normalise_stored_urls(row);
     super::minimise::urls(&mut row.url, &mut row.referrer, keep, origins);
     for url in [&mut row.lcp_url, &mut row.inp_script_url]
         .into_iter()
@@ -257,6 +259,33 @@ pub fn minimise_row(row: &mut Measurement<'_>, keep: &[String], origins: &[Strin
     set(&mut row.user_agent, Cow::Owned(agent));
 }
 
+/// A stored row's URLs as the `url` rule writes them ([`normalise_url`]) before they are
+/// minimised, which reads a URL by position and so takes only what that rule writes: the
+/// first release stored `referrer` and the resource URLs as sent, and a `\` or a space in such
+/// a text would otherwise be read as part of its host and kept whole (found by an adversarial
+/// review, issue 53). A referrer or resource URL the rule does not take (not http(s), no host)
+/// is dropped, as intake drops it; a page `url` the rule does not take is written as the `url`
+/// crate parses it, or left as it is when it does not parse (it is required: never dropped).
+/// A URL already normalised is left unchanged, so minimising stays idempotent.
+fn normalise_stored_urls(row: &mut Measurement<'_>) {
+    match normalise_url(&row.url) {
+        Some(url) => set(&mut row.url, Cow::Owned(url)),
+        None => {
+            if let Ok(url) = url::Url::parse(&row.url) {
+                set(&mut row.url, Cow::Owned(url.into()));
+            }
+        }
+    }
+    for slot in [&mut row.referrer, &mut row.lcp_url, &mut row.inp_script_url] {
+        if let Some(url) = slot.as_deref() {
+            match normalise_url(url) {
+                Some(normalised) => set(slot.as_mut().expect("held"), Cow::Owned(normalised)),
+                None => *slot = None,
+            }
+        }
+    }
+}
+
 /// Replaces `slot` with `value` when they differ (a borrowed slot stays borrowed otherwise).
 fn set<'a>(slot: &mut Cow<'a, str>, value: Cow<'a, str>) {
     if *slot != value {
@@ -302,6 +331,49 @@ mod tests {
         m.server_timing_name = vec!["cdn-cache".into(), "db".into()];
         m.server_timing_desc = vec!["HIT".into(), format!("session={SECRET}").into()];
         m
+    }
+
+    /// The first release stored a referrer and a resource URL as sent. Minimising reads a URL
+    /// by position, so a stored one is normalised first: a `\` is a `/` and a space breaks the
+    /// host, as the `url` crate reads them (found by an adversarial review, issue 53).
+    #[test]
+    fn a_first_release_referrer_is_normalised_before_it_is_minimised() {
+        let card = "4111111111111111";
+        for (referrer, stored) in [
+            (
+                format!(r"https://mail.example\inbox\{card}"),
+                Some("https://mail.example"),
+            ),
+            (
+                format!(r"https://shop.example\account\{card}"),
+                Some("https://shop.example/account/*"),
+            ),
+            (format!("https://mail.example {card}"), None),
+            ("android-app://com.google.android.gm/".to_owned(), None),
+            (
+                format!("https://jane:pw@shop.example/cb#access_token={SECRET}"),
+                Some("https://shop.example/cb"),
+            ),
+            (
+                "HTTPS://Shop.Example:443/a?utm_x=1".to_owned(),
+                Some("https://shop.example/a?utm_x=1"),
+            ),
+        ] {
+            let mut m = leaky(7);
+            m.referrer = Some(referrer.clone().into());
+            m.lcp_url = Some(format!(r"https://cdn.example\img\{card}.jpg").into());
+            rules().minimise(&mut m);
+            assert_eq!(m.referrer.as_deref(), stored, "{referrer}");
+            assert_eq!(m.lcp_url.as_deref(), Some("https://cdn.example/img/*.jpg"));
+            // And through an earlier layout's frame, as the spool reads one.
+            let mut m = leaky(8);
+            m.referrer = Some(referrer.clone().into());
+            let payload = serde_json::to_vec(&vec![m]).unwrap();
+            let record = rules().frame(1, &payload).expect("layout 1 reads");
+            let rows = decode_all(&record.payload).unwrap();
+            assert_eq!(rows[0].referrer.as_deref(), stored, "{referrer}");
+            assert!(!String::from_utf8_lossy(&record.payload).contains(card));
+        }
     }
 
     #[test]

@@ -575,6 +575,8 @@ fn urls_are_read_by_position_as_the_url_crate_parses_them() {
         "https://shop.example/a%25252540b/c%20d?utm_x=%2B49%20170%201234567",
         "https://xn--mller-kva.example/p/ä?utm_source=ü",
         "https://shop.example/./a/../b/%2e%2e/c",
+        // `^` is not in the path set of url 2.5.8 (2.5.9 encodes it): a bump shows here.
+        "https://shop.example/%5E%20jane%40example.com/%5E",
     ] {
         let parsed = Url::parse(sent).unwrap();
         let written = Written::read(parsed.as_str()).unwrap();
