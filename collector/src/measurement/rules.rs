@@ -135,12 +135,17 @@ pub fn string(raw: &RawValue) -> Field<Cow<'_, str>> {
 }
 
 /// Decodes a JSON number as f64; a number beyond f64's range is invalid.
+///
+/// Read by `str::parse`, not by a second serde_json deserializer (issue 53): a [`RawValue`]
+/// that starts with `-` or a digit is a JSON number serde_json checked while skipping it, and
+/// JSON's number grammar is a part of the one `f64::from_str` reads; both round correctly
+/// (serde_json's `float_roundtrip`), and both give an infinity beyond f64, invalid here.
 pub fn number(raw: &RawValue) -> Field<f64> {
     let text = raw.get();
     if !text.starts_with(|c: char| c == '-' || c.is_ascii_digit()) {
         return Field::Invalid;
     }
-    match serde_json::from_str::<f64>(text) {
+    match text.parse::<f64>() {
         Ok(x) if x.is_finite() => Field::Valid(x),
         _ => Field::Invalid,
     }
@@ -149,9 +154,13 @@ pub fn number(raw: &RawValue) -> Field<f64> {
 /// Decodes a JSON number with no fractional part, in any spelling (`1280`, `1280.0`,
 /// `1.28e3`): JavaScript has one number type, and `Number.isInteger(1280.0)` holds.
 pub fn integer(raw: &RawValue) -> Field<i64> {
-    // Exact first, so that integers beyond 2^53 written as such are not rounded.
-    if let Ok(n) = serde_json::from_str::<i64>(raw.get()) {
-        return Field::Valid(n);
+    // Exact first, so that integers beyond 2^53 written as such are not rounded. A JSON
+    // integer is a part of what `i64::from_str` reads (see [`number`]).
+    let text = raw.get();
+    if text.starts_with(|c: char| c == '-' || c.is_ascii_digit()) {
+        if let Ok(n) = text.parse::<i64>() {
+            return Field::Valid(n);
+        }
     }
     match number(raw) {
         // i64::MAX as f64 is 2^63, itself out of range: the bound is exclusive.

@@ -3,7 +3,9 @@
 //! `server_timing_desc`), and the CDN cache status read from them (`cdn_cache`).
 
 use std::borrow::Cow;
+use std::fmt;
 
+use serde::de::{self, SeqAccess, Visitor};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
@@ -40,27 +42,49 @@ struct RawTiming<'a> {
 /// The `server_timing` rule: an array of objects `{"name", "dur", "desc"}`, of which the first
 /// [`MAX_ENTRIES`] are judged and kept; any of them broken (not an object, `name` missing,
 /// empty or too long, `dur` out of 0 to 3,600,000, `desc` too long or not a string) makes the
-/// field invalid, dropped whole.
+/// field invalid, dropped whole. The array is read in one pass ([`Entries`]).
 pub fn server_timing(value: Option<&RawValue>) -> Field<Vec<Timing<'_>>> {
     let Some(raw) = value else {
         return Field::Absent;
     };
-    let Ok(items) = serde_json::from_str::<Vec<&RawValue>>(raw.get()) else {
-        return Field::Invalid;
-    };
-    let mut out = Vec::with_capacity(items.len().min(MAX_ENTRIES));
-    for item in items.into_iter().take(MAX_ENTRIES) {
-        match entry(item) {
-            Some(t) => out.push(t),
-            None => return Field::Invalid,
-        }
+    match serde_json::from_str::<Entries>(raw.get()) {
+        Ok(Entries(entries)) => Field::Valid(entries),
+        Err(_) => Field::Invalid,
     }
-    Field::Valid(out)
+}
+
+/// The judged entries of a `server_timing` array, read as they come: each of the first
+/// [`MAX_ENTRIES`] as a [`RawTiming`], then judged ([`entry`]); the rest skipped as
+/// [`RawValue`]s, unjudged. A broken entry fails the reading (issue 53: the array was read
+/// twice, once into a list of items, then each item again).
+struct Entries<'a>(Vec<Timing<'a>>);
+
+impl<'de> Deserialize<'de> for Entries<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct EntriesVisitor;
+        impl<'de> Visitor<'de> for EntriesVisitor {
+            type Value = Entries<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an array of Server-Timing entries")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(MAX_ENTRIES));
+                while out.len() < MAX_ENTRIES {
+                    let Some(raw) = seq.next_element::<RawTiming<'de>>()? else {
+                        return Ok(Entries(out));
+                    };
+                    out.push(entry(raw).ok_or_else(|| de::Error::custom("a broken entry"))?);
+                }
+                while seq.next_element::<&'de RawValue>()?.is_some() {}
+                Ok(Entries(out))
+            }
+        }
+        d.deserialize_seq(EntriesVisitor)
+    }
 }
 
 /// One entry, or `None` when it breaks the rule.
-fn entry(item: &RawValue) -> Option<Timing<'_>> {
-    let raw: RawTiming<'_> = serde_json::from_str(item.get()).ok()?;
+fn entry(raw: RawTiming<'_>) -> Option<Timing<'_>> {
     let name = rules::text(raw.name)
         .check(|n| (1..=MAX_TEXT_BYTES).contains(&n.len()))
         .stored()?;

@@ -47,6 +47,7 @@ use tokio::sync::{watch, Semaphore};
 // The runtime's clock, so that tests can pause and advance it.
 use tokio::time::Instant;
 
+use crate::measurement::minimise::split_scheme;
 use crate::measurement::page_groups::PageGroups;
 use crate::metrics::Metrics;
 pub use store::{SettingsStore, StoreError};
@@ -209,13 +210,12 @@ impl Site {
         if self.allowed_origins.is_empty() {
             return true;
         }
-        let host = url
-            .split_once("://")
-            .map_or("", |(_, rest)| rest.split(['/', '?']).next().unwrap_or(""));
+        let host =
+            split_scheme(url).map_or("", |(_, rest)| rest.split(['/', '?']).next().unwrap_or(""));
         let host = host.rsplit_once('@').map_or(host, |(_, h)| h);
         let host = strip_port(host);
         self.allowed_origins.iter().any(|o| {
-            let origin_host = o.split_once("://").map_or(o.as_str(), |(_, h)| h);
+            let origin_host = split_scheme(o).map_or(o.as_str(), |(_, h)| h);
             strip_port(origin_host).eq_ignore_ascii_case(host)
         })
     }

@@ -561,6 +561,27 @@ fn a_tag_with_several_pluses_is_masked_whole_in_a_value() {
 /// the same host and origin, and what it writes is a URL the `url` crate writes back
 /// unchanged (a masked segment stays one segment, a query left empty loses its `?`).
 #[test]
+fn the_scheme_is_split_off_as_split_once_splits_it() {
+    for s in [
+        "https://shop.example/a",
+        "a:b://c",
+        "://",
+        ":://x",
+        "x:",
+        "",
+        "a:/b://c:d://e",
+        "https:/x",
+        "mailto:a@b",
+        "http://[::1]:8080/",
+        "é://ü",
+        "x:/",
+        "x:/:/",
+    ] {
+        assert_eq!(split_scheme(s), s.split_once("://"), "{s:?}");
+    }
+}
+
+#[test]
 fn urls_are_read_by_position_as_the_url_crate_parses_them() {
     let utm = keep(&["utm_*"]);
     for sent in [

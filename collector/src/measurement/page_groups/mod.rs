@@ -250,7 +250,7 @@ impl PageGroups {
 
 /// The path of a URL `scheme://host[:port]/path[?query]` (`/` when it has none).
 fn path_of(url: &str) -> &str {
-    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let rest = super::minimise::split_scheme(url).map_or(url, |(_, r)| r);
     let path = rest.find('/').map_or("/", |i| &rest[i..]);
     path.split(['?', '#']).next().unwrap_or("/")
 }
