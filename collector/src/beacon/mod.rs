@@ -75,7 +75,11 @@ pub fn user_agent(header: Option<&[u8]>) -> String {
     };
     // Masked before it is cut, so that no part of an address or a token is left at the cut.
     // The server bounds a request's headers (16 KiB), and masking is linear.
-    let text = String::from_utf8_lossy(bytes);
+    // Valid UTF-8 (nearly every header) is checked a word at a time, as in `decode::text`.
+    let text = match std::str::from_utf8(bytes) {
+        Ok(text) => std::borrow::Cow::Borrowed(text),
+        Err(_) => String::from_utf8_lossy(bytes),
+    };
     let masked = crate::measurement::minimise::mask_agent(&text);
     truncate(&masked, MAX_USER_AGENT_BYTES).to_owned()
 }

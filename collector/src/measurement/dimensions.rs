@@ -162,7 +162,11 @@ pub fn settle<'a>(
     site: &str,
     day: u32,
 ) -> Settled<'a> {
-    let mut out = Settled::default();
+    let mut out = Settled {
+        names: Vec::with_capacity(sent.len()),
+        values: Vec::with_capacity(sent.len()),
+        dropped: Vec::new(),
+    };
     for (name, value) in sent {
         if !declared.iter().any(|d| *d == name) || value.len() > MAX_VALUE_BYTES {
             if out.dropped.len() < MAX_LISTED_DROPPED {

@@ -393,62 +393,87 @@ pub fn is_written_normalised(s: &str) -> bool {
     else {
         return false;
     };
-    let host_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (host, tail) = rest.split_at(host_end);
-    is_plain_domain(host) && tail.starts_with('/') && is_plain_path_and_query(tail)
+    let rest = rest.as_bytes();
+    let host_end = plain_domain_end(rest);
+    host_end > 0 && rest.get(host_end) == Some(&b'/') && is_plain_path_and_query(&rest[host_end..])
 }
 
-/// Whether `host` is a domain the URL Standard keeps as written ([`is_written_normalised`]).
-fn is_plain_domain(host: &str) -> bool {
-    let mut labels = host.split('.');
-    let last = labels.next_back().unwrap_or("");
-    let plain = |label: &str| {
-        !label.is_empty()
-            && !label.starts_with("xn--")
-            && label
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-    };
-    labels.all(plain)
-        && plain(last)
-        && last.bytes().any(|b| b.is_ascii_lowercase())
-        && !last.starts_with("0x")
+/// The length of the domain at the start of `rest` if it is one the URL Standard keeps as
+/// written ([`is_written_normalised`]), up to the first `/`, `?` or `#`; else 0.
+fn plain_domain_end(rest: &[u8]) -> usize {
+    let (mut label_start, mut letter) = (0, false);
+    let mut end = rest.len();
+    for (i, &b) in rest.iter().enumerate() {
+        match b {
+            b'a'..=b'z' => letter = true,
+            b'0'..=b'9' | b'-' => {}
+            b'.' | b'/' | b'?' | b'#' => {
+                let label = &rest[label_start..i];
+                if label.is_empty() || label.starts_with(b"xn--") {
+                    return 0;
+                }
+                if b != b'.' {
+                    end = i;
+                    break;
+                }
+                (label_start, letter) = (i + 1, false);
+            }
+            _ => return 0,
+        }
+    }
+    let last = &rest[label_start..end];
+    if last.is_empty() || last.starts_with(b"xn--") || !letter || last.starts_with(b"0x") {
+        return 0;
+    }
+    end
 }
+
+/// What a path (`1`) and a query (`2`) keep as written of each byte, by the percent-encode
+/// sets of the URL Standard: letters, digits and `-._~!$&()*+,;=:@/%` in both; `'` in the
+/// path only (the special query set holds it); `?` in the query only (it ends the path).
+static KEPT: [u8; 256] = {
+    let mut kept = [0u8; 256];
+    let mut b = 0;
+    while b < 128 {
+        if (b as u8).is_ascii_alphanumeric() {
+            kept[b] = 3;
+        }
+        b += 1;
+    }
+    let both = b"-._~!$&()*+,;=:@/%";
+    let mut i = 0;
+    while i < both.len() {
+        kept[both[i] as usize] = 3;
+        i += 1;
+    }
+    kept[b'\'' as usize] = 1;
+    kept[b'?' as usize] = 2;
+    kept
+};
 
 /// Whether `tail` (from the path's `/`) is a path and query the URL Standard keeps as written
-/// ([`is_written_normalised`]).
-fn is_plain_path_and_query(tail: &str) -> bool {
-    let (path, query) = tail.split_at(tail.find('?').unwrap_or(tail.len()));
-    let kept = |b: u8, in_query: bool| {
-        b.is_ascii_alphanumeric()
-            || matches!(
-                b,
-                b'-' | b'.'
-                    | b'_'
-                    | b'~'
-                    | b'!'
-                    | b'$'
-                    | b'&'
-                    | b'('
-                    | b')'
-                    | b'*'
-                    | b'+'
-                    | b','
-                    | b';'
-                    | b'='
-                    | b':'
-                    | b'@'
-                    | b'/'
-                    | b'%'
-            )
-            || (b == b'\'' && !in_query)
-            || (b == b'?' && in_query)
-    };
-    let encoded_dot = |w: &[u8]| w[0] == b'%' && w[1] == b'2' && (w[2] | 0x20) == b'e';
-    path.bytes().all(|b| kept(b, false))
-        && query.bytes().all(|b| kept(b, true))
-        && !path.contains("/.")
-        && !path.as_bytes().windows(3).any(encoded_dot)
+/// ([`is_written_normalised`]): only bytes of [`KEPT`], no `.` after a `/` and no `%2e` in the
+/// path (no dot segment to resolve).
+fn is_plain_path_and_query(tail: &[u8]) -> bool {
+    let mut set = 1;
+    for (i, &b) in tail.iter().enumerate() {
+        if b == b'?' && set == 1 {
+            set = 2;
+            continue;
+        }
+        if KEPT[usize::from(b)] & set == 0 {
+            return false;
+        }
+        if set == 1
+            && ((b == b'.' && i > 0 && tail[i - 1] == b'/')
+                || (b == b'%'
+                    && tail.get(i + 1) == Some(&b'2')
+                    && matches!(tail.get(i + 2), Some(b'e' | b'E'))))
+        {
+            return false;
+        }
+    }
+    true
 }
 
 /// `s` cut to at most `max` bytes at a character boundary.

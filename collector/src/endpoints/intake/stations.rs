@@ -169,7 +169,7 @@ pub(super) fn judge<'a>(
         agent: &sender.agent,
         country: &sender.country,
     };
-    let mut judged = Vec::new();
+    let mut judged = Vec::with_capacity(items.len());
     for (index, item) in items.into_iter().enumerate() {
         let verdict = match item {
             Ok(raw) => measurement::fields::judge(raw, &ctx),
