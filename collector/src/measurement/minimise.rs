@@ -576,7 +576,11 @@ impl<'a> Written<'a> {
     fn read(url: &'a str) -> Option<Written<'a>> {
         let (scheme, rest) = split_scheme(url)?;
         let scheme_end = scheme.len() + 3;
-        let path_at = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+        // A byte search: `find` with a set of chars compares each char with each of the set.
+        let path_at = rest
+            .bytes()
+            .position(|b| matches!(b, b'/' | b'?' | b'#'))
+            .unwrap_or(rest.len());
         let authority = &rest[..path_at];
         let host_at = authority.rfind('@').map_or(0, |at| at + 1);
         let host_port = &authority[host_at..];
@@ -585,7 +589,8 @@ impl<'a> Written<'a> {
             None => host_port.split(':').next()?,
         };
         let tail = &rest[path_at..];
-        let (tail, fragment) = tail.split_at(tail.find('#').unwrap_or(tail.len()));
+        let (tail, fragment) =
+            tail.split_at(memchr::memchr(b'#', tail.as_bytes()).unwrap_or(tail.len()));
         let (path, query) = match tail.split_once('?') {
             Some((path, query)) => (path, Some(query)),
             None => (tail, None),
