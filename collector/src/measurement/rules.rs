@@ -502,10 +502,10 @@ mod tests {
     );
     #[rustfmt::skip]
     const LABELS: (&[&str], usize) = (
-        &["shop", "example", "a", "com", "a-b", "localhost", "123", "1", "-", "0", "xn--",
-          "xn--p1ai", "0x", "0x1f", "ex_ample", "EXAMPLE", "ß", "münchen", "", "%41", "a@b",
-          "user:pw@h", "[::1]", "127"],
-        10,
+        &["shop", "example", "a", "com", "a-b", "localhost", "123", "1", "-", "0", "9a", "a-",
+          "ab--cd", "xn--", "xn--p1ai", "0x", "0x1f", "ex_ample", "EXAMPLE", "ß", "münchen", "",
+          "%41", "a@b", "user:pw@h", "[::1]", "127"],
+        13,
     );
     #[rustfmt::skip]
     const PORTS: (&[&str], usize) = (&["", ":", ":443", ":80", ":8080", ":x"], 1);
