@@ -277,8 +277,8 @@ const BATCH_ROOM: usize = 16;
 
 /// The items of a top-level array, each read as it comes ([`OnePassItem`]).
 fn items_in_one_pass<'de, A: SeqAccess<'de>>(mut seq: A) -> Result<Top<'de>, A::Error> {
-    // serde_json gives no length: room for a browser's usual batch up front spares the
-    // growth's copies of items this large (about 760 bytes each).
+    // serde_json gives no length: room made up front spares a batch of 10 the growth's
+    // copies of items this large (about 760 bytes each).
     let mut items = Vec::with_capacity(BATCH_ROOM);
     while let Some(OnePassItem(item)) = seq.next_element()? {
         if items.len() == MAX_BATCH {
@@ -325,7 +325,8 @@ fn top_of(items: Vec<Item<'_>>) -> Top<'_> {
 
 /// An array item read as it comes: an object into its fields ([`object_from_map`]), any
 /// other value consumed and rejected as [`NOT_AN_OBJECT`]. Fails on a number beyond f64, on
-/// a string with a lone surrogate and on a key with one, which [`parse`] then reads again item by item.
+/// a string with a lone surrogate and on a key with one, which [`parse`] then reads again
+/// item by item.
 struct OnePassItem<'a>(Item<'a>);
 
 /// What every array item but an object reads as.
