@@ -84,37 +84,18 @@ impl ShardSpools {
         self.shards.iter().map(|(_, s)| s)
     }
 
-    /// Appends each record to its shard's spool, all at once, and waits until every one is
-    /// durable (at most about `limit`). Errors: the first refusal, with the shards whose
-    /// record did become durable (their measurements are stored: the caller counts them as
-    /// such, so that the client's retry folds them as duplicates instead of storing them
-    /// again).
-    pub async fn append(
-        &self,
-        records: Vec<(usize, Record)>,
-        limit: Duration,
-    ) -> Result<(), (AppendError, Vec<usize>)> {
-        if let [(i, _)] = records[..] {
-            let (_, record) = records.into_iter().next().expect("one record");
-            return self
-                .spool(i)
-                .append(record, limit)
-                .await
-                .map_err(|e| (e, Vec::new()));
+    /// Adds each record to its shard's open group, all at once, without waiting: the first
+    /// half of an append ([`spool::Spool::join`]); [`Appends::wait`] is the second.
+    pub fn join(&self, records: Vec<(usize, Record)>, limit: Duration) -> Appends {
+        if let [(i, record)] = &records[..] {
+            return Appends::One(self.spool(*i).join(record, limit));
         }
-        let appends = records
-            .into_iter()
-            .map(|(i, record)| async move { (i, self.spool(i).append(record, limit).await) });
-        let outcomes = futures_util::future::join_all(appends).await;
-        let durable: Vec<usize> = outcomes
-            .iter()
-            .filter(|(_, r)| r.is_ok())
-            .map(|&(i, _)| i)
-            .collect();
-        match outcomes.into_iter().find_map(|(_, r)| r.err()) {
-            None => Ok(()),
-            Some(e) => Err((e, durable)),
-        }
+        Appends::Many(
+            records
+                .iter()
+                .map(|(i, record)| (*i, self.spool(*i).join(record, limit)))
+                .collect(),
+        )
     }
 
     /// Why the spools cannot write, if one cannot: they share the host's disk, so a disk that
@@ -128,6 +109,46 @@ impl ShardSpools {
     pub fn any_has_room(&self, headroom: impl Fn(&Spool) -> u64) -> bool {
         self.spools().any(|s| s.has_room(headroom(s)))
     }
+}
+
+/// One request's records in their shards' open groups ([`ShardSpools::join`]), each joined or
+/// refused at once.
+pub enum Appends {
+    /// The request's measurements all go to one shard (no list to allocate).
+    One(Result<spool::Joined, AppendError>),
+    /// One record per shard, with the shard's place.
+    Many(Vec<(usize, Result<spool::Joined, AppendError>)>),
+}
+
+impl Appends {
+    /// Waits until every record is durable (at most about the join's `limit`). Errors: the
+    /// first refusal, with the shards whose record did become durable (their measurements are
+    /// stored: the caller counts them as such, so that the client's retry folds them as
+    /// duplicates instead of storing them again).
+    pub async fn wait(self) -> Result<(), (AppendError, Vec<usize>)> {
+        let joined = match self {
+            Appends::One(joined) => return waited(joined).await.map_err(|e| (e, Vec::new())),
+            Appends::Many(joined) => joined,
+        };
+        let waits = joined
+            .into_iter()
+            .map(|(i, joined)| async move { (i, waited(joined).await) });
+        let outcomes = futures_util::future::join_all(waits).await;
+        let durable: Vec<usize> = outcomes
+            .iter()
+            .filter(|(_, r)| r.is_ok())
+            .map(|&(i, _)| i)
+            .collect();
+        match outcomes.into_iter().find_map(|(_, r)| r.err()) {
+            None => Ok(()),
+            Some(e) => Err((e, durable)),
+        }
+    }
+}
+
+/// A joined record's outcome, or the refusal of its join.
+async fn waited(joined: Result<spool::Joined, AppendError>) -> Result<(), AppendError> {
+    joined?.wait().await
 }
 
 /// Why the shards' spools did not open.

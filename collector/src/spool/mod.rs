@@ -488,6 +488,19 @@ fn segment_path(dir: &Path, n: u64) -> PathBuf {
     dir.join("segments").join(format!("{n:020}.seg"))
 }
 
+/// A record in a group commit ([`Spool::join`]): wait on it for the group's outcome.
+pub struct Joined(Arc<group::Group>);
+
+impl Joined {
+    /// Waits until the record's group is durable or refused: the outcomes of
+    /// [`Spool::append`] that come after the join ([`AppendError::SyncTimeout`],
+    /// [`AppendError::DiskFull`], [`AppendError::Io`]). Poll it to its end or drop it (see
+    /// [`Spool::append`]).
+    pub async fn wait(self) -> Result<(), AppendError> {
+        self.0.wait().await
+    }
+}
+
 impl Spool {
     /// Appends one request's record and waits until it is durable, at most about `limit`.
     ///
@@ -503,6 +516,15 @@ impl Spool {
     /// Poll the returned future to its end or drop it: the first request of a group woken
     /// wakes the others (a kept, never polled one holds them until the next group commits).
     pub async fn append(&self, record: Record, limit: Duration) -> Result<(), AppendError> {
+        self.join(&record, limit)?.wait().await
+    }
+
+    /// The first half of [`Spool::append`]: adds the record to the open group at once, without
+    /// waiting; [`Joined::wait`] is the second. Between the two the caller may let go of what
+    /// it no longer needs while the group is written and synced (intake's place in flight:
+    /// the wait is bounded by the group's own bounds, [`APPEND_QUEUE`] requests and
+    /// [`GROUP_MAX_BYTES`]). Errors: those of [`Spool::append`] that come at once.
+    pub fn join(&self, record: &Record, limit: Duration) -> Result<Joined, AppendError> {
         match self.shared.unwritable() {
             0 => {}
             UNWRITABLE_DISK_FULL => return Err(AppendError::DiskFull),
@@ -513,8 +535,8 @@ impl Spool {
         let group = self
             .appender
             .groups
-            .join(&record, limit, held, self.shared.max_bytes)?;
-        group.wait().await
+            .join(record, limit, held, self.shared.max_bytes)?;
+        Ok(Joined(group))
     }
 
     /// Whether the spool has room for at least `headroom` more unconfirmed bytes.

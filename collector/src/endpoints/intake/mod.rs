@@ -158,7 +158,7 @@ async fn accept(
     raw: &[u8],
     encoding: Encoding,
 ) -> Result<Accepted, IntakeError> {
-    let _permit = stations::enter(state)?;
+    let place = stations::enter(state)?;
     let text = stations::decode(raw, encoding)?;
     let sender = Sender::of(state, peer, headers);
     let mut report = Accepted::default();
@@ -167,7 +167,7 @@ async fn accept(
     stations::shed(state, &sited)?;
     stations::rate(state, &sender, &sited)?;
     let claimed = stations::claim(state, sited, &mut report).await;
-    report.accepted = stations::append(state, claimed).await?;
+    report.accepted = stations::append(state, claimed, place).await?;
     Ok(report)
 }
 

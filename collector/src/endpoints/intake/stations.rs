@@ -81,7 +81,11 @@ impl DroppedField {
 /// The in-flight bound, taken once the body has arrived: `COLLECTOR_MAX_IN_FLIGHT` bounds the
 /// work, not the waiting, so a request still sending its body (bounded by the body timeout and
 /// the connection limit) holds no place, and a few slow senders cannot make every other beacon
-/// a 503. Beyond the bound: shed, 503 at once. The place is held until the permit is dropped.
+/// a 503. Beyond the bound: shed, 503 at once. The place is held until the request's records
+/// have joined their spools' open groups ([`append`]): a request waiting for its group's sync
+/// holds none, so a slow sync does not turn into 503s (issue 53, "the tail"); that wait is
+/// bounded by the group's own bounds ([`crate::spool::APPEND_QUEUE`] requests, 8 MiB) and
+/// [`APPEND_TIMEOUT`].
 pub(super) fn enter(state: &AppState) -> Result<OwnedSemaphorePermit, IntakeError> {
     state
         .bounds
@@ -525,18 +529,23 @@ pub(super) async fn claim<'a>(
 }
 
 /// Append: encodes the rows once (the spool keeps them as the writer sends them), one record
-/// per shard of the request's sites ([`Placement`]), writes each to its shard's spool and
-/// waits until all are durable (at most [`APPEND_TIMEOUT`]); a refused append is a 503. What
+/// per shard of the request's sites ([`Placement`]), adds each to its shard's open group, lets
+/// go of the request's `place` in flight ([`enter`]) and waits until all are durable (at most
+/// [`APPEND_TIMEOUT`]); a refused append is a 503. What
 /// became durable is claimed for good, on a refusal too (another shard's part of a request
 /// that spans shards): the client's retry then folds it as a duplicate. Returns how many rows
 /// were stored.
-pub(super) async fn append(state: &AppState, claimed: Claimed<'_>) -> Result<usize, IntakeError> {
+pub(super) async fn append(
+    state: &AppState,
+    claimed: Claimed<'_>,
+    place: OwnedSemaphorePermit,
+) -> Result<usize, IntakeError> {
     let Claimed {
         rows,
         guards,
         placement,
     } = claimed;
-    let appended = write(state, &rows, &placement).await;
+    let appended = write(state, &rows, &placement, place).await;
     for (i, guard) in guards {
         let shard = shard_of(&placement, &rows[i]);
         if appended
@@ -550,12 +559,14 @@ pub(super) async fn append(state: &AppState, claimed: Claimed<'_>) -> Result<usi
     Ok(rows.len())
 }
 
-/// Encodes `rows` into one record per shard and appends them to the shards' spools; on a
-/// refusal, the 503 and the shards whose record is durable all the same.
+/// Encodes `rows` into one record per shard and appends them to the shards' spools, letting go
+/// of `place` once they have joined the open groups; on a refusal, the 503 and the shards whose
+/// record is durable all the same.
 async fn write(
     state: &AppState,
     rows: &[Measurement<'_>],
     placement: &Placement,
+    place: OwnedSemaphorePermit,
 ) -> Result<(), (IntakeError, Vec<usize>)> {
     if rows.is_empty() {
         return Ok(());
@@ -581,10 +592,10 @@ async fn write(
         std::hint::black_box(records);
         return Ok(());
     }
-    state
-        .storage
-        .spools
-        .append(records, APPEND_TIMEOUT)
+    let joined = state.storage.spools.join(records, APPEND_TIMEOUT);
+    drop(place);
+    joined
+        .wait()
         .await
         .map_err(|(e, durable)| (append_refused(e), durable))
 }
