@@ -79,8 +79,9 @@ pub fn run(b: &mut Bench, main: Collector, nginx: Nginx) -> Result<()> {
     let rate = (best[0].0 * 0.7) as u64;
     b.results.put("abl_lat_rate", rate)?;
     section(&format!("ablation: latency, oha open loop at {rate} req/s (70 % of main's best), {}s, {} connections", b.plan.lat_secs, b.plan.lat_conns));
-    b.latency_run("collector", &main.url(), rate, "abl_lat", &main)?;
-    b.latency_run("nginx", &nginx.url(), rate, "abl_lat", &main)?;
+    let load = (rate, b.plan.lat_conns);
+    b.latency_run("collector", &main.url(), load, "abl_lat", &main)?;
+    b.latency_run("nginx", &nginx.url(), load, "abl_lat", &main)?;
     if b.plan.profile_secs > 0 {
         let conns = parse_kv(&best[0].1)
             .get("conns")

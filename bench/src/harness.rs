@@ -193,14 +193,15 @@ impl Bench {
         ))
     }
 
-    /// oha open loop at `rate` req/s for the plan's latency length on `url`; puts
-    /// `KEY_SERVER_{p50,p99,p999,max}_ms` and `KEY_SERVER_errors` (a collector's duplicates
-    /// are counted in its note).
+    /// oha open loop at `rate` req/s over `conns` connections for the plan's latency length
+    /// on `url`; puts `KEY_SERVER_{p50,p99,p999,max}_ms` and `KEY_SERVER_errors` (a
+    /// collector's duplicates are counted in its note) and, for the collector, the syncs
+    /// meanwhile as `KEY_collector_syncs`.
     pub fn latency_run(
         &mut self,
         server: &str,
         url: &str,
-        rate: u64,
+        (rate, conns): (u64, u32),
         key: &str,
         collector: &Collector,
     ) -> Result<()> {
@@ -216,7 +217,7 @@ impl Bench {
             url,
             rate,
             lat_secs,
-            self.plan.lat_conns,
+            conns,
             &bodies,
             &json,
         );

@@ -63,7 +63,9 @@ pub struct Plan {
     pub tp_conns: Vec<u32>,
     /// Length of each latency run, seconds.
     pub lat_secs: u64,
-    /// Connections of the latency runs.
+    /// Connections of the first latency run: a closed pool, as a proxy in front would hold
+    /// (every one of them taken while a sync stalls, the load generator stops sending; see
+    /// [`open_conns`] for the second run).
     pub lat_conns: u32,
     /// Length of the run at 70 % load, seconds (0: none).
     pub soak_secs: u64,
@@ -104,6 +106,21 @@ impl Plan {
         }
     }
 }
+
+/// Connections of the second latency run at `rate` requests/s: as many as arrive in 100 ms
+/// ([`OPEN_WINDOW_MS`]), at least 64. Browsers do not wait for each other's answers; over 64
+/// connections, a 40 ms sync stall takes every connection within 3 ms at 21,000/s, oha stops
+/// sending, and what it then sends late it counts from when it should have sent (latency
+/// correction): the stall comes back about 2.3 times over at 70 % load (docs/benchmarks.md,
+/// "Reading (issue 53: the tail)"). Over this many, requests keep arriving through a stall
+/// of up to 100 ms, as they do in production, and the collector's group fills meanwhile.
+pub fn open_conns(rate: u64) -> u32 {
+    let n = (rate * OPEN_WINDOW_MS).div_ceil(1000);
+    u32::try_from(n).unwrap_or(u32::MAX).max(64)
+}
+
+/// How long a stall the second latency run's connections cover, in ms ([`open_conns`]).
+pub const OPEN_WINDOW_MS: u64 = 100;
 
 /// Runs `mode`; `rows` is the storage mode's row count (None: 10,000,000).
 pub fn main_run(mode: Mode, rows: Option<u64>) -> Result<()> {
@@ -184,5 +201,12 @@ mod tests {
         assert_eq!(super::civil(0), (1970, 1, 1, 0, 0));
         assert_eq!(super::civil(1_796_947_200), (2026, 12, 11, 0, 0));
         assert_eq!(super::civil(1_709_210_096), (2024, 2, 29, 12, 34));
+    }
+
+    #[test]
+    fn open_connections_cover_100_ms_of_arrivals() {
+        assert_eq!(super::open_conns(21_499), 2_150);
+        assert_eq!(super::open_conns(30_000), 3_000);
+        assert_eq!(super::open_conns(100), 64);
     }
 }

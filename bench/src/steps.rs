@@ -53,8 +53,19 @@ pub fn run(b: &mut Bench) -> Result<()> {
         "(b) latency: oha open loop at {rate} req/s (70 %), {}s, {} connections",
         b.plan.lat_secs, b.plan.lat_conns
     ));
-    b.latency_run("collector", &collector.url(), rate, "lat", &collector)?;
-    b.latency_run("nginx", &nginx.url(), rate, "lat", &collector)?;
+    let closed = (rate, b.plan.lat_conns);
+    b.latency_run("collector", &collector.url(), closed, "lat", &collector)?;
+    b.latency_run("nginx", &nginx.url(), closed, "lat", &collector)?;
+    let open = crate::open_conns(rate);
+    b.results.put("latopen_conns", open)?;
+    section(&format!(
+        "(b) latency with arrivals that do not wait: oha at {rate} req/s, {}s, {open} connections ({} ms of arrivals)",
+        b.plan.lat_secs,
+        crate::OPEN_WINDOW_MS
+    ));
+    let open = (rate, open);
+    b.latency_run("collector", &collector.url(), open, "latopen", &collector)?;
+    b.latency_run("nginx", &nginx.url(), open, "latopen", &collector)?;
     soak(b, &collector, rate)?;
     peaks_and_health(b, &collector, &nginx)?;
     collector.stop();
