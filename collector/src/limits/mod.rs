@@ -2,8 +2,8 @@
 //!
 //! - **In flight**: at most `COLLECTOR_MAX_IN_FLIGHT` intake requests are worked on at once
 //!   (from their body's arrival until their measurements have joined the spool's group commit;
-//!   the wait for its sync is bounded by the group, [`crate::spool::APPEND_QUEUE`]); one more
-//!   is answered 503 with `Retry-After` at once (never queued without bound).
+//!   the wait for its sync is bounded by the spool's groups, [`crate::spool::APPEND_QUEUE`]
+//!   each); one more is answered 503 with `Retry-After` at once (never queued without bound).
 //! - **Per client**: `COLLECTOR_CLIENT_RATE` requests per second per site and client address
 //!   ([`crate::client_ip`]), bursts of twice that; over it, 429 with `Retry-After`. Off by
 //!   default (contract v2 §1): every visitor behind a shop's own proxy, a corporate NAT or a

@@ -21,6 +21,13 @@ use super::{AppendError, APPEND_QUEUE, GROUP_MAX_BYTES};
 /// [`AppendError::SyncTimeout`].
 pub(super) const WATCHDOG_TICK: Duration = Duration::from_millis(100);
 
+/// Whether an open group of `requests` and `bytes` has fewer than a `share`th of its room
+/// left ([`APPEND_QUEUE`], [`GROUP_MAX_BYTES`]); `share` is at least 1.
+pub(super) fn strained(requests: usize, bytes: usize, share: usize) -> bool {
+    let kept = share.saturating_sub(1);
+    requests * share > APPEND_QUEUE * kept || bytes * share > GROUP_MAX_BYTES * kept
+}
+
 /// One group commit's outcome, shared by the requests in it.
 #[derive(Default)]
 pub(super) struct Group {
@@ -230,6 +237,16 @@ pub(super) fn watchdog(groups: &Groups) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn strained_from_four_fifths_of_either_bound() {
+        // 4,096 * 4 / 5 = 3,276.8 requests; 8 MiB * 4 / 5 = 6,710,886.4 bytes.
+        assert!(!strained(0, 0, 5));
+        assert!(!strained(3_276, 6_710_886, 5));
+        assert!(strained(3_277, 0, 5));
+        assert!(strained(0, 6_710_887, 5));
+        assert!(strained(APPEND_QUEUE, GROUP_MAX_BYTES, 5));
+    }
 
     /// The group's outcome reaches every waiter, though the committer wakes only one: the
     /// others are woken by it (a lost wake-up would leave them waiting: the timeout fails).

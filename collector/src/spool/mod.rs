@@ -205,7 +205,9 @@ pub const SEGMENT_TARGET_BYTES: u64 = 16 * 1024 * 1024;
 /// Smallest segment target.
 const SEGMENT_MIN_BYTES: u64 = 64 * 1024;
 /// Requests in the open group at most (those waiting for the next sync); beyond this intake
-/// is shed at once with 503.
+/// is shed at once with 503. With the group being synced, which holds as many, this bounds
+/// the requests waiting for a shard's syncs (they hold no place in flight: intake's
+/// `COLLECTOR_MAX_IN_FLIGHT` bounds the work before the append).
 pub const APPEND_QUEUE: usize = 4096;
 /// Most frame bytes in the open group, so most written by one group commit; beyond this
 /// intake is shed at once with 503.
@@ -537,6 +539,15 @@ impl Spool {
             .groups
             .join(record, limit, held, self.shared.max_bytes)?;
         Ok(Joined(group))
+    }
+
+    /// Whether the open group has fewer than a `share`th of its room left, in requests
+    /// ([`APPEND_QUEUE`]) or in bytes ([`GROUP_MAX_BYTES`]): requests pile up behind a slow
+    /// sync, and intake sheds its loud sites before the group is full and sheds everyone
+    /// ([`crate::limits::RESERVED_SHARE`], contract v4 §2).
+    pub fn group_strained(&self, share: usize) -> bool {
+        let open = self.appender.groups.open.lock().unwrap();
+        group::strained(open.requests, open.buf.len(), share)
     }
 
     /// Whether the spool has room for at least `headroom` more unconfirmed bytes.

@@ -57,7 +57,18 @@ pub async fn post(
         Ok((raw, encoding)) => {
             let task_state = state.clone();
             let finish = state.requests.spawn(async move {
-                let outcome = accept(&task_state, peer.ip(), &headers, &raw, encoding).await;
+                let outcome = match accept(&task_state, peer.ip(), &headers, &raw, encoding).await {
+                    // The body and the headers go before the wait for the sync: a request
+                    // waiting holds its claims and its report only.
+                    Ok((report, joined)) => {
+                        drop((headers, raw));
+                        joined
+                            .stored()
+                            .await
+                            .map(|accepted| Accepted { accepted, ..report })
+                    }
+                    Err(e) => Err(e),
+                };
                 count(&task_state.metrics, &outcome);
                 outcome
             });
@@ -150,14 +161,16 @@ pub async fn preflight(
 }
 
 /// The stations of an intake request after its body arrived, in order, one call each; each
-/// returns what the next one needs or the error that ends the request.
+/// returns what the next one needs or the error that ends the request. Ends with the
+/// request's records in their spools' open groups: the report so far, and what waits for
+/// their syncs ([`stations::Joined::stored`]).
 async fn accept(
     state: &AppState,
     peer: IpAddr,
     headers: &HeaderMap,
     raw: &[u8],
     encoding: Encoding,
-) -> Result<Accepted, IntakeError> {
+) -> Result<(Accepted, stations::Joined), IntakeError> {
     let place = stations::enter(state)?;
     let text = stations::decode(raw, encoding)?;
     let sender = Sender::of(state, peer, headers);
@@ -167,8 +180,8 @@ async fn accept(
     stations::shed(state, &sited)?;
     stations::rate(state, &sender, &sited)?;
     let claimed = stations::claim(state, sited, &mut report).await;
-    report.accepted = stations::append(state, claimed, place).await?;
-    Ok(report)
+    let joined = stations::append(state, claimed, place);
+    Ok((report, joined))
 }
 
 /// Counts what a request came to in the metrics; the only place intake counts (requests by

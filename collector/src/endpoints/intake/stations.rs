@@ -22,6 +22,7 @@ use crate::dedup::{Claim, ClaimGuard};
 use crate::error::{IntakeError, Rejected};
 use crate::measurement::{self, Context, Judged, Label, Measurement};
 use crate::settings::{LoadedSite, Lookup};
+use crate::shards::Appends;
 use crate::spool::AppendError;
 use crate::state::AppState;
 use crate::useragent::Agent;
@@ -32,8 +33,9 @@ pub const APPEND_TIMEOUT: Duration = Duration::from_secs(5);
 pub const CLAIM_WAIT: Duration = Duration::from_secs(5);
 /// `Retry-After` of a 503.
 pub const RETRY_AFTER: Duration = Duration::from_secs(5);
-/// `Retry-After` of a 503 for a request shed at the in-flight bound: a place frees as soon as
-/// any request in flight is answered, far sooner than the spool drains.
+/// `Retry-After` of a 503 for a request shed at the in-flight bound or a full open group: a
+/// place frees as soon as any request in flight has joined its group, and a group empties at
+/// each sync, far sooner than the spool drains.
 pub(crate) const SHED_RETRY_AFTER: Duration = Duration::from_secs(1);
 /// `Retry-After` of a never-seen site key while the first-fetch budget is spent
 /// ([`crate::settings::FIRST_FETCH_RATE`] per second): the next second has budget again.
@@ -83,9 +85,12 @@ impl DroppedField {
 /// the connection limit) holds no place, and a few slow senders cannot make every other beacon
 /// a 503. Beyond the bound: shed, 503 at once. The place is held until the request's records
 /// have joined their spools' open groups ([`append`]): a request waiting for its group's sync
-/// holds none, so a slow sync does not turn into 503s (issue 53, "the tail"); that wait is
-/// bounded by the group's own bounds ([`crate::spool::APPEND_QUEUE`] requests, 8 MiB) and
-/// [`APPEND_TIMEOUT`].
+/// holds none, so a slow sync does not turn into 503s (issue 53, "the tail"). The waiting
+/// requests are bounded by the spool's groups (per shard, the open group and the one being
+/// synced, each at most [`crate::spool::APPEND_QUEUE`] requests) and [`APPEND_TIMEOUT`], and
+/// hold their claims and report only ([`Joined`]). One wait still holds a place: a request
+/// whose id another request in flight holds waits for that one (at most [`CLAIM_WAIT`]), as
+/// a page's second send of the same beacon does; the place bounds those.
 pub(super) fn enter(state: &AppState) -> Result<OwnedSemaphorePermit, IntakeError> {
     state
         .bounds
@@ -412,20 +417,22 @@ async fn lookup_sites(
 }
 
 /// Shed: while the collector is near its bounds (fewer than a fifth of the places in flight
-/// free, or less than a fifth of the spool; [`crate::limits::RESERVED_SHARE`]), a request
-/// with a measurement of a site over its budget is shed (503, `Retry-After`), so that what
-/// room is left goes to the sites within theirs (contract v4 §2): a quiet shop never loses a
-/// beacon because a loud one spiked.
+/// free, less than a fifth of the spool, or less than a fifth of the open group's room, where
+/// requests wait behind a slow sync; [`crate::limits::RESERVED_SHARE`]), a request with a
+/// measurement of a site over its budget is shed (503, `Retry-After`), so that what room is
+/// left goes to the sites within theirs (contract v4 §2): a quiet shop never loses a beacon
+/// because a loud one spiked.
 pub(super) fn shed(state: &AppState, sited: &Sited<'_>) -> Result<(), IntakeError> {
     let loud = |site: &str| state.sites.sampler.over_budget(site);
     if !sited.kept.iter().any(|k| loud(&k.row.site)) {
         return Ok(());
     }
     // The room that matters is that of the loud sites' shards' spools.
+    let share = crate::limits::RESERVED_SHARE;
     let short = sited.placement.iter().any(|(key, i)| {
         let spool = state.storage.spools.spool(*i);
-        let reserve = spool.max_bytes() / crate::limits::RESERVED_SHARE as u64;
-        loud(key) && !spool.has_room(reserve)
+        let reserve = spool.max_bytes() / share as u64;
+        loud(key) && (!spool.has_room(reserve) || spool.group_strained(share))
     });
     if state.bounds.limits.strained() || short {
         return Err(IntakeError::Overloaded(SHED_RETRY_AFTER));
@@ -529,47 +536,75 @@ pub(super) async fn claim<'a>(
 }
 
 /// Append: encodes the rows once (the spool keeps them as the writer sends them), one record
-/// per shard of the request's sites ([`Placement`]), adds each to its shard's open group, lets
-/// go of the request's `place` in flight ([`enter`]) and waits until all are durable (at most
-/// [`APPEND_TIMEOUT`]); a refused append is a 503. What
-/// became durable is claimed for good, on a refusal too (another shard's part of a request
-/// that spans shards): the client's retry then folds it as a duplicate. Returns how many rows
-/// were stored.
-pub(super) async fn append(
+/// per shard of the request's sites ([`Placement`]), adds each to its shard's open group at
+/// once and lets go of the request's `place` in flight ([`enter`]). The wait for the groups'
+/// syncs is [`Joined::stored`]'s, after the request has let go of its body and rows too.
+pub(super) fn append(
     state: &AppState,
     claimed: Claimed<'_>,
     place: OwnedSemaphorePermit,
-) -> Result<usize, IntakeError> {
+) -> Joined {
     let Claimed {
         rows,
         guards,
         placement,
     } = claimed;
-    let appended = write(state, &rows, &placement, place).await;
-    for (i, guard) in guards {
-        let shard = shard_of(&placement, &rows[i]);
-        if appended
-            .as_ref()
-            .map_or_else(|(_, durable)| durable.contains(&shard), |()| true)
-        {
-            guard.commit();
-        }
+    let guards = guards
+        .into_iter()
+        .map(|(i, guard)| (shard_of(&placement, &rows[i]), guard))
+        .collect();
+    let appends = join(state, &rows, &placement);
+    drop(place);
+    Joined {
+        rows: rows.len(),
+        guards,
+        appends,
     }
-    appended.map_err(|(e, _)| e)?;
-    Ok(rows.len())
 }
 
-/// Encodes `rows` into one record per shard and appends them to the shards' spools, letting go
-/// of `place` once they have joined the open groups; on a refusal, the 503 and the shards whose
-/// record is durable all the same.
-async fn write(
-    state: &AppState,
-    rows: &[Measurement<'_>],
-    placement: &Placement,
-    place: OwnedSemaphorePermit,
-) -> Result<(), (IntakeError, Vec<usize>)> {
+/// A request's records in their shards' open groups, and what it still holds while it waits
+/// for their syncs: its claims, each with the shard of its row. Its body, text and rows are
+/// gone by then; what bounds the waiting requests is the spool's groups (per shard, the open
+/// group and the one being synced, each at most [`crate::spool::APPEND_QUEUE`] requests).
+pub(super) struct Joined {
+    /// Rows appended.
+    rows: usize,
+    /// The claims taken, each with its row's shard.
+    guards: Vec<(usize, ClaimGuard)>,
+    /// The joined records; `None`: nothing to wait for (no row, or the ablation's build).
+    appends: Option<Appends>,
+}
+
+impl Joined {
+    /// Waits until every record is durable (at most [`APPEND_TIMEOUT`]); a refused append is a
+    /// 503. What became durable is claimed for good, on a refusal too (another shard's part of
+    /// a request that spans shards): the client's retry then folds it as a duplicate. Returns
+    /// how many rows were stored.
+    pub(super) async fn stored(self) -> Result<usize, IntakeError> {
+        let appended = match self.appends {
+            None => Ok(()),
+            Some(appends) => appends
+                .wait()
+                .await
+                .map_err(|(e, durable)| (append_refused(e), durable)),
+        };
+        for (shard, guard) in self.guards {
+            if appended
+                .as_ref()
+                .map_or_else(|(_, durable)| durable.contains(&shard), |()| true)
+            {
+                guard.commit();
+            }
+        }
+        appended.map_err(|(e, _)| e)?;
+        Ok(self.rows)
+    }
+}
+
+/// Encodes `rows` into one record per shard and adds them to the shards' open groups.
+fn join(state: &AppState, rows: &[Measurement<'_>], placement: &Placement) -> Option<Appends> {
     if rows.is_empty() {
-        return Ok(());
+        return None;
     }
     let first = shard_of(placement, &rows[0]);
     let records = if rows.iter().all(|m| shard_of(placement, m) == first) {
@@ -590,14 +625,9 @@ async fn write(
     // without storing anything. Never in a shipped build (the branch is compiled out).
     if cfg!(feature = "bench-no-append") {
         std::hint::black_box(records);
-        return Ok(());
+        return None;
     }
-    let joined = state.storage.spools.join(records, APPEND_TIMEOUT);
-    drop(place);
-    joined
-        .wait()
-        .await
-        .map_err(|(e, durable)| (append_refused(e), durable))
+    Some(state.storage.spools.join(records, APPEND_TIMEOUT))
 }
 
 /// The place of the shard's spool a stored measurement goes to.

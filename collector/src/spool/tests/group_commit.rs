@@ -72,6 +72,7 @@ async fn a_sync_past_the_limit_answers_sync_timeout_and_the_rows_still_land() {
 }
 
 /// With a sync stuck, the open group takes `APPEND_QUEUE` requests; the next is shed at once.
+/// The group says it is strained on the way (intake then sheds sites over their budget).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_open_group_sheds_at_once() {
     let dir = tempfile::tempdir().unwrap();
@@ -87,6 +88,10 @@ async fn a_full_open_group_sheds_at_once() {
         assert!(start.elapsed() < Duration::from_secs(5), "never synced");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+    assert!(
+        !spool.group_strained(5),
+        "an empty open group is not strained"
+    );
     let waiting: Vec<_> = (1..=APPEND_QUEUE as u128)
         .map(|n| {
             let spool = spool.clone();
@@ -100,6 +105,8 @@ async fn a_full_open_group_sheds_at_once() {
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+    // Full: fewer than a fifth of its room left (intake sheds loud sites from four fifths).
+    assert!(spool.group_strained(5));
     let shed_at = Instant::now();
     assert_eq!(
         spool
