@@ -109,8 +109,8 @@ impl Plan {
     }
 }
 
-/// Connections of the second latency run: the largest count of the throughput runs, at which
-/// the collector keeps its rate. Over 64 connections at about 21,000 requests/s, a 40 ms sync
+/// Connections of the second latency run: the largest count of the throughput runs; its rate
+/// is 70 % of the collector's best over as many. Over 64 connections at about 21,000 requests/s, a 40 ms sync
 /// stall takes every connection within 3 ms, oha stops sending, and what it then sends late
 /// it counts from when it should have sent (latency correction): at 70 % load the stall comes
 /// back about 2.3 times over while the backlog drains at the 30 % left (docs/benchmarks.md,
