@@ -87,7 +87,7 @@ pub fn figures(r: &Results) -> Vec<Row> {
             verdict(known(p99 + n99).map(|_| p99 <= 3.0 * n99))
         ),
     ]);
-    rows.extend(open_latency_rows(r));
+    rows.extend(wide_latency_rows(r));
     rows.push([
         "(c) CPU seconds per 100,000 measurements: at 70 % load (1/request)".into(),
         fmt(r.num("cpu_per_100k_soak"), 2, " s"),
@@ -117,9 +117,9 @@ pub fn figures(r: &Results) -> Vec<Row> {
 /// The second latency run (more connections, [`crate::WIDE_CONNS`]) against issue
 /// 53's goal, and the syncs of both runs beside them (a sync stall must not stall intake
 /// longer than the stall itself).
-fn open_latency_rows(r: &Results) -> Vec<Row> {
-    let lat = |who: &str, p: &str| fmt(r.num(&format!("latopen_{who}_{p}_ms")), 2, " ms");
-    let p99 = r.num("latopen_collector_p99_ms");
+fn wide_latency_rows(r: &Results) -> Vec<Row> {
+    let lat = |who: &str, p: &str| fmt(r.num(&format!("latwide_{who}_{p}_ms")), 2, " ms");
+    let p99 = r.num("latwide_collector_p99_ms");
     let syncs = |key: &str| {
         let kv = parse_kv(r.get(key));
         let s = |k: &str| kv.get(k).copied().unwrap_or("-").to_owned();
@@ -135,8 +135,8 @@ fn open_latency_rows(r: &Results) -> Vec<Row> {
         [
             format!(
                 "(b) latency p50 / p99 / p99.9 at {} req/s (70 % of the collector's best over {1}) over {1} connections",
-                r.get("latopen_rate"),
-                r.get("latopen_conns"),
+                r.get("latwide_rate"),
+                r.get("latwide_conns"),
             ),
             format!(
                 "{} / {} / {} (max {})",
@@ -159,7 +159,7 @@ fn open_latency_rows(r: &Results) -> Vec<Row> {
             format!(
                 "{}; {}",
                 syncs("lat_collector_syncs"),
-                syncs("latopen_collector_syncs")
+                syncs("latwide_collector_syncs")
             ),
             String::new(),
             String::new(),
@@ -417,9 +417,9 @@ mod tests {
 tp_collector_10_beacons=48101.0\ntp_collector_10_conns=32\ntp_nginx_10_beacons=30100.7\ntp_nginx_10_conns=32
 lat_rate=8547\nlat_collector_p50_ms=1.021\nlat_collector_p99_ms=4.410\nlat_collector_p999_ms=12.005
 lat_nginx_p50_ms=0.310\nlat_nginx_p99_ms=0.902\nlat_nginx_p999_ms=2.300\ncpu_per_100k_soak=1.62
-latopen_conns=256\nlatopen_rate=7000\nlatopen_collector_p50_ms=1.100\nlatopen_collector_p99_ms=27.250\nlatopen_collector_p999_ms=31.000
-latopen_collector_max_ms=33.400\nlatopen_nginx_p50_ms=0.300\nlatopen_nginx_p99_ms=0.950\nlatopen_nginx_p999_ms=2.100
-lat_collector_syncs=count:9000,p50:0.8,p99:3.2,max:51.2\nlatopen_collector_syncs=count:8800,p50:0.8,p99:1.6,max:25.6
+latwide_conns=256\nlatwide_rate=7000\nlatwide_collector_p50_ms=1.100\nlatwide_collector_p99_ms=27.250\nlatwide_collector_p999_ms=31.000
+latwide_collector_max_ms=33.400\nlatwide_nginx_p50_ms=0.300\nlatwide_nginx_p99_ms=0.950\nlatwide_nginx_p999_ms=2.100
+lat_collector_syncs=count:9000,p50:0.8,p99:3.2,max:51.2\nlatwide_collector_syncs=count:8800,p50:0.8,p99:1.6,max:25.6
 cpu_per_100k_max_1=1.55\ncpu_per_100k_max_10=0.31\npeak_rss_kb=41236\nnginx_peak_rss_kb=9216
 idle_conns=200\nidle_open=200\nidle_growth_kb=512\nvis_probes=10\nvis_visible=10\nvis_p50_ms=260.0\nvis_p99_ms=480.0
 soak_secs=15\nsoak_inserts_per_s=1.20\nsoak_parts_r1=6\nsoak_parts_r2=6

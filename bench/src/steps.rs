@@ -82,15 +82,15 @@ fn wide_latency(b: &mut Bench, collector: &Collector, nginx: &Nginx) -> Result<(
         return Ok(());
     };
     let rate = (best * 0.7) as u64;
-    b.results.put("latopen_conns", wide)?;
-    b.results.put("latopen_rate", rate)?;
+    b.results.put("latwide_conns", wide)?;
+    b.results.put("latwide_rate", rate)?;
     section(&format!(
         "(b) latency over {wide} connections: oha at {rate} req/s (70 % of the collector's best over {wide}), {}s",
         b.plan.lat_secs
     ));
     let load = (rate, wide);
-    b.latency_run("collector", &collector.url(), load, "latopen", collector)?;
-    b.latency_run("nginx", &nginx.url(), load, "latopen", collector)
+    b.latency_run("collector", &collector.url(), load, "latwide", collector)?;
+    b.latency_run("nginx", &nginx.url(), load, "latwide", collector)
 }
 
 /// (a) and (c): wrk at each connection count, 1 and 10 beacons per request, collector and
