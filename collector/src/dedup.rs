@@ -143,9 +143,11 @@ impl Dedup {
         let mut guard = window.shard(&id).lock().unwrap_or_else(|e| e.into_inner());
         let shard = &mut *guard;
         if shard.current.len() >= window.per_generation || shard.since.elapsed() >= window.window {
-            let current =
-                std::mem::replace(&mut shard.current, Map::with_hasher(window.hasher.clone()));
-            shard.previous = current;
+            // The dropped generation's room becomes the new one's, so that a busy window
+            // does not grow its maps again each generation (issue 53); it is at most
+            // `per_generation` ids, the bound either way.
+            std::mem::swap(&mut shard.current, &mut shard.previous);
+            shard.current.clear();
             shard.since = Instant::now();
         }
         // One probe of each generation for a new id (issue 53: the maps are large, and each

@@ -526,8 +526,20 @@ pub const NEVER_KEPT: [&str; 16] = [
 /// percent-decodings too (at most [`DECODINGS`] rounds).
 fn never_kept(name: &str) -> bool {
     let secret = |n: &str| {
-        let n = n.to_lowercase();
-        NEVER_KEPT.contains(&n.as_str()) || n.ends_with("token") || n.ends_with("_key")
+        // An ASCII name (nearly all) is compared without a lowercased copy (issue 53); any
+        // other is lowercased as Unicode does, where `\u{212A}ey` (a Kelvin sign) is `key`.
+        let lower;
+        let n = if n.is_ascii() {
+            n
+        } else {
+            lower = n.to_lowercase();
+            lower.as_str()
+        };
+        let ends = |tail: &str| {
+            n.len() >= tail.len()
+                && n.as_bytes()[n.len() - tail.len()..].eq_ignore_ascii_case(tail.as_bytes())
+        };
+        NEVER_KEPT.iter().any(|s| n.eq_ignore_ascii_case(s)) || ends("token") || ends("_key")
     };
     let mut current = Cow::Borrowed(name);
     for _ in 0..DECODINGS {
@@ -581,18 +593,23 @@ impl<'a> Written<'a> {
             .bytes()
             .position(|b| matches!(b, b'/' | b'?' | b'#'))
             .unwrap_or(rest.len());
+        // Byte searches throughout (issue 53: `rfind`, `split` and `split_once` with a char
+        // each set up a char searcher, which cost a beacon more than the scans).
         let authority = &rest[..path_at];
-        let host_at = authority.rfind('@').map_or(0, |at| at + 1);
+        let host_at = memchr::memrchr(b'@', authority.as_bytes()).map_or(0, |at| at + 1);
         let host_port = &authority[host_at..];
         let host = match host_port.strip_prefix('[') {
-            Some(v6) => &host_port[..v6.find(']')? + 2],
-            None => host_port.split(':').next()?,
+            Some(v6) => &host_port[..memchr::memchr(b']', v6.as_bytes())? + 2],
+            None => {
+                let colon = memchr::memchr(b':', host_port.as_bytes());
+                &host_port[..colon.unwrap_or(host_port.len())]
+            }
         };
         let tail = &rest[path_at..];
         let (tail, fragment) =
             tail.split_at(memchr::memchr(b'#', tail.as_bytes()).unwrap_or(tail.len()));
-        let (path, query) = match tail.split_once('?') {
-            Some((path, query)) => (path, Some(query)),
+        let (path, query) = match memchr::memchr(b'?', tail.as_bytes()) {
+            Some(at) => (&tail[..at], Some(&tail[at + 1..])),
             None => (tail, None),
         };
         // An origin as stored for a referrer from another site has no path: the `url` crate
@@ -618,20 +635,56 @@ impl<'a> Written<'a> {
         origin
     }
 
+    /// Its origin as [`Written::origin`] writes it, borrowed from `url` (the text it was read
+    /// from) when that begins with it: no user info, which the `url` rule removes.
+    fn origin_in(&self, url: &'a str) -> Cow<'a, str> {
+        let end = self.before_host.len() + self.host_port.len();
+        match url.get(..end) {
+            Some(origin) if self.before_host.ends_with("://") => Cow::Borrowed(origin),
+            _ => Cow::Owned(self.origin()),
+        }
+    }
+
+    /// It as a page URL is stored ([`Written::minimised`]), `None` when that is `url` (the
+    /// text it was read from) as it is: a path with nothing to mask, a query absent or kept
+    /// whole and no fragment, as most pages' URLs are (issue 53: each was written anew).
+    fn minimised_in(&self, url: &str, keep: &[String]) -> Option<String> {
+        let path = mask_path(self.path);
+        let query = self.query.map(|q| kept_query(q, keep));
+        let whole = url.len()
+            == self.before_host.len()
+                + self.host_port.len()
+                + self.path.len()
+                + self.query.map_or(0, |q| q.len() + 1)
+                + self.fragment.len();
+        let query_kept = match (self.query, &query) {
+            (Some(q), Some(kept)) => !q.is_empty() && kept == q,
+            _ => true,
+        };
+        let untouched =
+            whole && self.fragment.is_empty() && matches!(path, Cow::Borrowed(_)) && query_kept;
+        (!untouched).then(|| self.written(&path, query.as_deref().unwrap_or("")))
+    }
+
     /// It as a page URL is stored: the path masked, of the query only the parameters `keep`
     /// keeps, masked (a query left empty dropped with its `?`).
     fn minimised(&self, keep: &[String]) -> String {
         let path = mask_path(self.path);
         let query = self.query.map(|q| kept_query(q, keep)).unwrap_or_default();
+        self.written(&path, &query)
+    }
+
+    /// It written with `path` and `query` (without its `?`; none when empty) for its own.
+    fn written(&self, path: &str, query: &str) -> String {
         let mut out = String::with_capacity(
             self.before_host.len() + self.host_port.len() + path.len() + query.len() + 1,
         );
         out.push_str(self.before_host);
         out.push_str(self.host_port);
-        out.push_str(&path);
+        out.push_str(path);
         if !query.is_empty() {
             out.push('?');
-            out.push_str(&query);
+            out.push_str(query);
         }
         out.push_str(self.fragment);
         out
@@ -678,19 +731,22 @@ pub fn resource_url(url: &str) -> Option<String> {
 }
 
 /// A referrer as stored: its origin alone when its host is not `page_host` nor one for which
-/// `same_site` holds, else minimised as a page URL. `url` is normalised (the `url` rule's
-/// output); `None` if it is not written so.
-pub fn referrer(
-    url: &str,
+/// `same_site` holds, else minimised as a page URL; borrowed from `url` where that is what
+/// is stored. `url` is normalised (the `url` rule's output); `None` if it is not written so.
+pub fn referrer<'u>(
+    url: &'u str,
     page_host: Option<&str>,
     same_site: impl Fn(&str) -> bool,
     keep: &[String],
-) -> Option<String> {
+) -> Option<Cow<'u, str>> {
     let w = Written::read(url)?;
     if Some(w.host) == page_host || same_site(w.host) {
-        Some(w.minimised(keep))
+        Some(
+            w.minimised_in(url, keep)
+                .map_or(Cow::Borrowed(url), Cow::Owned),
+        )
     } else {
-        Some(w.origin())
+        Some(w.origin_in(url))
     }
 }
 
@@ -708,10 +764,27 @@ pub fn urls(
     let page_host = page.map(|p| p.host);
     let same_site = |host: &str| origins.iter().any(|o| origin_host(o) == host);
     if let Some(r) = referrer.as_deref() {
-        let minimised = self::referrer(r, page_host, same_site, keep);
-        *referrer = minimised.map(Cow::Owned);
+        // What is stored is most often the referrer itself or its origin, a prefix of it:
+        // then it is cut to that length, not written again (issue 53).
+        let stored = match self::referrer(r, page_host, same_site, keep) {
+            None => None,
+            Some(Cow::Borrowed(prefix)) => Some(Err(prefix.len())),
+            Some(Cow::Owned(written)) => Some(Ok(written)),
+        };
+        match stored {
+            None => *referrer = None,
+            Some(Ok(written)) => *referrer = Some(Cow::Owned(written)),
+            Some(Err(len)) => {
+                if let Some(text) = referrer {
+                    match text {
+                        Cow::Borrowed(s) => *s = &s[..len],
+                        Cow::Owned(s) => s.truncate(len),
+                    }
+                }
+            }
+        }
     }
-    if let Some(minimised) = page.map(|p| p.minimised(keep)) {
+    if let Some(minimised) = page.and_then(|p| p.minimised_in(url, keep)) {
         *url = Cow::Owned(minimised);
     }
 }

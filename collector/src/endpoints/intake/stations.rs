@@ -196,13 +196,13 @@ pub(super) fn judge<'a>(
     Ok(judged)
 }
 
-/// A measurement of the request once its site's rules made it a row: its index in the body,
-/// the row, and what judging it dropped.
-struct Kept<'a> {
+/// What the report still needs of a measurement its site's rules made a row: its index in
+/// the body and what judging it dropped. Kept beside the rows, not with them, so that the
+/// rows (about 870 bytes each) are moved once, into [`Sited::rows`], and stay there up to
+/// their encoding (issue 53: each move of a row cost a batched beacon a memmove).
+struct Kept {
     /// Its index in the request array.
     index: usize,
-    /// The row.
-    row: Measurement<'a>,
     /// Names of the optional fields dropped as invalid.
     dropped: Vec<&'static str>,
     /// Whether its `ts` was withheld for clock skew.
@@ -212,8 +212,10 @@ struct Kept<'a> {
 /// What the site stage leaves of a request: its kept measurements as rows, where each site's
 /// go, and the sites whose own proxies name another client.
 pub(super) struct Sited<'a> {
-    /// The measurements kept, in request order.
-    kept: Vec<Kept<'a>>,
+    /// The measurements kept as rows, in request order.
+    rows: Vec<Measurement<'a>>,
+    /// What the report needs of each row, at the same place.
+    kept: Vec<Kept>,
     /// Each known site's shard spool.
     placement: Placement,
     /// Each site's own client, where it is not the request's.
@@ -233,12 +235,13 @@ pub(super) async fn site<'a>(
     let sites = lookup_sites(state, sender.origin, &judged).await?;
     let placement = place(state, &sites, judged.len())?;
     let clients = site_clients(state, sender, &sites);
-    let kept = settle(state, sender, &sites, &clients, judged, report);
-    if kept.is_empty() {
+    let (rows, kept) = settle(state, sender, &sites, &clients, judged, report);
+    if rows.is_empty() {
         let rejected = std::mem::take(&mut report.rejected);
         return Err(IntakeError::UnknownSite(rejected));
     }
     Ok(Sited {
+        rows,
         kept,
         placement,
         clients,
@@ -259,7 +262,8 @@ fn settle<'a>(
     clients: &SiteClients,
     judged: Vec<(usize, Judged<'a>)>,
     report: &mut Accepted,
-) -> Vec<Kept<'a>> {
+) -> (Vec<Measurement<'a>>, Vec<Kept>) {
+    let mut rows = Vec::with_capacity(judged.len());
     let mut kept = Vec::with_capacity(judged.len());
     for (index, mut judged) in judged {
         let error = match &sites[&*judged.site] {
@@ -285,9 +289,9 @@ fn settle<'a>(
                         index,
                         field: Cow::Owned(field),
                     }));
+                rows.push(row);
                 kept.push(Kept {
                     index,
-                    row,
                     dropped,
                     clock_skewed,
                 });
@@ -299,7 +303,7 @@ fn settle<'a>(
         report.rejected.push(Rejected { index, error });
     }
     report.rejected.sort_by_key(|r| r.index);
-    kept
+    (rows, kept)
 }
 
 /// The rules of `site` as the site stage reads them.
@@ -424,7 +428,7 @@ async fn lookup_sites(
 /// because a loud one spiked.
 pub(super) fn shed(state: &AppState, sited: &Sited<'_>) -> Result<(), IntakeError> {
     let loud = |site: &str| state.sites.sampler.over_budget(site);
-    if !sited.kept.iter().any(|k| loud(&k.row.site)) {
+    if !sited.rows.iter().any(|row| loud(&row.site)) {
         return Ok(());
     }
     // The room that matters is that of the loud sites' shards' spools.
@@ -454,8 +458,8 @@ pub(super) fn rate(
     let limits = &state.bounds.limits;
     let with_origin = sender.with_origin();
     let mut per_site: HashMap<&str, u32> = HashMap::new();
-    for k in &sited.kept {
-        *per_site.entry(&*k.row.site).or_default() += 1;
+    for row in &sited.rows {
+        *per_site.entry(&*row.site).or_default() += 1;
     }
     for (site, n) in per_site {
         let client = client_of(&sited.clients, site, sender.client);
@@ -489,19 +493,24 @@ pub(super) struct Claimed<'a> {
 
 /// Claim: claims each id in the dedup window; within one request a repeated id is a duplicate
 /// of the first. The dropped fields and skewed clocks of the kept measurements go to the
-/// report.
+/// report. The rows to store stay where the site stage put them; only those after a
+/// duplicate move up.
 pub(super) async fn claim<'a>(
     state: &AppState,
     sited: Sited<'a>,
     report: &mut Accepted,
 ) -> Claimed<'a> {
     let Sited {
-        kept, placement, ..
+        mut rows,
+        kept,
+        placement,
+        ..
     } = sited;
-    let mut guards = Vec::with_capacity(kept.len());
-    let mut rows = Vec::with_capacity(kept.len());
-    let mut seen = HashSet::with_capacity(kept.len());
-    for k in kept {
+    let mut guards = Vec::with_capacity(rows.len());
+    let mut stored = Vec::with_capacity(rows.len());
+    let mut seen = HashSet::with_capacity(rows.len());
+    let mut placed = 0;
+    for (k, row) in kept.iter().zip(&rows) {
         report
             .dropped_fields
             .extend(k.dropped.iter().map(|&field| DroppedField {
@@ -509,25 +518,22 @@ pub(super) async fn claim<'a>(
                 field: Cow::Borrowed(field),
             }));
         report.clock_skewed += k.clock_skewed as u64;
-        if !seen.insert(k.row.id) {
-            report.duplicates += 1;
-            continue;
-        }
-        match state.storage.dedup.claim(k.row.id) {
-            Claim::New(guard) => {
-                guards.push((rows.len(), guard));
-                rows.push(k.row);
-            }
-            Claim::Duplicate => report.duplicates += 1,
-            Claim::InFlight(other) => {
-                if other.wait(CLAIM_WAIT).await {
-                    report.duplicates += 1;
-                } else {
-                    rows.push(k.row);
+        let store = seen.insert(row.id)
+            && match state.storage.dedup.claim(row.id) {
+                Claim::New(guard) => {
+                    // The row's place once the duplicates before it are gone.
+                    guards.push((placed, guard));
+                    true
                 }
-            }
-        }
+                Claim::Duplicate => false,
+                Claim::InFlight(other) => !other.wait(CLAIM_WAIT).await,
+            };
+        placed += usize::from(store);
+        report.duplicates += usize::from(!store);
+        stored.push(store);
     }
+    let mut store = stored.into_iter();
+    rows.retain(|_| store.next().unwrap_or(false));
     Claimed {
         rows,
         guards,

@@ -73,6 +73,88 @@ fn a_referrer_from_another_site_is_its_origin() {
     );
 }
 
+/// `urls` writes a URL again only where minimising changed it: a page URL with nothing to
+/// drop or mask, and a referrer's origin (a prefix), stay borrowed from the request; what is
+/// stored is the same either way.
+#[test]
+fn urls_are_written_again_only_where_minimising_changes_them() {
+    let keep = keep(&["utm_*"]);
+    let origins = ["https://shop.example".to_owned()];
+    let cases = [
+        // (url, referrer, url stored, referrer stored, url borrowed, referrer borrowed)
+        (
+            "https://shop.example/p/1",
+            Some("https://search.example/q?x=1"),
+            "https://shop.example/p/1",
+            Some("https://search.example"),
+            true,
+            true,
+        ),
+        (
+            "https://shop.example/p/1?utm_source=a",
+            Some("https://shop.example/cart"),
+            "https://shop.example/p/1?utm_source=a",
+            Some("https://shop.example/cart"),
+            true,
+            true,
+        ),
+        (
+            "https://shop.example/p/1?fbclid=abc",
+            Some("https://u:p@search.example/"),
+            "https://shop.example/p/1",
+            Some("https://search.example"),
+            false,
+            false,
+        ),
+        (
+            "https://shop.example/p/1?",
+            None,
+            "https://shop.example/p/1",
+            None,
+            false,
+            true,
+        ),
+        (
+            "https://shop.example/p/1#top",
+            Some("https://shop.example/p/2?q=1"),
+            "https://shop.example/p/1#top",
+            Some("https://shop.example/p/2"),
+            false,
+            false,
+        ),
+        (
+            "https://shop.example/u/jane@example.com",
+            Some("https://shop.example"),
+            "https://shop.example/u/*",
+            Some("https://shop.example/"),
+            false,
+            false,
+        ),
+    ];
+    for (page, from, page_stored, from_stored, page_kept, from_kept) in cases {
+        let mut url = Cow::Borrowed(page);
+        let mut referrer = from.map(Cow::Borrowed);
+        urls(&mut url, &mut referrer, &keep, &origins);
+        assert_eq!(url, page_stored, "{page}");
+        assert_eq!(referrer.as_deref(), from_stored, "{from:?}");
+        assert_eq!(
+            matches!(url, Cow::Borrowed(_)),
+            page_kept,
+            "{page} borrowed"
+        );
+        assert_eq!(
+            matches!(referrer, None | Some(Cow::Borrowed(_))),
+            from_kept,
+            "{from:?} borrowed"
+        );
+    }
+    // An owned referrer is cut to its origin in place.
+    let mut url = Cow::Borrowed("https://shop.example/");
+    let mut referrer = Some(Cow::Owned("https://search.example/q?x=1".to_owned()));
+    urls(&mut url, &mut referrer, &keep, &origins);
+    assert_eq!(referrer.as_deref(), Some("https://search.example"));
+}
+
 #[test]
 fn origin_hosts() {
     assert_eq!(origin_host("https://shop.example"), "shop.example");
