@@ -3,7 +3,7 @@
 the Server-Timing a CDN in front of a shop adds (a cache hit, the edge's and the origin's time),
 which the tracking script reports and the collector reads its cdn_cache from.
 
-Usage: serve.py PORT FOLDER
+Usage: demo-page.py PORT FOLDER
 """
 import functools
 import http.server
