@@ -70,7 +70,7 @@ pub fn render(report: &Report) -> String {
          <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n\
          <title>{site}: the last {days}</title>\n<style>{STYLE}</style>\n</head>\n<body>\n\
          <h1>{site}: the last {days}</h1>\n\
-         <p class=\"sub\">{from} to {to} UTC, by {by}. Page views weighted by 1&#8202;/&#8202;sample_rate; \
+         <p class=\"sub\">{from} to {to} UTC (5 minutes past now for browsers' clocks that run ahead), by {by}. Page views weighted by 1&#8202;/&#8202;sample_rate; \
          bots left out. Answered by {server}.</p>\n{legend}",
         days = super::days(report.days),
         from = escape(&report.from),

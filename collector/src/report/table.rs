@@ -58,7 +58,8 @@ pub fn render(report: &Report) -> String {
 /// What the report covers and how to read it.
 fn heading(report: &Report) -> String {
     format!(
-        "Site {}: the last {} ({} to {} UTC), by {}\n\
+        "Site {}: the last {} ({} to {} UTC, 5 minutes past now for browsers' clocks that run \
+         ahead), by {}\n\
          Page views weighted by 1 / sample_rate; bots left out. p75: the 75th percentile. \
          Shares of the page views that measured the metric; measured: the measurements they \
          rest on (under 100: not enough data, no figures).\n\
